@@ -1,0 +1,27 @@
+"""Analytic performance model: collectives, training step time, memory and plan search. Pure."""
+
+from suanli.perf.collectives import OPS, CollectiveEstimate, bus_factor, estimate, sweep
+from suanli.perf.models import MODEL_PRESETS, TransformerArch, model_preset
+from suanli.perf.plan import Placement, candidate_plans, evaluate, search
+from suanli.perf.training import Plan, PlanError, TrainEstimate, TrainJob, memory_per_gpu, step_time
+
+__all__ = [
+    "MODEL_PRESETS",
+    "OPS",
+    "CollectiveEstimate",
+    "Placement",
+    "Plan",
+    "PlanError",
+    "TrainEstimate",
+    "TrainJob",
+    "TransformerArch",
+    "bus_factor",
+    "candidate_plans",
+    "estimate",
+    "evaluate",
+    "memory_per_gpu",
+    "model_preset",
+    "search",
+    "step_time",
+    "sweep",
+]

@@ -1,0 +1,115 @@
+"""Parallel-plan search and the bridge from a placement (cluster + GPU list) to the training model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from suanli.perf.training import GroupFn, Plan, PlanError, Recompute, TrainEstimate, TrainJob, step_time
+from suanli.topology.model import Cluster, CommGroup
+
+
+@dataclass(frozen=True)
+class Placement:
+    """GPUs (in rank order) of one cluster that a job runs on."""
+
+    cluster: Cluster
+    gpus: NDArray[np.int64]
+
+    @property
+    def n_gpus(self) -> int:
+        return int(self.gpus.size)
+
+    def group_fn(self) -> GroupFn:
+        cache: dict[tuple[int, int], CommGroup] = {}
+
+        def group(stride: int, size: int) -> CommGroup:
+            key = (stride, size)
+            if key not in cache:
+                cache[key] = self.cluster.comm_group(self.gpus[0 : stride * size : stride])
+            return cache[key]
+
+        return group
+
+    @property
+    def domain_size(self) -> int:
+        """GPUs per NVLink domain (node, for PCIe boxes) where this placement starts."""
+        g = self.cluster.comm_group(self.gpus[:1])
+        del g
+        first_node = int(self.cluster.gpu_node[self.gpus[0]])
+        grp = self.cluster.group_of(first_node)
+        return grp.gpus_per_node * (grp.nvlink_domain_nodes if grp.has_nvlink_domain else 1)
+
+
+def evaluate(job: TrainJob, plan: Plan, placement: Placement) -> TrainEstimate:
+    gpu = placement.cluster.group_of(int(placement.cluster.gpu_node[placement.gpus[0]])).gpu
+    return step_time(job, plan, gpu, placement.n_gpus, placement.group_fn())
+
+
+def _divisors(n: int, cap: int) -> list[int]:
+    return [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cap and n % d == 0]
+
+
+def candidate_plans(
+    job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, object] | None = None
+) -> Iterator[Plan]:
+    """Every plan worth trying: TP inside one NVLink domain, PP over layers, CP over the sequence."""
+    fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
+    a = job.arch
+    tps = [fixed["tp"]] if "tp" in fixed else _divisors(n_gpus, min(domain, 8, a.heads))
+    pps = [fixed["pp"]] if "pp" in fixed else [d for d in (1, 2, 4, 8, 16, 32) if d <= a.layers]
+    cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8) if job.seq_len >= 4096 * c or c == 1]
+    mbss = [fixed["mbs"]] if "mbs" in fixed else [1, 2, 4]
+    zeros = [fixed["zero"]] if "zero" in fixed else [1, 3]
+    recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]  # type: ignore[list-item]
+    for tp in tps:
+        for pp in pps:
+            for cp in cps:
+                if n_gpus % (tp * pp * cp):
+                    continue
+                dp = n_gpus // (tp * pp * cp)
+                vps = (
+                    [fixed["vp"]]
+                    if "vp" in fixed
+                    else sorted({1} | ({v for v in (2, 3, 4, 5, 6, 8) if pp > 1}))
+                )
+                for vp in vps:
+                    if pp > 1 and a.layers % (pp * vp):
+                        continue
+                    if pp == 1 and vp != 1:
+                        continue
+                    for mbs in mbss:
+                        if job.global_batch % (dp * mbs):
+                            continue
+                        for zero in zeros:
+                            if zero >= 3 and pp > 1:
+                                continue  # ZeRO-3 with pipelining is not a Megatron configuration
+                            for rec in recs:
+                                yield Plan(
+                                    tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec, dp=dp
+                                )
+
+
+def search(
+    job: TrainJob, placement: Placement, fixed: dict[str, object] | None = None, top: int = 5
+) -> list[TrainEstimate]:
+    """The fastest plans that fit in memory, best first (none fit → the smallest-memory plans, flagged)."""
+    results: list[TrainEstimate] = []
+    group = placement.group_fn()
+    gpu = placement.cluster.group_of(int(placement.cluster.gpu_node[placement.gpus[0]])).gpu
+    for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
+        try:
+            results.append(step_time(job, plan, gpu, placement.n_gpus, group))
+        except PlanError:
+            continue
+    if not results:
+        raise PlanError(
+            "no parallel plan matches these GPUs, model and batch (check --gpus, --global-batch, fixed sizes)"
+        )
+    fitting = sorted((r for r in results if r.fits), key=lambda r: r.step_time_s)
+    if fitting:
+        return fitting[:top]
+    return sorted(results, key=lambda r: r.memory_bytes_per_gpu)[:top]

@@ -24,15 +24,11 @@ from suanli.perf import Placement, Plan, TrainJob, estimate, evaluate, model_pre
 from suanli.perf.models import TransformerArch
 from suanli.topology import parse
 
-DEFAULT = (
-    Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference" / "calibration.yaml"
-)
+DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference" / "calibration.yaml"
 MiB = 1 << 20
 
 
-def cluster(
-    gpu: str, nodes: int, gpn: int, fabric: str | None = None, nics: int = 8, nic_gbps: float | None = None
-):
+def cluster(gpu: str, nodes: int, gpn: int, fabric: str | None = None, nics: int = 8, nic_gbps: float | None = None):
     group = {"name": "n", "count": nodes, "gpu": gpu, "gpus_per_node": gpn, "nics": nics}
     if nic_gbps:
         group["nic_gbps"] = nic_gbps
@@ -87,9 +83,7 @@ def collective_rows(cal: dict) -> list[Row]:
     t = by_id["dgxc_h100_1node_allreduce"]
     busbw_table(t["id"], cluster("H100-SXM", 1, 8), [(r["size_B"], r["busbw_GBps"]) for r in t["table"]])
     t = by_id["azure_nd_a100_v4_1node"]
-    busbw_table(
-        t["id"], cluster("A100-SXM-80G", 1, 8), [(_size(k), v) for k, v in t["busbw_inplace_GBps"].items()]
-    )
+    busbw_table(t["id"], cluster("A100-SXM-80G", 1, 8), [(_size(k), v) for k, v in t["busbw_inplace_GBps"].items()])
     t = by_id["aws_p4de_2node_allreduce"]
     busbw_table(
         t["id"],
@@ -186,11 +180,7 @@ def training_rows(cal: dict) -> list[Row]:
             if gbs is None and "ga" in cfg:  # GBS = DP x MBS x gradient-accumulation steps
                 gbs = gpus // (tp * pp * cp) * cfg.get("mbs", 1) * cfg["ga"]
             if gbs is None:  # FP8 rows reuse the BF16 row's batch
-                bf = next(
-                    r
-                    for r in eos["runs"]
-                    if r["model"].startswith(run["model"].split(" (")[0]) and r.get("gbs")
-                )
+                bf = next(r for r in eos["runs"] if r["model"].startswith(run["model"].split(" (")[0]) and r.get("gbs"))
                 gbs = bf["gbs"][bf["gpus"].index(gpus)] if gpus in bf["gpus"] else None
                 if gbs is None:
                     continue

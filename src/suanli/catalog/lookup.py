@@ -136,6 +136,4 @@ def fabric_for(kind: str, port_Gbps: float) -> FabricSpec:
     best = min(same, key=lambda f: (abs(f.port_Gbps - port_Gbps), -f.port_Gbps))
     if best.port_Gbps == port_Gbps:
         return best
-    return best.model_copy(
-        update={"name": f"{norm}-{port_Gbps:g}g", "port_Gbps": float(port_Gbps), "aliases": ()}
-    )
+    return best.model_copy(update={"name": f"{norm}-{port_Gbps:g}g", "port_Gbps": float(port_Gbps), "aliases": ()})

@@ -49,9 +49,7 @@ class GPUSpec(_Frozen):
     memory_GB: float = Field(gt=0)
     mem_bw_GBps: float = Field(gt=0)
     nvlink: NVLinkSpec | None
-    nvlink_domain_size: int = Field(
-        ge=1, description="GPUs sharing one NVSwitch domain (8 on HGX, 72 on NVL72)"
-    )
+    nvlink_domain_size: int = Field(ge=1, description="GPUs sharing one NVSwitch domain (8 on HGX, 72 on NVL72)")
     pcie_gen: int
     mig_profiles: tuple[str, ...] = ()
     tdp_W: float

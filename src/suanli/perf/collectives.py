@@ -160,7 +160,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
     # ---- ring: every rank sends bf*S over its outgoing edge; edges crossing domains share the NICs --
     if op != "send_recv":
         # busbw ceiling: the slowest edge; inter-domain edges carry one ring's boundary traffic per NIC
-        ring_bus = min(intra, inter * (1.0 if nd > 1 else 1.0)) if nd > 1 else intra
+        ring_bus = min(intra, inter) if nd > 1 else intra
         steps = {"all_reduce": 2 * (n - 1), "broadcast": n - 1, "reduce": n - 1}.get(op, n - 1)
         net_steps = {"all_reduce": 2 * (nd - 1)}.get(op, nd - 1) if nd > 1 else 0
         if op == "all_to_all":
@@ -169,13 +169,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             steps, net_steps = 1, 1 if nd > 1 else 0
             ring_bus = min(intra, inter / ppn) if nd > 1 else intra
         for p, proto in enumerate(PROTOCOLS):
-            if (
-                proto != "Simple"
-                and g.fabric is not None
-                and nd > 1
-                and not g.fabric.rdma
-                and proto == "LL128"
-            ):
+            if proto != "Simple" and g.fabric is not None and nd > 1 and not g.fabric.rdma and proto == "LL128":
                 continue
             intra_lat = HW_LAT[link]["ring"][p]
             assert intra_lat is not None
@@ -201,20 +195,14 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             intra_lat = HW_LAT[link]["tree"][p]
             assert intra_lat is not None
             depth = 2 if op == "all_reduce" else 1
-            lat = BASE_LAT["tree"][p] + depth * (
-                (ppn - 1) * intra_lat + math.log2(nd) * _net_lat(g, p, "tree")
-            )
+            lat = BASE_LAT["tree"][p] + depth * ((ppn - 1) * intra_lat + math.log2(nd) * _net_lat(g, p, "tree"))
             alg = min(alg_inter, alg_intra) * PROTO_BW[proto]
             if proto == "LL":
                 alg = min(alg, ll_max / max(bf, 1e-9))
             out.append(_split("tree", proto, BASE_LAT["tree"][p], lat, alg))
 
     # ---- NVLS: NVSwitch multimem reduce/broadcast, Simple protocol only --------------------------
-    nvls_ok = (
-        g.nvls
-        and op in ("all_reduce", "all_gather", "reduce_scatter")
-        and ppn >= MIN_NVLS_RANKS.get(arch, 99)
-    )
+    nvls_ok = g.nvls and op in ("all_reduce", "all_gather", "reduce_scatter") and ppn >= MIN_NVLS_RANKS.get(arch, 99)
     if nvls_ok:
         eff = NVLS_EFFICIENCY.get(arch, 0.8)
         # each GPU moves S (all_reduce) or (n-1)/n S in and out through its NVLink ports
@@ -229,9 +217,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             alg = min(alg_nvls, inter / tree_factor)
             lat = (HW_LAT["nvlink"]["nvls_tree"][2] or 0.0) + 2 * math.log2(nd) * _net_lat(g, 2, "nvls_tree")
             out.append(
-                _Candidate(
-                    "nvls_tree", "Simple", lat, alg, (2 + 2 * math.ceil(math.log2(nd))) * SIMPLE_STAGE_US
-                )
+                _Candidate("nvls_tree", "Simple", lat, alg, (2 + 2 * math.ceil(math.log2(nd))) * SIMPLE_STAGE_US)
             )
 
     # ---- point-to-point -------------------------------------------------------------------------

@@ -53,9 +53,7 @@ def _divisors(n: int, cap: int) -> list[int]:
     return [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cap and n % d == 0]
 
 
-def candidate_plans(
-    job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, object] | None = None
-) -> Iterator[Plan]:
+def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, object] | None = None) -> Iterator[Plan]:
     """Every plan worth trying: TP inside one NVLink domain, PP over layers, CP over the sequence."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     a = job.arch
@@ -71,11 +69,7 @@ def candidate_plans(
                 if n_gpus % (tp * pp * cp):
                     continue
                 dp = n_gpus // (tp * pp * cp)
-                vps = (
-                    [fixed["vp"]]
-                    if "vp" in fixed
-                    else sorted({1} | ({v for v in (2, 3, 4, 5, 6, 8) if pp > 1}))
-                )
+                vps = [fixed["vp"]] if "vp" in fixed else sorted({1} | ({v for v in (2, 3, 4, 5, 6, 8) if pp > 1}))
                 for vp in vps:
                     if pp > 1 and a.layers % (pp * vp):
                         continue
@@ -88,9 +82,7 @@ def candidate_plans(
                             if zero >= 3 and pp > 1:
                                 continue  # ZeRO-3 with pipelining is not a Megatron configuration
                             for rec in recs:
-                                yield Plan(
-                                    tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec, dp=dp
-                                )
+                                yield Plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec, dp=dp)
 
 
 def search(

@@ -172,9 +172,7 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
 
     mm_rate = _matmul_rate(gpu, job.precision)
-    attn_rate = (
-        _matmul_rate(gpu, "bf16" if job.precision in ("fp8", "bf16") else job.precision) * ATTENTION_VS_MATMUL
-    )
+    attn_rate = _matmul_rate(gpu, "bf16" if job.precision in ("fp8", "bf16") else job.precision) * ATTENTION_VS_MATMUL
     hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
     act_b = 4 if job.precision == "fp32" else 2
 
@@ -231,9 +229,9 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     nd = p.dp * p.cp
     t_dp = 0.0
     if nd > 1:
-        dp_group = group(p.tp, nd) if p.cp > 1 else group(p.tp * p.cp, nd)
+        dp_group = group(p.tp, nd)  # Megatron order tp-cp-dp: the DP x CP group is strided by tp
         params_gpu = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / p.tp
-        grad_bytes = int(params_gpu * (4 if job.precision == "fp32" else 4))  # fp32 gradient reduction
+        grad_bytes = int(params_gpu * 4)  # gradients are reduced in fp32 (Megatron main_grad)
         param_bytes = int(params_gpu * act_b)
         if p.zero >= 3:
             ag = collectives.estimate("all_gather", param_bytes, dp_group).time_us * 1e-6
@@ -246,9 +244,7 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
             t_rs = rs.time_us * 1e-6
             t_ag = ag.time_us * 1e-6 if ag else 0.0
             t_dp = max(0.0, t_rs - GRAD_BUCKETS_EXPOSED * 2 / 3 * t_mb) + max(0.0, t_ag - t_mb / 3)
-    params_shard = (
-        (layers_stage * a.params_per_layer + a.vocab * a.hidden) / p.tp / (nd if p.zero >= 1 else 1)
-    )
+    params_shard = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / p.tp / (nd if p.zero >= 1 else 1)
     t_opt = params_shard * 32 / hbm  # read+write master, m, v, grad; write bf16 weight
 
     step = t_pipeline + t_dp + t_opt

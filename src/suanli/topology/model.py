@@ -188,9 +188,7 @@ class Cluster:
             hop = self.fabric.switch_hop_latency_us
             out["leaf"] = TierLink("leaf", nic, nic_lat + hop, span["leaf"])
             if span["leaf"] > 1:
-                out["spine"] = TierLink(
-                    "spine", nic / self.leaf_oversubscription, nic_lat + 3 * hop, span["spine"]
-                )
+                out["spine"] = TierLink("spine", nic / self.leaf_oversubscription, nic_lat + 3 * hop, span["spine"])
             if span["spine"] > 1:
                 bw = nic / self.leaf_oversubscription / self.spine_oversubscription
                 out["core"] = TierLink("core", bw, nic_lat + 5 * hop, 1)
@@ -239,10 +237,7 @@ class Cluster:
         chosen = nodes[:need]
         gpus = (
             np.concatenate(
-                [
-                    np.arange(self.node_first_gpu[n], self.node_first_gpu[n] + gpn[i])
-                    for i, n in enumerate(chosen)
-                ]
+                [np.arange(self.node_first_gpu[n], self.node_first_gpu[n] + gpn[i]) for i, n in enumerate(chosen)]
             )
             if need
             else np.empty(0, np.int64)

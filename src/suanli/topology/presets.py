@@ -19,9 +19,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "h20-roce800-128": {
         "name": "h20-roce800-128",
         "description": "16 nodes x 8 H20 (NVLink 4), 800G RoCE v2 per node (8x 100G rails), one leaf",
-        "node_groups": [
-            {"name": "h20", "count": 16, "gpu": "H20", "gpus_per_node": 8, "nics": 8, "nic_gbps": 100}
-        ],
+        "node_groups": [{"name": "h20", "count": 16, "gpu": "H20", "gpus_per_node": 8, "nics": 8, "nic_gbps": 100}],
         "fabric": "roce-800",
         "nodes_per_leaf": 16,
     },
@@ -69,9 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 _HOMOGENEOUS = re.compile(r"^(?P<nodes>\d+)x(?P<gpn>\d+)(?::(?P<gpu>[A-Za-z0-9._-]+))?$")
 
 
-def homogeneous(
-    nodes: int, gpus_per_node: int, gpu: str = "H100-SXM", fabric: str | None = None
-) -> dict[str, Any]:
+def homogeneous(nodes: int, gpus_per_node: int, gpu: str = "H100-SXM", fabric: str | None = None) -> dict[str, Any]:
     """Spec of N nodes x G GPUs under leaves of 32 nodes (the `NxG[:MODEL]` shorthand)."""
     from suanli import catalog
 
@@ -105,9 +101,7 @@ def load_preset(name: str) -> Cluster:
     m = _HOMOGENEOUS.match(name)
     if m:
         return parse(homogeneous(int(m["nodes"]), int(m["gpn"]), m["gpu"] or "H100-SXM"))
-    raise SpecError(
-        f"unknown cluster {name!r}; presets: {', '.join(PRESETS)}, or NxG[:MODEL] such as 16x8:H100"
-    )
+    raise SpecError(f"unknown cluster {name!r}; presets: {', '.join(PRESETS)}, or NxG[:MODEL] such as 16x8:H100")
 
 
 def resolve(name_or_text: str, read_text: Callable[[str], str] | None = None) -> Cluster:

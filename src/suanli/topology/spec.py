@@ -25,9 +25,7 @@ class NodeGroupSpec(BaseModel):
     count: int = Field(ge=1, le=100_000)
     gpu: str
     gpus_per_node: int = Field(ge=1, le=72)
-    intra: str | None = Field(
-        None, description="intra-node link; default from the GPU (NVLink gen or PCIe gen)"
-    )
+    intra: str | None = Field(None, description="intra-node link; default from the GPU (NVLink gen or PCIe gen)")
     nics: int = Field(1, ge=0, le=64)
     nic_gbps: float | None = Field(None, gt=0, le=12_800)
     nvlink_domain_nodes: int = Field(1, ge=1, le=72)
@@ -67,11 +65,7 @@ def default_intra(gpu: catalog.GPUSpec, gpus_per_node: int) -> catalog.IntraNode
         if gpu.nvlink_domain_size >= 72:
             return catalog.link("nvl72")
         for link in catalog.all_links():
-            gen = (
-                int(link.name.removeprefix("nvlink").split("-")[0] or 0)
-                if link.name.startswith("nvlink")
-                else 0
-            )
+            gen = int(link.name.removeprefix("nvlink").split("-")[0] or 0) if link.name.startswith("nvlink") else 0
             if gen == gpu.nvlink.gen and abs(link.uni_GBps - gpu.nvlink.uni_GBps) < 1e-6:
                 return link
         return catalog.link(f"nvlink{gpu.nvlink.gen}")
@@ -91,16 +85,12 @@ def build(spec: ClusterSpec) -> Cluster:
             intra = catalog.link(g.intra) if g.intra else default_intra(gpu, g.gpus_per_node)
             nic_gbps = g.nic_gbps or (fab.port_Gbps if fab else 0.0)
             groups.append(
-                NodeGroup(
-                    g.name, g.count, gpu, g.gpus_per_node, intra, g.nics, nic_gbps, g.nvlink_domain_nodes
-                )
+                NodeGroup(g.name, g.count, gpu, g.gpus_per_node, intra, g.nics, nic_gbps, g.nvlink_domain_nodes)
             )
     except catalog.CatalogError as e:
         raise SpecError(str(e)) from e
     if sum(g.count for g in groups) > 1 and fab is None:
-        raise SpecError(
-            "fabric: a cluster of more than one node needs a scale-out fabric (e.g. ib-ndr, roce-400)"
-        )
+        raise SpecError("fabric: a cluster of more than one node needs a scale-out fabric (e.g. ib-ndr, roce-400)")
     return Cluster(
         name=spec.name,
         groups=tuple(groups),

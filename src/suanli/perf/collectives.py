@@ -6,9 +6,11 @@ its tuner, `src/graph/tuning.cc`), then picks the fastest pair, as NCCL's tuner 
 follows two physical regimes:
 
 * LL/LL128 protocols move data in flag-tagged lines with no chunk pipeline: `t = latency + bytes / bw`.
-* The Simple protocol moves chunks through a pipeline of `depth` stages; with the chunk size chosen
-  optimally, a pipeline of per-stage overhead `a` costs `t = base + (sqrt(bytes/bw) + sqrt(depth*a))^2`
-  (the classic pipelined-transfer optimum), so bandwidth ramps up with size instead of jumping to peak.
+* The Simple protocol moves chunks through a pipeline of stages with total stage latency `L`; with the
+  chunk size chosen optimally the classic pipelined-transfer optimum is
+  `t = base + (sqrt(bytes/bw) + sqrt(L))^2 = base + L + bytes/bw + 2*sqrt(L*bytes/bw)`, so bandwidth ramps
+  up with size instead of jumping to peak. The fill term stops growing once chunks reach NCCL's buffer
+  size (`PIPELINE_SATURATION_BYTES`).
 
 Reported numbers follow nccl-tests: algbw = S / t, busbw = algbw x the operation's bus factor.
 """
@@ -73,10 +75,14 @@ PROTO_BW = {"LL": 0.5, "LL128": 0.92 * 120 / 128, "Simple": 1.0}
 # quote ~370 GB/s effective of 450 GB/s line rate on NVLink 4 (nccl-tests#212); PCIe peer traffic pays
 # TLP headers and flow control: ~80% of line rate (NCCL's PCI constant, 12 GB/s on a 16 GB/s Gen3 x16).
 LINK_EFFICIENCY = {"nvlink": 0.82, "pcie": 0.75}
-# NVLink SHARP: the switch reduces; every GPU moves S in and S out, at the switch's multimem rate.
-# NCCL's tuner derates NVLS to 0.85 (Hopper) / 0.74 (Blackwell) of the ring-effective link rate.
-NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+# NVLink SHARP: the switch reduces; every GPU moves S in and S out at the switch's multimem rate, a
+# fraction of the NVLink line rate: ~480 GB/s busbw = 274 GB/s algbw of 450 on Hopper (nccl-tests#212,
+# sjeaugey), 838 GB/s busbw = 479 algbw of 900 on an 8x B200 board (ml-engineering, SHARP section).
+NVLS_EFFICIENCY = {"hopper": 0.61, "blackwell": 0.53}
 SIMPLE_STAGE_US = 3.4  # per-stage overhead of a Simple-protocol pipeline on NVLink (hwLat NVLINK Ring Simple)
+# Once NCCL's Simple chunks reach their full buffer size (4 MiB per channel, 8 steps in flight), larger
+# messages just add chunks: the pipeline fill stops growing. Fill is modelled up to this much data.
+PIPELINE_SATURATION_BYTES = 32 << 20
 MIN_NVLS_RANKS = {"hopper": 5, "blackwell": 6}  # NVLS beats ring only from this many GPUs (mle NVLS ramp)
 
 
@@ -147,6 +153,14 @@ def _net_lat(g: CommGroup, proto: int, algorithm: str) -> float:
     return max(hw, overhead) + g.inter.latency_us
 
 
+def _protocols(g: CommGroup) -> list[tuple[int, str]]:
+    """LL and LL128 rely on in-order delivery of flag-tagged lines; EFA's SRD transport reorders, so
+    NCCL over EFA (aws-ofi-nccl) runs the Simple protocol only across nodes."""
+    if g.domains > 1 and g.fabric is not None and g.fabric.kind == "efa":
+        return [(2, "Simple")]
+    return list(enumerate(PROTOCOLS))
+
+
 def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
     n, ppn, nd = g.ranks, g.ranks_per_domain, g.domains
     link = "nvlink" if g.intra_kind == "nvlink" else "pcie"
@@ -168,9 +182,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             # traffic over several NICs, so a rank gets its own NIC share only.
             steps, net_steps = 1, 1 if nd > 1 else 0
             ring_bus = min(intra, inter / ppn) if nd > 1 else intra
-        for p, proto in enumerate(PROTOCOLS):
-            if proto != "Simple" and g.fabric is not None and nd > 1 and not g.fabric.rdma and proto == "LL128":
-                continue
+        for p, proto in _protocols(g):
             intra_lat = HW_LAT[link]["ring"][p]
             assert intra_lat is not None
             lat = BASE_LAT["ring"][p] + (steps - net_steps) * intra_lat
@@ -191,7 +203,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
         tree_factor = 2.0 * (nd - 1) / nd if op == "all_reduce" else 1.0
         alg_inter = inter / tree_factor
         alg_intra = intra  # chain: each byte crosses one intra link per direction
-        for p, proto in enumerate(PROTOCOLS):
+        for p, proto in _protocols(g):
             intra_lat = HW_LAT[link]["tree"][p]
             assert intra_lat is not None
             depth = 2 if op == "all_reduce" else 1
@@ -206,7 +218,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
     if nvls_ok:
         eff = NVLS_EFFICIENCY.get(arch, 0.8)
         # each GPU moves S (all_reduce) or (n-1)/n S in and out through its NVLink ports
-        per_gpu = g.intra_GBps * LINK_EFFICIENCY["nvlink"] * eff
+        per_gpu = g.intra_GBps * eff
         vol = {"all_reduce": 1.0}.get(op, (ppn - 1) / ppn)
         alg_nvls = per_gpu / vol
         if nd == 1:
@@ -222,7 +234,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
 
     # ---- point-to-point -------------------------------------------------------------------------
     if op == "send_recv":
-        for p, proto in enumerate(PROTOCOLS):
+        for p, proto in _protocols(g):
             if nd > 1:
                 lat = BASE_LAT["ring"][p] + _net_lat(g, p, "ring")
                 bw = min(intra, inter / ppn)
@@ -240,7 +252,9 @@ def _time_us(c: _Candidate, size_bytes: int) -> float:
     transfer = size_bytes / (c.bw_GBps * 1e3)  # GB/s == 1e3 bytes/us
     if c.pipeline_us <= 0.0:
         return c.latency_us + transfer
-    return c.latency_us + (math.sqrt(transfer) + math.sqrt(c.pipeline_us)) ** 2
+    saturated = min(size_bytes, PIPELINE_SATURATION_BYTES) / (c.bw_GBps * 1e3)
+    fill = 2.0 * math.sqrt(c.pipeline_us * saturated)
+    return c.latency_us + c.pipeline_us + transfer + fill
 
 
 def estimate(op: Op, size_bytes: int, group: CommGroup) -> CollectiveEstimate:

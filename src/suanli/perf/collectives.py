@@ -58,6 +58,9 @@ HW_LAT = {
     },
 }
 NET_OVERHEAD_US = 1.0  # per network step on x86 hosts; x3 with the Simple protocol (tuning.cc)
+# NCCL's per-channel LL128 bandwidth caps (tuning.cc, ring LL128) and the channels it gets: assumed one
+# channel per two NVLinks (A100: 12 links → 6 channels → LL128 saturates near 120 GB/s busbw).
+LL128_PER_CHANNEL = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
 LL_MAX_BUSBW = {
     "volta": 40.0,
     "turing": 40.0,
@@ -193,6 +196,8 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             bus = ring_bus * PROTO_BW[proto]
             if proto == "LL":
                 bus = min(bus, ll_max)
+            if proto == "LL128" and g.gpu.nvlink is not None and arch in LL128_PER_CHANNEL:
+                bus = min(bus, LL128_PER_CHANNEL[arch] * max(1, g.gpu.nvlink.links // 2))
             alg = bus / bf if bf > 0 else bus
             out.append(_split("ring", proto, BASE_LAT["ring"][p], lat, alg))
 

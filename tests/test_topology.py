@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -227,9 +229,9 @@ def test_tier_bandwidth_never_increases_going_up(name: str, kw: dict) -> None:
     assert set(links) == {"nvlink", "leaf", "spine", "core"}
     order = [t for t in ("leaf", "spine", "core") if t in links]
     bws = [links[t].uni_GBps_per_gpu for t in order]
-    assert all(a >= b for a, b in zip(bws, bws[1:], strict=False)), dict(zip(order, bws, strict=True))
+    assert all(a >= b for a, b in itertools.pairwise(bws)), dict(zip(order, bws, strict=True))
     lats = [links[t].latency_us for t in order]
-    assert all(a <= b for a, b in zip(lats, lats[1:], strict=False))
+    assert all(a <= b for a, b in itertools.pairwise(lats))
     assert bws[0] / bws[-1] == pytest.approx(c.leaf_oversubscription * c.spine_oversubscription)
 
 
@@ -289,7 +291,7 @@ def test_unknown_fabric_is_a_spec_error() -> None:
     ],
 )
 def test_invalid_yaml_is_a_spec_error(text: str) -> None:
-    with pytest.raises(SpecError):
+    with pytest.raises(SpecError, match="not valid YAML"):
         parse(text)
 
 

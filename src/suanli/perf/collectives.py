@@ -142,9 +142,10 @@ def _intra_bw(g: CommGroup) -> float:
 
 
 def _inter_node_bw(g: CommGroup) -> float:
-    """Scale-out bandwidth of one domain (all its NICs), achievable."""
+    """Achievable scale-out bandwidth of the weakest domain: a lone rank on a node has its NIC share only."""
     assert g.inter is not None and g.fabric is not None
-    return g.inter.uni_GBps_per_gpu * g.ranks_per_domain * g.fabric.efficiency
+    ranks = g.min_ranks_per_domain or g.ranks_per_domain
+    return g.inter.uni_GBps_per_gpu * ranks * g.fabric.efficiency
 
 
 def _net_lat(g: CommGroup, proto: int, algorithm: str) -> float:
@@ -254,6 +255,8 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
 
 
 def _time_us(c: _Candidate, size_bytes: int) -> float:
+    if c.bw_GBps <= 0.0:
+        return math.inf  # e.g. nodes without NICs: this path cannot carry data
     transfer = size_bytes / (c.bw_GBps * 1e3)  # GB/s == 1e3 bytes/us
     if c.pipeline_us <= 0.0:
         return c.latency_us + transfer
@@ -278,6 +281,8 @@ def estimate(op: Op, size_bytes: int, group: CommGroup) -> CollectiveEstimate:
             best = (t, cand)
     assert best is not None
     t, cand = best
+    if math.isinf(t):
+        raise ValueError("no path between these GPUs: a node in the set has no scale-out NIC")
     alg = size_bytes / (t * 1e3)
     return CollectiveEstimate(op, size_bytes, t, alg, alg * bus_factor(op, n), cand.algorithm, cand.protocol)
 

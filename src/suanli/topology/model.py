@@ -65,6 +65,7 @@ class CommGroup:
     inter: TierLink | None  # None when the set fits in one domain
     fabric: FabricSpec | None
     nics_per_domain_rank: float = 1.0  # NICs available per rank in a domain (rail-optimised boards: 1)
+    min_ranks_per_domain: int = 0  # smallest number of ranks in one domain (0: same as ranks_per_domain)
 
     @property
     def single_domain(self) -> bool:
@@ -227,6 +228,7 @@ class Cluster:
             inter=inter,
             fabric=self.fabric,
             nics_per_domain_rank=nics / gpn if gpn else 0.0,
+            min_ranks_per_domain=int(per_domain.min()),
         )
 
     def compact_gpus(self, count: int, group: int | None = None) -> NDArray[np.int64]:

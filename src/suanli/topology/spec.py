@@ -91,6 +91,10 @@ def build(spec: ClusterSpec) -> Cluster:
         raise SpecError(str(e)) from e
     if sum(g.count for g in groups) > 1 and fab is None:
         raise SpecError("fabric: a cluster of more than one node needs a scale-out fabric (e.g. ib-ndr, roce-400)")
+    if sum(g.count for g in groups) > 1:
+        for i, g in enumerate(groups):
+            if g.nics == 0:
+                raise SpecError(f"node_groups.{i}.nics: a multi-node cluster needs at least one scale-out NIC per node")
     return Cluster(
         name=spec.name,
         groups=tuple(groups),

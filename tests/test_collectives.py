@@ -270,7 +270,9 @@ def test_lone_rank_on_a_node_bounds_bandwidth() -> None:
     for op, must_receive in (("all_reduce", 1.0), ("all_gather", (n - 1) / n), ("broadcast", 1.0)):
         e = estimate(op, GiB, g)  # type: ignore[arg-type]
         bound = nic / must_receive
-        assert e.algbw_GBps <= bound, f"{op}: {e.algorithm}/{e.protocol} algbw {e.algbw_GBps:.1f} GB/s > {bound:.1f} GB/s"
+        assert e.algbw_GBps <= bound, (
+            f"{op}: {e.algorithm}/{e.protocol} algbw {e.algbw_GBps:.1f} GB/s > {bound:.1f} GB/s"
+        )
 
 
 # --- more bandwidth never slower, more latency never faster ------------------------------------------

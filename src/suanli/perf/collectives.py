@@ -159,9 +159,12 @@ def _net_lat(g: CommGroup, proto: int, algorithm: str) -> float:
 
 def _protocols(g: CommGroup) -> list[tuple[int, str]]:
     """LL and LL128 rely on in-order delivery of flag-tagged lines; EFA's SRD transport reorders, so
-    NCCL over EFA (aws-ofi-nccl) runs the Simple protocol only across nodes."""
+    NCCL over EFA (aws-ofi-nccl) runs the Simple protocol only across nodes; over kernel TCP there is no
+    GPUDirect path and NCCL leaves LL128 off."""
     if g.domains > 1 and g.fabric is not None and g.fabric.kind == "efa":
         return [(2, "Simple")]
+    if g.domains > 1 and g.fabric is not None and not g.fabric.rdma:
+        return [(0, "LL"), (2, "Simple")]  # NCCL enables LL128 across nodes only with GPUDirect RDMA
     return list(enumerate(PROTOCOLS))
 
 
@@ -208,7 +211,9 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
         # instead of 2(n-1)/n x S (n = ranks) for ring: on 2 nodes, tree busbw can exceed the NICs.
         tree_factor = 2.0 * (nd - 1) / nd if op == "all_reduce" else 1.0
         alg_inter = inter / tree_factor
-        alg_intra = intra  # chain: each byte crosses one intra link per direction
+        # one NVSwitch/PCIe port per GPU carries both the reduce going up and the broadcast coming down
+        # (NCCL's tuner applies the same 0.5 tree ratio)
+        alg_intra = intra / 2 if op == "all_reduce" else intra
         for p, proto in _protocols(g):
             intra_lat = HW_LAT[link]["tree"][p]
             assert intra_lat is not None
@@ -232,7 +237,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             out.append(_Candidate("nvls", "Simple", lat, alg_nvls, 2 * SIMPLE_STAGE_US))
         elif op == "all_reduce":
             tree_factor = 2.0 * (nd - 1) / nd
-            alg = min(alg_nvls, inter / tree_factor)
+            alg = min(alg_nvls * 5 / 6, inter / tree_factor)  # NVLS-tree ratio 5/6 (tuning.cc)
             lat = (HW_LAT["nvlink"]["nvls_tree"][2] or 0.0) + 2 * math.log2(nd) * _net_lat(g, 2, "nvls_tree")
             out.append(
                 _Candidate("nvls_tree", "Simple", lat, alg, (2 + 2 * math.ceil(math.log2(nd))) * SIMPLE_STAGE_US)

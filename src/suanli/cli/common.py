@@ -1,0 +1,457 @@
+"""Helpers shared by the CLI commands: errors, JSON output, unit parsing and formatting, system resolution."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import numpy as np
+import typer
+from numpy.typing import NDArray
+from rich.console import Console
+
+from suanli import catalog, topology
+from suanli.catalog import CatalogError, GPUSpec
+from suanli.perf import (
+    MODEL_PRESETS,
+    Placement,
+    Plan,
+    PlanError,
+    TrainEstimate,
+    TrainJob,
+    TransformerArch,
+    evaluate,
+    model_preset,
+    search,
+)
+from suanli.topology import Cluster
+from suanli.topology.spec import default_intra
+
+
+def _console() -> Console:
+    """Rich output on stdout; when that is not a terminal (a pipe, a file, a test), 120 columns instead of 80."""
+    out = Console()
+    return out if out.is_terminal or "COLUMNS" in os.environ else Console(width=120)
+
+
+console = _console()
+
+EXIT_BAD_INPUT = 2
+DEFAULT_GPU = "H100-SXM"
+DEFAULT_FABRIC_KIND = "infiniband"
+DEFAULT_NIC_GBPS = 400.0
+NVL72_GPUS = 72
+
+# ---- options shared by several commands --------------------------------------------------------------
+_S = "System (a --cluster, or a homogeneous system built from the flags)"
+_CLUSTER = "Cluster preset name, NxG[:MODEL] shorthand (e.g. 16x8:H100) or a cluster YAML file."
+_NICS = "Scale-out NICs per node (default: one per GPU on NVLink boards, else 1)."
+_FABRIC = f"Scale-out fabric kind: infiniband|ib|roce|ethernet|efa|tcpx (default: {DEFAULT_FABRIC_KIND})."
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
+ClusterOpt = Annotated[
+    str | None, typer.Option("--cluster", "-c", metavar="NAME|FILE", help=_CLUSTER, rich_help_panel=_S)
+]
+GpuOpt = Annotated[str | None, typer.Option("--gpu", help=f"GPU model (default: {DEFAULT_GPU}).", rich_help_panel=_S)]
+NodesOpt = Annotated[int | None, typer.Option("--nodes", help="Number of nodes.", rich_help_panel=_S)]
+GpusOpt = Annotated[
+    int | None, typer.Option("--gpus", help="Number of GPUs (default: all of them).", rich_help_panel=_S)
+]
+GpnOpt = Annotated[
+    int | None, typer.Option("--gpus-per-node", help="GPUs per node (default: 8; GB200/GB300: 4).", rich_help_panel=_S)
+]
+IntraOpt = Annotated[
+    str | None, typer.Option("--intra", help="nvlink4, nvl72, pcie5 … (default: from the GPU)", rich_help_panel=_S)
+]
+NicsOpt = Annotated[int | None, typer.Option("--nics", help=_NICS, rich_help_panel=_S)]
+NicGbpsOpt = Annotated[
+    float | None, typer.Option("--nic-gbps", help="NIC port rate, Gbit/s (default: 400).", rich_help_panel=_S)
+]
+FabricOpt = Annotated[str | None, typer.Option("--fabric", help=_FABRIC, rich_help_panel=_S)]
+
+
+# ---- errors and output ----------------------------------------------------------------------------------
+def fail(message: str) -> NoReturn:
+    """Report bad input as one line on stderr and exit with code 2."""
+    typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the core's input errors (unknown names, bad specs, impossible plans, unreadable files) into `fail`."""
+    try:
+        yield
+    except CatalogError as e:
+        fail(str(e))
+    except OSError as e:
+        fail(f"{e.strerror or e}: {e.filename}" if e.filename else str(e))
+    except ValueError as e:  # SpecError, PlanError, model and precision errors
+        fail(str(e))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return _finite(value.item())
+    return value
+
+
+def emit_json(doc: Any) -> None:
+    typer.echo(json.dumps(_finite(doc), indent=2, allow_nan=False))
+
+
+def check_choice(value: str, choices: tuple[str, ...] | list[str], option: str) -> str:
+    norm = value.strip().lower().replace("-", "_") if option == "--op" else value.strip().lower()
+    if norm not in choices:
+        fail(f"invalid {option} {value!r}; choose one of: {', '.join(choices)}")
+    return norm
+
+
+def check_positive(value: int | float | None, option: str) -> None:
+    if value is not None and value <= 0:
+        fail(f"{option} must be positive (got {value:g})")
+
+
+# ---- units -------------------------------------------------------------------------------------------------
+_SIZE = re.compile(r"^(?P<num>\d+(?:\.\d*)?|\.\d+)\s*(?P<unit>[kmgtp]?)(?P<i>i?)(?P<b>b?)$", re.IGNORECASE)
+_POWERS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `8`, `8B`, `1K`/`1KiB` (1024), `1KB` (1000), `1MiB`, `8GiB` … (K, M, G alone are binary)."""
+    m = _SIZE.match(text.strip())
+    if not m or (m["i"] and not m["unit"]):
+        raise ValueError(
+            f"invalid size {text!r}: give bytes or a K/M/G/T suffix, e.g. 8, 4096, 1KiB, 1MiB, 8GiB (KB/MB/GB = 1000-based)"
+        )
+    power = _POWERS[m["unit"].lower()]
+    decimal = bool(m["b"]) and not m["i"] and power > 0
+    value = float(m["num"]) * (1000 if decimal else 1024) ** power
+    if abs(value - round(value)) > 1e-6:
+        raise ValueError(f"invalid size {text!r}: not a whole number of bytes")
+    return round(value)
+
+
+_COUNT = re.compile(r"^(?P<num>(?:\d+(?:\.\d*)?|\.\d+)(?:e[+-]?\d+)?)\s*(?P<unit>[kmbgt]?)$", re.IGNORECASE)
+_COUNT_UNITS = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def parse_count(text: str, option: str = "--tokens") -> float:
+    """A positive count such as `1e9`, `300B`, `15T`, `2.5M` or `1_000_000` (decimal suffixes)."""
+    m = _COUNT.match(text.strip().replace("_", ""))
+    if not m:
+        fail(f"invalid {option} {text!r}: give a number such as 1e9, 300B or 15T")
+    value = float(m["num"]) * _COUNT_UNITS[m["unit"].lower()]
+    if value <= 0:
+        fail(f"{option} must be positive")
+    return value
+
+
+def default_sizes() -> list[int]:
+    """8 B to 8 GiB in x8 steps (the shape of an nccl-tests sweep)."""
+    return [8**k for k in range(1, 12)]
+
+
+def human_size(n: int) -> str:
+    for unit, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << power:
+            v = n / (1 << power)
+            return f"{v:g} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+    return f"{n} B"
+
+
+def human_time_us(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} us"
+
+
+def human_duration(seconds: float) -> str:
+    for unit, span in (("d", 86400.0), ("h", 3600.0), ("min", 60.0), ("s", 1.0)):
+        if seconds >= span:
+            v = seconds / span
+            return f"{v:,.0f} {unit}" if v >= 100 else f"{v:.3g} {unit}"
+    return f"{seconds:.3g} s"
+
+
+def human_count(n: float) -> str:
+    for unit, span in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= span:
+            return f"{n / span:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+# ---- systems -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class System:
+    """A cluster and the GPUs (rank order) a command runs on."""
+
+    cluster: Cluster
+    gpus: NDArray[np.int64]
+
+    @property
+    def n_gpus(self) -> int:
+        return int(self.gpus.size)
+
+    @property
+    def n_nodes(self) -> int:
+        return int(np.unique(self.cluster.gpu_node[self.gpus]).size)
+
+    @property
+    def n_domains(self) -> int:
+        return int(np.unique(self.cluster.node_domain[self.cluster.gpu_node[self.gpus]]).size)
+
+    @property
+    def gpu(self) -> GPUSpec:
+        return self.cluster.group_of(int(self.cluster.gpu_node[self.gpus[0]])).gpu
+
+    @property
+    def placement(self) -> Placement:
+        return Placement(self.cluster, self.gpus)
+
+    def describe(self) -> str:
+        c = self.cluster
+        used = sorted({int(g) for g in c.node_group[np.unique(c.gpu_node[self.gpus])]})
+        parts = []
+        for i in used:
+            g = c.groups[i]
+            nic = f", {g.nics}x {g.nic_Gbps:g}G NICs" if g.nics and c.n_nodes > 1 else ""
+            parts.append(f"{g.gpus_per_node}x {g.gpu.name}/node ({g.intra.name}{nic})")
+        fabric = f", {c.fabric.name}" if c.fabric is not None and self.n_nodes > 1 else ""
+        nodes = f"{self.n_nodes:,} node{'s' if self.n_nodes != 1 else ''}"
+        return f"{c.name}: {self.n_gpus:,} GPUs on {nodes}, {'; '.join(parts)}{fabric}"
+
+
+def load_cluster(ref: str) -> Cluster:
+    """A preset name, the `NxG[:MODEL]` shorthand, or a path to a cluster YAML file."""
+    path = Path(ref).expanduser()
+    if ref not in topology.PRESETS and path.is_file():
+        return topology.resolve(ref, lambda _: path.read_text(encoding="utf-8"))
+    if ref.endswith((".yaml", ".yml", ".json")) or "/" in ref or "\\" in ref:
+        fail(f"cluster file {ref!r} not found (and not a preset: {', '.join(topology.preset_names())})")
+    return topology.resolve(ref)
+
+
+def default_gpus_per_node(gpu: GPUSpec) -> int:
+    return 4 if gpu.nvlink_domain_size >= NVL72_GPUS else 8
+
+
+def homogeneous_cluster(
+    gpu: str,
+    nodes: int,
+    gpus_per_node: int | None = None,
+    intra: str | None = None,
+    nics: int | None = None,
+    nic_gbps: float | None = None,
+    fabric: str | None = None,
+) -> Cluster:
+    """`nodes` identical nodes under one fabric, via `topology.parse` (NVL72 links get 72-GPU domains)."""
+    spec = catalog.gpu(gpu)
+    gpn = gpus_per_node or default_gpus_per_node(spec)
+    link = catalog.link(intra) if intra else default_intra(spec, gpn)
+    domain_nodes = max(1, NVL72_GPUS // gpn) if link.name == "nvl72" else 1
+    nic_rate = DEFAULT_NIC_GBPS if nic_gbps is None else nic_gbps
+    group = {
+        "name": spec.name.lower(),
+        "count": nodes,
+        "gpu": spec.name,
+        "gpus_per_node": gpn,
+        "intra": link.name,
+        "nics": (gpn if spec.nvlink is not None else 1) if nics is None else nics,
+        "nic_gbps": nic_rate,
+        "nvlink_domain_nodes": domain_nodes,
+    }
+    return topology.parse(
+        {
+            "name": f"{nodes}x{gpn}:{spec.name}",
+            "node_groups": [group],
+            "fabric": {"kind": fabric or DEFAULT_FABRIC_KIND, "nic_gbps": nic_rate},
+            "nodes_per_leaf": 32,
+        }
+    )
+
+
+def resolve_system(
+    *,
+    cluster: str | None,
+    gpu: str | None = None,
+    nodes: int | None = None,
+    gpus: int | None = None,
+    gpus_per_node: int | None = None,
+    intra: str | None = None,
+    nics: int | None = None,
+    nic_gbps: float | None = None,
+    fabric: str | None = None,
+) -> System:
+    """The system a command runs on: a cluster (most compact placement) or a homogeneous one from flags."""
+    for value, option in (
+        (nodes, "--nodes"),
+        (gpus, "--gpus"),
+        (gpus_per_node, "--gpus-per-node"),
+        (nic_gbps, "--nic-gbps"),
+    ):
+        check_positive(value, option)
+    if nics is not None and nics < 0:
+        fail("--nics must be >= 0")
+    if cluster is not None:
+        flags = {"--gpu": gpu, "--intra": intra, "--nics": nics, "--nic-gbps": nic_gbps, "--fabric": fabric}
+        given = [k for k, v in flags.items() if v is not None]
+        if given:
+            fail(
+                f"{', '.join(given)} {'describes' if len(given) == 1 else 'describe'} a homogeneous system; not allowed with --cluster"
+            )
+        c = load_cluster(cluster)
+        if gpus is not None:
+            count = gpus
+        elif nodes is not None:
+            count = nodes * (gpus_per_node or c.groups[0].gpus_per_node)
+        else:
+            count = c.n_gpus
+        return System(c, c.compact_gpus(count))
+    spec = catalog.gpu(gpu or DEFAULT_GPU)
+    gpn = gpus_per_node or default_gpus_per_node(spec)
+    if nodes is None:
+        nodes = -(-gpus // gpn) if gpus else 1
+    if gpus is not None and gpus > nodes * gpn:
+        fail(f"--gpus {gpus} does not fit on {nodes} nodes x {gpn} GPUs")
+    c = homogeneous_cluster(spec.name, nodes, gpn, intra, nics, nic_gbps, fabric)
+    return System(c, c.compact_gpus(gpus or c.n_gpus))
+
+
+# ---- training jobs and plans ----------------------------------------------------------------------------
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+RECOMPUTE = ("none", "selective", "full")
+MODEL = "Model and job"
+PLAN = "Parallel plan (all of --tp/--pp/--cp given: evaluate exactly; otherwise search with the given ones fixed)"
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help=f"Model preset ({', '.join(MODEL_PRESETS)}) or 'custom'.", rich_help_panel=MODEL
+    ),
+]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16|fp16|fp8|fp32.", rich_help_panel=MODEL)]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (tokens).", rich_help_panel=MODEL)]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.", rich_help_panel=MODEL)]
+_ARCH = "Custom model (--model custom)"
+LayersOpt = Annotated[int | None, typer.Option("--layers", rich_help_panel=_ARCH)]
+HiddenOpt = Annotated[int | None, typer.Option("--hidden", rich_help_panel=_ARCH)]
+FfnOpt = Annotated[int | None, typer.Option("--ffn", help="FFN inner size.", rich_help_panel=_ARCH)]
+HeadsOpt = Annotated[int | None, typer.Option("--heads", rich_help_panel=_ARCH)]
+KvHeadsOpt = Annotated[
+    int | None, typer.Option("--kv-heads", help="KV heads (default: --heads).", rich_help_panel=_ARCH)
+]
+VocabOpt = Annotated[
+    int | None, typer.Option("--vocab", help="Vocabulary size (default: 32000).", rich_help_panel=_ARCH)
+]
+GatedOpt = Annotated[
+    bool | None, typer.Option("--gated/--no-gated", help="SwiGLU MLP (default: gated).", rich_help_panel=_ARCH)
+]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor parallel size.", rich_help_panel=PLAN)]
+PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline parallel size.", rich_help_panel=PLAN)]
+CpOpt = Annotated[int | None, typer.Option("--cp", help="Context parallel size.", rich_help_panel=PLAN)]
+VpOpt = Annotated[int | None, typer.Option("--vp", help="Virtual pipeline stages per rank.", rich_help_panel=PLAN)]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", help="Micro-batch size.", rich_help_panel=PLAN)]
+ZeroOpt = Annotated[
+    int | None, typer.Option("--zero", help="ZeRO stage 0..3 (FSDP: --tp 1 --pp 1 --zero 3).", rich_help_panel=PLAN)
+]
+RecomputeOpt = Annotated[str | None, typer.Option("--recompute", help="none|selective|full.", rich_help_panel=PLAN)]
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+TokensOpt = Annotated[
+    str | None, typer.Option("--tokens", help="Tokens to train on (1e9, 300B, 15T), for time and cost.")
+]
+
+
+def build_arch(model: str, **dims: Any) -> TransformerArch:
+    given = {k: v for k, v in dims.items() if v is not None}
+    if model.strip().lower() != "custom":
+        if given:
+            fail(f"{', '.join('--' + k.replace('_', '-') for k in given)} only apply to --model custom")
+        return model_preset(model)
+    missing = [f"--{k}" for k in ("layers", "hidden", "ffn", "heads") if k not in given]
+    if missing:
+        fail(f"--model custom needs {', '.join(missing)}")
+    for k, v in given.items():
+        if k != "gated" and v <= 0:
+            fail(f"--{k.replace('_', '-')} must be positive")
+    return TransformerArch(
+        name="custom",
+        layers=given["layers"],
+        hidden=given["hidden"],
+        ffn=given["ffn"],
+        heads=given["heads"],
+        kv_heads=given.get("kv_heads", given["heads"]),
+        vocab=given.get("vocab", 32000),
+        gated_mlp=given.get("gated", True),
+    )
+
+
+def build_job(model: str, precision: str, seq_len: int, global_batch: int, **dims: Any) -> TrainJob:
+    check_positive(seq_len, "--seq-len")
+    check_positive(global_batch, "--global-batch")
+    prec = check_choice(precision, PRECISIONS, "--precision")
+    return TrainJob(build_arch(model, **dims), prec, seq_len, global_batch)  # type: ignore[arg-type]
+
+
+def fixed_plan(**plan: Any) -> dict[str, Any]:
+    for k in ("tp", "pp", "cp", "vp", "mbs"):
+        check_positive(plan[k], f"--{k}")
+    if plan["zero"] is not None and plan["zero"] not in (0, 1, 2, 3):
+        fail(f"--zero must be 0, 1, 2 or 3 (got {plan['zero']})")
+    if plan["recompute"] is not None:
+        plan["recompute"] = check_choice(plan["recompute"], RECOMPUTE, "--recompute")
+    return {k: v for k, v in plan.items() if v is not None}
+
+
+def best_plans(job: TrainJob, system: System, fixed: dict[str, Any], top: int = 1) -> tuple[list[TrainEstimate], bool]:
+    """The exact plan when tp, pp and cp are all fixed, else the `top` fastest searched ones (and whether searched)."""
+    if all(k in fixed for k in ("tp", "pp", "cp")):
+        prod = fixed["tp"] * fixed["pp"] * fixed["cp"]
+        if system.n_gpus % prod:
+            raise PlanError(f"tp*pp*cp = {prod} does not divide {system.n_gpus} GPUs")
+        defaults = {"vp": 1, "mbs": 1, "zero": 1, "recompute": "none"}
+        plan = Plan(**{**defaults, **fixed, "dp": system.n_gpus // prod})
+        return [evaluate(job, plan, system.placement)], False
+    return search(job, system.placement, fixed, top=top), True
+
+
+def job_header(job: TrainJob, system: System) -> dict[str, Any]:
+    return {
+        "model": job.arch.name,
+        "params": job.arch.params,
+        "precision": job.precision,
+        "seq_len": job.seq_len,
+        "global_batch": job.global_batch,
+        "gpus": system.n_gpus,
+        "nodes": system.n_nodes,
+        "nvlink_domains": system.n_domains,
+        "gpu": system.gpu.name,
+        "cluster": system.cluster.name,
+        "system": system.describe(),
+    }
+
+
+def plan_label(p: dict[str, Any]) -> str:
+    label = f"TP{p['tp']} PP{p['pp']} CP{p['cp']} DP{p['dp']}"
+    extra = [f"VP{p['vp']}" if p["vp"] > 1 else "", f"MBS{p['mbs']}", f"ZeRO-{p['zero']}"]
+    extra.append("" if p["recompute"] == "none" else f"recompute={p['recompute']}")
+    return " ".join([label, *[e for e in extra if e]])
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"

@@ -1,0 +1,39 @@
+"""The `suanli` entry point: the root Typer app and its sub-apps (one module per sub-app)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from suanli import __version__
+from suanli.cli import perf, topology
+
+app = typer.Typer(
+    name="suanli",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+    help="suanli (算力): GPU compute leasing with a topology-aware, performance-model-driven scheduler.",
+)
+app.add_typer(perf.app, name="perf")
+app.add_typer(topology.app, name="topology")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"suanli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """suanli (算力): GPU compute leasing with a topology-aware, performance-model-driven scheduler."""
+
+
+if __name__ == "__main__":
+    app()

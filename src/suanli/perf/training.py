@@ -186,7 +186,8 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
 
     # -- per layer, per micro-batch, on one GPU -------------------------------------------------------
     lin_flops = 3 * 2 * (a.attn_params_per_layer + a.mlp_params_per_layer) * tokens / p.tp
-    attn_flops = 3 * 4 * job.seq_len * a.hidden * tokens / 2 / p.tp  # causal: half the s×s products
+    # causal: half the s×s products; flash attention's backward recomputes QK^T, so fwd+bwd is 3.5x fwd
+    attn_flops = 3.5 * 4 * job.seq_len * a.hidden * tokens / 2 / p.tp
     t_lin = lin_flops / mm_rate
     t_attn = attn_flops / attn_rate
     elem_bytes = 3 * (10 * a.hidden + (3 if a.gated_mlp else 2) * a.ffn) * act_b * tokens / p.tp

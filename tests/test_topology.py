@@ -10,26 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suanli.topology import PRESETS, TIERS, Cluster, SpecError, load_preset, parse, preset_names
+from tests.clusters import homogeneous_cluster
 
 # --- helpers -----------------------------------------------------------------------------------------
 
 
-def _cluster(
-    gpu: str = "H100-SXM",
-    nodes: int = 2,
-    gpn: int = 8,
-    fabric: str | dict | None = "ib-ndr",
-    nics: int = 8,
-    **kw: object,
-) -> Cluster:
-    spec: dict[str, object] = {
-        "name": "t",
-        "node_groups": [{"name": "n", "count": nodes, "gpu": gpu, "gpus_per_node": gpn, "nics": nics}],
-        **kw,
-    }
-    if fabric is not None:
-        spec["fabric"] = fabric
-    return parse(spec)
+_cluster = homogeneous_cluster
 
 
 def _node_gpus(cluster: Cluster, nodes: list[int] | range) -> np.ndarray:

@@ -1,0 +1,44 @@
+"""Topology-aware scheduling framework. Pure: no I/O, no wall clock; time and state are passed in."""
+
+from suanli.sched.framework import Scheduler
+from suanli.sched.placement import PLACEMENTS, PlacementResult, first_fit, place_slice, topology_aware
+from suanli.sched.policies import POLICIES, Policy, SchedulerConfig, policy
+from suanli.sched.state import ClusterState
+from suanli.sched.types import (
+    CLASS_RANK,
+    FULL,
+    Allocation,
+    CycleResult,
+    Decision,
+    ModelHint,
+    Pending,
+    Place,
+    Preempt,
+    Request,
+    Resize,
+)
+
+__all__ = [
+    "CLASS_RANK",
+    "FULL",
+    "PLACEMENTS",
+    "POLICIES",
+    "Allocation",
+    "ClusterState",
+    "CycleResult",
+    "Decision",
+    "ModelHint",
+    "Pending",
+    "Place",
+    "PlacementResult",
+    "Policy",
+    "Preempt",
+    "Request",
+    "Resize",
+    "Scheduler",
+    "SchedulerConfig",
+    "first_fit",
+    "place_slice",
+    "policy",
+    "topology_aware",
+]

@@ -1,0 +1,246 @@
+"""One scheduling cycle: snapshot + queue → decisions (place, preempt, resize, pending with a reason).
+
+Kubernetes scheduling-framework shape: the policy's queue-sort orders the queue; for each request the
+placement plugin filters and scores GPUs on a working copy of the snapshot; a successful placement is
+reserved; a blocked one may try preemption inside a *statement* — victims are unreserved on a scratch
+copy, and the statement commits only if the whole gang then fits (all-or-nothing permit), otherwise it is
+discarded. EASY backfill keeps a reservation for the first blocked request. The cycle never mutates its
+input state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from suanli.sched.placement import PLACEMENTS, PlacementResult, Placer
+from suanli.sched.policies import Policy, PolicyContext, SchedulerConfig, policy
+from suanli.sched.state import ClusterState
+from suanli.sched.types import FULL, Allocation, CycleResult, Pending, Place, Preempt, Request, Resize
+
+
+@dataclass
+class _Reservation:
+    request: Request
+    shadow_time: float  # when enough GPUs free up for the blocked head
+    extra: int  # GPUs free at shadow_time beyond what the head needs
+
+
+def _alloc_id(req: Request) -> str:
+    return req.id
+
+
+class Scheduler:
+    """Runs the configured policy. Pure: time is passed in, state is copied."""
+
+    def __init__(self, config: SchedulerConfig | None = None) -> None:
+        self.config = config or SchedulerConfig()
+        self.policy: Policy = policy(self.config.policy)
+        name = self.config.placement or self.policy.placement
+        if name not in PLACEMENTS:
+            raise ValueError(f"unknown placement {name!r}; known: {', '.join(PLACEMENTS)}")
+        self.placer: Placer = PLACEMENTS[name]
+        self._key_memo: dict[int, tuple[Request, tuple]] = {}
+
+    # ---- the cycle ------------------------------------------------------------------------------
+    def cycle(
+        self, snapshot: ClusterState, queue: Sequence[Request], now: float, explain: bool = True
+    ) -> tuple[CycleResult, ClusterState]:
+        """Decide for every queued request; returns the decisions and the state they lead to.
+
+        With `explain=False` (the simulator) requests the cycle did not need to examine get no Pending
+        entry, which keeps a cycle over a long queue cheap.
+        """
+        work = snapshot.copy()
+        ctx = PolicyContext(self.config, now, work, self._tenant_gpus(work))
+        ordered = sorted(queue, key=self._sort_key(ctx))
+        result = CycleResult()
+        reservation: _Reservation | None = None
+        blocked: Request | None = None
+        examined = 0
+        preempt_budget = self.config.max_preemption_attempts if self.policy.preempt is not None else 0
+        for pos, req in enumerate(ordered):
+            if blocked is not None:
+                stop = ""
+                if self.policy.backfill == "none":
+                    stop = f"waits behind {blocked.id} (no backfill)"
+                elif examined >= self.config.backfill_depth:
+                    stop = "beyond the backfill window of this cycle"
+                elif work.free_whole_gpus() == 0 and preempt_budget == 0 and req.milli == FULL:
+                    stop = "no free GPUs"
+                if stop:
+                    if not explain:
+                        break
+                    result.pending.append(Pending(req.id, stop, pos))
+                    continue
+                examined += 1
+            k = req.gpus
+            if reservation is not None and not self._easy_allows(reservation, req, k, now):
+                placed = PlacementResult(None, f"would delay the reservation of {reservation.request.id}")
+            else:
+                placed = self._try(work, req, k)
+                if placed.gpus is None and req.elastic and req.min_gpus is not None and req.min_gpus < k:
+                    k = req.min_gpus
+                    placed = self._try(work, req, k)
+                if placed.gpus is not None and reservation is not None:
+                    self._easy_consume(reservation, req, k, now)
+            if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0:
+                preempt_budget -= 1
+                attempt = self._preempt(work, req, k, ctx, result)
+                placed = attempt if attempt.gpus is not None else PlacementResult(None, placed.reason)
+            if placed.gpus is not None:
+                self._commit(work, req, placed.gpus, now, result, ctx)
+                continue
+            result.pending.append(Pending(req.id, placed.reason, pos))
+            if blocked is None:
+                blocked = req
+            if reservation is None and self._wants_reservation(req, now):
+                reservation = self._reserve_for(work, req, now)
+        if self.policy.elastic:
+            self._elastic(work, result, now, any_pending=bool(result.pending))
+        return result, work
+
+    # ---- plugins ---------------------------------------------------------------------------------
+    def _sort_key(self, ctx: PolicyContext) -> Callable[[Request], tuple]:
+        """Queue-sort plugin. Keys of static policies depend on the request alone and are memoised
+        (by identity: the same Request object across cycles), so long queues sort cheaply."""
+        key = self.policy.sort_key
+        if not self.policy.static_key:
+            return lambda r: key(r, ctx)
+        memo = self._key_memo
+
+        def cached(r: Request) -> tuple:
+            hit = memo.get(id(r))
+            if hit is not None and hit[0] is r:
+                return hit[1]
+            k = key(r, ctx)
+            memo[id(r)] = (r, k)
+            return k
+
+        if len(memo) > 4 * (len(ctx.state.allocations) + 100_000):
+            memo.clear()
+        return cached
+
+    def _try(self, work: ClusterState, req: Request, k: int) -> PlacementResult:
+        if k > work.n_gpus:
+            return PlacementResult(None, f"needs {k} GPUs; the cluster has {work.n_gpus}")
+        if req.milli == FULL and k > 0:
+            free = work.free_whole_gpus()
+            if free < k:  # cheap filter before the placement plugin scans nodes
+                return PlacementResult(None, f"needs {k} GPUs; {free} free")
+        return self.placer(work, req, k)
+
+    def _commit(
+        self, work: ClusterState, req: Request, gpus: np.ndarray, now: float, result: CycleResult, ctx: PolicyContext
+    ) -> None:
+        est_end = now + req.est_runtime if req.est_runtime is not None else None
+        alloc = Allocation(_alloc_id(req), req, tuple(int(g) for g in gpus), now, req.milli, est_end)
+        work.reserve(alloc)
+        share = len(gpus) * req.milli / FULL
+        ctx.tenant_gpus[req.tenant] = ctx.tenant_gpus.get(req.tenant, 0.0) + share
+        result.placed.append(Place(req.id, alloc.gpus, req.milli))
+
+    @staticmethod
+    def _tenant_gpus(state: ClusterState) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for a in state.allocations.values():
+            out[a.request.tenant] = out.get(a.request.tenant, 0.0) + a.gpu_count * a.milli / FULL
+        return out
+
+    # ---- backfill reservations ---------------------------------------------------------------------
+    def _wants_reservation(self, req: Request, now: float) -> bool:
+        if self.policy.backfill == "easy":
+            return True
+        return self.policy.starvation_guard and now - req.submit_time >= self.config.starvation_s
+
+    @staticmethod
+    def _reserve_for(work: ClusterState, req: Request, now: float) -> _Reservation:
+        free = work.free_whole_gpus()
+        ends = sorted(
+            (a.est_end if a.est_end is not None else float("inf"), a.gpu_count)
+            for a in work.allocations.values()
+            if a.milli == FULL
+        )
+        shadow = now
+        for end, n in ends:
+            if free >= req.gpus:
+                break
+            free += n
+            shadow = end
+        if free < req.gpus:
+            shadow = float("inf")
+        return _Reservation(req, shadow, max(0, free - req.gpus))
+
+    @staticmethod
+    def _easy_allows(res: _Reservation, req: Request, k: int, now: float) -> bool:
+        """EASY rule: start now only if done before the head's shadow time, or using only spare GPUs."""
+        ends_in_time = req.est_runtime is not None and now + req.est_runtime <= res.shadow_time
+        return ends_in_time or k <= res.extra
+
+    @staticmethod
+    def _easy_consume(res: _Reservation, req: Request, k: int, now: float) -> None:
+        if not (req.est_runtime is not None and now + req.est_runtime <= res.shadow_time):
+            res.extra -= k
+
+    # ---- preemption statement -----------------------------------------------------------------------
+    def _preempt(
+        self, work: ClusterState, req: Request, k: int, ctx: PolicyContext, result: CycleResult
+    ) -> PlacementResult:
+        rule = self.policy.preempt
+        assert rule is not None
+        victims = [a for a in work.allocations.values() if rule(a, req, ctx)]
+        if not victims:
+            return PlacementResult(None, f"needs {k} GPUs; nothing it may preempt")
+        # cheapest victims first: lowest class, then most recently started (least work lost)
+        victims.sort(key=lambda a: (a.request.rank, -a.start_time))
+        scratch = work.copy()
+        freed: list[Allocation] = []
+        placed = PlacementResult(None, "")
+        for v in victims[: self.config.max_victims]:
+            scratch.unreserve(v.id)
+            freed.append(v)
+            if scratch.free_whole_gpus() < k and req.milli == FULL:
+                continue
+            placed = self.placer(scratch, req, k)
+            if placed.gpus is not None:
+                break
+        if placed.gpus is None:
+            return PlacementResult(None, f"needs {k} GPUs; preempting up to {len(freed)} jobs would not make room")
+        used = set(int(g) for g in placed.gpus)
+        evicted = []
+        for v in freed:  # give back what the placement does not use
+            if used.isdisjoint(v.gpus):
+                scratch.reserve(v)
+            else:
+                evicted.append(v)
+        # commit the statement
+        work.__dict__.update(scratch.__dict__)
+        for v in evicted:
+            t = v.request.tenant
+            ctx.tenant_gpus[t] = ctx.tenant_gpus.get(t, 0.0) - v.gpu_count * v.milli / FULL
+            result.preempted.append(Preempt(v.id, f"preempted for {req.id} ({self.policy.name})"))
+        return placed
+
+    # ---- elastic grow / shrink ----------------------------------------------------------------------
+    def _elastic(self, work: ClusterState, result: CycleResult, now: float, any_pending: bool) -> None:
+        elastic = [a for a in work.allocations.values() if a.request.elastic]
+        for a in sorted(elastic, key=lambda a: a.start_time):
+            req = a.request
+            assert req.max_gpus is not None
+            target = req.gpus if any_pending else req.max_gpus
+            if any_pending and a.gpu_count <= req.gpus:
+                continue
+            if not any_pending and (a.gpu_count >= req.max_gpus or work.free_whole_gpus() == 0):
+                continue
+            work.unreserve(a.id)
+            want = min(target, a.gpu_count + work.free_whole_gpus()) if not any_pending else target
+            placed = self.placer(work, req, want)
+            if placed.gpus is None or len(placed.gpus) == a.gpu_count:
+                work.reserve(a)
+                continue
+            new = Allocation(a.id, req, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
+            work.reserve(new)
+            verb = "shrunk to free GPUs for waiting work" if any_pending else "grown into idle GPUs"
+            result.resized.append(Resize(a.id, new.gpus, f"{verb}: {a.gpu_count} → {new.gpu_count}"))

@@ -1,0 +1,152 @@
+"""Placement plugins: which GPUs a gang gets.
+
+* `first-fit` — the baseline every operator knows: nodes in index order, free GPUs until the gang is
+  full, topology ignored (except a hard `nvlink`/`leaf` constraint, which it checks afterwards).
+* `topology` — best-fit cells in the spirit of HiveD's buddy cells: the smallest single node that fits,
+  else the fullest NVLink domain, leaf, spine group that still fits, filling whole nodes first; so the gang
+  stays compact (short collectives, see `perf/`) and whole domains and leaves stay free for big jobs.
+  GPU slices are packed best-fit onto already-shared GPUs first (fragmentation-aware, FGD-style).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from suanli.sched.state import ClusterState
+from suanli.sched.types import FULL, Request
+
+
+class PlacementResult(NamedTuple):
+    gpus: NDArray[np.int64] | None
+    reason: str = ""
+
+
+Placer = Callable[[ClusterState, Request, int], PlacementResult]
+
+
+def _what(req: Request, k: int) -> str:
+    return f"{k} {req.gpu_type or 'GPU'}{'s' if k != 1 and not req.gpu_type else ''}"
+
+
+def _node_free(state: ClusterState, req: Request) -> NDArray[np.int32]:
+    """Whole free GPUs per node this request may use (0 elsewhere)."""
+    nw = np.where(state.usable_nodes(req.gpu_type), state.node_whole, 0)
+    if req.exclusive:
+        nw = np.where(nw == state.gpn, nw, 0)
+    return nw
+
+
+def _take(state: ClusterState, nodes: NDArray[np.int64], k: int) -> NDArray[np.int64]:
+    """The first k whole free GPUs of `nodes`, in the given node order."""
+    first = state.cluster.node_first_gpu[nodes]
+    counts = state.gpn[nodes]
+    offsets = np.repeat(first - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
+    gpus = np.arange(int(counts.sum()), dtype=np.int64) + offsets
+    ok = (state.free[gpus] == FULL) & state.gpu_ok[gpus]
+    return gpus[ok][:k]
+
+
+def _fill(state: ClusterState, nodes: NDArray[np.int64], nw: NDArray[np.int32], k: int) -> NDArray[np.int64]:
+    """Take k GPUs from `nodes`, fullest nodes first (fewest nodes touched)."""
+    order = nodes[np.argsort(-nw[nodes], kind="stable")]
+    cum = np.cumsum(nw[order])
+    cut = int(np.searchsorted(cum, k)) + 1
+    return _take(state, order[:cut], k)
+
+
+def _best_cell(cell_of_node: NDArray[np.int64], nw: NDArray[np.int32], k: int, n_cells: int) -> tuple[int, int]:
+    """(best-fit cell with >= k free, largest free in any cell); cell -1 when none fits."""
+    free = np.bincount(cell_of_node, weights=nw, minlength=n_cells)
+    fits = np.flatnonzero(free >= k)
+    largest = int(free.max()) if free.size else 0
+    if fits.size == 0:
+        return -1, largest
+    return int(fits[np.argmin(free[fits])]), largest
+
+
+def topology_aware(state: ClusterState, req: Request, k: int) -> PlacementResult:
+    if k == 0:
+        return PlacementResult(np.empty(0, np.int64))
+    if req.milli < FULL:
+        return place_slice(state, req)
+    nw = _node_free(state, req)
+    total = int(nw.sum())
+    if total < k:
+        return PlacementResult(None, f"needs {_what(req, k)}; {total} free")
+    c = state.cluster
+    leaf_of = state.node_leaf
+    # 1. one node: best fit, in the busiest leaf
+    fits = np.flatnonzero(nw >= k)
+    if fits.size:
+        leaf_free = np.bincount(leaf_of, weights=nw, minlength=c.n_leaves)
+        key = nw[fits].astype(np.int64) * (1 << 32) + leaf_free[leaf_of[fits]].astype(np.int64)
+        node = fits[int(np.argmin(key))]
+        return PlacementResult(_take(state, np.array([node]), k))
+    # 2. one NVLink domain spanning several nodes (NVL72 racks)
+    domain_of = state.node_domain
+    n_domains = int(domain_of[-1]) + 1
+    if n_domains < c.n_nodes:
+        cell, largest = _best_cell(domain_of, nw, k, n_domains)
+        if cell >= 0:
+            return PlacementResult(_fill(state, np.flatnonzero(domain_of == cell), nw, k))
+    else:
+        largest = int(nw.max())
+    if req.topology == "nvlink":
+        return PlacementResult(None, f"needs {_what(req, k)} in one NVLink domain; largest free block is {largest}")
+    # 3. one leaf
+    cell, largest = _best_cell(leaf_of, nw, k, c.n_leaves)
+    if cell >= 0:
+        return PlacementResult(_fill(state, np.flatnonzero(leaf_of == cell), nw, k))
+    if req.topology == "leaf":
+        return PlacementResult(None, f"needs {_what(req, k)} under one leaf; largest free block is {largest}")
+    # 4. one spine group, fullest leaves first
+    spine_of = state.node_spine
+    leaf_free = np.bincount(leaf_of, weights=nw, minlength=c.n_leaves)
+    cell, _ = _best_cell(spine_of, nw, k, c.n_spines)
+    candidates = np.flatnonzero(spine_of == cell) if cell >= 0 else np.flatnonzero(nw > 0)
+    candidates = candidates[nw[candidates] > 0]
+    key = -leaf_free[leaf_of[candidates]] * 1024 - nw[candidates]
+    order = candidates[np.argsort(key, kind="stable")]
+    cum = np.cumsum(nw[order])
+    cut = int(np.searchsorted(cum, k)) + 1
+    return PlacementResult(_take(state, order[:cut], k))
+
+
+def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
+    if k == 0:
+        return PlacementResult(np.empty(0, np.int64))
+    if req.milli < FULL:
+        return place_slice(state, req, best_fit=False)
+    nw = _node_free(state, req)
+    nodes = np.flatnonzero(nw > 0)
+    cum = np.cumsum(nw[nodes])
+    if cum.size == 0 or cum[-1] < k:
+        return PlacementResult(None, f"needs {_what(req, k)}; {int(cum[-1]) if cum.size else 0} free")
+    cut = int(np.searchsorted(cum, k)) + 1
+    gpus = _take(state, nodes[:cut], k)
+    if req.topology != "any":
+        span = state.cluster.span(gpus)
+        tier = "nvlink" if req.topology == "nvlink" else "leaf"
+        if span[tier] > 1:
+            return PlacementResult(None, f"needs {_what(req, k)} in one {tier} cell; first fit spans {span[tier]}")
+    return PlacementResult(gpus)
+
+
+def place_slice(state: ClusterState, req: Request, best_fit: bool = True) -> PlacementResult:
+    """One GPU slice of `req.milli`: best fit on shared GPUs (keeps whole GPUs whole), or first fit."""
+    usable = state.usable_nodes(req.gpu_type)[state.gpu_node]
+    cand = np.flatnonzero(usable & state.gpu_ok & (state.free >= req.milli))
+    if cand.size == 0:
+        return PlacementResult(None, f"needs a {req.milli / FULL:g}-GPU slice; no GPU has that much free")
+    if not best_fit:
+        return PlacementResult(cand[:1])
+    left = (state.free[cand] - req.milli).astype(np.int64)
+    key = left * (1 << 20) + state.node_whole[state.gpu_node[cand]]
+    return PlacementResult(cand[[int(np.argmin(key))]])
+
+
+PLACEMENTS: dict[str, Placer] = {"topology": topology_aware, "first-fit": first_fit}

@@ -1,0 +1,136 @@
+"""Queue policies as named combinations of plugins: queue-sort, placement, backfill, preemption, elastic.
+
+| policy | queue order | placement | when the head is blocked | preemption |
+|---|---|---|---|---|
+| fifo | submit time | first-fit | everything behind it waits | none |
+| fifo-backfill | submit time | topology | EASY: later jobs start if they do not delay the head's reservation | none |
+| priority | class, then submit | topology | EASY | spot work, for higher classes |
+| fair-share | below-quota tenants first, then weighted DRF share | topology | greedy | borrowed (over-quota) work, for tenants below quota |
+| las | 2D-LAS level (attained GPU-time), then submit | first-fit | greedy | higher LAS levels (Tiresias) |
+| elastic | class, LAS level, submit | topology | greedy, shrinking grown elastic jobs | spot work |
+| default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` | spot work and higher LAS levels |
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from suanli.sched.state import ClusterState
+from suanli.sched.types import Allocation, Request
+
+Backfill = Literal["none", "easy", "greedy"]
+PreemptRule = Callable[[Allocation, Request, "PolicyContext"], bool]
+SortKey = Callable[[Request, "PolicyContext"], tuple]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    policy: str = "default"
+    placement: str | None = None  # override the policy's placement plugin
+    backfill_depth: int = 256  # how far down the queue one cycle looks once the head is blocked
+    las_thresholds: tuple[float, ...] = (3_600.0, 36_000.0, 360_000.0)  # GPU-seconds between LAS levels
+    starvation_s: float = 8 * 3_600.0  # default policy: reserve for work that waited this long
+    min_runtime_s: float = 600.0  # no LAS preemption of work that started less than this ago
+    quotas: Mapping[str, float] = field(default_factory=dict)  # tenant → guaranteed GPUs
+    weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
+    max_victims: int = 64  # victims one preemption statement may consider
+    max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
+
+
+@dataclass
+class PolicyContext:
+    config: SchedulerConfig
+    now: float
+    state: ClusterState
+    tenant_gpus: dict[str, float]
+
+    def las_level(self, attained: float) -> int:
+        return bisect_right(self.config.las_thresholds, attained)
+
+    def share(self, tenant: str) -> float:
+        return self.tenant_gpus.get(tenant, 0.0) / (self.config.weights.get(tenant, 1.0) * max(1, self.state.n_gpus))
+
+    def below_quota(self, tenant: str) -> bool:
+        return self.tenant_gpus.get(tenant, 0.0) < self.config.quotas.get(tenant, 0.0)
+
+
+# ---- queue-sort plugins -------------------------------------------------------------------------------
+def by_submit(r: Request, ctx: PolicyContext) -> tuple:
+    return (r.submit_time, r.id)
+
+
+def by_class(r: Request, ctx: PolicyContext) -> tuple:
+    return (-r.rank, r.submit_time, r.id)
+
+
+def by_las(r: Request, ctx: PolicyContext) -> tuple:
+    return (ctx.las_level(r.attained), r.submit_time, r.id)
+
+
+def by_class_las(r: Request, ctx: PolicyContext) -> tuple:
+    return (-r.rank, ctx.las_level(r.attained), r.submit_time, r.id)
+
+
+def by_fair_share(r: Request, ctx: PolicyContext) -> tuple:
+    return (0 if ctx.below_quota(r.tenant) else 1, ctx.share(r.tenant), r.submit_time, r.id)
+
+
+# ---- preemption rules (may `victim` be evicted for `req`?) ---------------------------------------------
+def lower_class(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    return victim.request.rank < req.rank
+
+
+def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
+        return False
+    attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count
+    return ctx.las_level(attained) > ctx.las_level(req.attained)
+
+
+def lower_class_or_las(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    return lower_class(victim, req, ctx) or higher_las_level(victim, req, ctx)
+
+
+def borrowed(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    t = victim.request.tenant
+    return (
+        t != req.tenant
+        and ctx.below_quota(req.tenant)
+        and not ctx.below_quota(t)
+        and (ctx.tenant_gpus.get(t, 0.0) > ctx.config.quotas.get(t, 0.0))
+    )
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    sort_key: SortKey
+    placement: str
+    backfill: Backfill
+    preempt: PreemptRule | None = None
+    elastic: bool = False
+    starvation_guard: bool = False
+    static_key: bool = True  # the queue order depends on the request alone (not on cluster state)
+
+
+POLICIES: dict[str, Policy] = {
+    p.name: p
+    for p in (
+        Policy("fifo", by_submit, "first-fit", "none"),
+        Policy("fifo-backfill", by_submit, "topology", "easy"),
+        Policy("priority", by_class, "topology", "easy", lower_class),
+        Policy("fair-share", by_fair_share, "topology", "greedy", borrowed, static_key=False),
+        Policy("las", by_las, "first-fit", "greedy", higher_las_level),
+        Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True),
+        Policy("default", by_class_las, "topology", "greedy", lower_class_or_las, starvation_guard=True),
+    )
+}
+
+
+def policy(name: str) -> Policy:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    return POLICIES[name]

@@ -1,0 +1,120 @@
+"""What the scheduler reads (requests, allocations) and what it decides (place, preempt, resize, pending)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Topology = Literal["nvlink", "leaf", "any"]
+PriorityClass = Literal["reserved", "on-demand", "spot"]
+CLASS_RANK: dict[str, int] = {"reserved": 2, "on-demand": 1, "spot": 0}
+FULL = 1000  # a whole GPU, in milli-GPUs
+
+
+@dataclass(frozen=True, slots=True)
+class ModelHint:
+    """Model size and precision, so placement can ask the performance model for step times."""
+
+    preset: str | None = None
+    params: float | None = None  # parameter count, when no preset
+    precision: str = "bf16"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """A workload waiting for GPUs. `gpus` is the count asked for; elastic work gives [min_gpus, max_gpus]."""
+
+    id: str
+    gpus: int
+    submit_time: float
+    tenant: str = "default"
+    gpu_type: str | None = None  # catalog name; None = any
+    milli: int = FULL  # < FULL: a shared slice of one GPU
+    min_gpus: int | None = None
+    max_gpus: int | None = None
+    topology: Topology = "any"
+    exclusive: bool = False  # whole nodes only
+    priority: PriorityClass = "on-demand"
+    est_runtime: float | None = None  # declared or estimated seconds on a compact placement
+    attained: float = 0.0  # GPU-seconds already received (LAS)
+    model: ModelHint | None = None
+
+    def __post_init__(self) -> None:
+        if self.gpus < 0:
+            raise ValueError(f"{self.id}: gpus must be >= 0")
+        if not 0 < self.milli <= FULL:
+            raise ValueError(f"{self.id}: milli must be in 1..{FULL}")
+        if self.milli < FULL and self.gpus != 1:
+            raise ValueError(f"{self.id}: a GPU slice must ask for exactly one GPU")
+        if (
+            self.min_gpus is not None
+            and self.max_gpus is not None
+            and not (1 <= self.min_gpus <= self.gpus <= self.max_gpus)
+        ):
+            raise ValueError(f"{self.id}: elastic range must satisfy 1 <= min <= gpus <= max")
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_gpus is not None and self.max_gpus is not None and self.min_gpus < self.max_gpus
+
+    @property
+    def rank(self) -> int:
+        return CLASS_RANK[self.priority]
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """GPUs held by a running workload."""
+
+    id: str
+    request: Request
+    gpus: tuple[int, ...]
+    start_time: float
+    milli: int = FULL
+    est_end: float | None = None
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpus)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    request_id: str
+    gpus: tuple[int, ...]
+    milli: int = FULL
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    allocation_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    allocation_id: str
+    gpus: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    request_id: str
+    reason: str
+    position: int
+
+
+Decision = Place | Preempt | Resize | Pending
+
+
+@dataclass(slots=True)
+class CycleResult:
+    placed: list[Place] = field(default_factory=list)
+    preempted: list[Preempt] = field(default_factory=list)
+    resized: list[Resize] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
+
+    def decisions(self) -> list[Decision]:
+        return [*self.preempted, *self.resized, *self.placed, *self.pending]

@@ -1,0 +1,235 @@
+"""Discrete-event replay of a trace through the very scheduler the server runs.
+
+Events: arrivals, finishes, node failures and repairs (exponential MTBF/MTTR). After the events of one
+instant the scheduler runs a cycle on the current state and its decisions are applied: placements start
+jobs at a rate set by `RuntimeModel` (a scattered gang runs slower), preemptions stop them (progress kept,
+a restart penalty added), resizes change an elastic job's GPUs and speed. Time is simulated; the only
+wall clock is an optional `clock` callable the caller injects to measure decision latency.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
+from suanli.sched.types import FULL, ModelHint
+from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
+from suanli.sim.runtime import RuntimeModel
+from suanli.sim.workload import TraceJob
+from suanli.topology.model import Cluster
+
+ARRIVAL, FINISH, FAIL, REPAIR = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    restart_penalty_s: float = 60.0  # work redone after a preemption or failure (checkpoint interval / 2)
+    node_mtbf_h: float | None = None  # per-node mean time between failures; None: no failures
+    mttr_h: float = 4.0
+    seed: int = 0
+    use_estimates: bool = True  # give the scheduler the trace duration as the runtime estimate
+
+
+@dataclass
+class _Running:
+    gpus: np.ndarray
+    rate: float  # reference-seconds of work per second
+    since: float
+    epoch: int
+
+
+class Simulation:
+    def __init__(self, jobs: Sequence[TraceJob], cluster: Cluster, config: SimConfig | None = None) -> None:
+        self.jobs = list(jobs)
+        self.cluster = cluster
+        self.config = config or SimConfig()
+        self.scheduler = Scheduler(self.config.scheduler)
+        self.state = ClusterState(cluster)
+        self.runtime = RuntimeModel(cluster)
+        types = {g.gpu.name for g in cluster.groups}
+        self.requests = [self._request(i, j, types) for i, j in enumerate(self.jobs)]
+        self.remaining = [j.duration_s for j in self.jobs]
+        self.attained = [0.0] * len(self.jobs)
+        self.running: dict[int, _Running] = {}
+        self.queue: dict[int, Request] = {}
+        self.epoch = [0] * len(self.jobs)
+        self.records = [JobRecord(j.job_id, j.tenant, j.submit_time_s, j.duration_s, j.num_gpus) for j in self.jobs]
+        self.metrics = MetricsRecorder(cluster.n_gpus)
+        self.rng = np.random.default_rng(self.config.seed)
+        self.events: list[tuple[float, int, int, int, int]] = []
+        self._seq = 0
+
+    # ---- setup ------------------------------------------------------------------------------------
+    def _request(self, i: int, j: TraceJob, types: set[str]) -> Request:
+        gpu_type = j.gpu_type if j.gpu_type in types else None
+        milli = round(j.gpu_fraction * FULL) if j.gpu_fraction < 1.0 else FULL
+        elastic = j.min_gpus is not None and j.max_gpus is not None and j.min_gpus < j.max_gpus
+        return Request(
+            id=str(i),
+            gpus=j.num_gpus,
+            submit_time=j.submit_time_s,
+            tenant=j.tenant,
+            gpu_type=gpu_type,
+            milli=max(1, milli),
+            min_gpus=min(j.min_gpus, j.num_gpus) if elastic and j.min_gpus else None,
+            max_gpus=max(j.max_gpus, j.num_gpus) if elastic and j.max_gpus else None,
+            priority=j.priority,
+            est_runtime=j.duration_s if self.config.use_estimates else None,
+            model=ModelHint(preset=j.model) if j.model else None,
+        )
+
+    def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.events, (t, self._seq, kind, a, b))
+
+    # ---- run --------------------------------------------------------------------------------------
+    def run(
+        self, clock: Callable[[], float] | None = None, progress: Callable[[int, int], None] | None = None
+    ) -> SimResult:
+        wall0 = clock() if clock else 0.0
+        for i, j in enumerate(self.jobs):
+            if j.num_gpus > self.cluster.n_gpus:
+                self.records[i].unschedulable = True
+                continue
+            self._push(j.submit_time_s, ARRIVAL, i)
+        if self.config.node_mtbf_h:
+            for n in range(self.cluster.n_nodes):
+                self._push(self.rng.exponential(self.config.node_mtbf_h * 3600.0), FAIL, n)
+        done = 0
+        total = sum(1 for r in self.records if not r.unschedulable)
+        now = 0.0
+        while self.events:
+            t = self.events[0][0]
+            idle = not self.queue and not self.running and self.events[0][2] in (FAIL, REPAIR)
+            if idle and all(e[2] in (FAIL, REPAIR) for e in self.events):
+                break  # only failure events left: the workload is done
+            self._advance(now, t)
+            now = t
+            changed = False
+            while self.events and self.events[0][0] == t:
+                _, _, kind, a, b = heapq.heappop(self.events)
+                if kind == ARRIVAL:
+                    self.queue[a] = self.requests[a]
+                    changed = True
+                elif kind == FINISH and b == self.epoch[a] and a in self.running:
+                    self._finish(a, t)
+                    done += 1
+                    changed = True
+                    if progress and done % 500 == 0:
+                        progress(done, total)
+                elif kind == FAIL:
+                    self._fail(a, t)
+                    changed = True
+                elif kind == REPAIR:
+                    self._repair(a, t)
+                    changed = True
+            if changed and self.queue:
+                self._schedule(t, clock)
+        self._advance(now, now)
+        if progress:
+            progress(done, total)
+        wall = (clock() - wall0) if clock else 0.0
+        return self.metrics.result(self.records, now, wall, queued=len(self.queue), running=len(self.running))
+
+    # ---- transitions ------------------------------------------------------------------------------
+    def _advance(self, t0: float, t1: float) -> None:
+        dt = t1 - t0
+        if dt <= 0:
+            return
+        self.metrics.interval(dt, self.state, self.queue, self.running, self.requests)
+
+    def _progress(self, i: int, t: float) -> None:
+        run = self.running[i]
+        work = (t - run.since) * run.rate
+        self.remaining[i] = max(0.0, self.remaining[i] - work)
+        self.attained[i] += (t - run.since) * run.gpus.size * self.requests[i].milli / FULL
+        run.since = t
+
+    def _start(self, i: int, gpus: np.ndarray, t: float) -> None:
+        req = self.requests[i]
+        slow = self.runtime.slowdown(gpus, req.model.preset if req.model else None) if req.milli == FULL else 1.0
+        speed = self._elastic_speed(i, gpus.size)
+        self.epoch[i] += 1
+        self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i])
+        rec = self.records[i]
+        if rec.first_start is None:
+            rec.first_start = t
+        rec.slowdowns.append(slow)
+        self._push(t + self.remaining[i] / self.running[i].rate, FINISH, i, self.epoch[i])
+
+    def _elastic_speed(self, i: int, n: int) -> float:
+        """Throughput at n GPUs relative to the requested count: sub-linear (each doubling gives 1.8x)."""
+        asked = self.jobs[i].num_gpus
+        if n == asked or asked == 0:
+            return 1.0
+        return (n / asked) ** math.log2(1.8)
+
+    def _stop(self, i: int, t: float, penalty: bool) -> None:
+        self._progress(i, t)
+        del self.running[i]
+        self.epoch[i] += 1
+        if penalty:
+            self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+            self.records[i].preemptions += 1
+        self.requests[i] = replace(self.requests[i], attained=self.attained[i])
+        self.queue[i] = self.requests[i]
+
+    def _finish(self, i: int, t: float) -> None:
+        del self.running[i]
+        self.state.unreserve(str(i))
+        self.records[i].finish = t
+
+    def _fail(self, node: int, t: float) -> None:
+        self.state.set_node_ok(node, False)
+        victims = self.state.holders(list(self.cluster.gpus_of_node(node)))
+        for aid in victims:
+            i = int(aid)
+            self.state.unreserve(aid)
+            self._stop(i, t, penalty=True)
+            self.records[i].failures += 1
+        self.metrics.failures += 1
+        self._push(t + self.rng.exponential(self.config.mttr_h * 3600.0), REPAIR, node)
+
+    def _repair(self, node: int, t: float) -> None:
+        self.state.set_node_ok(node, True)
+        if self.config.node_mtbf_h:
+            self._push(t + self.rng.exponential(self.config.node_mtbf_h * 3600.0), FAIL, node)
+
+    def _schedule(self, t: float, clock: Callable[[], float] | None) -> None:
+        for i in self.running:  # LAS and fair-share read attained service
+            self._progress(i, t)
+        t0 = clock() if clock else 0.0
+        result, new_state = self.scheduler.cycle(self.state, list(self.queue.values()), t, explain=False)
+        if clock:
+            self.metrics.decision_times.append(clock() - t0)
+        for p in result.preempted:
+            i = int(p.allocation_id)
+            self._stop(i, t, penalty=True)
+        for r in result.resized:
+            i = int(r.allocation_id)
+            self._progress(i, t)
+            del self.running[i]
+            self._start(i, np.asarray(r.gpus, dtype=np.int64), t)
+            self.records[i].resizes += 1
+        for p in result.placed:
+            i = int(p.request_id)
+            del self.queue[i]
+            self._start(i, np.asarray(p.gpus, dtype=np.int64), t)
+        self.state = new_state
+        self.metrics.after_cycle(self.state, self.queue)
+
+
+def simulate(
+    jobs: Sequence[TraceJob],
+    cluster: Cluster,
+    config: SimConfig | None = None,
+    clock: Callable[[], float] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    return Simulation(jobs, cluster, config).run(clock, progress)

@@ -1,0 +1,67 @@
+"""How fast a job runs on the GPUs it got, relative to the compact placement its trace duration was measured on.
+
+A trace records how long a job took on its (compact) reference placement. On another placement its
+step time changes only in its communication part. With `comm_fraction` c of the reference step spent
+in exposed gradient all-reduce (default 10%, or derived from the performance model when the job names a
+model preset), the job runs `slowdown = (1 - c) + c * t_comm(placement) / t_comm(reference)` times
+slower, where both all-reduce times come from `perf.collectives` on the real GPUs: a gang scattered
+across leaves, or behind an oversubscribed spine, is slower, exactly as on hardware.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from suanli.perf import collectives, model_preset
+from suanli.topology.model import Cluster
+
+DEFAULT_COMM_FRACTION = 0.10
+DEFAULT_GRAD_BYTES = 4 * 100e6  # fp32 gradients of a 100M-parameter model (ResNet/BERT-era jobs)
+
+
+@dataclass
+class RuntimeModel:
+    cluster: Cluster
+    comm_fraction: float = DEFAULT_COMM_FRACTION
+    grad_bytes: float = DEFAULT_GRAD_BYTES
+    _ref: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
+
+    def grad_bytes_for(self, model: str | None) -> float:
+        if model:
+            try:
+                return 2.0 * model_preset(model).params  # bf16 gradients of a known transformer
+            except ValueError:
+                pass
+        return self.grad_bytes
+
+    def _comm_us(self, gpus: NDArray[np.int64], grad_bytes: float) -> float:
+        return collectives.estimate("all_reduce", int(grad_bytes), self.cluster.comm_group(gpus)).time_us
+
+    def slowdown(self, gpus: NDArray[np.int64], model: str | None = None) -> float:
+        """>= 1 when the placement is worse than compact; 1.0 for single-node jobs."""
+        k = int(gpus.size)
+        if k <= 1:
+            return 1.0
+        c = self.cluster
+        nodes = c.gpu_node[gpus]
+        if nodes.min() == nodes.max():
+            return 1.0
+        span = c.span(gpus)
+        _, per_node = np.unique(nodes, return_counts=True)
+        group = int(c.node_group[nodes[0]])
+        key = (k, group, span["node"], span["leaf"], span["spine"], int(per_node.min()), model)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        grad = self.grad_bytes_for(model)
+        ref_key = (k, group, int(grad))
+        if ref_key not in self._ref:
+            self._ref[ref_key] = self._comm_us(c.compact_gpus(k, group=group), grad)
+        ratio = self._comm_us(gpus, grad) / self._ref[ref_key]
+        value = max(1.0, (1.0 - self.comm_fraction) + self.comm_fraction * ratio)
+        self._cache[key] = value
+        return value

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import perf, topology
+from suanli.cli import perf, sim, topology
 
 app = typer.Typer(
     name="suanli",
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(perf.app, name="perf")
 app.add_typer(topology.app, name="topology")
+app.command("sim")(sim.sim)
 
 
 def _version(value: bool) -> None:

@@ -190,16 +190,22 @@ class Scheduler:
     ) -> PlacementResult:
         rule = self.policy.preempt
         assert rule is not None
-        victims = [a for a in work.allocations.values() if rule(a, req, ctx)]
+        placed_now = {p.request_id for p in result.placed}
+        victims = [a for a in work.allocations.values() if a.id not in placed_now and rule(a, req, ctx)]
         if not victims:
             return PlacementResult(None, f"needs {k} GPUs; nothing it may preempt")
         # cheapest victims first: lowest class, then most recently started (least work lost)
         victims.sort(key=lambda a: (a.request.rank, -a.start_time))
         scratch = work.copy()
+        local = PolicyContext(ctx.config, ctx.now, scratch, dict(ctx.tenant_gpus))
         freed: list[Allocation] = []
         placed = PlacementResult(None, "")
         for v in victims[: self.config.max_victims]:
+            if not rule(v, req, local):  # e.g. the victim's tenant is back at its quota
+                continue
             scratch.unreserve(v.id)
+            t = v.request.tenant
+            local.tenant_gpus[t] = local.tenant_gpus.get(t, 0.0) - v.gpu_count * v.milli / FULL
             freed.append(v)
             if scratch.free_whole_gpus() < k and req.milli == FULL:
                 continue
@@ -209,6 +215,9 @@ class Scheduler:
         if placed.gpus is None:
             return PlacementResult(None, f"needs {k} GPUs; preempting up to {len(freed)} jobs would not make room")
         used = set(int(g) for g in placed.gpus)
+        if req.exclusive:  # an exclusive gang owns its nodes: nobody may be given back onto them
+            nodes = np.unique(scratch.gpu_node[np.asarray(placed.gpus, dtype=np.int64)])
+            used = {g for n in nodes for g in scratch.cluster.gpus_of_node(int(n))}
         evicted = []
         for v in freed:  # give back what the placement does not use
             if used.isdisjoint(v.gpus):
@@ -226,6 +235,7 @@ class Scheduler:
     # ---- elastic grow / shrink ----------------------------------------------------------------------
     def _elastic(self, work: ClusterState, result: CycleResult, now: float, any_pending: bool) -> None:
         elastic = [a for a in work.allocations.values() if a.request.elastic]
+        placed_now = {p.request_id: i for i, p in enumerate(result.placed)}
         for a in sorted(elastic, key=lambda a: a.start_time):
             req = a.request
             assert req.max_gpus is not None
@@ -235,7 +245,7 @@ class Scheduler:
             if not any_pending and (a.gpu_count >= req.max_gpus or work.free_whole_gpus() == 0):
                 continue
             work.unreserve(a.id)
-            want = min(target, a.gpu_count + work.free_whole_gpus()) if not any_pending else target
+            want = min(target, work.free_whole_gpus()) if not any_pending else target
             placed = self.placer(work, req, want)
             if placed.gpus is None or len(placed.gpus) == a.gpu_count:
                 work.reserve(a)
@@ -243,4 +253,8 @@ class Scheduler:
             new = Allocation(a.id, req, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
             work.reserve(new)
             verb = "shrunk to free GPUs for waiting work" if any_pending else "grown into idle GPUs"
-            result.resized.append(Resize(a.id, new.gpus, f"{verb}: {a.gpu_count} → {new.gpu_count}"))
+            reason = f"{verb}: {a.gpu_count} → {new.gpu_count}"
+            if a.id in placed_now:  # placed in this very cycle: one Place decision with the final GPUs
+                result.placed[placed_now[a.id]] = Place(a.id, new.gpus, a.milli, reason)
+            else:
+                result.resized.append(Resize(a.id, new.gpus, reason))

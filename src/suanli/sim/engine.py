@@ -93,8 +93,13 @@ class Simulation:
         self, clock: Callable[[], float] | None = None, progress: Callable[[int, int], None] | None = None
     ) -> SimResult:
         wall0 = clock() if clock else 0.0
+        pool = {g.gpu.name: 0 for g in self.cluster.groups}
+        for g in self.cluster.groups:
+            pool[g.gpu.name] += g.count * g.gpus_per_node
         for i, j in enumerate(self.jobs):
-            if j.num_gpus > self.cluster.n_gpus:
+            req = self.requests[i]
+            room = pool[req.gpu_type] if isinstance(req.gpu_type, str) else self.cluster.n_gpus
+            if (req.min_gpus or j.num_gpus) > room:
                 self.records[i].unschedulable = True
                 continue
             self._push(j.submit_time_s, ARRIVAL, i)
@@ -106,9 +111,10 @@ class Simulation:
         now = 0.0
         while self.events:
             t = self.events[0][0]
-            idle = not self.queue and not self.running and self.events[0][2] in (FAIL, REPAIR)
-            if idle and all(e[2] in (FAIL, REPAIR) for e in self.events):
-                break  # only failure events left: the workload is done
+            only_faults = not self.running and self.events[0][2] in (FAIL, REPAIR)
+            stuck = only_faults and (not self.queue or bool(self.state.node_ok.all()))
+            if stuck and all(e[2] in (FAIL, REPAIR) for e in self.events):
+                break  # only failures left, and nothing queued could start even on a healthy cluster
             self._advance(now, t)
             now = t
             changed = False
@@ -202,6 +208,13 @@ class Simulation:
             self._push(t + self.rng.exponential(self.config.node_mtbf_h * 3600.0), FAIL, node)
 
     def _schedule(self, t: float, clock: Callable[[], float] | None) -> None:
+        """Run cycles at this instant until nothing is freed: a preempted or shrunk job's GPUs, and the
+        victim itself, get a fresh look at once rather than at the next event."""
+        for _ in range(4):
+            if not self._cycle(t, clock) or not self.queue:
+                break
+
+    def _cycle(self, t: float, clock: Callable[[], float] | None) -> bool:
         for i in self.running:  # LAS and fair-share read attained service
             self._progress(i, t)
         t0 = clock() if clock else 0.0
@@ -223,6 +236,7 @@ class Simulation:
             self._start(i, np.asarray(p.gpus, dtype=np.int64), t)
         self.state = new_state
         self.metrics.after_cycle(self.state, self.queue)
+        return bool(result.preempted or result.resized)
 
 
 def simulate(

@@ -45,7 +45,7 @@ class SimResult:
     avg_queue_s: float
     makespan_s: float
     utilization: float  # allocated GPU-time / capacity over the makespan
-    useful_utilization: float  # allocated GPU-time divided by placement slowdown / capacity
+    useful_utilization: float  # work done, in GPU-seconds of the reference placement, / capacity
     waste_fraction: float  # idle GPU-time while work was queued / GPU-time while work was queued
     fragmentation: float  # idle GPU-time no queued job could use / GPU-time while work was queued
     preemptions: int
@@ -87,7 +87,9 @@ class MetricsRecorder:
 
     def interval(self, dt: float, state: ClusterState, queue: dict, running: dict, requests: list[Request]) -> None:
         allocated = state.allocated_gpus()
-        useful = sum(r.gpus.size * r.rate * requests[i].milli / FULL for i, r in running.items())
+        useful = sum(
+            requests[i].gpus * r.rate * requests[i].milli / FULL for i, r in running.items()
+        )  # reference GPU-s/s
         self.alloc_gpu_s += allocated * dt
         self.useful_gpu_s += min(useful, allocated) * dt
         if queue:

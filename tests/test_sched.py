@@ -680,9 +680,10 @@ def _las_state(attained: float = 0.0, priority: str = "on-demand") -> ClusterSta
 
 def test_las_preempts_a_long_running_job_only_after_min_runtime() -> None:
     # at t=300 the victim attained 300 * 16 = 4800 GPU-s (level 1) but ran less than 600 s
-    res, _ = run("las", _las_state(), [Request("n", 4, 250.0)], 300.0, **LAS_CFG)
+    cfg = {**LAS_CFG, "preempt_collateral": 8.0}  # allow a 16-GPU victim for a 4-GPU request
+    res, _ = run("las", _las_state(), [Request("n", 4, 250.0)], 300.0, **cfg)
     assert not res.preempted and not res.placed
-    res, new = run("las", _las_state(), [Request("n", 4, 250.0)], 700.0, **LAS_CFG)
+    res, new = run("las", _las_state(), [Request("n", 4, 250.0)], 700.0, **cfg)
     assert [p.allocation_id for p in res.preempted] == ["v"]
     assert placed_ids(res) == {"n"}
     assert set(new.allocations) == {"n"}
@@ -1132,3 +1133,12 @@ def test_class_ranks() -> None:
         Request("x", 2, 0.0, milli=500)
     with pytest.raises(ValueError):
         Request("x", 4, 0.0, min_gpus=5, max_gpus=8)
+
+
+def test_preemption_collateral_is_bounded() -> None:
+    """By default a 4-GPU request may not evict a 16-GPU gang (more than 2 GPUs per GPU it needs)."""
+    res, new = run("las", _las_state(), [Request("n", 4, 250.0)], 700.0, **LAS_CFG)
+    assert not res.preempted and not res.placed
+    assert set(new.allocations) == {"v"}
+    [pending] = res.pending
+    assert "evict 16 GPUs" in pending.reason or "preempt" in pending.reason or "free" in pending.reason

@@ -194,8 +194,9 @@ class Scheduler:
         victims = [a for a in work.allocations.values() if a.id not in placed_now and rule(a, req, ctx)]
         if not victims:
             return PlacementResult(None, f"needs {k} GPUs; nothing it may preempt")
-        # cheapest victims first: lowest class, then most recently started (least work lost)
-        victims.sort(key=lambda a: (a.request.rank, -a.start_time))
+        # cheapest victims first: lowest class, then smallest gang (least collateral), then most recently
+        # started (least work lost)
+        victims.sort(key=lambda a: (a.request.rank, a.gpu_count, -a.start_time))
         scratch = work.copy()
         local = PolicyContext(ctx.config, ctx.now, scratch, dict(ctx.tenant_gpus))
         freed: list[Allocation] = []
@@ -224,6 +225,13 @@ class Scheduler:
                 scratch.reserve(v)
             else:
                 evicted.append(v)
+        lost = sum(v.gpu_count for v in evicted)
+        if lost > self.config.preempt_collateral * max(k, len(used), 1):
+            return PlacementResult(
+                None,
+                f"needs {k} GPUs; preemption would evict {lost} GPUs of gangs (limit "
+                f"{self.config.preempt_collateral:g}x the request)",
+            )
         # commit the statement
         work.__dict__.update(scratch.__dict__)
         for v in evicted:

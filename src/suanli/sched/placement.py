@@ -29,7 +29,8 @@ Placer = Callable[[ClusterState, Request, int], PlacementResult]
 
 
 def _what(req: Request, k: int) -> str:
-    return f"{k} {req.gpu_type or 'GPU'}{'s' if k != 1 and not req.gpu_type else ''}"
+    kind = req.gpu_type if isinstance(req.gpu_type, str) else "|".join(req.gpu_type or ())
+    return f"{k} {kind}" if kind else f"{k} GPU{'s' if k != 1 else ''}"
 
 
 def _node_free(state: ClusterState, req: Request) -> NDArray[np.int32]:

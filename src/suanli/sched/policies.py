@@ -8,13 +8,14 @@
 | fair-share | below-quota tenants first, then weighted DRF share | topology | greedy | borrowed (over-quota) work, for tenants below quota |
 | las | 2D-LAS level (attained GPU-time), then submit | first-fit | greedy | higher LAS levels (Tiresias) |
 | elastic | class, LAS level, submit | topology | greedy, shrinking grown elastic jobs | spot work |
-| default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` | spot work, for higher classes |
+| default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` | spot work, and higher LAS levels (bounded collateral) |
 
-Why this default: on every provided trace it gives the lowest average JCT of the policies that keep waste
-near zero (see docs/scheduling.md and `benchmarks/sched_quality.py`): topology-aware placement keeps gangs
-compact (no slowdown from scattered collectives), greedy backfill keeps GPUs busy whenever anything fits,
-and it does not preempt on attained service — on these traces LAS preemption costs more (restarts, gangs
-waiting to be whole again, scattered restarts) than it gains.
+Why this default (measured in `benchmarks/sched_quality.py`, see docs/scheduling.md): LAS ordering with
+preemption gives short jobs a fast start without knowing durations (Tiresias); topology-aware placement
+keeps gangs compact, so they run at full speed instead of paying for scattered collectives; greedy
+backfill keeps GPUs busy whenever anything fits; preempting the smallest victims first, and never more
+than `preempt_collateral` GPUs per GPU needed, stops a 1-GPU job from evicting a 64-GPU gang (the failure
+mode that makes plain LAS slow on Philly).
 """
 
 from __future__ import annotations
@@ -38,12 +39,13 @@ class SchedulerConfig:
     placement: str | None = None  # override the policy's placement plugin
     backfill_depth: int = 256  # how far down the queue one cycle looks once the head is blocked
     las_thresholds: tuple[float, ...] = (3_600.0, 36_000.0, 360_000.0)  # GPU-seconds between LAS levels
-    starvation_s: float = 8 * 3_600.0  # default policy: reserve for work that waited this long
+    starvation_s: float = 48 * 3_600.0  # default policy: reserve for work that waited this long
     min_runtime_s: float = 600.0  # no LAS preemption of work that started less than this ago
     quotas: Mapping[str, float] = field(default_factory=dict)  # tenant → guaranteed GPUs
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
+    preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs
 
 
 @dataclass
@@ -131,7 +133,7 @@ POLICIES: dict[str, Policy] = {
         Policy("fair-share", by_fair_share, "topology", "greedy", borrowed, static_key=False),
         Policy("las", by_las, "first-fit", "greedy", higher_las_level),
         Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True),
-        Policy("default", by_class_las, "topology", "greedy", lower_class, starvation_guard=True),
+        Policy("default", by_class_las, "topology", "greedy", lower_class_or_las, starvation_guard=True),
     )
 }
 

@@ -26,9 +26,6 @@ class ClusterState:
         self.gpu_ok = np.ones(cluster.n_gpus, dtype=bool)
         self.node_ok = np.ones(cluster.n_nodes, dtype=bool)  # False: draining or down, no new work
         self.allocations: dict[str, Allocation] = {}
-        self.node_whole = np.array(
-            [cluster.group_of(n).gpus_per_node for n in range(cluster.n_nodes)], dtype=np.int32
-        )  # whole free healthy GPUs per node
         self._recount()
 
     # ---- copies and derived arrays --------------------------------------------------------------
@@ -42,7 +39,7 @@ class ClusterState:
         new.node_whole = self.node_whole.copy()
         new.whole_total = self.whole_total
         # share immutable topology caches
-        for name in ("gpn", "node_leaf", "node_spine", "node_domain", "gpu_node", "group_names"):
+        for name in ("gpn", "node_leaf", "node_spine", "node_domain", "gpu_node"):
             if name in self.__dict__:
                 new.__dict__[name] = self.__dict__[name]
         return new
@@ -54,7 +51,8 @@ class ClusterState:
 
     @cached_property
     def gpn(self) -> NDArray[np.int32]:
-        return np.array([self.cluster.group_of(n).gpus_per_node for n in range(self.cluster.n_nodes)], dtype=np.int32)
+        per_group = np.array([g.gpus_per_node for g in self.cluster.groups], dtype=np.int32)
+        return per_group[self.cluster.node_group]
 
     @cached_property
     def node_leaf(self) -> NDArray[np.int64]:
@@ -72,21 +70,18 @@ class ClusterState:
     def gpu_node(self) -> NDArray[np.int64]:
         return self.cluster.gpu_node
 
-    @cached_property
-    def group_names(self) -> list[str]:
-        return [g.gpu.name for g in self.cluster.groups]
-
     # ---- queries ------------------------------------------------------------------------------
     @property
     def n_gpus(self) -> int:
         return self.cluster.n_gpus
 
-    def usable_nodes(self, gpu_type: str | None) -> NDArray[np.bool_]:
-        """Nodes that may take new work of this GPU type."""
+    def usable_nodes(self, gpu_type: str | tuple[str, ...] | None) -> NDArray[np.bool_]:
+        """Nodes that may take new work of this GPU type: a GPU model or a node-group name, or any of several."""
         ok = self.node_ok
         if gpu_type is None:
             return ok
-        allowed = [i for i, name in enumerate(self.group_names) if name == gpu_type]
+        wanted = {gpu_type} if isinstance(gpu_type, str) else set(gpu_type)
+        allowed = [i for i, g in enumerate(self.cluster.groups) if g.gpu.name in wanted or g.name in wanted]
         return ok & np.isin(self.cluster.node_group, allowed)
 
     def free_whole_gpus(self) -> int:

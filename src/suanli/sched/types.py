@@ -28,7 +28,7 @@ class Request:
     gpus: int
     submit_time: float
     tenant: str = "default"
-    gpu_type: str | None = None  # catalog name; None = any
+    gpu_type: str | tuple[str, ...] | None = None  # GPU model or node-group name(s), in preference order; None = any
     milli: int = FULL  # < FULL: a shared slice of one GPU
     min_gpus: int | None = None
     max_gpus: int | None = None

@@ -52,7 +52,7 @@ class Simulation:
         self.scheduler = Scheduler(self.config.scheduler)
         self.state = ClusterState(cluster)
         self.runtime = RuntimeModel(cluster)
-        types = {g.gpu.name for g in cluster.groups}
+        types = {g.gpu.name for g in cluster.groups} | {g.name for g in cluster.groups}
         self.requests = [self._request(i, j, types) for i, j in enumerate(self.jobs)]
         self.remaining = [j.duration_s for j in self.jobs]
         self.attained = [0.0] * len(self.jobs)
@@ -67,7 +67,9 @@ class Simulation:
 
     # ---- setup ------------------------------------------------------------------------------------
     def _request(self, i: int, j: TraceJob, types: set[str]) -> Request:
-        gpu_type = j.gpu_type if j.gpu_type in types else None
+        # a trace may name several acceptable models ("V100M16|V100M32"); keep those this cluster has
+        wanted = tuple(t for t in (j.gpu_type or "").split("|") if t in types)
+        gpu_type = wanted[0] if len(wanted) == 1 else (wanted or None)
         milli = round(j.gpu_fraction * FULL) if j.gpu_fraction < 1.0 else FULL
         elastic = j.min_gpus is not None and j.max_gpus is not None and j.min_gpus < j.max_gpus
         return Request(
@@ -93,12 +95,13 @@ class Simulation:
         self, clock: Callable[[], float] | None = None, progress: Callable[[int, int], None] | None = None
     ) -> SimResult:
         wall0 = clock() if clock else 0.0
-        pool = {g.gpu.name: 0 for g in self.cluster.groups}
-        for g in self.cluster.groups:
-            pool[g.gpu.name] += g.count * g.gpus_per_node
+        rooms: dict[object, int] = {}
         for i, j in enumerate(self.jobs):
             req = self.requests[i]
-            room = pool[req.gpu_type] if isinstance(req.gpu_type, str) else self.cluster.n_gpus
+            if req.gpu_type not in rooms:
+                usable = self.state.usable_nodes(req.gpu_type)
+                rooms[req.gpu_type] = int(self.state.gpn[usable].sum())
+            room = rooms[req.gpu_type]
             if (req.min_gpus or j.num_gpus) > room:
                 self.records[i].unschedulable = True
                 continue

@@ -32,8 +32,7 @@ def fill(state: ClusterState, fraction: float, seed: int) -> None:
     n_nodes = state.cluster.n_nodes
     target = int(state.n_gpus * fraction)
     used = 0
-    i = 0
-    for node in rng.permutation(n_nodes):
+    for i, node in enumerate(rng.permutation(n_nodes)):
         if used >= target:
             break
         k = int(rng.integers(1, 9))
@@ -41,7 +40,6 @@ def fill(state: ClusterState, fraction: float, seed: int) -> None:
         req = Request(f"bg{i}", k, 0.0)
         state.reserve(Allocation(req.id, req, gpus, 0.0))
         used += k
-        i += 1
 
 
 def queue(n: int, seed: int, start: int = 0) -> list[Request]:

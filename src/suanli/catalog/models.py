@@ -43,6 +43,7 @@ class GPUSpec(_Frozen):
     vendor_name: str
     aliases: tuple[str, ...] = ()
     arch: Arch
+    sms: int = Field(ge=1, description="streaming multiprocessors: GEMM tiles run one wave per SM")
     sm_version: int
     form_factor: Literal["sxm", "pcie", "superchip"]
     tflops: dict[Precision, float | None]

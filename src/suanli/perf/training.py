@@ -41,6 +41,32 @@ KERNEL_OVERHEAD_US = 5.0  # launch gap + tail effect per kernel
 KERNELS_PER_LAYER = 100  # forward + backward kernels of one transformer layer (norms, GEMMs, attention, casts)
 RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, allocator fragmentation
 GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
+# Tensor-core GEMMs run as waves of output tiles, one tile per SM: a GEMM whose tile count is not a
+# multiple of the SM count leaves SMs idle in its last wave (wave quantisation). 128x256 is the tile
+# cuBLAS/CUTLASS pick for large bf16/fp8 GEMMs on Ampere and Hopper.
+TILE_M, TILE_N = 128, 256
+
+
+def gemm_efficiency(m: float, n: float, sms: int) -> float:
+    """Useful fraction of the SM-time a GEMM with an m x n output occupies (partial tiles, last wave)."""
+    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
+    waves = math.ceil(tiles / sms)
+    return (m * n) / (waves * sms * TILE_M * TILE_N)
+
+
+def _gemm_time(shapes: list[tuple[float, float, float]], rate: float, sms: int) -> float:
+    """Seconds for GEMMs given as (m, n, k) at an achievable `rate` FLOP/s before wave quantisation."""
+    return sum(2 * m * n * k / (rate * gemm_efficiency(m, n, sms)) for m, n, k in shapes)
+
+
+def _layer_gemms(a: TransformerArch, tokens: float, tp: int) -> list[tuple[float, float, float]]:
+    """(m, n, k) of one layer's forward, input-gradient and weight-gradient GEMMs on one TP rank."""
+    h, kv = a.hidden, a.kv_heads * a.head_dim
+    up = (2 if a.gated_mlp else 1) * a.ffn
+    fwd = [(tokens, (h + 2 * kv) / tp, h), (tokens, h, h / tp), (tokens, up / tp, h), (tokens, h, a.ffn / tp)]
+    dgrad = [(m, k, n) for m, n, k in fwd]
+    wgrad = [(k, n, m) for m, n, k in fwd]
+    return fwd + dgrad + wgrad
 
 
 @dataclass(frozen=True)
@@ -185,10 +211,9 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     layers_stage = a.layers / p.pp
 
     # -- per layer, per micro-batch, on one GPU -------------------------------------------------------
-    lin_flops = 3 * 2 * (a.attn_params_per_layer + a.mlp_params_per_layer) * tokens / p.tp
+    t_lin = _gemm_time(_layer_gemms(a, tokens, p.tp), mm_rate, gpu.sms)
     # causal: half the s×s products; flash attention's backward recomputes QK^T, so fwd+bwd is 3.5x fwd
     attn_flops = 3.5 * 4 * job.seq_len * a.hidden * tokens / 2 / p.tp
-    t_lin = lin_flops / mm_rate
     t_attn = attn_flops / attn_rate
     elem_bytes = 3 * (10 * a.hidden + (3 if a.gated_mlp else 2) * a.ffn) * act_b * tokens / p.tp
     if job.precision == "fp8":
@@ -217,8 +242,12 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
         t_cp = max(0.0, 3 * (p.cp - 1) * hop - t_attn)
 
     t_layer = t_lin + t_attn + t_elem + t_launch + t_recompute + t_tp + t_cp
-    logits_flops = 3 * 2 * a.hidden * a.vocab * tokens / p.tp
-    t_logits = logits_flops / mm_rate + 3 * tokens * a.vocab * 4 / p.tp / hbm
+    logits = [
+        (tokens, a.vocab / p.tp, a.hidden),
+        (tokens, a.hidden, a.vocab / p.tp),
+        (a.hidden, a.vocab / p.tp, tokens),
+    ]
+    t_logits = _gemm_time(logits, mm_rate, gpu.sms) + 3 * tokens * a.vocab * 4 / p.tp / hbm
     t_mb = layers_stage * t_layer + (t_logits if p.pp == 1 else 0.0)  # a typical stage
     t_mb_slowest = layers_stage * t_layer + t_logits  # the last stage also computes the logits
 

@@ -1142,3 +1142,20 @@ def test_preemption_collateral_is_bounded() -> None:
     assert set(new.allocations) == {"v"}
     [pending] = res.pending
     assert "evict 16 GPUs" in pending.reason or "preempt" in pending.reason or "free" in pending.reason
+
+
+@pytest.mark.parametrize(
+    ("profile", "milli"), [("1g.10gb", 142), ("2g.20gb", 285), ("3g.40gb", 428), ("4g.40gb", 571), ("7g.80gb", 1000)]
+)
+def test_mig_profiles_map_to_slices(profile: str, milli: int) -> None:
+    from suanli.sched import mig_milli
+
+    assert mig_milli(profile) == milli
+
+
+@pytest.mark.parametrize("bad", ["8g.90gb", "0g.1gb", "fast", ""])
+def test_bad_mig_profile_is_rejected(bad: str) -> None:
+    from suanli.sched import mig_milli
+
+    with pytest.raises(ValueError, match="MIG profile"):
+        mig_milli(bad)

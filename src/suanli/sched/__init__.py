@@ -16,6 +16,7 @@ from suanli.sched.types import (
     Preempt,
     Request,
     Resize,
+    mig_milli,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "first_fit",
+    "mig_milli",
     "place_slice",
     "policy",
     "topology_aware",

@@ -9,6 +9,15 @@ Topology = Literal["nvlink", "leaf", "any"]
 PriorityClass = Literal["reserved", "on-demand", "spot"]
 CLASS_RANK: dict[str, int] = {"reserved": 2, "on-demand": 1, "spot": 0}
 FULL = 1000  # a whole GPU, in milli-GPUs
+MIG_SLICES = 7  # compute slices of an A100/H100/B200-class GPU under MIG
+
+
+def mig_milli(profile: str) -> int:
+    """Share of one GPU a MIG profile takes, in milli-GPUs: `3g.40gb` → 3/7 of the GPU → 428."""
+    head = profile.strip().lower().split(".", 1)[0]
+    if not head.endswith("g") or not head[:-1].isdigit() or not 1 <= int(head[:-1]) <= MIG_SLICES:
+        raise ValueError(f"not a MIG profile: {profile!r} (expected e.g. 1g.10gb, 3g.40gb, 7g.80gb)")
+    return FULL * int(head[:-1]) // MIG_SLICES
 
 
 @dataclass(frozen=True, slots=True)

@@ -1159,3 +1159,42 @@ def test_bad_mig_profile_is_rejected(bad: str) -> None:
 
     with pytest.raises(ValueError, match="MIG profile"):
         mig_milli(bad)
+
+
+def test_scaling_model_is_sublinear_and_worse_on_slow_networks() -> None:
+    """More GPUs help less than linearly, and less on 25GbE than on InfiniBand (the all-reduce grows)."""
+    from suanli.sched.scaling import ScalingModel
+    from suanli.topology import load_preset
+
+    fast = ScalingModel(load_preset("16x8:H100"))
+    slow = ScalingModel(
+        parse(
+            {
+                "name": "s",
+                "node_groups": [{"name": "h", "count": 16, "gpu": "H100-SXM", "gpus_per_node": 8, "nics": 1}],
+                "fabric": "eth-25",
+            }
+        )
+    )
+    assert fast.speedup(8, 8) == 1.0
+    for n in (16, 32, 64):
+        assert 1.0 < fast.speedup(n, 8) <= n / 8
+        assert slow.speedup(n, 8) < fast.speedup(n, 8)
+    assert fast.best_size(8, 8, 128) >= slow.best_size(8, 8, 128)
+
+
+def test_elastic_growth_stops_where_gpus_stop_paying() -> None:
+    """On 25GbE a data-parallel job does not grow across nodes; on NVLink inside one node it does."""
+    from suanli.sched.scaling import ScalingModel
+
+    slow = ScalingModel(
+        parse(
+            {
+                "name": "s",
+                "node_groups": [{"name": "h", "count": 4, "gpu": "H100-SXM", "gpus_per_node": 8, "nics": 1}],
+                "fabric": "eth-25",
+            }
+        )
+    )
+    assert slow.best_size(2, 2, 8) == 8  # inside the NVLink node: the all-reduce stays cheap
+    assert slow.best_size(8, 8, 32) == 8  # crossing 25GbE: every extra GPU buys too little

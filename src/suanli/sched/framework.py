@@ -17,6 +17,7 @@ import numpy as np
 
 from suanli.sched.placement import PLACEMENTS, PlacementResult, Placer
 from suanli.sched.policies import Policy, PolicyContext, SchedulerConfig, policy
+from suanli.sched.scaling import ScalingModel
 from suanli.sched.state import ClusterState
 from suanli.sched.types import FULL, Allocation, CycleResult, Pending, Place, Preempt, Request, Resize
 
@@ -43,6 +44,7 @@ class Scheduler:
             raise ValueError(f"unknown placement {name!r}; known: {', '.join(PLACEMENTS)}")
         self.placer: Placer = PLACEMENTS[name]
         self._key_memo: dict[int, tuple[Request, tuple]] = {}
+        self._scaling_models: dict[int, ScalingModel] = {}
 
     # ---- the cycle ------------------------------------------------------------------------------
     def cycle(
@@ -241,19 +243,32 @@ class Scheduler:
         return placed
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------
+    def _scaling(self, work: ClusterState) -> ScalingModel:
+        model = self._scaling_models.get(id(work.cluster))
+        if model is None or model.cluster is not work.cluster:
+            model = ScalingModel(work.cluster)
+            self._scaling_models[id(work.cluster)] = model
+        return model
+
     def _elastic(self, work: ClusterState, result: CycleResult, now: float, any_pending: bool) -> None:
         elastic = [a for a in work.allocations.values() if a.request.elastic]
         placed_now = {p.request_id: i for i, p in enumerate(result.placed)}
         for a in sorted(elastic, key=lambda a: a.start_time):
             req = a.request
             assert req.max_gpus is not None
-            target = req.gpus if any_pending else req.max_gpus
             if any_pending and a.gpu_count <= req.gpus:
                 continue
             if not any_pending and (a.gpu_count >= req.max_gpus or work.free_whole_gpus() == 0):
                 continue
+            if any_pending:
+                want = req.gpus
+            else:
+                hi = min(req.max_gpus, a.gpu_count + work.free_whole_gpus())
+                model = req.model.preset if req.model else None
+                want = self._scaling(work).best_size(req.gpus, a.gpu_count, hi, model)
+                if want <= a.gpu_count:
+                    continue  # more GPUs would not pay for themselves (goodput)
             work.unreserve(a.id)
-            want = min(target, work.free_whole_gpus()) if not any_pending else target
             placed = self.placer(work, req, want)
             if placed.gpus is None or len(placed.gpus) == a.gpu_count:
                 work.reserve(a)

@@ -10,13 +10,13 @@ wall clock is an optional `clock` callable the caller injects to measure decisio
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
+from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
 from suanli.sim.runtime import RuntimeModel
@@ -52,6 +52,7 @@ class Simulation:
         self.scheduler = Scheduler(self.config.scheduler)
         self.state = ClusterState(cluster)
         self.runtime = RuntimeModel(cluster)
+        self.scaling = ScalingModel(cluster)
         types = {g.gpu.name for g in cluster.groups} | {g.name for g in cluster.groups}
         self.requests = [self._request(i, j, types) for i, j in enumerate(self.jobs)]
         self.remaining = [j.duration_s for j in self.jobs]
@@ -173,11 +174,12 @@ class Simulation:
         self._push(t + self.remaining[i] / self.running[i].rate, FINISH, i, self.epoch[i])
 
     def _elastic_speed(self, i: int, n: int) -> float:
-        """Throughput at n GPUs relative to the requested count: sub-linear (each doubling gives 1.8x)."""
+        """Throughput at n GPUs relative to the requested count, from the same scaling model the
+        elastic policy decides with."""
         asked = self.jobs[i].num_gpus
         if n == asked or asked == 0:
             return 1.0
-        return (n / asked) ** math.log2(1.8)
+        return self.scaling.speedup(n, asked, self.jobs[i].model)
 
     def _stop(self, i: int, t: float, penalty: bool) -> None:
         self._progress(i, t)

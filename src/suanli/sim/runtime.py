@@ -15,11 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
-from suanli.perf import collectives, model_preset
+from suanli.perf import collectives
+from suanli.sched.scaling import DEFAULT_COMM_FRACTION, DEFAULT_GRAD_BYTES, grad_bytes_for
 from suanli.topology.model import Cluster
-
-DEFAULT_COMM_FRACTION = 0.10
-DEFAULT_GRAD_BYTES = 4 * 100e6  # fp32 gradients of a 100M-parameter model (ResNet/BERT-era jobs)
 
 
 @dataclass
@@ -31,12 +29,7 @@ class RuntimeModel:
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     def grad_bytes_for(self, model: str | None) -> float:
-        if model:
-            try:
-                return 2.0 * model_preset(model).params  # bf16 gradients of a known transformer
-            except ValueError:
-                pass
-        return self.grad_bytes
+        return grad_bytes_for(model, self.grad_bytes)
 
     def _comm_us(self, gpus: NDArray[np.int64], grad_bytes: float) -> float:
         return collectives.estimate("all_reduce", int(grad_bytes), self.cluster.comm_group(gpus)).time_us

@@ -61,6 +61,8 @@ class Scheduler:
         result = CycleResult()
         reservation: _Reservation | None = None
         blocked: Request | None = None
+        if self.policy.elastic and ordered:
+            self._shrink_grown(work, result)  # work waits: grown elastic jobs give their extra GPUs back first
         examined = 0
         preempt_budget = self.config.max_preemption_attempts if self.policy.preempt is not None else 0
         for pos, req in enumerate(ordered):
@@ -100,8 +102,8 @@ class Scheduler:
                 blocked = req
             if reservation is None and self._wants_reservation(req, now):
                 reservation = self._reserve_for(work, req, now)
-        if self.policy.elastic:
-            self._elastic(work, result, now, any_pending=bool(result.pending))
+        if self.policy.elastic and not result.pending:
+            self._grow(work, result)
         return result, work
 
     # ---- plugins ---------------------------------------------------------------------------------
@@ -192,8 +194,8 @@ class Scheduler:
     ) -> PlacementResult:
         rule = self.policy.preempt
         assert rule is not None
-        placed_now = {p.request_id for p in result.placed}
-        victims = [a for a in work.allocations.values() if a.id not in placed_now and rule(a, req, ctx)]
+        decided = {p.request_id for p in result.placed} | {r.allocation_id for r in result.resized}
+        victims = [a for a in work.allocations.values() if a.id not in decided and rule(a, req, ctx)]
         if not victims:
             return PlacementResult(None, f"needs {k} GPUs; nothing it may preempt")
         # cheapest victims first: lowest class, then smallest gang (least collateral), then most recently
@@ -250,34 +252,36 @@ class Scheduler:
             self._scaling_models[id(work.cluster)] = model
         return model
 
-    def _elastic(self, work: ClusterState, result: CycleResult, now: float, any_pending: bool) -> None:
-        elastic = [a for a in work.allocations.values() if a.request.elastic]
-        placed_now = {p.request_id: i for i, p in enumerate(result.placed)}
+    def _shrink_grown(self, work: ClusterState, result: CycleResult) -> None:
+        for a in [a for a in work.allocations.values() if a.request.elastic and a.gpu_count > a.request.gpus]:
+            self._resize(work, result, a, a.request.gpus, "shrunk to free GPUs for waiting work")
+
+    def _grow(self, work: ClusterState, result: CycleResult) -> None:
+        """Nothing waits: grow elastic jobs, oldest first, while another GPU still pays (goodput)."""
+        resized_now = {r.allocation_id for r in result.resized}
+        elastic = [a for a in work.allocations.values() if a.request.elastic and a.id not in resized_now]
         for a in sorted(elastic, key=lambda a: a.start_time):
             req = a.request
             assert req.max_gpus is not None
-            if any_pending and a.gpu_count <= req.gpus:
+            free = work.free_whole_gpus()
+            if a.gpu_count >= req.max_gpus or free == 0:
                 continue
-            if not any_pending and (a.gpu_count >= req.max_gpus or work.free_whole_gpus() == 0):
-                continue
-            if any_pending:
-                want = req.gpus
-            else:
-                hi = min(req.max_gpus, a.gpu_count + work.free_whole_gpus())
-                model = req.model.preset if req.model else None
-                want = self._scaling(work).best_size(req.gpus, a.gpu_count, hi, model)
-                if want <= a.gpu_count:
-                    continue  # more GPUs would not pay for themselves (goodput)
-            work.unreserve(a.id)
-            placed = self.placer(work, req, want)
-            if placed.gpus is None or len(placed.gpus) == a.gpu_count:
-                work.reserve(a)
-                continue
-            new = Allocation(a.id, req, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
-            work.reserve(new)
-            verb = "shrunk to free GPUs for waiting work" if any_pending else "grown into idle GPUs"
-            reason = f"{verb}: {a.gpu_count} → {new.gpu_count}"
-            if a.id in placed_now:  # placed in this very cycle: one Place decision with the final GPUs
-                result.placed[placed_now[a.id]] = Place(a.id, new.gpus, a.milli, reason)
-            else:
-                result.resized.append(Resize(a.id, new.gpus, reason))
+            model = req.model.preset if req.model else None
+            want = self._scaling(work).best_size(req.gpus, a.gpu_count, min(req.max_gpus, a.gpu_count + free), model)
+            if want > a.gpu_count:
+                self._resize(work, result, a, want, "grown into idle GPUs")
+
+    def _resize(self, work: ClusterState, result: CycleResult, a: Allocation, want: int, verb: str) -> None:
+        work.unreserve(a.id)
+        placed = self.placer(work, a.request, want)
+        if placed.gpus is None or len(placed.gpus) == a.gpu_count:
+            work.reserve(a)
+            return
+        new = Allocation(a.id, a.request, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
+        work.reserve(new)
+        reason = f"{verb}: {a.gpu_count} → {new.gpu_count}"
+        placed_now = {p.request_id: i for i, p in enumerate(result.placed)}
+        if a.id in placed_now:  # placed in this very cycle: one Place decision with the final GPUs
+            result.placed[placed_now[a.id]] = Place(a.id, new.gpus, a.milli, reason)
+        else:
+            result.resized.append(Resize(a.id, new.gpus, reason))

@@ -94,6 +94,8 @@ def lower_class(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
 def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
     if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
         return False
+    if victim.request.elastic and victim.gpu_count <= victim.request.gpus:
+        return False  # elastic work shrinks instead of being evicted
     attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count
     return ctx.las_level(attained) > ctx.las_level(req.attained)
 

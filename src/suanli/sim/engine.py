@@ -30,6 +30,7 @@ ARRIVAL, FINISH, FAIL, REPAIR = 0, 1, 2, 3
 class SimConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     restart_penalty_s: float = 60.0  # work redone after a preemption or failure (checkpoint interval / 2)
+    resize_penalty_s: float = 30.0  # an elastic resize restarts from an in-memory checkpoint
     node_mtbf_h: float | None = None  # per-node mean time between failures; None: no failures
     mttr_h: float = 4.0
     seed: int = 0
@@ -233,6 +234,7 @@ class Simulation:
             i = int(r.allocation_id)
             self._progress(i, t)
             del self.running[i]
+            self.remaining[i] += min(self.config.resize_penalty_s, self.jobs[i].duration_s)
             self._start(i, np.asarray(r.gpus, dtype=np.int64), t)
             self.records[i].resizes += 1
         for p in result.placed:

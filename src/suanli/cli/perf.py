@@ -8,42 +8,44 @@ import typer
 from rich.table import Table
 
 from suanli import catalog
-from suanli.cli import common
+from suanli.cli import common, jobs
 from suanli.cli.common import (
-    BatchOpt,
     ClusterOpt,
-    CpOpt,
     FabricOpt,
-    FfnOpt,
-    GatedOpt,
     GpnOpt,
     GpuOpt,
     GpusOpt,
-    HeadsOpt,
-    HiddenOpt,
     IntraOpt,
     JsonOpt,
+    NicGbpsOpt,
+    NicsOpt,
+    NodesOpt,
+    System,
+    console,
+    fail,
+    user_errors,
+)
+from suanli.cli.jobs import (
+    BatchOpt,
+    CpOpt,
+    FfnOpt,
+    GatedOpt,
+    HeadsOpt,
+    HiddenOpt,
     KvHeadsOpt,
     LayersOpt,
     MbsOpt,
     ModelOpt,
-    NicGbpsOpt,
-    NicsOpt,
-    NodesOpt,
     PpOpt,
     PrecisionOpt,
     PriceOpt,
     RecomputeOpt,
     SeqLenOpt,
-    System,
     TokensOpt,
     TpOpt,
     VocabOpt,
     VpOpt,
     ZeroOpt,
-    console,
-    fail,
-    user_errors,
 )
 from suanli.perf import MODEL_PRESETS, OPS, TrainEstimate, estimate, search
 
@@ -147,9 +149,9 @@ def train(
 ) -> None:
     """Step time, throughput, MFU and memory of one training job (exact plan, or the best one found)."""
     with user_errors():
-        job = common.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+        job = jobs.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
                    kv_heads=kv_heads, vocab=vocab, gated=gated)  # fmt: skip
-        fixed = common.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
+        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
         n_tokens = common.parse_count(tokens) if tokens is not None else None
         if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
             fail("--price-per-gpu-hour must be >= 0")
@@ -157,8 +159,8 @@ def train(
             cluster=cluster, gpu=gpu, nodes=nodes, gpus=gpus, gpus_per_node=gpus_per_node,
             intra=intra, nics=nics, nic_gbps=nic_gbps, fabric=fabric,
         )  # fmt: skip
-        (est,), searched = common.best_plans(job, system, fixed)
-    doc = {**common.job_header(job, system), "searched": searched, **est.as_dict()}
+        (est,), searched = jobs.best_plans(job, system, fixed)
+    doc = {**jobs.job_header(job, system), "searched": searched, **est.as_dict()}
     doc["memory_capacity_gib"] = round(system.gpu.memory_GB * 1e9 / 2**30, 2)
     if n_tokens is not None:
         doc["tokens"] = n_tokens
@@ -181,7 +183,7 @@ def _render_train(doc: dict[str, Any], est: TrainEstimate) -> None:
     summary.add_column()
     fits = "[green]yes[/green]" if doc["fits"] else "[red]NO: does not fit in GPU memory[/red]"
     rows = [
-        ("plan", common.plan_label(doc["plan"]) + (" (searched)" if doc["searched"] else "")),
+        ("plan", jobs.plan_label(doc["plan"]) + (" (searched)" if doc["searched"] else "")),
         ("job", f"{doc['precision']}, seq {doc['seq_len']}, global batch {doc['global_batch']}"),
         ("step time", f"{doc['step_time_s']:.3f} s"),
         ("tokens/s", f"{doc['tokens_per_s']:,.0f}"),
@@ -247,9 +249,9 @@ def plan(
 ) -> None:
     """The fastest parallel plans that fit in memory, best first (none fit: the smallest, flagged)."""
     with user_errors():
-        job = common.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+        job = jobs.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
                    kv_heads=kv_heads, vocab=vocab, gated=gated)  # fmt: skip
-        fixed = common.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
+        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
         common.check_positive(top, "--top")
         system = common.resolve_system(
             cluster=cluster, gpu=gpu, nodes=nodes, gpus=gpus, gpus_per_node=gpus_per_node,
@@ -258,7 +260,7 @@ def plan(
         results = search(job, system.placement, fixed, top=top)
     plans = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
     if json_out:
-        common.emit_json({**common.job_header(job, system), "any_fits": any(r.fits for r in results), "plans": plans})
+        common.emit_json({**jobs.job_header(job, system), "any_fits": any(r.fits for r in results), "plans": plans})
         return
     table = Table(title=f"best plans for {job.arch.name} on {system.describe()}")
     table.add_column("#", justify="right")
@@ -268,7 +270,7 @@ def plan(
     table.add_column("fits")
     for p in plans:
         table.add_row(
-            str(p["rank"]), common.plan_label(p["plan"]), f"{p['step_time_s']:.3f}", f"{p['tokens_per_s']:,.0f}",
+            str(p["rank"]), jobs.plan_label(p["plan"]), f"{p['step_time_s']:.3f}", f"{p['tokens_per_s']:,.0f}",
             common.pct(p["mfu"]), f"{p['memory_gib_per_gpu']:.1f}", "yes" if p["fits"] else "[red]no[/red]",
         )  # fmt: skip
     console.print(table)
@@ -312,7 +314,7 @@ def compare(
 ) -> None:
     """The same job on several clusters or GPU types, each with its best plan, side by side."""
     with user_errors():
-        job = common.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
+        job = jobs.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
                    kv_heads=kv_heads, vocab=vocab, gated=gated)  # fmt: skip
         n_tokens = common.parse_count(tokens)
         common.check_positive(gpus, "--gpus")
@@ -336,7 +338,7 @@ def compare(
         row: dict[str, Any] = {"system": ref, "kind": kind, "cluster": c.name}
         try:
             system = System(c, c.compact_gpus(gpus))
-            (est,), _ = common.best_plans(job, system, {})
+            (est,), _ = jobs.best_plans(job, system, {})
         except ValueError as e:  # too few GPUs, no plan, unsupported precision: reported per system
             rows.append({**row, "error": " ".join(str(e).split())})
             continue
@@ -363,7 +365,7 @@ def compare(
         table.add_column(r["system"], justify="right")
     fields: list[tuple[str, Any]] = [
         ("GPU", lambda r: r["gpu"]),
-        ("plan", lambda r: common.plan_label(r["plan"])),
+        ("plan", lambda r: jobs.plan_label(r["plan"])),
         ("step time", lambda r: f"{r['step_time_s']:.3f} s"),
         ("tokens/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
         ("MFU", lambda r: common.pct(r["mfu"])),

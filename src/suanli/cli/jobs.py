@@ -1,0 +1,139 @@
+"""CLI inputs that describe a training job and its parallel plan, and turning them into model objects."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from suanli.cli.common import System, check_choice, check_positive, fail
+from suanli.perf import (
+    MODEL_PRESETS,
+    Plan,
+    PlanError,
+    TrainEstimate,
+    TrainJob,
+    TransformerArch,
+    evaluate,
+    model_preset,
+    search,
+)
+
+# ---- training jobs and plans ----------------------------------------------------------------------------
+PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+RECOMPUTE = ("none", "selective", "full")
+MODEL = "Model and job"
+PLAN = "Parallel plan (all of --tp/--pp/--cp given: evaluate exactly; otherwise search with the given ones fixed)"
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", "-m", help=f"Model preset ({', '.join(MODEL_PRESETS)}) or 'custom'.", rich_help_panel=MODEL
+    ),
+]
+PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16|fp16|fp8|fp32.", rich_help_panel=MODEL)]
+SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (tokens).", rich_help_panel=MODEL)]
+BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.", rich_help_panel=MODEL)]
+_ARCH = "Custom model (--model custom)"
+LayersOpt = Annotated[int | None, typer.Option("--layers", rich_help_panel=_ARCH)]
+HiddenOpt = Annotated[int | None, typer.Option("--hidden", rich_help_panel=_ARCH)]
+FfnOpt = Annotated[int | None, typer.Option("--ffn", help="FFN inner size.", rich_help_panel=_ARCH)]
+HeadsOpt = Annotated[int | None, typer.Option("--heads", rich_help_panel=_ARCH)]
+KvHeadsOpt = Annotated[
+    int | None, typer.Option("--kv-heads", help="KV heads (default: --heads).", rich_help_panel=_ARCH)
+]
+VocabOpt = Annotated[
+    int | None, typer.Option("--vocab", help="Vocabulary size (default: 32000).", rich_help_panel=_ARCH)
+]
+GatedOpt = Annotated[
+    bool | None, typer.Option("--gated/--no-gated", help="SwiGLU MLP (default: gated).", rich_help_panel=_ARCH)
+]
+TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor parallel size.", rich_help_panel=PLAN)]
+PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline parallel size.", rich_help_panel=PLAN)]
+CpOpt = Annotated[int | None, typer.Option("--cp", help="Context parallel size.", rich_help_panel=PLAN)]
+VpOpt = Annotated[int | None, typer.Option("--vp", help="Virtual pipeline stages per rank.", rich_help_panel=PLAN)]
+MbsOpt = Annotated[int | None, typer.Option("--mbs", help="Micro-batch size.", rich_help_panel=PLAN)]
+ZeroOpt = Annotated[
+    int | None, typer.Option("--zero", help="ZeRO stage 0..3 (FSDP: --tp 1 --pp 1 --zero 3).", rich_help_panel=PLAN)
+]
+RecomputeOpt = Annotated[str | None, typer.Option("--recompute", help="none|selective|full.", rich_help_panel=PLAN)]
+PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
+TokensOpt = Annotated[
+    str | None, typer.Option("--tokens", help="Tokens to train on (1e9, 300B, 15T), for time and cost.")
+]
+
+
+def build_arch(model: str, **dims: Any) -> TransformerArch:
+    given = {k: v for k, v in dims.items() if v is not None}
+    if model.strip().lower() != "custom":
+        if given:
+            fail(f"{', '.join('--' + k.replace('_', '-') for k in given)} only apply to --model custom")
+        return model_preset(model)
+    missing = [f"--{k}" for k in ("layers", "hidden", "ffn", "heads") if k not in given]
+    if missing:
+        fail(f"--model custom needs {', '.join(missing)}")
+    for k, v in given.items():
+        if k != "gated" and v <= 0:
+            fail(f"--{k.replace('_', '-')} must be positive")
+    return TransformerArch(
+        name="custom",
+        layers=given["layers"],
+        hidden=given["hidden"],
+        ffn=given["ffn"],
+        heads=given["heads"],
+        kv_heads=given.get("kv_heads", given["heads"]),
+        vocab=given.get("vocab", 32000),
+        gated_mlp=given.get("gated", True),
+    )
+
+
+def build_job(model: str, precision: str, seq_len: int, global_batch: int, **dims: Any) -> TrainJob:
+    check_positive(seq_len, "--seq-len")
+    check_positive(global_batch, "--global-batch")
+    prec = check_choice(precision, PRECISIONS, "--precision")
+    return TrainJob(build_arch(model, **dims), prec, seq_len, global_batch)  # type: ignore[arg-type]
+
+
+def fixed_plan(**plan: Any) -> dict[str, Any]:
+    for k in ("tp", "pp", "cp", "vp", "mbs"):
+        check_positive(plan[k], f"--{k}")
+    if plan["zero"] is not None and plan["zero"] not in (0, 1, 2, 3):
+        fail(f"--zero must be 0, 1, 2 or 3 (got {plan['zero']})")
+    if plan["recompute"] is not None:
+        plan["recompute"] = check_choice(plan["recompute"], RECOMPUTE, "--recompute")
+    return {k: v for k, v in plan.items() if v is not None}
+
+
+def best_plans(job: TrainJob, system: System, fixed: dict[str, Any], top: int = 1) -> tuple[list[TrainEstimate], bool]:
+    """The exact plan when tp, pp and cp are all fixed, else the `top` fastest searched ones (and whether searched)."""
+    if all(k in fixed for k in ("tp", "pp", "cp")):
+        prod = fixed["tp"] * fixed["pp"] * fixed["cp"]
+        if system.n_gpus % prod:
+            raise PlanError(f"tp*pp*cp = {prod} does not divide {system.n_gpus} GPUs")
+        defaults = {"vp": 1, "mbs": 1, "zero": 1, "recompute": "none"}
+        plan = Plan(**{**defaults, **fixed, "dp": system.n_gpus // prod})
+        return [evaluate(job, plan, system.placement)], False
+    return search(job, system.placement, fixed, top=top), True
+
+
+def job_header(job: TrainJob, system: System) -> dict[str, Any]:
+    return {
+        "model": job.arch.name,
+        "params": job.arch.params,
+        "precision": job.precision,
+        "seq_len": job.seq_len,
+        "global_batch": job.global_batch,
+        "gpus": system.n_gpus,
+        "nodes": system.n_nodes,
+        "nvlink_domains": system.n_domains,
+        "gpu": system.gpu.name,
+        "cluster": system.cluster.name,
+        "system": system.describe(),
+    }
+
+
+def plan_label(p: dict[str, Any]) -> str:
+    label = f"TP{p['tp']} PP{p['pp']} CP{p['cp']} DP{p['dp']}"
+    extra = [f"VP{p['vp']}" if p["vp"] > 1 else "", f"MBS{p['mbs']}", f"ZeRO-{p['zero']}"]
+    extra.append("" if p["recompute"] == "none" else f"recompute={p['recompute']}")
+    return " ".join([label, *[e for e in extra if e]])

@@ -1,0 +1,76 @@
+"""The operator's price book: hourly rates by GPU model and billing mode, slices, storage and plans."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from functools import cache
+from importlib import resources
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from suanli.billing.money import ZERO, exact
+
+BillingMode = Literal["on-demand", "spot"]
+FULL_MILLI = 1000
+
+
+class PlanPrice(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hours: int = Field(gt=0, le=24 * 366)
+    discount: Decimal = Field(ge=0, lt=1)
+
+
+class PriceBook(BaseModel):
+    """Prices in `currency`; every amount exact (Decimal)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    currency: str = Field("CNY", min_length=3, max_length=3, pattern=r"^[A-Z]{3}$")
+    gpu_hour: dict[str, Decimal]
+    spot_factor: Decimal = Field(Decimal("0.4"), gt=0, le=1)
+    slice_premium: Decimal = Field(Decimal("1.0"), ge=1, le=10)
+    storage_gb_month: Decimal = Field(Decimal("0"), ge=0)
+    plans: dict[str, PlanPrice] = Field(default_factory=dict)
+
+    @field_validator("gpu_hour")
+    @classmethod
+    def _non_negative(cls, v: dict[str, Decimal]) -> dict[str, Decimal]:
+        for model, price in v.items():
+            if price < ZERO:
+                raise ValueError(f"gpu_hour.{model}: price cannot be negative")
+        return {k: exact(p) for k, p in v.items()}
+
+    def gpu_rate(self, gpu_model: str, mode: BillingMode = "on-demand") -> Decimal:
+        """Per GPU-hour."""
+        if gpu_model not in self.gpu_hour:
+            raise KeyError(f"no price for GPU model {gpu_model!r}; priced: {', '.join(self.gpu_hour)}")
+        base = self.gpu_hour[gpu_model]
+        return exact(base * self.spot_factor) if mode == "spot" else base
+
+    def rate(self, gpu_model: str, gpus: int = 1, mode: BillingMode = "on-demand", milli: int = FULL_MILLI) -> Decimal:
+        """Per hour for an allocation: `gpus` whole GPUs, or one slice of `milli`/1000 of a GPU."""
+        if gpus < 0 or not 0 < milli <= FULL_MILLI:
+            raise ValueError("gpus must be >= 0 and milli in 1..1000")
+        per_gpu = self.gpu_rate(gpu_model, mode)
+        if milli < FULL_MILLI:
+            return exact(per_gpu * milli / FULL_MILLI * self.slice_premium)
+        return exact(per_gpu * gpus)
+
+    def plan_price(self, plan: str, gpu_model: str, gpus: int) -> Decimal:
+        """Upfront price of holding `gpus` GPUs for one period of `plan`."""
+        if plan not in self.plans:
+            raise KeyError(f"no plan {plan!r}; plans: {', '.join(self.plans)}")
+        p = self.plans[plan]
+        return exact(self.gpu_rate(gpu_model) * gpus * p.hours * (1 - p.discount))
+
+    def storage_rate_per_hour(self, gb: float | Decimal) -> Decimal:
+        return exact(self.storage_gb_month * Decimal(str(gb)) / 720)
+
+
+@cache
+def default_price_book() -> PriceBook:
+    text = resources.files("suanli.billing").joinpath("data", "default_prices.yaml").read_text(encoding="utf-8")
+    return PriceBook.model_validate(yaml.safe_load(text))

@@ -1000,7 +1000,8 @@ def check_cycle(
             assert span["leaf"] == 1
         if r.exclusive:
             survivors = [a for aid, a in old.allocations.items() if aid not in preempted]
-            busy_nodes = {int(c.gpu_node[g]) for a in survivors for g in a.gpus}
+            resized_to = {aid: z.gpus for aid, z in resized.items()}  # shrunk this cycle: only what it kept
+            busy_nodes = {int(c.gpu_node[g]) for a in survivors for g in resized_to.get(a.id, a.gpus)}
             assert not busy_nodes & set(c.gpu_node[gpus].tolist()), f"exclusive {rid} shares a node"
 
     # resizes: elastic only, within [min, max], grow only when nothing waits, shrink only when something does
@@ -1199,3 +1200,21 @@ def test_elastic_growth_stops_where_gpus_stop_paying() -> None:
     )
     assert slow.best_size(2, 2, 8) == 8  # inside the NVLink node: the all-reduce stays cheap
     assert slow.best_size(8, 8, 32) == 8  # crossing 25GbE: every extra GPU buys too little
+
+
+def test_an_exclusive_workload_owns_its_whole_node() -> None:
+    """A 2-GPU exclusive job takes a free node; the node's 6 other GPUs stay closed to everyone else."""
+    s = ClusterState(two_nodes())
+    x = Request("x", 2, 0.0, exclusive=True)
+    gpus = topology_aware(s, x, 2).gpus
+    assert gpus is not None
+    s.reserve(Allocation("x", x, tuple(int(g) for g in gpus), 0.0))
+    node = int(s.gpu_node[gpus[0]])
+    other = topology_aware(s, Request("y", 6, 0.0), 6).gpus
+    assert other is not None and node not in set(s.gpu_node[other].tolist())
+    with pytest.raises(ValueError, match="exclusive"):
+        free_on_node = [g for g in s.cluster.gpus_of_node(node) if g not in gpus][:1]
+        y = Request("z", 1, 0.0)
+        s.reserve(Allocation("z", y, tuple(free_on_node), 0.0))
+    s.unreserve("x")
+    assert not s.node_exclusive.any()

@@ -25,6 +25,7 @@ class ClusterState:
         self.free = np.full(cluster.n_gpus, FULL, dtype=np.int32)  # free milli-GPUs per GPU
         self.gpu_ok = np.ones(cluster.n_gpus, dtype=bool)
         self.node_ok = np.ones(cluster.n_nodes, dtype=bool)  # False: draining or down, no new work
+        self.node_exclusive = np.zeros(cluster.n_nodes, dtype=bool)  # held whole by an exclusive allocation
         self.allocations: dict[str, Allocation] = {}
         self._recount()
 
@@ -35,6 +36,7 @@ class ClusterState:
         new.free = self.free.copy()
         new.gpu_ok = self.gpu_ok.copy()
         new.node_ok = self.node_ok.copy()
+        new.node_exclusive = self.node_exclusive.copy()
         new.allocations = dict(self.allocations)
         new.node_whole = self.node_whole.copy()
         new.whole_total = self.whole_total
@@ -77,7 +79,7 @@ class ClusterState:
 
     def usable_nodes(self, gpu_type: str | tuple[str, ...] | None) -> NDArray[np.bool_]:
         """Nodes that may take new work of this GPU type: a GPU model or a node-group name, or any of several."""
-        ok = self.node_ok
+        ok = self.node_ok & ~self.node_exclusive
         if gpu_type is None:
             return ok
         wanted = {gpu_type} if isinstance(gpu_type, str) else set(gpu_type)
@@ -102,14 +104,20 @@ class ClusterState:
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
         if gpus.size and (np.any(self.free[gpus] < alloc.milli) or not np.all(self.gpu_ok[gpus])):
             raise ValueError(f"allocation {alloc.id}: GPUs {alloc.gpus} are not free")
+        if gpus.size and np.any(self.node_exclusive[self.gpu_node[gpus]]):
+            raise ValueError(f"allocation {alloc.id}: a node it asks for is held by an exclusive workload")
         was_whole = self.free[gpus] == FULL
         self.free[gpus] -= alloc.milli
         self._adjust(gpus[was_whole], -1)
+        if alloc.request.exclusive and gpus.size:
+            self.node_exclusive[np.unique(self.gpu_node[gpus])] = True
         self.allocations[alloc.id] = alloc
 
     def unreserve(self, alloc_id: str) -> Allocation:
         alloc = self.allocations.pop(alloc_id)
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
+        if alloc.request.exclusive and gpus.size:
+            self.node_exclusive[np.unique(self.gpu_node[gpus])] = False
         self.free[gpus] += alloc.milli
         now_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self._adjust(gpus[now_whole], +1)

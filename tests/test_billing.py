@@ -160,3 +160,35 @@ def test_price_book_errors_name_the_field() -> None:
         PriceBook.model_validate({"gpu_hour": {"H100": "1"}, "spot_factor": "2"})
     with pytest.raises(KeyError, match="no price for GPU model"):
         default_price_book().rate("TPU-v5")
+
+
+# --- quotes -----------------------------------------------------------------------------------------------------
+def _job():
+    from suanli.perf import TrainJob, model_preset
+
+    return TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 256)
+
+
+def test_quotes_rank_by_cost_or_time_and_mark_availability() -> None:
+    from suanli.billing.quotes import Offer, quote
+    from suanli.topology import load_preset
+
+    offers = [Offer(load_preset("16x8:H100"), 16), Offer(load_preset("h20-roce800-128"), 128)]
+    cheapest = quote(_job(), 1e9, offers, default_price_book())
+    assert cheapest and [q.cost for q in cheapest] == sorted(q.cost for q in cheapest)
+    fastest = quote(_job(), 1e9, offers, default_price_book(), rank="fastest")
+    assert [q.total_time_s for q in fastest] == sorted(q.total_time_s for q in fastest)
+    for q in cheapest:
+        assert q.available_now == (q.gpus <= (16 if q.gpu == "H100-SXM" else 128))
+        # cost is the hourly rate times the predicted time
+        assert abs(float(q.cost) - float(q.rate_per_hour) * q.total_time_s / 3600) < 0.01
+
+
+def test_a_slow_network_makes_the_same_job_cost_more() -> None:
+    from suanli.billing.quotes import Offer, quote
+    from suanli.topology import load_preset
+
+    book = default_price_book()
+    fast = quote(_job(), 1e9, [Offer(load_preset("h20-roce800-128"), 128)], book, gpus=128)
+    slow = quote(_job(), 1e9, [Offer(load_preset("h20-eth25g-128"), 128)], book, gpus=128)
+    assert fast and slow and slow[0].cost > fast[0].cost and slow[0].total_time_s > fast[0].total_time_s

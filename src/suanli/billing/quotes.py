@@ -1,0 +1,123 @@
+"""Time-and-cost quotes: for a training workload, what each offer would take and cost, ranked.
+
+Pure: the caller passes the clusters (one per GPU model on offer, as the inventory describes them), how
+many GPUs of each are free, and the price book. For every GPU count worth trying, the performance model
+finds the fastest plan that fits on the most compact set of those GPUs; the quote is its step time, the
+time to train the requested tokens, and the cost at the offer's hourly rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Literal
+
+from suanli.billing.money import exact
+from suanli.billing.prices import BillingMode, PriceBook
+from suanli.perf import Placement, PlanError, TrainJob, search
+from suanli.topology.model import Cluster
+
+Rank = Literal["cheapest", "fastest"]
+
+
+@dataclass(frozen=True)
+class Offer:
+    cluster: Cluster  # the GPUs of one model, as placed in the fabric
+    free_gpus: int
+
+    @property
+    def gpu(self) -> str:
+        return self.cluster.groups[0].gpu.name
+
+
+@dataclass(frozen=True)
+class Quote:
+    gpu: str
+    gpus: int
+    plan: dict[str, object]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    total_time_s: float
+    rate_per_hour: Decimal
+    cost: Decimal
+    available_now: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "gpu": self.gpu,
+            "gpus": self.gpus,
+            "plan": self.plan,
+            "step_time_s": round(self.step_time_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "mfu": round(self.mfu, 4),
+            "total_time_s": round(self.total_time_s, 1),
+            "rate_per_hour": str(self.rate_per_hour),
+            "cost": str(self.cost.quantize(Decimal("0.01"))),
+            "available_now": self.available_now,
+        }
+
+
+def gpu_counts(n_gpus: int, gpus_per_node: int) -> list[int]:
+    """Counts worth quoting: powers of two inside a node, then whole nodes doubling, up to the offer's size."""
+    counts = []
+    k = 1
+    while k <= min(gpus_per_node, n_gpus):
+        counts.append(k)
+        k *= 2
+    k = 2 * gpus_per_node
+    while k <= n_gpus:
+        counts.append(k)
+        k *= 2
+    return counts
+
+
+def quote(
+    job: TrainJob,
+    tokens: float,
+    offers: Sequence[Offer],
+    prices: PriceBook,
+    *,
+    gpus: int | None = None,
+    mode: BillingMode = "on-demand",
+    rank: Rank = "cheapest",
+    limit: int = 10,
+) -> list[Quote]:
+    """Feasible quotes, best first. `gpus` fixes the count; otherwise a range of counts is tried."""
+    if tokens <= 0:
+        raise ValueError("tokens must be positive")
+    out: list[Quote] = []
+    for offer in offers:
+        c = offer.cluster
+        gpn = c.groups[0].gpus_per_node
+        counts = [gpus] if gpus else gpu_counts(c.n_gpus, gpn)
+        for n in counts:
+            if n > c.n_gpus or job.global_batch < 1:
+                continue
+            try:
+                best = search(job, Placement(c, c.compact_gpus(n)), top=1)[0]
+            except PlanError:
+                continue
+            if not best.fits:
+                continue
+            seconds = tokens / best.tokens_per_s
+            rate = prices.rate(offer.gpu, n, mode)
+            cost = exact(rate * Decimal(str(seconds)) / 3600)
+            plan = {k: getattr(best.plan, k) for k in ("tp", "pp", "cp", "dp", "vp", "mbs", "zero", "recompute")}
+            out.append(
+                Quote(
+                    offer.gpu,
+                    n,
+                    plan,
+                    best.step_time_s,
+                    best.tokens_per_s,
+                    best.mfu,
+                    seconds,
+                    rate,
+                    cost,
+                    n <= offer.free_gpus,
+                )
+            )
+    key = (lambda q: (q.cost, q.total_time_s)) if rank == "cheapest" else (lambda q: (q.total_time_s, q.cost))
+    return sorted(out, key=key)[:limit]

@@ -15,6 +15,7 @@ from suanli.billing.ledger import (
 from suanli.billing.metering import Charge, billable_seconds, charges_due, cost_of
 from suanli.billing.money import ZERO, exact, shown
 from suanli.billing.prices import PlanPrice, PriceBook, default_price_book
+from suanli.billing.quotes import Offer, Quote, quote
 
 __all__ = [
     "EXTERNAL",
@@ -25,8 +26,10 @@ __all__ = [
     "Entry",
     "Ledger",
     "LedgerError",
+    "Offer",
     "PlanPrice",
     "PriceBook",
+    "Quote",
     "Transaction",
     "billable_seconds",
     "charges_due",
@@ -34,6 +37,7 @@ __all__ = [
     "default_price_book",
     "exact",
     "org_account",
+    "quote",
     "recompute",
     "shown",
     "transfer",

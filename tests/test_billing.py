@@ -192,3 +192,10 @@ def test_a_slow_network_makes_the_same_job_cost_more() -> None:
     fast = quote(_job(), 1e9, [Offer(load_preset("h20-roce800-128"), 128)], book, gpus=128)
     slow = quote(_job(), 1e9, [Offer(load_preset("h20-eth25g-128"), 128)], book, gpus=128)
     assert fast and slow and slow[0].cost > fast[0].cost and slow[0].total_time_s > fast[0].total_time_s
+
+
+def test_an_org_below_zero_can_still_be_topped_up() -> None:
+    a = org_account("a")
+    ledger = Ledger().post(transfer("u", "usage", a, REVENUE, Decimal("4")), allow_negative=(a,))
+    ledger = ledger.post(transfer("t", "topup", EXTERNAL, a, Decimal("3")))
+    assert ledger.balance(a) == Decimal("-1")

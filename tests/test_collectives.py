@@ -395,3 +395,11 @@ def test_node_group_without_nics_is_rejected_or_costed() -> None:
         return
     e = estimate("all_reduce", MiB, c.comm_group(range(16)))
     assert e.time_us > 0
+
+
+def test_all_to_all_on_an_uneven_placement_is_bounded_by_one_nic_per_rank() -> None:
+    """8 ranks on one node and 1 on another: each rank still has its own NIC, so it is not ~8x slower."""
+    c = _cluster("H100-SXM", 2)
+    even = estimate("all_to_all", GiB, c.comm_group(np.arange(16))).time_us
+    uneven = estimate("all_to_all", GiB, c.comm_group(np.arange(9))).time_us
+    assert uneven <= 2 * even

@@ -135,7 +135,7 @@ def assert_same_state(state: ClusterState, snap: dict) -> None:
 def whole_recount(state: ClusterState) -> tuple[np.ndarray, int]:
     whole = (state.free == FULL) & state.gpu_ok
     per_node = np.bincount(state.cluster.gpu_node[whole], minlength=state.cluster.n_nodes)
-    return per_node, int(per_node[state.node_ok].sum())
+    return per_node, int(per_node[state.node_ok & ~state.node_exclusive].sum())  # exclusive nodes take no work
 
 
 def run(
@@ -1218,3 +1218,32 @@ def test_an_exclusive_workload_owns_its_whole_node() -> None:
         s.reserve(Allocation("z", y, tuple(free_on_node), 0.0))
     s.unreserve("x")
     assert not s.node_exclusive.any()
+
+
+def test_preemption_survives_a_victim_on_an_unhealthy_gpu() -> None:
+    """A victim the placement does not need is given back even if one of its GPUs went unhealthy."""
+    s = ClusterState(two_nodes())
+    occupy(s, "spotA", (0,), priority="spot", start=0.0)
+    occupy(s, "spotB", tuple(range(1, 8)), priority="spot", start=0.0)
+    occupy(s, "od", node_gpus(1))
+    s.set_gpu_ok(0, False)
+    res, new = run("priority", s, [Request("x", 2, 1.0)], 2.0, preempt_collateral=8.0)
+    assert placed_ids(res) == {"x"}
+    assert "spotA" in new.allocations  # not needed: restored, bad GPU and all
+
+
+def test_simulator_handles_gangs_across_node_groups() -> None:
+    from suanli.sim import SimConfig, TraceJob, simulate
+
+    het = parse(
+        {
+            "name": "het",
+            "node_groups": [
+                {"name": "h", "count": 2, "gpu": "H100-SXM", "gpus_per_node": 8, "nics": 8},
+                {"name": "a", "count": 3, "gpu": "A100-SXM-80G", "gpus_per_node": 4, "nics": 4},
+            ],
+            "fabric": "ib-ndr",
+        }
+    )
+    r = simulate([TraceJob("big", 0.0, 20, 100.0)], het, SimConfig())
+    assert r.finished == 1

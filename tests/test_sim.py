@@ -263,8 +263,9 @@ def test_failures_are_survived(policy: str) -> None:
     assert r.finished == r.jobs - r.unschedulable
     hit = sum(rec.failures for rec in sim.records)
     assert hit > 0
-    assert r.preemptions >= hit  # a job stopped by a failure counts as a preemption
-    assert r.preemptions == sum(rec.preemptions for rec in sim.records)
+    assert r.preemptions == sum(rec.preemptions for rec in sim.records)  # failures are not preemptions
+    if policy == "fifo":
+        assert r.preemptions == 0  # fifo never preempts, however many nodes fail
     assert not sim.state.allocations
 
 

@@ -349,3 +349,15 @@ def test_slower_fabric_never_speeds_up_a_plan(index: int) -> None:
     slow = evaluate(JOB_70B, plan, _compact(H20_ETH, 128))
     assert slow.step_time_s >= fast.step_time_s * (1 - 1e-12), plan.label()
     assert slow.memory_bytes_per_gpu == fast.memory_bytes_per_gpu
+
+
+def test_degenerate_plans_are_plan_errors() -> None:
+    from suanli.perf import Placement, Plan, PlanError, TrainJob, evaluate, model_preset
+    from suanli.topology import load_preset
+
+    c = load_preset("1x8:H100")
+    pl = Placement(c, c.compact_gpus(8))
+    with pytest.raises(PlanError):
+        evaluate(TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 64), Plan(dp=8, mbs=0), pl)
+    with pytest.raises(PlanError):
+        evaluate(TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 0), Plan(dp=8), pl)

@@ -97,8 +97,13 @@ class Ledger:
         for e in tx.entries:
             balances[e.account] = balances.get(e.account, ZERO) + e.amount
         negative_ok = set(allow_negative)
-        for e in tx.entries:
-            if e.account.startswith("org:") and balances[e.account] < ZERO and e.account not in negative_ok:
+        for e in tx.entries:  # only a debit may take an org below zero; credits (top-ups, refunds) always post
+            if (
+                e.amount < ZERO
+                and e.account.startswith("org:")
+                and balances[e.account] < ZERO
+                and e.account not in negative_ok
+            ):
                 raise LedgerError(f"{tx.key}: {e.account} would go negative ({balances[e.account]})")
         return Ledger({**self.transactions, tx.key: tx}, balances)
 

@@ -7,7 +7,7 @@ the allocation's start, window `k` costing `C(end_k) - C(start_k)`. Because thos
 the total for a run is `C(billed seconds)` however it was split into windows: no drift.
 
 While a run is live only whole windows are charged; its last (partial) window is charged once, when it
-stops. A window's idempotency key is `usage:<allocation>:<k>`, so a metering loop that crashes after
+stops. A window's idempotency key is `usage:<allocation>:<window_s>:<k>`, so a metering loop that crashes after
 posting and retries computes the same keys and the ledger ignores the repeats.
 """
 
@@ -70,5 +70,5 @@ def charges_due(
         amount = cost_of(rate_per_hour, end) - cost_of(rate_per_hour, start)
         if amount == ZERO:
             continue  # free GPUs (a zero rate) post nothing
-        out.append(Charge(f"usage:{allocation_id}:{k}", allocation_id, k, start, end, amount))
+        out.append(Charge(f"usage:{allocation_id}:{window_s}:{k}", allocation_id, k, start, end, amount))
     return out

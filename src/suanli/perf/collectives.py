@@ -158,6 +158,12 @@ def _inter_node_bw(g: CommGroup) -> float:
     return g.inter.uni_GBps_per_gpu * ranks * g.fabric.efficiency
 
 
+def _rank_nic_bw(g: CommGroup) -> float:
+    """One rank's share of its domain's NICs: what a single peer-to-peer stream can use."""
+    assert g.inter is not None and g.fabric is not None
+    return g.inter.uni_GBps_per_gpu * g.fabric.efficiency
+
+
 def _net_lat(g: CommGroup, proto: int, algorithm: str) -> float:
     assert g.inter is not None
     table = HW_LAT["net"][algorithm]
@@ -198,7 +204,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             # all-to-all is n-1 parallel point-to-point exchanges; NCCL cannot stripe one peer's
             # traffic over several NICs, so a rank gets its own NIC share only.
             steps, net_steps = 1, 1 if nd > 1 else 0
-            ring_bus = min(intra, inter / ppn) if nd > 1 else intra
+            ring_bus = min(intra, _rank_nic_bw(g)) if nd > 1 else intra
         for p, proto in _protocols(g):
             intra_lat = _intra_hop(g, link, "ring", p)
             lat = BASE_LAT["ring"][p] + (steps - net_steps) * intra_lat
@@ -256,7 +262,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
         for p, proto in _protocols(g):
             if nd > 1:
                 lat = BASE_LAT["ring"][p] + _net_lat(g, p, "ring")
-                bw = min(intra, inter / ppn)
+                bw = min(intra, _rank_nic_bw(g))
             else:
                 lat = BASE_LAT["ring"][p] + (HW_LAT[link]["ring"][p] or 0.0)
                 bw = intra

@@ -188,6 +188,10 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     """Predict one optimizer step of `job` under `plan` on `n_gpus` GPUs laid out as `group` describes."""
     a = job.arch
     p = plan
+    if min(p.tp, p.pp, p.cp, p.dp, p.vp, p.mbs) < 1:
+        raise PlanError("tp, pp, cp, dp, vp and mbs must all be at least 1")
+    if job.global_batch < 1 or job.seq_len < 1:
+        raise PlanError("global batch and sequence length must be at least 1")
     if p.tp * p.pp * p.cp * p.dp != n_gpus:
         raise PlanError(f"tp*pp*cp*dp = {p.tp * p.pp * p.cp * p.dp} != {n_gpus} GPUs")
     if job.global_batch % (p.dp * p.mbs):

@@ -81,7 +81,9 @@ class Scheduler:
                     continue
                 examined += 1
             k = req.gpus
-            if reservation is not None and not self._easy_allows(reservation, req, k, now):
+            held_back = reservation is not None and not self._easy_allows(reservation, req, k, now)
+            if held_back:
+                assert reservation is not None
                 placed = PlacementResult(None, f"would delay the reservation of {reservation.request.id}")
             else:
                 placed = self._try(work, req, k)
@@ -90,7 +92,7 @@ class Scheduler:
                     placed = self._try(work, req, k)
                 if placed.gpus is not None and reservation is not None:
                     self._easy_consume(reservation, req, k, now)
-            if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0:
+            if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
                 preempt_budget -= 1
                 attempt = self._preempt(work, req, k, ctx, result)
                 placed = attempt if attempt.gpus is not None else PlacementResult(None, placed.reason)
@@ -161,11 +163,13 @@ class Scheduler:
 
     @staticmethod
     def _reserve_for(work: ClusterState, req: Request, now: float) -> _Reservation:
-        free = work.free_whole_gpus()
+        """When enough GPUs the head may use (its GPU type, nodes taking work) free up, per estimates."""
+        usable = work.usable_nodes(req.gpu_type)
+        free = int(work.node_whole[usable].sum())
         ends = sorted(
             (a.est_end if a.est_end is not None else float("inf"), a.gpu_count)
             for a in work.allocations.values()
-            if a.milli == FULL
+            if a.milli == FULL and bool(usable[work.gpu_node[a.gpus[0]]])
         )
         shadow = now
         for end, n in ends:
@@ -226,7 +230,7 @@ class Scheduler:
         evicted = []
         for v in freed:  # give back what the placement does not use
             if used.isdisjoint(v.gpus):
-                scratch.reserve(v)
+                scratch.reserve(v, restore=True)
             else:
                 evicted.append(v)
         lost = sum(v.gpu_count for v in evicted)
@@ -275,7 +279,7 @@ class Scheduler:
         work.unreserve(a.id)
         placed = self.placer(work, a.request, want)
         if placed.gpus is None or len(placed.gpus) == a.gpu_count:
-            work.reserve(a)
+            work.reserve(a, restore=True)
             return
         new = Allocation(a.id, a.request, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
         work.reserve(new)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from suanli.sched.state import ClusterState
-from suanli.sched.types import Allocation, Request
+from suanli.sched.types import FULL, Allocation, Request
 
 Backfill = Literal["none", "easy", "greedy"]
 PreemptRule = Callable[[Allocation, Request, "PolicyContext"], bool]
@@ -59,7 +59,10 @@ class PolicyContext:
         return bisect_right(self.config.las_thresholds, attained)
 
     def share(self, tenant: str) -> float:
-        return self.tenant_gpus.get(tenant, 0.0) / (self.config.weights.get(tenant, 1.0) * max(1, self.state.n_gpus))
+        weight = self.config.weights.get(tenant, 1.0)
+        if weight <= 0:
+            return float("inf")  # a zero weight is served last
+        return self.tenant_gpus.get(tenant, 0.0) / (weight * max(1, self.state.n_gpus))
 
     def below_quota(self, tenant: str) -> bool:
         return self.tenant_gpus.get(tenant, 0.0) < self.config.quotas.get(tenant, 0.0)
@@ -94,9 +97,7 @@ def lower_class(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
 def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
     if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
         return False
-    if victim.request.elastic and victim.gpu_count <= victim.request.gpus:
-        return False  # elastic work shrinks instead of being evicted
-    attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count
+    attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count * victim.milli / FULL
     return ctx.las_level(attained) > ctx.las_level(req.attained)
 
 

@@ -49,7 +49,7 @@ class ClusterState:
     def _recount(self) -> None:
         whole = (self.free == FULL) & self.gpu_ok
         self.node_whole = np.bincount(self.gpu_node[whole], minlength=self.cluster.n_nodes).astype(np.int32)
-        self.whole_total = int(self.node_whole[self.node_ok].sum())  # kept in step by _adjust/set_node_ok
+        self.whole_total = int(self.node_whole[self.node_ok & ~self.node_exclusive].sum())  # kept in step below
 
     @cached_property
     def gpn(self) -> NDArray[np.int32]:
@@ -87,6 +87,7 @@ class ClusterState:
         return ok & np.isin(self.cluster.node_group, allowed)
 
     def free_whole_gpus(self) -> int:
+        """Whole free healthy GPUs on nodes that take new work (not drained, not held exclusively)."""
         return self.whole_total
 
     def idle_gpus(self) -> int:
@@ -97,27 +98,42 @@ class ClusterState:
         """GPUs held, counting slices by their fraction."""
         return float((FULL - self.free[self.gpu_ok]).sum()) / FULL
 
+    def _counted(self, nodes: NDArray[np.int64]) -> NDArray[np.bool_]:
+        return self.node_ok[nodes] & ~self.node_exclusive[nodes]
+
     # ---- reserve / unreserve -------------------------------------------------------------------
-    def reserve(self, alloc: Allocation) -> None:
+    def reserve(self, alloc: Allocation, *, restore: bool = False) -> None:
+        """Take the allocation's GPUs. `restore=True` puts back an allocation the same cycle just released
+        (a preemption or resize that did not need it): no health or exclusivity checks, it held them."""
         if alloc.id in self.allocations:
             raise ValueError(f"allocation {alloc.id} already holds GPUs")
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
-        if gpus.size and (np.any(self.free[gpus] < alloc.milli) or not np.all(self.gpu_ok[gpus])):
+        if np.unique(gpus).size != gpus.size:
+            raise ValueError(f"allocation {alloc.id}: a GPU is listed twice")
+        if gpus.size and np.any(self.free[gpus] < alloc.milli):
             raise ValueError(f"allocation {alloc.id}: GPUs {alloc.gpus} are not free")
-        if gpus.size and np.any(self.node_exclusive[self.gpu_node[gpus]]):
+        if not restore and gpus.size and not np.all(self.gpu_ok[gpus]):
+            raise ValueError(f"allocation {alloc.id}: GPUs {alloc.gpus} are not healthy")
+        if not restore and gpus.size and np.any(self.node_exclusive[self.gpu_node[gpus]]):
             raise ValueError(f"allocation {alloc.id}: a node it asks for is held by an exclusive workload")
-        was_whole = self.free[gpus] == FULL
+        was_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self.free[gpus] -= alloc.milli
         self._adjust(gpus[was_whole], -1)
         if alloc.request.exclusive and gpus.size:
-            self.node_exclusive[np.unique(self.gpu_node[gpus])] = True
+            nodes = np.unique(self.gpu_node[gpus])
+            nodes = nodes[~self.node_exclusive[nodes]]
+            self.whole_total -= int(self.node_whole[nodes][self.node_ok[nodes]].sum())
+            self.node_exclusive[nodes] = True
         self.allocations[alloc.id] = alloc
 
     def unreserve(self, alloc_id: str) -> Allocation:
         alloc = self.allocations.pop(alloc_id)
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
         if alloc.request.exclusive and gpus.size:
-            self.node_exclusive[np.unique(self.gpu_node[gpus])] = False
+            nodes = np.unique(self.gpu_node[gpus])
+            nodes = nodes[self.node_exclusive[nodes]]
+            self.node_exclusive[nodes] = False
+            self.whole_total += int(self.node_whole[nodes][self.node_ok[nodes]].sum())
         self.free[gpus] += alloc.milli
         now_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self._adjust(gpus[now_whole], +1)
@@ -128,14 +144,15 @@ class ClusterState:
             return
         nodes = self.gpu_node[gpus]
         np.add.at(self.node_whole, nodes, delta)
-        self.whole_total += delta * int(np.count_nonzero(self.node_ok[nodes]))
+        self.whole_total += delta * int(np.count_nonzero(self._counted(nodes)))
 
     # ---- health ----------------------------------------------------------------------------------
     def set_node_ok(self, node: int, ok: bool) -> None:
         """Drain (False) or return (True) a node; its running allocations are the caller's business."""
         if bool(self.node_ok[node]) != ok:
             self.node_ok[node] = ok
-            self.whole_total += int(self.node_whole[node]) * (1 if ok else -1)
+            if not self.node_exclusive[node]:
+                self.whole_total += int(self.node_whole[node]) * (1 if ok else -1)
 
     def set_gpu_ok(self, gpu: int, ok: bool) -> None:
         self.gpu_ok[gpu] = ok

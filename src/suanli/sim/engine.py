@@ -115,7 +115,11 @@ class Simulation:
         total = sum(1 for r in self.records if not r.unschedulable)
         now = 0.0
         while self.events:
-            t = self.events[0][0]
+            head = self.events[0]
+            if head[2] == FINISH and (head[4] != self.epoch[head[3]] or head[3] not in self.running):
+                heapq.heappop(self.events)  # superseded by a preemption or resize: not an event at all
+                continue
+            t = head[0]
             only_faults = not self.running and self.events[0][2] in (FAIL, REPAIR)
             stuck = only_faults and (not self.queue or bool(self.state.node_ok.all()))
             if stuck and all(e[2] in (FAIL, REPAIR) for e in self.events):
@@ -140,7 +144,8 @@ class Simulation:
                 elif kind == REPAIR:
                     self._repair(a, t)
                     changed = True
-            if changed and self.queue:
+            elastic_idle = self.scheduler.policy.elastic and self.running and self.state.free_whole_gpus() > 0
+            if changed and (self.queue or elastic_idle):
                 self._schedule(t, clock)
         self._advance(now, now)
         if progress:
@@ -182,12 +187,13 @@ class Simulation:
             return 1.0
         return self.scaling.speedup(n, asked, self.jobs[i].model)
 
-    def _stop(self, i: int, t: float, penalty: bool) -> None:
+    def _stop(self, i: int, t: float, *, preempted: bool) -> None:
+        """Requeue a running job with its progress, plus the restart penalty (preemption or failure)."""
         self._progress(i, t)
         del self.running[i]
         self.epoch[i] += 1
-        if penalty:
-            self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        if preempted:
             self.records[i].preemptions += 1
         self.requests[i] = replace(self.requests[i], attained=self.attained[i])
         self.queue[i] = self.requests[i]
@@ -203,7 +209,7 @@ class Simulation:
         for aid in victims:
             i = int(aid)
             self.state.unreserve(aid)
-            self._stop(i, t, penalty=True)
+            self._stop(i, t, preempted=False)
             self.records[i].failures += 1
         self.metrics.failures += 1
         self._push(t + self.rng.exponential(self.config.mttr_h * 3600.0), REPAIR, node)
@@ -229,7 +235,7 @@ class Simulation:
             self.metrics.decision_times.append(clock() - t0)
         for p in result.preempted:
             i = int(p.allocation_id)
-            self._stop(i, t, penalty=True)
+            self._stop(i, t, preempted=True)
         for r in result.resized:
             i = int(r.allocation_id)
             self._progress(i, t)

@@ -46,14 +46,15 @@ class RuntimeModel:
         span = c.span(gpus)
         _, per_node = np.unique(nodes, return_counts=True)
         group = int(c.node_group[nodes[0]])
-        key = (k, group, span["node"], span["leaf"], span["spine"], int(per_node.min()), model)
+        key = (k, group, span["nvlink"], span["node"], span["leaf"], span["spine"], int(per_node.min()), model)
         hit = self._cache.get(key)
         if hit is not None:
             return hit
         grad = self.grad_bytes_for(model)
         ref_key = (k, group, int(grad))
         if ref_key not in self._ref:
-            self._ref[ref_key] = self._comm_us(c.compact_gpus(k, group=group), grad)
+            pool = group if c.groups[group].gpus_per_node * c.groups[group].count >= k else None
+            self._ref[ref_key] = self._comm_us(c.compact_gpus(k, group=pool), grad)  # a mixed gang: whole cluster
         ratio = self._comm_us(gpus, grad) / self._ref[ref_key]
         value = max(1.0, (1.0 - self.comm_fraction) + self.comm_fraction * ratio)
         self._cache[key] = value

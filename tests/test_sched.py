@@ -1247,3 +1247,17 @@ def test_simulator_handles_gangs_across_node_groups() -> None:
     )
     r = simulate([TraceJob("big", 0.0, 20, 100.0)], het, SimConfig())
     assert r.finished == 1
+
+
+def test_preemption_does_not_jump_an_easy_reservation() -> None:
+    """R holds 8 GPUs until t=100, a spot job 4; the head needs 12 and gets a reservation at t=100. A long
+    8-GPU job must not preempt the spot job and take the 4 free GPUs too: the head would slip past t=100."""
+    s = ClusterState(two_nodes())
+    occupy(s, "r", node_gpus(0), est_runtime=100.0)
+    occupy(s, "spot", (8, 9, 10, 11), priority="spot")
+    head = Request("head", 12, 0.0, est_runtime=50.0)
+    long = Request("long", 8, 1.0, est_runtime=1_000.0)
+    res, new = run("priority", s, [head, long], 0.0, preempt_collateral=8.0)
+    assert not res.preempted
+    assert "long" not in new.allocations
+    assert "reservation" in pending_reason(res, "long")

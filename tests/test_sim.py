@@ -357,9 +357,10 @@ def test_fifo_head_of_line_blocking_wastes_more_than_backfill() -> None:
 
 
 def test_elastic_jobs_use_idle_gpus() -> None:
-    """One elastic job alone on the cluster: the elastic policy grows it, so it finishes sooner."""
+    """One elastic job alone on the cluster: the elastic policy grows it, so it finishes sooner than a
+    policy that keeps it at the size it asked for."""
     jobs = [TraceJob("e", 0.0, 4, 3600.0, min_gpus=1, max_gpus=16)]
-    fixed = simulate(jobs, small(), config("default"))
+    fixed = simulate(jobs, small(), config("fifo-backfill"))
     grown, sim = replay(jobs, small(), config("elastic"))
     assert fixed.avg_jct_s == pytest.approx(3600.0)
     assert grown.finished == 1

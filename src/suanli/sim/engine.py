@@ -59,6 +59,7 @@ class Simulation:
         self.remaining = [j.duration_s for j in self.jobs]
         self.attained = [0.0] * len(self.jobs)
         self.running: dict[int, _Running] = {}
+        self.elastic_running: set[int] = set()  # running elastic jobs: an empty queue may still let them grow
         self.queue: dict[int, Request] = {}
         self.epoch = [0] * len(self.jobs)
         self.records = [JobRecord(j.job_id, j.tenant, j.submit_time_s, j.duration_s, j.num_gpus) for j in self.jobs]
@@ -144,7 +145,7 @@ class Simulation:
                 elif kind == REPAIR:
                     self._repair(a, t)
                     changed = True
-            elastic_idle = self.scheduler.policy.elastic and self.running and self.state.free_whole_gpus() > 0
+            elastic_idle = self.scheduler.policy.elastic and self.elastic_running and self.state.free_whole_gpus() > 0
             if changed and (self.queue or elastic_idle):
                 self._schedule(t, clock)
         self._advance(now, now)
@@ -173,6 +174,8 @@ class Simulation:
         speed = self._elastic_speed(i, gpus.size)
         self.epoch[i] += 1
         self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i])
+        if req.elastic:
+            self.elastic_running.add(i)
         rec = self.records[i]
         if rec.first_start is None:
             rec.first_start = t
@@ -191,6 +194,7 @@ class Simulation:
         """Requeue a running job with its progress, plus the restart penalty (preemption or failure)."""
         self._progress(i, t)
         del self.running[i]
+        self.elastic_running.discard(i)
         self.epoch[i] += 1
         self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
         if preempted:
@@ -200,6 +204,7 @@ class Simulation:
 
     def _finish(self, i: int, t: float) -> None:
         del self.running[i]
+        self.elastic_running.discard(i)
         self.state.unreserve(str(i))
         self.records[i].finish = t
 

@@ -333,3 +333,13 @@ def test_topology_show() -> None:
     out = run("topology", "show", "synthetic-100k").stdout
     assert "100,000" in out and "core" in out
     assert "presets" in bad_input("topology", "show", "nope")
+
+
+def test_compare_prices_from_the_default_price_book_when_none_is_given() -> None:
+    from suanli.billing import default_price_book
+
+    doc = run_json("perf", "compare", "--model", "llama3.1-8b", "--gpus", "16", "--cluster", "h20-roce800-128")
+    [row] = doc["systems"]
+    rate = float(default_price_book().gpu_rate("H20"))
+    assert row["price_per_gpu_hour"] == rate and row["price_source"].startswith("default price book")
+    assert row["cost"] == pytest.approx(16 * row["time_to_train_s"] / 3600 * rate, abs=0.01)

@@ -8,6 +8,7 @@ import typer
 from rich.table import Table
 
 from suanli import catalog
+from suanli.billing import default_price_book
 from suanli.cli import common, jobs
 from suanli.cli.common import (
     ClusterOpt,
@@ -296,7 +297,9 @@ def compare(
     price_per_gpu_hour: Annotated[
         list[float] | None,
         typer.Option(
-            "--price-per-gpu-hour", help="GPU-hour price: one for all systems, or one per system (clusters, then GPUs)."
+            "--price-per-gpu-hour",
+            help="GPU-hour price: one for all systems, or one per system (clusters, then GPUs). Default: the "
+            "shipped price book's on-demand rate for each GPU model.",
         ),
     ] = None,
     tokens: Annotated[str, typer.Option("--tokens", help="Tokens to train on, for time and cost.")] = "1e9",
@@ -334,6 +337,7 @@ def compare(
     if any(p is not None and p < 0 for p in prices):
         fail("--price-per-gpu-hour must be >= 0")
     rows: list[dict[str, Any]] = []
+    book = default_price_book()
     for (ref, kind, c), price in zip(systems, prices, strict=True):
         row: dict[str, Any] = {"system": ref, "kind": kind, "cluster": c.name}
         try:
@@ -344,8 +348,12 @@ def compare(
             continue
         row.update(gpu=system.gpu.name, description=system.describe(), **est.as_dict())
         row["time_to_train_s"] = round(n_tokens / est.tokens_per_s, 1)
+        source = "given"
+        if price is None and system.gpu.name in book.gpu_hour:
+            price, source = float(book.gpu_rate(system.gpu.name)), f"default price book ({book.currency})"
         if price is not None:
             row["price_per_gpu_hour"] = price
+            row["price_source"] = source
             row["cost"] = round(gpus * row["time_to_train_s"] / 3600 * price, 2)
         rows.append(row)
     ok = [r for r in rows if "error" not in r]

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from suanli.catalog import GPUSpec
 from suanli.perf.training import GroupFn, Plan, PlanError, Recompute, TrainEstimate, TrainJob, step_time
 from suanli.topology.model import Cluster, CommGroup
 
@@ -35,18 +36,20 @@ class Placement:
         return group
 
     @property
+    def gpu(self) -> GPUSpec:
+        """The GPU model the placement starts on (plans assume one model)."""
+        return self.cluster.group_of(int(self.cluster.gpu_node[self.gpus[0]])).gpu
+
+    @property
     def domain_size(self) -> int:
         """GPUs per NVLink domain (node, for PCIe boxes) where this placement starts."""
-        g = self.cluster.comm_group(self.gpus[:1])
-        del g
         first_node = int(self.cluster.gpu_node[self.gpus[0]])
         grp = self.cluster.group_of(first_node)
         return grp.gpus_per_node * (grp.nvlink_domain_nodes if grp.has_nvlink_domain else 1)
 
 
 def evaluate(job: TrainJob, plan: Plan, placement: Placement) -> TrainEstimate:
-    gpu = placement.cluster.group_of(int(placement.cluster.gpu_node[placement.gpus[0]])).gpu
-    return step_time(job, plan, gpu, placement.n_gpus, placement.group_fn())
+    return step_time(job, plan, placement.gpu, placement.n_gpus, placement.group_fn())
 
 
 def _divisors(n: int, cap: int) -> list[int]:
@@ -91,7 +94,7 @@ def search(
     """The fastest plans that fit in memory, best first (none fit → the smallest-memory plans, flagged)."""
     results: list[TrainEstimate] = []
     group = placement.group_fn()
-    gpu = placement.cluster.group_of(int(placement.cluster.gpu_node[placement.gpus[0]])).gpu
+    gpu = placement.gpu
     for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
         try:
             results.append(step_time(job, plan, gpu, placement.n_gpus, group))

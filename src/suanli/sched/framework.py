@@ -61,8 +61,7 @@ class Scheduler:
         result = CycleResult()
         reservation: _Reservation | None = None
         blocked: Request | None = None
-        if self.policy.elastic and ordered:
-            self._shrink_grown(work, result)  # work waits: grown elastic jobs give their extra GPUs back first
+        shrunk = False  # grown elastic jobs give their extra GPUs back (once a cycle) when work is blocked
         examined = 0
         preempt_budget = self.config.max_preemption_attempts if self.policy.preempt is not None else 0
         for pos, req in enumerate(ordered):
@@ -90,6 +89,11 @@ class Scheduler:
                 if placed.gpus is None and req.elastic and req.min_gpus is not None and req.min_gpus < k:
                     k = req.min_gpus
                     placed = self._try(work, req, k)
+                if placed.gpus is None and self.policy.elastic and not shrunk:
+                    shrunk = True
+                    if self._shrink_grown(work, result):
+                        k = req.gpus
+                        placed = self._try(work, req, k)
                 if placed.gpus is not None and reservation is not None:
                     self._easy_consume(reservation, req, k, now)
             if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
@@ -256,9 +260,11 @@ class Scheduler:
             self._scaling_models[id(work.cluster)] = model
         return model
 
-    def _shrink_grown(self, work: ClusterState, result: CycleResult) -> None:
-        for a in [a for a in work.allocations.values() if a.request.elastic and a.gpu_count > a.request.gpus]:
+    def _shrink_grown(self, work: ClusterState, result: CycleResult) -> bool:
+        grown = [a for a in work.allocations.values() if a.request.elastic and a.gpu_count > a.request.gpus]
+        for a in grown:
             self._resize(work, result, a, a.request.gpus, "shrunk to free GPUs for waiting work")
+        return bool(grown)
 
     def _grow(self, work: ClusterState, result: CycleResult) -> None:
         """Nothing waits: grow elastic jobs, oldest first, while another GPU still pays (goodput)."""

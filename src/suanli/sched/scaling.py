@@ -37,16 +37,20 @@ def grad_bytes_for(model: str | None, default: float = DEFAULT_GRAD_BYTES) -> fl
 class ScalingModel:
     cluster: Cluster
     comm_fraction: float = DEFAULT_COMM_FRACTION
-    _ar: dict[tuple[int, float], float] = field(default_factory=dict, repr=False)
+    _ar: dict[tuple[int, float, int | None], float] = field(default_factory=dict, repr=False)
 
-    def allreduce_us(self, n: int, grad_bytes: float) -> float:
-        """All-reduce time of the gradients on the most compact n GPUs of this cluster."""
+    def allreduce_us(self, n: int, grad_bytes: float, group: int | None = None) -> float:
+        """All-reduce time of the gradients on the most compact n GPUs of this cluster (of one node group,
+        when given and large enough; a gang too big for it is compacted over the whole cluster)."""
         if n <= 1:
             return 0.0
-        key = (n, grad_bytes)
+        c = self.cluster
+        if group is not None and c.groups[group].gpus_per_node * c.groups[group].count < n:
+            group = None
+        key = (n, grad_bytes, group)
         if key not in self._ar:
-            group = self.cluster.comm_group(self.cluster.compact_gpus(min(n, self.cluster.n_gpus)))
-            self._ar[key] = collectives.estimate("all_reduce", int(grad_bytes), group).time_us
+            gpus = c.compact_gpus(min(n, c.n_gpus), group=group)
+            self._ar[key] = collectives.estimate("all_reduce", int(grad_bytes), c.comm_group(gpus)).time_us
         return self._ar[key]
 
     def speedup(self, n: int, n_ref: int, model: str | None = None) -> float:

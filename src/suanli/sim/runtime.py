@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from suanli.perf import collectives
-from suanli.sched.scaling import DEFAULT_COMM_FRACTION, DEFAULT_GRAD_BYTES, grad_bytes_for
+from suanli.sched.scaling import DEFAULT_COMM_FRACTION, DEFAULT_GRAD_BYTES, ScalingModel, grad_bytes_for
 from suanli.topology.model import Cluster
 
 
@@ -25,14 +25,11 @@ class RuntimeModel:
     cluster: Cluster
     comm_fraction: float = DEFAULT_COMM_FRACTION
     grad_bytes: float = DEFAULT_GRAD_BYTES
-    _ref: dict[tuple[int, int, int], float] = field(default_factory=dict, repr=False)
+    _scaling: ScalingModel = field(init=False, repr=False)
     _cache: dict[tuple, float] = field(default_factory=dict, repr=False)
 
-    def grad_bytes_for(self, model: str | None) -> float:
-        return grad_bytes_for(model, self.grad_bytes)
-
-    def _comm_us(self, gpus: NDArray[np.int64], grad_bytes: float) -> float:
-        return collectives.estimate("all_reduce", int(grad_bytes), self.cluster.comm_group(gpus)).time_us
+    def __post_init__(self) -> None:
+        self._scaling = ScalingModel(self.cluster, self.comm_fraction)  # shares the compact reference times
 
     def slowdown(self, gpus: NDArray[np.int64], model: str | None = None) -> float:
         """>= 1 when the placement is worse than compact; 1.0 for single-node jobs."""
@@ -50,12 +47,9 @@ class RuntimeModel:
         hit = self._cache.get(key)
         if hit is not None:
             return hit
-        grad = self.grad_bytes_for(model)
-        ref_key = (k, group, int(grad))
-        if ref_key not in self._ref:
-            pool = group if c.groups[group].gpus_per_node * c.groups[group].count >= k else None
-            self._ref[ref_key] = self._comm_us(c.compact_gpus(k, group=pool), grad)  # a mixed gang: whole cluster
-        ratio = self._comm_us(gpus, grad) / self._ref[ref_key]
+        grad = grad_bytes_for(model, self.grad_bytes)
+        actual = collectives.estimate("all_reduce", int(grad), c.comm_group(gpus)).time_us
+        ratio = actual / self._scaling.allreduce_us(k, grad, group)
         value = max(1.0, (1.0 - self.comm_fraction) + self.comm_fraction * ratio)
         self._cache[key] = value
         return value

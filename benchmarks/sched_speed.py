@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sched_quality import PHILLY_2490
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, topology_aware
 from suanli.sched.types import Allocation
 from suanli.topology import load_preset, parse
@@ -122,18 +123,7 @@ def bench_philly(path: Path) -> list[tuple[str, str, str, str]]:
     if not path.exists():
         return [("Philly replay", "skipped", f"{path.name} not found", "-")]
     jobs = read_trace(f"philly:{path}", open_text_file)
-    cluster = parse(
-        {
-            "name": "philly-2490",
-            "node_groups": [
-                {"name": "v100", "count": 311, "gpu": "V100", "gpus_per_node": 8, "nics": 1},
-                {"name": "v100x2", "count": 1, "gpu": "V100", "gpus_per_node": 2, "nics": 1},
-            ],
-            "fabric": "ib-hdr",
-            "nodes_per_leaf": 32,
-            "leaf_oversubscription": 2.0,
-        }
-    )
+    cluster = parse(PHILLY_2490)  # the cluster the quality benchmark replays Philly on
     t0 = time.perf_counter()
     res = simulate(jobs, cluster, SimConfig(), clock=time.perf_counter)
     wall = time.perf_counter() - t0

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 import yaml
-from typer.testing import CliRunner
 
 from suanli import __version__
 from suanli.cli.common import default_sizes, human_size, parse_size
 from suanli.cli.main import app
 from suanli.perf import TransformerArch
+from tests.cli_helpers import RUNNER, invoke
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -34,22 +34,8 @@ ISSUE_TRAIN = [
 ]  # fmt: skip
 
 
-def _runner() -> CliRunner:
-    try:  # Click < 8.2 mixes stderr into stdout unless told not to
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        return CliRunner()
-
-
-RUNNER = _runner()
-
-
 def run(*args: str, code: int = 0) -> Any:
-    result = RUNNER.invoke(app, list(args))
-    assert result.exit_code == code, (args, result.exit_code, result.stdout, result.stderr, result.exception)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+    return invoke(list(args), code)
 
 
 def run_json(*args: str) -> Any:

@@ -7,10 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
-from suanli.cli.main import app
 from suanli.sched import POLICIES
+from tests.cli_helpers import invoke
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 GENERIC = f"csv:{FIXTURES / 'generic.csv'}"
@@ -23,22 +22,8 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 
 
-def _runner() -> CliRunner:
-    try:  # Click < 8.2 mixes stderr into stdout unless told not to
-        return CliRunner(mix_stderr=False)  # type: ignore[call-arg]
-    except TypeError:
-        return CliRunner()
-
-
-RUNNER = _runner()
-
-
 def sim(*args: str, code: int = 0) -> Any:
-    result = RUNNER.invoke(app, ["sim", *args])
-    assert result.exit_code == code, (args, result.exit_code, result.stdout, result.stderr, result.exception)
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return result
+    return invoke(["sim", *args], code)
 
 
 def sim_json(*args: str) -> dict[str, Any]:

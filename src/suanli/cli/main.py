@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import perf, sim, topology
+from suanli.cli import perf, server, sim, topology
 
 app = typer.Typer(
     name="suanli",
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.add_typer(perf.app, name="perf")
 app.add_typer(topology.app, name="topology")
 app.command("sim")(sim.sim)
+app.command("server")(server.server)
 
 
 def _version(value: bool) -> None:
@@ -36,5 +37,5 @@ def main(
     """suanli (算力): GPU compute leasing with a topology-aware, performance-model-driven scheduler."""
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # `python -m suanli.cli.main`, as tests start the server
     app()

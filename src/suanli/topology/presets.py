@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable
 from typing import Any
@@ -94,14 +95,19 @@ def preset_names() -> list[str]:
     return list(PRESETS)
 
 
-def load_preset(name: str) -> Cluster:
-    """A named preset, or the `NxG[:MODEL]` shorthand (e.g. `312x8:V100`)."""
+def preset_spec(name: str) -> dict[str, Any]:
+    """The spec document of a named preset or of the `NxG[:MODEL]` shorthand (e.g. `312x8:V100`)."""
     if name in PRESETS:
-        return parse(PRESETS[name])
+        return copy.deepcopy(PRESETS[name])
     m = _HOMOGENEOUS.match(name)
     if m:
-        return parse(homogeneous(int(m["nodes"]), int(m["gpn"]), m["gpu"] or "H100-SXM"))
+        return homogeneous(int(m["nodes"]), int(m["gpn"]), m["gpu"] or "H100-SXM")
     raise SpecError(f"unknown cluster {name!r}; presets: {', '.join(PRESETS)}, or NxG[:MODEL] such as 16x8:H100")
+
+
+def load_preset(name: str) -> Cluster:
+    """A named preset, or the `NxG[:MODEL]` shorthand (e.g. `312x8:V100`)."""
+    return parse(preset_spec(name))
 
 
 def resolve(name_or_text: str, read_text: Callable[[str], str] | None = None) -> Cluster:

@@ -1,0 +1,1 @@
+"""The HTTP interface: FastAPI routers over the control services, versioned under /api/v1."""

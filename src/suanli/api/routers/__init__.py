@@ -1,0 +1,1 @@
+"""One router per area; each route parses, authorises through a service, and renders."""

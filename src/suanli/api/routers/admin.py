@@ -1,0 +1,192 @@
+"""Operator endpoints: users, org quotas and money, clusters and nodes, prices, ledger checks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+from sqlalchemy import func, select
+
+from suanli.api.deps import Auth, Caller, caller
+from suanli.api.schemas import (
+    AdminUserIn,
+    AdminUserPatch,
+    CheckOut,
+    ClusterIn,
+    ClusterOut,
+    GpuOut,
+    MoveIn,
+    NodeDetailOut,
+    NodeOut,
+    NodeStateIn,
+    OrgOut,
+    PriceGpuIn,
+    QuotaIn,
+    TransactionOut,
+    UserOut,
+    money,
+)
+from suanli.billing.ledger import org_account
+from suanli.billing.money import ZERO
+from suanli.control import accounts, inventory, ledger, prices
+from suanli.control.errors import NotFound
+from suanli.control.ids import new_id
+from suanli.db.models import ClusterRow, Node, Org, User
+from suanli.telemetry import nvml
+
+
+def admin(ctx: Auth) -> Caller:
+    accounts.require_admin(ctx.who)
+    return ctx
+
+
+Admin = Annotated[Caller, Depends(admin)]
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(caller)])
+
+
+# ---- users and orgs -----------------------------------------------------------------------------------------
+@router.get("/users")
+def list_users(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[UserOut]:
+    with ctx.db.read() as s:
+        return [UserOut.model_validate(u) for u in s.scalars(select(User).order_by(User.created_at).limit(limit))]
+
+
+@router.post("/users", status_code=201)
+def create_user(body: AdminUserIn, ctx: Admin) -> UserOut:
+    credit = ctx.srv.settings.trial_credit if body.trial_credit else ZERO
+    with ctx.db.write() as s, s.begin():
+        u, _ = accounts.create_user(s, body.email, body.password, ctx.now, admin=body.admin, trial_credit=credit)
+    return UserOut.model_validate(u)
+
+
+@router.patch("/users/{user_id}")
+def patch_user(user_id: str, body: AdminUserPatch, ctx: Admin) -> UserOut:
+    with ctx.db.write() as s, s.begin():
+        u = s.get(User, user_id)
+        if u is None:
+            raise NotFound(f"user {user_id} not found")
+        u.is_admin = body.admin
+        return UserOut.model_validate(u)
+
+
+@router.get("/orgs")
+def list_orgs(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[OrgOut]:
+    with ctx.db.read() as s:
+        return [OrgOut.model_validate(o) for o in s.scalars(select(Org).order_by(Org.created_at).limit(limit))]
+
+
+def _org(s: object, org: str) -> Org:
+    row = s.scalar(select(Org).where((Org.id == org) | (Org.name == org)))  # type: ignore[attr-defined]
+    if row is None:
+        raise NotFound(f"organisation {org} not found")
+    return row
+
+
+@router.put("/orgs/{org}/quota")
+def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
+    """`org` is an id or a name (a personal org is named after its user's email)."""
+    with ctx.db.write() as s, s.begin():
+        row = _org(s, org)
+        row.quota_gpus = body.gpus
+        return OrgOut.model_validate(row)
+
+
+@router.post("/orgs/{org}/transactions", status_code=201)
+def move_money(org: str, body: MoveIn, ctx: Admin) -> TransactionOut:
+    """Top up (cash in), credit (goodwill) or refund; with `key`, a retried request posts nothing twice."""
+    with ctx.db.write() as s, s.begin():
+        row = _org(s, org)
+        key = f"{body.kind}:{row.id}:{body.key or new_id('op')}"
+        t, _ = ledger.move(s, body.kind, row.id, body.amount, key, ctx.now, body.memo, ctx.who.user_id)
+        acct = org_account(row.id)
+        amount = sum((e.amount for e in t.entries if e.account == acct), ZERO)
+        return TransactionOut(id=t.id, key=t.key, kind=t.kind, memo=t.memo, amount=money(amount),
+                              allocation_id=None, created_at=t.created_at)  # fmt: skip
+
+
+@router.get("/ledger/check")
+def check_ledger(ctx: Admin) -> CheckOut:
+    """Recompute every balance from its entries and check every transaction sums to zero."""
+    with ctx.db.read() as s:
+        bad = ledger.recompute(s)
+    return CheckOut(ok=not bad, mismatches={k: [money(a), money(b)] for k, (a, b) in bad.items()})
+
+
+# ---- prices -------------------------------------------------------------------------------------------------
+@router.put("/prices")
+def put_prices(body: dict[str, object], ctx: Admin) -> dict[str, object]:
+    """Replace the whole price book (same document as GET /prices, without `version`)."""
+    body = {k: v for k, v in body.items() if k != "version"}
+    book = prices.validate(body)
+    with ctx.db.write() as s, s.begin():
+        version = prices.store(s, book, ctx.now, ctx.who.user_id)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+@router.put("/prices/gpus/{gpu}")
+def put_gpu_price(gpu: str, body: PriceGpuIn, ctx: Admin) -> dict[str, object]:
+    with ctx.db.write() as s, s.begin():
+        version, book = prices.set_gpu_price(s, gpu, body.on_demand, ctx.now, ctx.who.user_id, remove=body.remove)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+# ---- clusters and nodes -------------------------------------------------------------------------------------
+def _cluster_out(s: object, row: ClusterRow) -> ClusterOut:
+    n, g = s.execute(  # type: ignore[attr-defined]
+        select(func.count(Node.id), func.coalesce(func.sum(Node.gpu_count), 0)).where(Node.cluster_id == row.id)
+    ).one()
+    return ClusterOut(id=row.id, name=row.name, source=row.source, nodes=n, gpus=g, created_at=row.created_at)
+
+
+@router.get("/clusters")
+def list_clusters(ctx: Admin) -> list[ClusterOut]:
+    with ctx.db.read() as s:
+        return [_cluster_out(s, c) for c in inventory.clusters(s)]
+
+
+@router.post("/clusters", status_code=201)
+def register_cluster(body: ClusterIn, ctx: Admin) -> ClusterOut:
+    """Register nodes: a topology preset or a cluster spec (virtual nodes), or this host (`local`, via NVML)."""
+    host = nvml.discover() if body.local else None  # hardware is read before the transaction opens
+    with ctx.db.write() as s, s.begin():
+        if host is not None:
+            row = inventory.register_host(s, host, ctx.now, body.name)
+        elif body.preset is not None:
+            row = inventory.register_preset(s, body.preset, ctx.now, body.name)
+        else:
+            row = inventory.register_spec(s, dict(body.spec or {}), ctx.now, name=body.name)
+        return _cluster_out(s, row)
+
+
+@router.delete("/clusters/{cluster}", status_code=204)
+def remove_cluster(cluster: str, ctx: Admin) -> None:
+    with ctx.db.write() as s, s.begin():
+        inventory.remove_cluster(s, cluster)
+
+
+@router.get("/nodes")
+def list_nodes(
+    ctx: Admin,
+    state: Annotated[str | None, Query(pattern="^(ready|draining|down)$")] = None,
+    cluster: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=20_000)] = 1000,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> list[NodeOut]:
+    with ctx.db.read() as s:
+        rows = inventory.nodes(s, state=state, cluster=cluster, limit=limit, offset=offset)
+        return [NodeOut.model_validate(n) for n in rows]
+
+
+@router.get("/nodes/{node}")
+def get_node(node: str, ctx: Admin) -> NodeDetailOut:
+    with ctx.db.read() as s:
+        n = inventory.node(s, node)
+        gpus = [GpuOut.model_validate(g) for g in inventory.gpus_of(s, n.id)]
+        return NodeDetailOut(**NodeOut.model_validate(n).model_dump(), gpus=gpus)
+
+
+@router.patch("/nodes/{node}")
+def set_node_state(node: str, body: NodeStateIn, ctx: Admin) -> NodeOut:
+    """Drain a node (running work finishes, nothing new lands), take it down, or bring it back."""
+    with ctx.db.write() as s, s.begin():
+        return NodeOut.model_validate(inventory.set_state(s, node, body.state, body.reason))

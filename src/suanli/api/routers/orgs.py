@@ -1,0 +1,112 @@
+"""Organisations, their members, and their money: balance, transactions, usage statements."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+from fastapi.responses import PlainTextResponse, Response
+
+from suanli.api.deps import Auth
+from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, money
+from suanli.billing.ledger import org_account
+from suanli.billing.money import ZERO, shown
+from suanli.control import accounts, ledger, metering, prices
+
+router = APIRouter(tags=["organisations"])
+
+
+def utc(t: datetime | None) -> datetime | None:
+    """Times without a zone are UTC."""
+    return None if t is None else t.replace(tzinfo=UTC) if t.tzinfo is None else t
+
+
+@router.get("/orgs")
+def list_orgs(ctx: Auth) -> list[OrgOut]:
+    with ctx.db.read() as s:
+        return [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
+
+
+@router.post("/orgs", status_code=201)
+def create_org(body: OrgIn, ctx: Auth) -> OrgOut:
+    """A team organisation, owned by the caller, to share a balance with other users."""
+    with ctx.db.write() as s, s.begin():
+        org = accounts.create_org(s, ctx.who, body.name, ctx.now)
+    return OrgOut.model_validate(org).model_copy(update={"role": "owner"})
+
+
+@router.get("/orgs/{org_id}")
+def get_org(org_id: str, ctx: Auth) -> OrgOut:
+    with ctx.db.read() as s:
+        org = accounts.org_for(s, ctx.who, org_id)
+        return OrgOut.model_validate(org).model_copy(update={"role": accounts.role_in(s, ctx.who, org_id)})
+
+
+@router.get("/orgs/{org_id}/members")
+def list_members(org_id: str, ctx: Auth) -> list[MemberOut]:
+    with ctx.db.read() as s:
+        return [MemberOut(user_id=u.id, email=u.email, role=r) for u, r in accounts.members(s, ctx.who, org_id)]
+
+
+@router.post("/orgs/{org_id}/members", status_code=201)
+def add_member(org_id: str, body: MemberIn, ctx: Auth) -> MemberOut:
+    with ctx.db.write() as s, s.begin():
+        u = accounts.add_member(s, ctx.who, org_id, body.email, body.role)
+    return MemberOut(user_id=u.id, email=u.email, role=body.role)
+
+
+@router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)
+def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
+    with ctx.db.write() as s, s.begin():
+        accounts.remove_member(s, ctx.who, org_id, user_id)
+
+
+@router.get("/orgs/{org_id}/balance")
+def balance(org_id: str, ctx: Auth) -> BalanceOut:
+    with ctx.db.read() as s:
+        accounts.org_for(s, ctx.who, org_id)
+        bal = ledger.org_balance(s, org_id)
+        currency = prices.current(s)[1].currency
+        held = metering.open_rates(s, org_id)
+    return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=currency, held_per_hour=shown(held))
+
+
+@router.get("/orgs/{org_id}/transactions")
+def transactions(
+    org_id: str,
+    ctx: Auth,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
+) -> list[TransactionOut]:
+    """Ledger transactions that moved this org's money, newest first (page with `before_id`)."""
+    acct = org_account(org_id)
+    with ctx.db.read() as s:
+        accounts.org_for(s, ctx.who, org_id)
+        rows = ledger.transactions(s, org_id, limit, before_id)
+        return [
+            TransactionOut(
+                id=t.id, key=t.key, kind=t.kind, memo=t.memo, allocation_id=t.allocation_id, created_at=t.created_at,
+                amount=money(sum((e.amount for e in t.entries if e.account == acct), ZERO)),
+            )
+            for t in rows
+        ]  # fmt: skip
+
+
+@router.get("/orgs/{org_id}/usage", response_model=None)
+def usage(
+    org_id: str,
+    ctx: Auth,
+    user_id: Annotated[str | None, Query(max_length=64)] = None,
+    workload: Annotated[str | None, Query(max_length=128)] = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    format: Annotated[Literal["json", "csv"], Query()] = "json",
+) -> Response | list[dict[str, object]]:
+    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost)."""
+    with ctx.db.read() as s:
+        accounts.org_for(s, ctx.who, org_id)
+        rows = metering.statement(s, org_id, user_id=user_id, workload=workload, since=utc(since), until=utc(until))
+    if format == "csv":
+        return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv")
+    return rows

@@ -1,0 +1,265 @@
+"""Wire schemas: what requests may carry (unknown fields refused, every number bounded) and what comes back.
+
+Money travels as strings ("10.00" shown, exact amounts with 8 decimals), never as floats."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from suanli.billing.money import INTERNAL
+
+Amount = Decimal
+
+
+class In(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_max_length=4096)
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# ---- accounts -----------------------------------------------------------------------------------------------
+class Credentials(In):
+    email: str = Field(min_length=3, max_length=254)
+    password: str = Field(min_length=1, max_length=1024)
+
+
+class UserOut(Out):
+    id: str
+    email: str
+    is_admin: bool
+    personal_org_id: str
+    created_at: datetime
+
+
+class OrgOut(Out):
+    id: str
+    name: str
+    personal: bool
+    quota_gpus: int | None
+    role: str | None = None
+
+
+class SessionOut(Out):
+    user: UserOut
+    token: str = Field(description="bearer token; shown once")
+    token_id: str
+    expires_at: datetime | None
+
+
+class SignupOut(SessionOut):
+    org: OrgOut
+    balance: str
+    currency: str
+
+
+class MeOut(Out):
+    user: UserOut
+    orgs: list[OrgOut]
+
+
+class TokenIn(In):
+    name: str = Field(min_length=1, max_length=128)
+    expires_in_days: int | None = Field(None, ge=1, le=3650)
+
+
+class TokenOut(Out):
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class NewTokenOut(TokenOut):
+    token: str = Field(description="bearer token; shown once, stored only as a hash")
+
+
+class OrgIn(In):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class MemberIn(In):
+    email: str = Field(min_length=3, max_length=254)
+    role: Literal["owner", "member"] = "member"
+
+
+class MemberOut(Out):
+    user_id: str
+    email: str
+    role: str
+
+
+# ---- money --------------------------------------------------------------------------------------------------
+class BalanceOut(Out):
+    org_id: str
+    balance: str = Field(description="two decimals, as shown")
+    exact: str = Field(description="internal precision (1e-8)")
+    currency: str
+    held_per_hour: str = Field(description="hourly rate of everything the org runs now")
+
+
+class EntryOut(Out):
+    account: str
+    amount: str
+
+
+class TransactionOut(Out):
+    id: int
+    key: str
+    kind: str
+    memo: str
+    amount: str = Field(description="net effect on the org's balance")
+    allocation_id: str | None
+    created_at: datetime
+
+
+class MoveIn(In):
+    amount: Amount = Field(gt=0, le=Decimal("1000000000"), decimal_places=8)
+    kind: Literal["topup", "credit", "refund"] = "topup"
+    memo: str = Field("", max_length=500)
+    key: str | None = Field(None, min_length=1, max_length=150, description="idempotency key; a retry posts nothing")
+
+
+class QuotaIn(In):
+    gpus: int | None = Field(description="most GPUs held at once; null removes the limit", ge=0, le=1_000_000)
+
+
+# ---- market -------------------------------------------------------------------------------------------------
+class OfferOut(Out):
+    gpu: str
+    memory_gb: float
+    total: int
+    free: int
+    largest_free_nvlink: int
+    largest_free_leaf: int
+    nodes: int
+    currency: str
+    on_demand_per_gpu_hour: str | None
+    spot_per_gpu_hour: str | None
+    plans_per_gpu_hour: dict[str, str]
+
+
+class QuoteIn(In):
+    model: str = Field(min_length=1, max_length=64, description="model preset, e.g. llama3.1-8b")
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    seq_len: int = Field(4096, ge=128, le=1_048_576)
+    global_batch: int = Field(256, ge=1, le=65_536)
+    tokens: float | None = Field(None, gt=0, le=1e15, description="tokens to train on (or give steps)")
+    steps: int | None = Field(None, ge=1, le=1_000_000_000)
+    gpu: str = Field("any", min_length=1, max_length=64, description="GPU model, or 'any'")
+    gpus: int | None = Field(None, ge=1, le=100_000, description="GPU count; default: try a range")
+    billing_mode: Literal["on-demand", "spot"] = "on-demand"
+    rank: Literal["cheapest", "fastest"] = "cheapest"
+    limit: int = Field(10, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _one_size(self) -> QuoteIn:
+        if (self.tokens is None) == (self.steps is None):
+            raise ValueError("give exactly one of tokens and steps")
+        return self
+
+    @property
+    def n_tokens(self) -> float:
+        return self.tokens if self.tokens is not None else float(self.steps or 0) * self.global_batch * self.seq_len
+
+
+class QuoteOut(Out):
+    cluster: str
+    gpu: str
+    gpus: int
+    plan: dict[str, int | str | bool | None]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    total_time_s: float
+    rate_per_hour: str
+    cost: str
+    currency: str
+    available_now: bool
+
+
+class PriceGpuIn(In):
+    on_demand: Amount | None = Field(None, ge=0, le=Decimal("100000"), decimal_places=8)
+    remove: bool = False
+
+
+# ---- inventory ----------------------------------------------------------------------------------------------
+class ClusterIn(In):
+    preset: str | None = Field(None, max_length=128, description="topology preset or NxG[:MODEL] (virtual nodes)")
+    spec: dict[str, object] | None = Field(None, description="a cluster spec document (virtual nodes)")
+    local: bool = Field(False, description="this server's host, discovered through NVML")
+    name: str | None = Field(None, min_length=1, max_length=128)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ClusterIn:
+        if sum([self.preset is not None, self.spec is not None, self.local]) != 1:
+            raise ValueError("give exactly one of preset, spec and local")
+        return self
+
+
+class ClusterOut(Out):
+    id: str
+    name: str
+    source: str
+    nodes: int
+    gpus: int
+    created_at: datetime
+
+
+class GpuOut(Out):
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_mode: bool
+
+
+class NodeOut(Out):
+    id: str
+    name: str
+    cluster_id: str
+    kind: str
+    state: str
+    state_reason: str
+    gpu_model: str | None
+    gpu_count: int
+    nvlink_domain: int
+    leaf: int
+    spine: int
+    cpu_count: int
+    memory_mib: int
+    labels: dict[str, object]
+
+
+class NodeDetailOut(NodeOut):
+    gpus: list[GpuOut]
+
+
+class NodeStateIn(In):
+    state: Literal["ready", "draining", "down"]
+    reason: str = Field("", max_length=1000)
+
+
+class AdminUserIn(Credentials):
+    admin: bool = False
+    trial_credit: bool = Field(False, description="grant the sign-up trial credit")
+
+
+class AdminUserPatch(In):
+    admin: bool
+
+
+class CheckOut(Out):
+    ok: bool
+    mismatches: dict[str, list[str]]
+
+
+def money(value: Decimal) -> str:
+    return str(value.quantize(INTERNAL))

@@ -1,0 +1,263 @@
+"""Users, organisations, memberships and API tokens; who may see what.
+
+Every user gets a personal organisation (the billing entity) on sign-up, as its owner. Tenant isolation is
+enforced here, not in the routers: `org_for` returns an org only to its members (and admins) and answers
+"not found" to everyone else, so another tenant cannot even learn that an org id exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from argon2 import PasswordHasher
+from argon2.exceptions import InvalidHashError, VerificationError
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from suanli.billing.ledger import PROMOTIONS, org_account, transfer
+from suanli.control import ledger
+from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
+from suanli.control.ids import TOKEN_PREFIX, new_id, new_token, token_hash
+from suanli.db.models import ApiToken, Membership, Org, User
+
+_hasher = PasswordHasher()
+EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}$")
+MIN_PASSWORD = 8
+ROLES = ("owner", "member")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of a request, as its token says."""
+
+    user_id: str
+    email: str
+    is_admin: bool
+    personal_org_id: str
+    token_id: str
+
+
+def _check_credentials(email: str, password: str) -> str:
+    email = email.strip().lower()
+    if not EMAIL.match(email):
+        raise Invalid(f"email: {email!r} is not an email address")
+    if len(password) < MIN_PASSWORD:
+        raise Invalid(f"password: at least {MIN_PASSWORD} characters")
+    if len(password) > 1024:
+        raise Invalid("password: at most 1024 characters")
+    return email
+
+
+def create_user(
+    s: Session, email: str, password: str, now: datetime, *, admin: bool = False, trial_credit: Decimal = Decimal(0)
+) -> tuple[User, Org]:
+    """A user, their personal org (they own it), and the trial credit, once: its key is the user's id."""
+    email = _check_credentials(email, password)
+    if s.scalar(select(User.id).where(User.email == email)):
+        raise Conflict(f"email: {email} is already registered")
+    org = Org(id=new_id("org"), name=email, personal=True, created_at=now)
+    user = User(
+        id=new_id("usr"),
+        email=email,
+        password_hash=_hasher.hash(password),
+        is_admin=admin,
+        personal_org_id=org.id,
+        created_at=now,
+    )
+    s.add(org)
+    s.flush()
+    s.add(user)
+    s.flush()
+    s.add(Membership(org_id=org.id, user_id=user.id, role="owner"))
+    try:
+        s.flush()
+    except IntegrityError as e:  # a concurrent sign-up with the same email won the race
+        raise Conflict(f"email: {email} is already registered") from e
+    if trial_credit > 0:
+        tx = transfer(f"trial:{user.id}", "trial_credit", PROMOTIONS, org_account(org.id), trial_credit, "trial credit")
+        ledger.post(s, tx, now, org_id=org.id, user_id=user.id)
+    return user, org
+
+
+def issue_token(
+    s: Session, user: User, name: str, now: datetime, expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """A new bearer token; the plain token is returned once and never stored."""
+    if not name or len(name) > 128:
+        raise Invalid("name: 1 to 128 characters")
+    if expires_at is not None and expires_at <= now:
+        raise Invalid("expires_in_days: the token would already be expired")
+    plain = new_token()
+    row = ApiToken(
+        id=new_id("tok"),
+        user_id=user.id,
+        name=name,
+        token_hash=token_hash(plain),
+        prefix=plain[: len(TOKEN_PREFIX) + 6],
+        created_at=now,
+        expires_at=expires_at,
+        revoked_at=None,
+    )
+    s.add(row)
+    s.flush()
+    return row, plain
+
+
+def login(s: Session, email: str, password: str, now: datetime, days: int) -> tuple[User, ApiToken, str]:
+    user = s.scalar(select(User).where(User.email == email.strip().lower()))
+    try:
+        if user is None:
+            _hasher.hash(password)  # spend the same time as a real check: no user enumeration by timing
+            raise VerificationError
+        _hasher.verify(user.password_hash, password)
+    except (VerificationError, InvalidHashError) as e:
+        raise Unauthorized("wrong email or password") from e
+    row, plain = issue_token(s, user, "login", now, now + timedelta(days=days))
+    return user, row, plain
+
+
+def authenticate(s: Session, token: str, now: datetime) -> Principal:
+    if not token.startswith(TOKEN_PREFIX):
+        raise Unauthorized("not a suanli token (they start with 'sl_')")
+    row = s.execute(
+        select(
+            ApiToken.id,
+            ApiToken.expires_at,
+            ApiToken.revoked_at,
+            User.id,
+            User.email,
+            User.is_admin,
+            User.personal_org_id,
+        )
+        .join(User, User.id == ApiToken.user_id)
+        .where(ApiToken.token_hash == token_hash(token))
+    ).first()
+    if row is None:
+        raise Unauthorized("unknown token; log in again")
+    tok_id, expires_at, revoked_at, user_id, email, is_admin, org_id = row
+    if revoked_at is not None:
+        raise Unauthorized("token revoked; log in again")
+    if expires_at is not None and expires_at <= now:
+        raise Unauthorized("token expired; log in again")
+    return Principal(user_id, email, is_admin, org_id, tok_id)
+
+
+def list_tokens(s: Session, who: Principal) -> list[ApiToken]:
+    return list(s.scalars(select(ApiToken).where(ApiToken.user_id == who.user_id).order_by(ApiToken.created_at)))
+
+
+def revoke_token(s: Session, who: Principal, token_id: str, now: datetime) -> ApiToken:
+    row = s.get(ApiToken, token_id)
+    if row is None or row.user_id != who.user_id:
+        raise NotFound(f"token {token_id} not found")
+    if row.revoked_at is None:
+        row.revoked_at = now
+    return row
+
+
+def user(s: Session, who: Principal) -> User:
+    row = s.get(User, who.user_id)
+    if row is None:
+        raise Unauthorized("user no longer exists")
+    return row
+
+
+# ---- organisations -----------------------------------------------------------------------------------------
+def role_in(s: Session, who: Principal, org_id: str) -> str | None:
+    return s.scalar(select(Membership.role).where(Membership.org_id == org_id, Membership.user_id == who.user_id))
+
+
+def org_for(s: Session, who: Principal, org_id: str, *, owner: bool = False) -> Org:
+    """The org, if `who` may see it (member or admin) — and may manage it, with `owner`."""
+    org = s.get(Org, org_id)
+    role = role_in(s, who, org_id) if org is not None else None
+    if org is None or (role is None and not who.is_admin):
+        raise NotFound(f"organisation {org_id} not found")
+    if owner and role != "owner" and not who.is_admin:
+        raise Forbidden(f"organisation {org_id}: only its owners can do this")
+    return org
+
+
+def orgs_of(s: Session, who: Principal) -> list[tuple[Org, str]]:
+    rows = s.execute(
+        select(Org, Membership.role)
+        .join(Membership, Membership.org_id == Org.id)
+        .where(Membership.user_id == who.user_id)
+        .order_by(Org.created_at)
+    )
+    return [(o, r) for o, r in rows]
+
+
+def create_org(s: Session, who: Principal, name: str, now: datetime) -> Org:
+    name = name.strip()
+    if not 1 <= len(name) <= 128:
+        raise Invalid("name: 1 to 128 characters")
+    if s.scalar(select(Org.id).where(Org.name == name)):
+        raise Conflict(f"name: an organisation called {name!r} exists")
+    org = Org(id=new_id("org"), name=name, personal=False, created_at=now)
+    s.add(org)
+    s.flush()
+    s.add(Membership(org_id=org.id, user_id=who.user_id, role="owner"))
+    s.flush()
+    return org
+
+
+def members(s: Session, who: Principal, org_id: str) -> list[tuple[User, str]]:
+    org_for(s, who, org_id)
+    rows = s.execute(
+        select(User, Membership.role)
+        .join(Membership, Membership.user_id == User.id)
+        .where(Membership.org_id == org_id)
+        .order_by(User.email)
+    )
+    return [(u, r) for u, r in rows]
+
+
+def add_member(s: Session, who: Principal, org_id: str, email: str, role: str) -> User:
+    org = org_for(s, who, org_id, owner=True)
+    if org.personal:
+        raise Conflict("a personal organisation has one member; create a team organisation to share")
+    if role not in ROLES:
+        raise Invalid(f"role: one of {', '.join(ROLES)}")
+    target = s.scalar(select(User).where(User.email == email.strip().lower()))
+    if target is None:
+        raise NotFound(f"email: no user {email}")
+    existing = s.get(Membership, (org_id, target.id))
+    if existing is not None:
+        existing.role = role
+    else:
+        s.add(Membership(org_id=org_id, user_id=target.id, role=role))
+    s.flush()
+    return target
+
+
+def remove_member(s: Session, who: Principal, org_id: str, user_id: str) -> None:
+    org_for(s, who, org_id, owner=True)
+    m = s.get(Membership, (org_id, user_id))
+    if m is None:
+        raise NotFound(f"user {user_id} is not a member of {org_id}")
+    if m.role == "owner":
+        owners = s.scalar(select(func.count()).where(Membership.org_id == org_id, Membership.role == "owner"))
+        if (owners or 0) <= 1:
+            raise Conflict("an organisation keeps at least one owner")
+    s.delete(m)
+
+
+# ---- operators ----------------------------------------------------------------------------------------------
+def require_admin(who: Principal) -> None:
+    if not who.is_admin:
+        raise Forbidden("operators only (admin role)")
+
+
+def ensure_admin(s: Session, email: str, password: str, now: datetime) -> User:
+    """The first admin from the environment: created once, promoted if the user already exists."""
+    existing = s.scalar(select(User).where(User.email == email.strip().lower()))
+    if existing is not None:
+        existing.is_admin = True
+        return existing
+    u, _ = create_user(s, email, password, now, admin=True)
+    return u

@@ -1,0 +1,35 @@
+"""Service errors: each says what went wrong in words a user can act on, and maps to one HTTP status."""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    status = 400
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class Invalid(ServiceError):
+    status = 422
+
+
+class Unauthorized(ServiceError):
+    status = 401
+
+
+class Forbidden(ServiceError):
+    status = 403
+
+
+class NotFound(ServiceError):
+    status = 404
+
+
+class Conflict(ServiceError):
+    status = 409
+
+
+class PaymentRequired(ServiceError):
+    status = 402

@@ -1,0 +1,27 @@
+"""Identifiers, hashes and time for the services: the one place that reads the clock or draws randomness."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime
+
+TOKEN_PREFIX = "sl_"
+
+
+def new_id(prefix: str) -> str:
+    """Short, URL-safe, prefixed by kind (`org_…`, `usr_…`), so a pasted id says what it is."""
+    return f"{prefix}_{secrets.token_hex(8)}"
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def token_hash(token: str) -> str:
+    # Tokens are 256 random bits, so a fast hash is safe (no dictionary to attack) and keeps auth cheap.
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)

@@ -1,0 +1,164 @@
+"""The ledger in the database: post balanced transactions exactly once, read and recompute balances.
+
+`post` validates with the pure `billing.ledger` rules, inserts the transaction and its entries, and moves the
+running balances in the same database transaction; its idempotency key is unique, so a retry (or a second
+process racing on the same key) posts nothing twice. On PostgreSQL the balance rows are updated with
+`UPDATE … RETURNING`, whose row locks serialise concurrent charges to one org; on SQLite writers are
+serialised by the write lock every writing session takes at BEGIN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import func, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from suanli.billing.ledger import (
+    EXTERNAL,
+    PROMOTIONS,
+    REVENUE,
+    Entry,
+    LedgerError,
+    Transaction,
+    org_account,
+    transfer,
+)
+from suanli.billing.money import ZERO, exact
+from suanli.control.errors import Conflict, Invalid, PaymentRequired
+from suanli.db.models import AccountBalance, LedgerEntry, LedgerTransaction
+
+MAX_AMOUNT = Decimal("1000000000")  # one top-up or credit; larger is a typo, not a payment
+
+
+def _as_transaction(row: LedgerTransaction) -> Transaction:
+    return Transaction(row.key, row.kind, tuple(Entry(e.account, exact(e.amount)) for e in row.entries), row.memo)  # type: ignore[arg-type]
+
+
+def _ensure_accounts(s: Session, accounts: Iterable[str]) -> None:
+    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    rows = [{"account": a, "balance": ZERO} for a in sorted(set(accounts))]
+    s.execute(ins(AccountBalance).values(rows).on_conflict_do_nothing(index_elements=["account"]))
+
+
+def post(
+    s: Session,
+    tx: Transaction,
+    now: datetime,
+    *,
+    org_id: str | None = None,
+    user_id: str | None = None,
+    allocation_id: str | None = None,
+    allow_negative: Iterable[str] = (),
+) -> tuple[LedgerTransaction, bool]:
+    """Post `tx` once; returns the stored transaction and whether this call created it.
+
+    An org account may go below zero only if listed in `allow_negative` (usage admitted against a hold);
+    otherwise the whole transaction is refused with 402 and nothing is written."""
+    existing = s.scalar(select(LedgerTransaction).where(LedgerTransaction.key == tx.key))
+    if existing is not None:
+        return _same_or_conflict(existing, tx), False
+    row = LedgerTransaction(
+        key=tx.key, kind=tx.kind, memo=tx.memo, org_id=org_id, user_id=user_id, allocation_id=allocation_id,
+        created_at=now,
+    )  # fmt: skip
+    try:
+        with s.begin_nested():
+            s.add(row)
+            s.flush()
+    except IntegrityError:  # another process posted the same key between our read and our insert
+        existing = s.scalar(select(LedgerTransaction).where(LedgerTransaction.key == tx.key))
+        if existing is None:
+            raise
+        return _same_or_conflict(existing, tx), False
+    _ensure_accounts(s, (e.account for e in tx.entries))
+    negative_ok = {EXTERNAL, PROMOTIONS, REVENUE, *allow_negative}
+    for e in tx.entries:
+        s.add(LedgerEntry(tx_id=row.id, account=e.account, amount=e.amount))
+        new = s.execute(
+            update(AccountBalance)
+            .where(AccountBalance.account == e.account)
+            .values(balance=AccountBalance.balance + e.amount)
+            .returning(AccountBalance.balance)
+        ).scalar_one()
+        if e.amount < ZERO and e.account.startswith("org:") and new < ZERO and e.account not in negative_ok:
+            raise PaymentRequired(f"{tx.memo or tx.kind}: balance would go negative ({exact(new)})")
+    s.flush()
+    return row, True
+
+
+def _same_or_conflict(existing: LedgerTransaction, tx: Transaction) -> LedgerTransaction:
+    if not _as_transaction(existing).same_as(tx):
+        raise Conflict(f"idempotency key {tx.key!r} was already used for a different transaction")
+    return existing
+
+
+def balance(s: Session, account: str) -> Decimal:
+    value = s.scalar(select(AccountBalance.balance).where(AccountBalance.account == account))
+    return exact(value) if value is not None else ZERO
+
+
+def org_balance(s: Session, org_id: str) -> Decimal:
+    return balance(s, org_account(org_id))
+
+
+def move(
+    s: Session,
+    kind: str,
+    org_id: str,
+    amount: Decimal | str,
+    key: str,
+    now: datetime,
+    memo: str = "",
+    user_id: str | None = None,
+) -> tuple[LedgerTransaction, bool]:
+    """Operator movements: top-up (cash in), credit (a goodwill credit), refund (usage given back)."""
+    try:
+        amount = exact(amount)
+    except (TypeError, ValueError) as e:
+        raise Invalid(f"amount: {e}") from e
+    if not ZERO < amount <= MAX_AMOUNT:
+        raise Invalid(f"amount: must be > 0 and <= {MAX_AMOUNT}")
+    source = {"topup": EXTERNAL, "credit": PROMOTIONS, "refund": REVENUE}.get(kind)
+    if source is None:
+        raise Invalid("kind: one of topup, credit, refund")
+    try:
+        tx = transfer(key, kind, source, org_account(org_id), amount, memo or kind)  # type: ignore[arg-type]
+    except LedgerError as e:
+        raise Invalid(str(e)) from e
+    return post(s, tx, now, org_id=org_id, user_id=user_id)
+
+
+def transactions(s: Session, org_id: str, limit: int = 100, before_id: int | None = None) -> list[LedgerTransaction]:
+    q = select(LedgerTransaction).where(LedgerTransaction.org_id == org_id)
+    if before_id is not None:
+        q = q.where(LedgerTransaction.id < before_id)
+    return list(s.scalars(q.order_by(LedgerTransaction.id.desc()).limit(limit)))
+
+
+def recompute(s: Session) -> dict[str, tuple[Decimal, Decimal]]:
+    """Accounts whose running balance differs from the sum of their entries: {account: (stored, summed)}.
+    Also checks that every transaction balances (reported under the key `tx:<key>`)."""
+    summed = dict(
+        s.execute(select(LedgerEntry.account, func.sum(LedgerEntry.amount)).group_by(LedgerEntry.account)).all()
+    )
+    stored = dict(s.execute(select(AccountBalance.account, AccountBalance.balance)).all())
+    bad: dict[str, tuple[Decimal, Decimal]] = {}
+    for acct in set(summed) | set(stored):
+        a, b = exact(stored.get(acct) or ZERO), exact(summed.get(acct) or ZERO)
+        if a != b:
+            bad[acct] = (a, b)
+    unbalanced = s.execute(
+        select(LedgerTransaction.key, func.sum(LedgerEntry.amount))
+        .join(LedgerEntry, LedgerEntry.tx_id == LedgerTransaction.id)
+        .group_by(LedgerTransaction.key)
+        .having(func.sum(LedgerEntry.amount) != 0)
+    ).all()
+    for key, total in unbalanced:
+        bad[f"tx:{key}"] = (exact(total), ZERO)
+    return bad

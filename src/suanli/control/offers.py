@@ -1,0 +1,190 @@
+"""What is on offer (per GPU model: how many, how many free now, the largest free block inside one NVLink
+domain and one leaf, prices by billing mode) and what a workload would take and cost on each offer.
+
+Both are computed from one snapshot of the inventory and open allocations, cached per (inventory version,
+price-book version): with thousands of nodes a request reads two small rows, not the whole inventory.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from decimal import Decimal
+from threading import Lock
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from suanli import catalog
+from suanli.billing.money import exact
+from suanli.billing.prices import BillingMode, PriceBook
+from suanli.billing.quotes import Offer as QuoteOffer
+from suanli.billing.quotes import Quote, Rank, quote
+from suanli.control import inventory, prices
+from suanli.control.errors import Invalid
+from suanli.db.models import Allocation, ClusterRow, Node
+from suanli.perf import TrainJob
+from suanli.topology import Cluster
+
+
+@dataclass(frozen=True)
+class GpuOffer:
+    gpu: str
+    memory_gb: float
+    total: int  # GPUs on nodes that are not down
+    free: int  # GPUs on ready nodes held by no allocation
+    largest_free_nvlink: int
+    largest_free_leaf: int
+    nodes: int
+    currency: str
+    on_demand: Decimal | None  # per GPU-hour; None: the operator set no price, so it cannot be rented
+    spot: Decimal | None
+    plans: dict[str, Decimal]  # effective per GPU-hour price of each reserved plan
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    offers: list[GpuOffer]
+    free_by_cluster_model: dict[tuple[str, str], int]
+    clusters: dict[str, ClusterRow]
+    book: PriceBook
+
+
+@dataclass
+class OfferCache:
+    """Snapshots and quotes per (inventory version, price version); a server holds one."""
+
+    snapshot_key: tuple[int, int] | None = None
+    snapshot: Snapshot | None = None
+    topologies: dict[tuple[str, str], Cluster] = field(default_factory=dict)
+    quotes: OrderedDict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=OrderedDict)
+    lock: Lock = field(default_factory=Lock)
+
+
+def used_gpus(s: Session) -> dict[str, set[int]]:
+    """GPU indices held by open allocations, per node name (a slice holds its GPU too)."""
+    used: dict[str, set[int]] = defaultdict(set)
+    for (placement,) in s.execute(select(Allocation.placement).where(Allocation.stopped_at.is_(None))):
+        for node_name, idx in (placement or {}).items():
+            used[node_name].update(int(i) for i in idx)
+    return used
+
+
+def _build(s: Session, book: PriceBook) -> Snapshot:
+    used = used_gpus(s)
+    per_model: dict[str, dict[str, Any]] = {}
+    free_dom: dict[tuple[str, str, int], int] = defaultdict(int)
+    free_leaf: dict[tuple[str, str, int], int] = defaultdict(int)
+    free_cm: dict[tuple[str, str], int] = defaultdict(int)
+    rows = s.execute(
+        select(Node.name, Node.cluster_id, Node.gpu_model, Node.gpu_count, Node.state, Node.nvlink_domain, Node.leaf)
+    )
+    for name, cid, model, count, state, dom, leaf in rows:
+        if not model or state == "down":
+            continue
+        m = per_model.setdefault(model, {"total": 0, "free": 0, "nodes": 0})
+        m["total"] += count
+        m["nodes"] += 1
+        if state != "ready":
+            continue
+        free = count - len(used.get(name, ()))
+        m["free"] += free
+        free_dom[(model, cid, dom)] += free
+        free_leaf[(model, cid, leaf)] += free
+        free_cm[(cid, model)] += free
+    offers = []
+    for model, m in sorted(per_model.items()):
+        spec = catalog.gpu(model)
+        on_demand = book.gpu_rate(model) if model in book.gpu_hour else None
+        plans = {
+            name: exact(on_demand * (1 - p.discount)) for name, p in book.plans.items()
+        } if on_demand is not None else {}  # fmt: skip
+        offers.append(
+            GpuOffer(
+                gpu=model,
+                memory_gb=spec.memory_GB,
+                total=m["total"],
+                free=m["free"],
+                largest_free_nvlink=max((v for (mm, _, _), v in free_dom.items() if mm == model), default=0),
+                largest_free_leaf=max((v for (mm, _, _), v in free_leaf.items() if mm == model), default=0),
+                nodes=m["nodes"],
+                currency=book.currency,
+                on_demand=on_demand,
+                spot=book.gpu_rate(model, "spot") if on_demand is not None else None,
+                plans=plans,
+            )
+        )
+    clusters = {c.id: c for c in s.scalars(select(ClusterRow))}
+    return Snapshot(offers, dict(free_cm), clusters, book)
+
+
+def snapshot(s: Session, cache: OfferCache) -> Snapshot:
+    key = (inventory.version(s), prices.current(s)[0])
+    with cache.lock:
+        if cache.snapshot_key == key and cache.snapshot is not None:
+            return cache.snapshot
+    snap = _build(s, prices.current(s)[1])
+    with cache.lock:
+        cache.snapshot_key, cache.snapshot = key, snap
+        cache.quotes.clear()
+    return snap
+
+
+def _topology(cache: OfferCache, row: ClusterRow, model: str) -> Cluster | None:
+    """The part of a registered cluster made of one GPU model (quotes price one model at a time)."""
+    key = (row.id, model)
+    if key not in cache.topologies:
+        groups = [g for g in row.spec.get("node_groups", []) if catalog.gpu(g["gpu"]).name == model]
+        if not groups:
+            return None
+        spec = {k: v for k, v in row.spec.items() if k != "host"} | {"node_groups": groups}
+        cache.topologies[key] = inventory.build_cluster(spec)
+    return cache.topologies[key]
+
+
+def quotes(
+    s: Session,
+    cache: OfferCache,
+    job: TrainJob,
+    tokens: float,
+    *,
+    gpu: str | None = None,
+    gpus: int | None = None,
+    mode: BillingMode = "on-demand",
+    rank: Rank = "cheapest",
+    limit: int = 10,
+) -> list[dict[str, Any]]:
+    """Feasible (offer, GPU count) choices for the job, best first by `rank`, each with time and cost."""
+    model_filter = None
+    if gpu:
+        try:
+            model_filter = catalog.gpu(gpu).name
+        except catalog.CatalogError as e:
+            raise Invalid(f"gpu: {e}") from e
+    snap = snapshot(s, cache)
+    key = (job, tokens, model_filter, gpus, mode, rank, limit)
+    with cache.lock:
+        if key in cache.quotes:
+            cache.quotes.move_to_end(key)
+            return cache.quotes[key]
+    found: list[tuple[Quote, str]] = []
+    for (cid, model), free in sorted(snap.free_by_cluster_model.items()):
+        if (model_filter and model != model_filter) or model not in snap.book.gpu_hour:
+            continue
+        topo = _topology(cache, snap.clusters[cid], model)
+        if topo is None or (gpus and gpus > topo.n_gpus):
+            continue
+        for q in quote(job, tokens, [QuoteOffer(topo, free)], snap.book, gpus=gpus, mode=mode, rank=rank, limit=limit):
+            found.append((q, snap.clusters[cid].name))
+    order = (
+        (lambda t: (t[0].cost, t[0].total_time_s)) if rank == "cheapest" else (lambda t: (t[0].total_time_s, t[0].cost))
+    )
+    out = [
+        {**q.as_dict(), "cluster": name, "currency": snap.book.currency} for q, name in sorted(found, key=order)[:limit]
+    ]
+    with cache.lock:
+        cache.quotes[key] = out
+        while len(cache.quotes) > 256:
+            cache.quotes.popitem(last=False)
+    return out

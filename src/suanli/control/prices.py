@@ -1,0 +1,72 @@
+"""The operator's price book in force: the newest stored version, or the shipped default on a fresh install."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from suanli import catalog
+from suanli.billing.prices import PriceBook, default_price_book
+from suanli.control.errors import Invalid
+from suanli.db.models import PriceBookVersion
+
+
+def current(s: Session) -> tuple[int, PriceBook]:
+    """(version, book); version 0 is the shipped default, not yet stored."""
+    row = s.scalars(select(PriceBookVersion).order_by(PriceBookVersion.id.desc()).limit(1)).first()
+    if row is None:
+        return 0, default_price_book()
+    return row.id, PriceBook.model_validate(row.body)
+
+
+def validate(body: dict[str, object]) -> PriceBook:
+    """A price book whose GPU models are all catalog models, named canonically."""
+    try:
+        book = PriceBook.model_validate(body)
+    except ValidationError as e:
+        fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise Invalid(f"price book: {fields}") from e
+    canonical: dict[str, Decimal] = {}
+    for model, price in book.gpu_hour.items():
+        try:
+            canonical[catalog.gpu(model).name] = price
+        except catalog.CatalogError as e:
+            raise Invalid(f"gpu_hour.{model}: {e}") from e
+    return book.model_copy(update={"gpu_hour": canonical})
+
+
+def store(s: Session, book: PriceBook, now: datetime, by: str | None) -> int:
+    row = PriceBookVersion(body=book.model_dump(mode="json"), created_at=now, created_by=by)
+    s.add(row)
+    s.flush()
+    return row.id
+
+
+def seed(s: Session, currency: str, now: datetime) -> None:
+    """On first start, store the shipped book in the configured currency so every later change is versioned."""
+    if s.scalar(select(PriceBookVersion.id).limit(1)) is None:
+        store(s, default_price_book().model_copy(update={"currency": currency}), now, None)
+
+
+def set_gpu_price(
+    s: Session, model: str, on_demand: Decimal | None, now: datetime, by: str | None, *, remove: bool = False
+) -> tuple[int, PriceBook]:
+    """Change one GPU model's hourly price (or stop offering it) as a new version of the book."""
+    try:
+        name = catalog.gpu(model).name
+    except catalog.CatalogError as e:
+        raise Invalid(f"gpu: {e}") from e
+    _, book = current(s)
+    prices = dict(book.gpu_hour)
+    if remove:
+        prices.pop(name, None)
+    else:
+        if on_demand is None or on_demand < 0:
+            raise Invalid("price: a non-negative amount per GPU-hour")
+        prices[name] = on_demand
+    new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()}})
+    return store(s, new, now, by), new

@@ -1,0 +1,74 @@
+"""Server and CLI settings: flags, then `SUANLI_*` environment variables, then a YAML config file, then defaults."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from suanli.control.errors import Invalid
+from suanli.db.engine import default_sqlite_url
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    home: Path = Field(description="data directory: database, logs, saved credentials")
+    db: str = Field("", description="database URL; empty: a SQLite file in the data directory")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    currency: str = Field("CNY", pattern=r"^[A-Z]{3}$", description="currency of the shipped default price book")
+    trial_credit: Decimal = Field(Decimal("10.00"), ge=0, le=1_000_000)
+    admission_hold_minutes: int = Field(10, ge=0, le=60 * 24 * 31)
+    admin_email: str | None = None
+    admin_password: str | None = None
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    login_token_days: int = Field(30, ge=1, le=3650)
+    meter_interval_s: float = Field(5.0, gt=0, le=3600)
+    meter_window_s: int = Field(60, ge=1, le=3600)
+    background: bool = Field(True, description="run the background loops (metering) in this server")
+
+    @property
+    def db_url(self) -> str:
+        return self.db or default_sqlite_url(self.home)
+
+
+def default_home() -> Path:
+    return Path(platformdirs.user_data_dir("suanli", appauthor=False))
+
+
+def load(
+    flags: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    config_file: str | Path | None = None,
+) -> Settings:
+    """Merge the sources; a flag left as None falls through to the next source."""
+    environ = os.environ if environ is None else environ
+    config_file = config_file or environ.get("SUANLI_CONFIG")
+    merged: dict[str, Any] = {}
+    if config_file:
+        path = Path(config_file)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise Invalid(f"config file {path}: {e}") from e
+        if not isinstance(data, dict):
+            raise Invalid(f"config file {path}: expected a mapping of setting names to values")
+        merged.update({k.replace("-", "_"): v for k, v in data.items()})
+    for name in Settings.model_fields:
+        value = environ.get(f"SUANLI_{name.upper()}")
+        if value is not None and value != "":
+            merged[name] = value
+    merged.update({k: v for k, v in (flags or {}).items() if v is not None})
+    merged.setdefault("home", default_home())
+    try:
+        return Settings.model_validate(merged)
+    except ValidationError as e:
+        fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise Invalid(f"settings: {fields}") from e

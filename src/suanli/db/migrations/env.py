@@ -1,0 +1,19 @@
+"""Alembic environment: runs on the engine the caller hands over (see suanli.db.migrate)."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from suanli.db.models import Base
+
+engine = context.config.attributes["engine"]
+with engine.connect() as connection:
+    context.configure(
+        connection=connection,
+        target_metadata=Base.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+    connection.commit()

@@ -1,0 +1,219 @@
+"""The control plane's tables.
+
+Money is `Numeric(20, 8)`: exact, to the ledger's internal precision. Balances are derived from ledger
+entries; `account_balances` is a running sum kept in the same transaction as the entries, so a balance
+read is one row, and `control.ledger.recompute` can always check it against the entries.
+Rows that background loops work on carry lease columns (`lock_owner`, `lock_expires_at`).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+MONEY = Numeric(20, 8)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on both databases (SQLite would otherwise hand back naive ones)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime: pass an aware UTC time")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSON}  # noqa: RUF012
+
+
+class Org(Base):
+    """The billing entity: it holds the balance and the quota; users are its members."""
+
+    __tablename__ = "orgs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    personal: Mapped[bool] = mapped_column(Boolean, default=False)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most GPUs held at once; None: no limit
+    created_at: Mapped[datetime]
+
+
+class User(Base):
+    __tablename__ = "users"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    email: Mapped[str] = mapped_column(String(254), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(255))
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    personal_org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
+    created_at: Mapped[datetime]
+
+
+class Membership(Base):
+    __tablename__ = "memberships"
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id", ondelete="CASCADE"), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))  # owner | member
+
+
+class ApiToken(Base):
+    """A bearer token; only its SHA-256 is stored, the token itself is shown once."""
+
+    __tablename__ = "api_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+
+
+class LedgerTransaction(Base):
+    __tablename__ = "ledger_transactions"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(200), unique=True)  # idempotency key
+    kind: Mapped[str] = mapped_column(String(32))
+    memo: Mapped[str] = mapped_column(Text, default="")
+    org_id: Mapped[str | None] = mapped_column(ForeignKey("orgs.id"), index=True, nullable=True)
+    user_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # who caused it (usage: the workload's user)
+    allocation_id: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
+    created_at: Mapped[datetime]
+    entries: Mapped[list[LedgerEntry]] = relationship(back_populates="tx", lazy="selectin", order_by="LedgerEntry.id")
+
+
+class LedgerEntry(Base):
+    __tablename__ = "ledger_entries"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    tx_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id"), index=True)
+    account: Mapped[str] = mapped_column(String(64), index=True)
+    amount: Mapped[Decimal] = mapped_column(MONEY)
+    tx: Mapped[LedgerTransaction] = relationship(back_populates="entries")
+
+
+class AccountBalance(Base):
+    __tablename__ = "account_balances"
+    account: Mapped[str] = mapped_column(String(64), primary_key=True)
+    balance: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+
+
+class PriceBookVersion(Base):
+    """Every price book the operator set; the newest is in force. Old versions stay for audits."""
+
+    __tablename__ = "price_books"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    body: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    created_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class ClusterRow(Base):
+    """A registered set of nodes with their fabric: a cluster spec (preset, file, or this host)."""
+
+    __tablename__ = "clusters"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), unique=True)
+    source: Mapped[str] = mapped_column(String(16))  # preset | spec | local
+    spec: Mapped[dict[str, Any]]  # the ClusterSpec document, so the topology can be rebuilt exactly
+    created_at: Mapped[datetime]
+
+
+class Node(Base):
+    __tablename__ = "nodes"
+    __table_args__ = (UniqueConstraint("cluster_id", "index"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)  # position in the cluster spec
+    name: Mapped[str] = mapped_column(String(160), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # virtual | local
+    state: Mapped[str] = mapped_column(String(16), default="ready")  # ready | draining | down
+    state_reason: Mapped[str] = mapped_column(Text, default="")
+    gpu_model: Mapped[str | None] = mapped_column(String(32), nullable=True)  # None: CPU-only node
+    gpu_count: Mapped[int] = mapped_column(Integer)
+    nvlink_domain: Mapped[int] = mapped_column(Integer)
+    leaf: Mapped[int] = mapped_column(Integer)
+    spine: Mapped[int] = mapped_column(Integer)
+    cpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime]
+
+
+class Gpu(Base):
+    __tablename__ = "gpus"
+    __table_args__ = (UniqueConstraint("node_id", "index"),)
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    uuid: Mapped[str] = mapped_column(String(64), unique=True)
+    model: Mapped[str] = mapped_column(String(32))
+    memory_mib: Mapped[int] = mapped_column(Integer)
+    mig_mode: Mapped[bool] = mapped_column(Boolean, default=False)
+
+
+class Allocation(Base):
+    """GPUs held by one workload for a span of time: what metering charges for."""
+
+    __tablename__ = "allocations"
+    __table_args__ = (Index("ix_allocations_open", "stopped_at", "metered_until_s"),)
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    workload: Mapped[str] = mapped_column(String(128), default="")  # the workload's id or name, for statements
+    gpu_model: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    milli: Mapped[int] = mapped_column(Integer, default=1000)  # < 1000: one slice of a GPU
+    billing_mode: Mapped[str] = mapped_column(String(16), default="on-demand")
+    rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)
+    placement: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # node name -> GPU indices
+    started_at: Mapped[datetime]
+    stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    metered_until_s: Mapped[int] = mapped_column(Integer, default=0)  # seconds charged so far
+    settled: Mapped[bool] = mapped_column(Boolean, default=False)  # stopped and fully charged
+    charged: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
+    lock_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class KeyValue(Base):
+    """Small named values the server keeps: the inventory version that caches key on."""
+
+    __tablename__ = "kv"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -1,0 +1,69 @@
+"""Fixtures shared by the test suite: databases, one test per backend (SQLite and a real PostgreSQL server)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import databases
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> Iterator[str | None]:
+    """Admin URL of this session's PostgreSQL server (started on first use, stopped at the end); None if none.
+
+    See ``tests/databases.py`` for where the server comes from and ``postgres_unavailable_reason()`` for why None.
+    """
+    url = databases.postgres_server()
+    try:
+        yield url
+    finally:
+        databases.stop_postgres_server()
+
+
+def _no_postgres() -> None:
+    reason = databases.postgres_unavailable_reason() or "no PostgreSQL server"
+    if databases.postgres_required():
+        pytest.fail(f"{databases.REQUIRE_ENV}=1 but {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("sqlite", id="sqlite"),
+        pytest.param("postgresql", id="postgresql", marks=pytest.mark.postgres),
+    ]
+)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """SQLAlchemy URL of a fresh, empty database for this test; the test runs once per backend.
+
+    ``sqlite``: a file in the test's tmp_path. ``postgresql``: a new database on the session's server, dropped
+    after the test; skipped when there is no server, or failed when ``SUANLI_REQUIRE_POSTGRES=1``.
+    Deselect the PostgreSQL variants with ``-m "not postgres"``.
+    """
+    if request.param == "sqlite":
+        yield f"sqlite+pysqlite:///{tmp_path}/suanli.db"
+        return
+    admin_url = request.getfixturevalue("postgres_admin_url")
+    if admin_url is None:
+        _no_postgres()
+    url = databases.new_database(admin_url)
+    yield url
+    databases.drop_database(admin_url, url)
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path) -> Iterator[Any]:
+    """The API in-process (ASGI, no sockets) on a fresh database of each backend, lifespan run (migrated,
+    prices seeded, admin created); background loops off so tests drive metering themselves."""
+    from fastapi.testclient import TestClient
+
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    app = create_app(settings(tmp_path / "home", db_url))
+    with TestClient(app) as client:
+        yield client

@@ -1,0 +1,111 @@
+"""Helpers for control-plane tests: settings, an in-process app per backend, a real server process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from suanli.control.settings import Settings, load
+
+ADMIN_EMAIL = "ops@example.com"
+ADMIN_PASSWORD = "ops-password-1"
+
+
+def settings(home: Path, db_url: str, **overrides: Any) -> Settings:
+    flags: dict[str, Any] = {"home": home, "db": db_url, "admin_email": ADMIN_EMAIL, "admin_password": ADMIN_PASSWORD,
+                             "background": False}  # fmt: skip
+    return load({**flags, **overrides}, environ={})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@dataclass
+class Tenant:
+    email: str
+    token: str
+    user_id: str
+    org_id: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return bearer(self.token)
+
+
+def signup(client: httpx.Client, email: str, password: str = "tenant-password") -> Tenant:
+    r = client.post("/api/v1/signup", json={"email": email, "password": password})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    return Tenant(email, body["token"], body["user"]["id"], body["org"]["id"])
+
+
+def admin_token(client: httpx.Client) -> str:
+    r = client.post("/api/v1/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD})
+    assert r.status_code == 200, r.text
+    return r.json()["token"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    proc: subprocess.Popen[bytes]
+    home: Path
+    log: Path
+
+
+@contextmanager
+def live_server(
+    home: Path, db_url: str, *, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> Iterator[LiveServer]:
+    """`suanli server` as a real process on a free port, stopped (SIGTERM, then SIGKILL) on exit."""
+    port = free_port()
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / f"server-{port}.log"
+    full_env = {**os.environ, "SUANLI_HOME": str(home), "SUANLI_ADMIN_EMAIL": ADMIN_EMAIL,
+                "SUANLI_ADMIN_PASSWORD": ADMIN_PASSWORD, **(env or {})}  # fmt: skip
+    cmd = [sys.executable, "-m", "suanli.cli.main", "server", "--port", str(port), "--db", db_url, *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield LiveServer(url, proc, home, log)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {log.read_text(errors='replace')[-2000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"server not healthy after {timeout} s: {log.read_text(errors='replace')[-2000:]}")

@@ -56,7 +56,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def api(db_url: str, tmp_path: Path) -> Iterator[Any]:
+def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Argon2 at its production cost takes ~0.3 s a hash on 2 cores; in-process API tests sign up and log in
+    many users and test who may do what, not the hash parameters. (Server processes keep the real cost.)"""
+    from argon2 import PasswordHasher
+
+    from suanli.control import accounts
+
+    monkeypatch.setattr(accounts, "_hasher", PasswordHasher(time_cost=1, memory_cost=8, parallelism=1))
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[Any]:
     """The API in-process (ASGI, no sockets) on a fresh database of each backend, lifespan run (migrated,
     prices seeded, admin created); background loops off so tests drive metering themselves."""
     from fastapi.testclient import TestClient

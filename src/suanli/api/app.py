@@ -3,29 +3,44 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DataError, IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
-from suanli.api.deps import Server
-from suanli.api.routers import admin, auth, market, orgs
-from suanli.control import accounts, prices
+from suanli.api.deps import Server, no_nul
+from suanli.api.routers import admin, auth, market, orgs, plans
+from suanli.api.schemas import ErrorOut, ValidationErrorOut
+from suanli.control import accounts, inventory, prices
 from suanli.control.background import MeteringLoop
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
-from suanli.control.offers import OfferCache
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
 from suanli.db.migrate import migrate
+from suanli.topology import presets
 
 API = "/api/v1"
+# Every error is `{"detail": ...}`; documented so clients (and schema-driven tests) know the shape.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorOut, "description": "the body could not be parsed"},
+    401: {"model": ErrorOut, "description": "no valid bearer token"},
+    402: {"model": ErrorOut, "description": "the balance does not cover it; top up first"},
+    403: {"model": ErrorOut, "description": "not allowed (operators only, or owners only)"},
+    404: {"model": ErrorOut, "description": "not found, or not visible to the caller"},
+    409: {"model": ErrorOut, "description": "conflicts with what exists"},
+    413: {"model": ErrorOut, "description": "request body too large"},
+    422: {"model": ValidationErrorOut, "description": "invalid input; `detail` names the field"},
+}
+SETTINGS_ENV = "SUANLI_RESOLVED_SETTINGS"
 
 
 class BodyLimit:
@@ -42,24 +57,27 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await _too_large(self.limit, send)
             return
-        seen = 0
+        seen, refused = 0, False
 
+        # A streamed (chunked) body is counted as it arrives: past the limit this answers 413 itself and tells
+        # the app the client left, and whatever the app then tries to send (FastAPI answers a body it could
+        # not read with 400) is dropped.
         async def limited() -> Message:
-            nonlocal seen
+            nonlocal seen, refused
             msg = await receive()
             seen += len(msg.get("body", b""))
             if seen > self.limit:
-                raise _TooLarge
+                if not refused:
+                    refused = True
+                    await _too_large(self.limit, send)
+                return {"type": "http.disconnect"}
             return msg
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _too_large(self.limit, send)
+        async def guarded(msg: Message) -> None:
+            if not refused:
+                await send(msg)
 
-
-class _TooLarge(Exception):
-    pass
+        await self.app(scope, limited, guarded)
 
 
 async def _too_large(limit: int, send: Send) -> None:
@@ -74,9 +92,30 @@ async def _nothing() -> Message:
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # loc is ("body", character offset)
+            where = err.get("loc", ("body", "?"))[-1]
+            why = (err.get("ctx") or {}).get("error", "")
+            parts.append(f"body: not valid JSON (at character {where}{': ' + why if why else ''})")
+            continue
         loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
         parts.append(f"{loc}: {err.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+def _parse_failure(exc: StarletteHTTPException) -> str:
+    """FastAPI answers 400 "There was an error parsing the body" for JSON that the decoder gives up on."""
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply"
+    if cause is not None:
+        why = str(cause).split(";")[0].strip()[:200] or type(cause).__name__  # not Python's advice to the server
+        return f"body: could not be parsed ({why})"
+    return str(exc.detail)
+
+
+def _db_message(exc: DataError | IntegrityError) -> str:
+    """The database's one-line reason (no SQL, no parameters)."""
+    return (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0][:300]
 
 
 def _jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -92,11 +131,15 @@ def bootstrap(db: Database, settings: Settings) -> None:
         prices.seed(s, settings.currency, now)
         if settings.admin_email and settings.admin_password:
             accounts.ensure_admin(s, settings.admin_email, settings.admin_password, now)
+        registered = {c.name for c in inventory.clusters(s)}
+        for preset in settings.virtual:
+            if presets.preset_spec(preset)["name"] not in registered:
+                inventory.register_preset(s, preset, now)
 
 
 def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     db = db or Database(settings.db_url)
-    srv = Server(settings, db, OfferCache())
+    srv = Server(settings, db)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,13 +174,29 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse({"detail": str(exc.detail)}, status_code=exc.status_code, headers=exc.headers)
+        detail = _parse_failure(exc) if exc.status_code == 400 else str(exc.detail)
+        return JSONResponse({"detail": detail}, status_code=exc.status_code, headers=exc.headers)
+
+    # Last line of defence: a value the services let through but the database refuses is the caller's input
+    # (too long for a column, a duplicate name), not a server fault.
+    @app.exception_handler(DataError)
+    async def data_error(_: Request, exc: DataError) -> JSONResponse:
+        return JSONResponse({"detail": f"a value does not fit the database: {_db_message(exc)}"}, status_code=422)
+
+    @app.exception_handler(IntegrityError)
+    async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
+        return JSONResponse({"detail": f"conflicts with existing data: {_db_message(exc)}"}, status_code=409)
 
     @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    for r in (auth.router, orgs.router, market.router, admin.router):
-        app.include_router(r, prefix=API)
+    for r in (auth.router, orgs.router, plans.router, market.router, admin.router):
+        app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one worker of a multi-process server (`suanli server --workers N`)."""
+    return create_app(Settings.model_validate_json(os.environ[SETTINGS_ENV]))

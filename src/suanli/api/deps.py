@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from suanli.api.schemas import NUL_MESSAGE
 from suanli.control import accounts
 from suanli.control.accounts import Principal
-from suanli.control.errors import Unauthorized
-from suanli.control.ids import utcnow
+from suanli.control.caches import PriceCache, TokenCache
+from suanli.control.errors import Invalid, Unauthorized
+from suanli.control.ids import token_hash, utcnow
 from suanli.control.offers import OfferCache
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
+    """Run a sync route body in the thread pool in ONE hop. FastAPI would otherwise also validate the response
+    of a sync route in the pool: two hops, which cost more than a cached read itself."""
+
+    @functools.wraps(fn)
+    async def route(*args: P.args, **kwargs: P.kwargs) -> R:
+        return await run_in_threadpool(fn, *args, **kwargs)
+
+    route.__signature__ = inspect.signature(fn, eval_str=True)  # type: ignore[attr-defined]
+    return route
+
 
 bearer = HTTPBearer(auto_error=False, description="an API token (`suanli login` or `suanli tokens create`)")
 
@@ -24,11 +46,24 @@ bearer = HTTPBearer(auto_error=False, description="an API token (`suanli login` 
 class Server:
     settings: Settings
     db: Database
-    offers: OfferCache
+    offers: OfferCache = field(default_factory=OfferCache)
+    tokens: TokenCache = field(default_factory=TokenCache)
+    prices: PriceCache = field(default_factory=PriceCache)
 
 
-def server(request: Request) -> Server:
+# Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each
+# hop there costs more than the work itself on the hot read path.
+async def server(request: Request) -> Server:
     return request.app.state.server
+
+
+async def no_nul(request: Request) -> None:
+    """Refuse NUL in path and query parameters before they reach a query: PostgreSQL cannot store or compare
+    them and would fail the request with a server error."""
+    for where, params in (("path", request.path_params.items()), ("query", request.query_params.multi_items())):
+        for name, value in params:
+            if isinstance(value, str) and "\x00" in value:
+                raise Invalid(f"{where}.{name}: {NUL_MESSAGE}")
 
 
 @dataclass(frozen=True)
@@ -42,15 +77,25 @@ class Caller:
         return self.srv.db
 
 
-def caller(
+def _authenticate(srv: Server, token: str, now: datetime) -> Principal:
+    with srv.db.read() as s:
+        return accounts.authenticate(s, token, now)
+
+
+async def caller(
     srv: Annotated[Server, Depends(server)],
     creds: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Caller:
+    """The authenticated caller; a token verified in the last few seconds is not looked up again."""
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise Unauthorized("missing bearer token: log in (suanli login) and send 'Authorization: Bearer <token>'")
     now = utcnow()
-    with srv.db.read() as s:
-        who = accounts.authenticate(s, creds.credentials, now)
+    accounts.check_token_format(creds.credentials)
+    key = token_hash(creds.credentials)
+    who = srv.tokens.get(key, now)
+    if who is None:
+        who = await run_in_threadpool(_authenticate, srv, creds.credentials, now)
+        srv.tokens.put(key, who, who.token_expires_at, now)
     return Caller(who, srv, now)
 
 

@@ -4,23 +4,77 @@ Money travels as strings ("10.00" shown, exact amounts with 8 decimals), never a
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from suanli.billing.money import INTERNAL
 
 Amount = Decimal
+NUL_MESSAGE = "NUL characters (\\u0000) are not allowed"
+
+
+MAX_DEPTH = 32
+
+
+def check_strings(value: object) -> None:
+    """Refuse a NUL in any string (PostgreSQL text cannot hold one) and documents nested deeper than MAX_DEPTH
+    (whatever walks them later must not run out of stack); iterative, so a hostile document cannot either."""
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                raise ValueError(NUL_MESSAGE)
+        elif isinstance(item, dict | list | tuple):
+            if depth >= MAX_DEPTH:
+                raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
+            children = [x for kv in item.items() for x in kv] if isinstance(item, dict) else list(item)
+            stack.extend((child, depth + 1) for child in children)
+
+
+def _as_utc(t: datetime) -> datetime:
+    """Times without a zone are UTC; a time whose UTC equivalent falls outside years 1-9999 is refused."""
+    if t.tzinfo is None:
+        return t.replace(tzinfo=UTC)
+    try:
+        return t.astimezone(UTC)
+    except OverflowError as e:
+        raise ValueError("out of range once converted to UTC") from e
+
+
+UtcTime = Annotated[datetime, AfterValidator(_as_utc)]
 
 
 class In(BaseModel):
     model_config = ConfigDict(extra="forbid", str_max_length=4096)
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _no_nul(cls, value: object) -> object:
+        check_strings(value)
+        return value
+
 
 class Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
+
+
+# ---- errors -------------------------------------------------------------------------------------------------
+class ErrorOut(Out):
+    detail: str = Field(description="one line that names the field or object at fault")
+
+
+class ErrorItem(Out):
+    loc: list[str]
+    msg: str
+    type: str
+
+
+class ValidationErrorOut(ErrorOut):
+    errors: list[ErrorItem] = Field(default_factory=list, description="each field at fault (request validation)")
 
 
 # ---- accounts -----------------------------------------------------------------------------------------------
@@ -144,6 +198,7 @@ class OfferOut(Out):
     on_demand_per_gpu_hour: str | None
     spot_per_gpu_hour: str | None
     plans_per_gpu_hour: dict[str, str]
+    slices_per_hour: dict[str, str] = Field(description="one MIG slice, by profile")
 
 
 class QuoteIn(In):
@@ -183,6 +238,27 @@ class QuoteOut(Out):
     cost: str
     currency: str
     available_now: bool
+
+
+GpuName = Annotated[str, Field(min_length=1, max_length=64)]
+HourlyPrice = Annotated[Amount, Field(ge=0, le=Decimal("100000"), decimal_places=8)]
+
+
+class PlanPriceIn(In):
+    hours: int = Field(gt=0, le=24 * 366)
+    discount: Amount = Field(ge=0, lt=1, decimal_places=8)
+
+
+class PriceBookIn(In):
+    """The whole price book (`GET /prices` without `version`, which is accepted and ignored)."""
+
+    version: int | None = Field(None, description="ignored: the server numbers versions")
+    currency: str = Field("CNY", pattern=r"^[A-Z]{3}$")
+    gpu_hour: dict[GpuName, HourlyPrice]
+    spot_factor: Amount = Field(Decimal("0.4"), gt=0, le=1, decimal_places=8)
+    slice_premium: Amount = Field(Decimal("1.0"), ge=1, le=10, decimal_places=8)
+    storage_gb_month: Amount = Field(Decimal("0"), ge=0, le=Decimal("100000"), decimal_places=8)
+    plans: dict[Annotated[str, Field(min_length=1, max_length=32)], PlanPriceIn] = Field(default_factory=dict)
 
 
 class PriceGpuIn(In):
@@ -262,4 +338,5 @@ class CheckOut(Out):
 
 
 def money(value: Decimal) -> str:
-    return str(value.quantize(INTERNAL))
+    """Fixed-point at internal precision: "0.00000000", never "0E-8"."""
+    return format(value.quantize(INTERNAL), "f")

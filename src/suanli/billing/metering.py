@@ -20,7 +20,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from suanli.billing.money import INTERNAL, ZERO
 
 DEFAULT_WINDOW_S = 60
-_EPS = 1e-6  # float timestamps: 59.9999999 elapsed seconds are 60 started seconds, not 61
+_EPS = 1e-9  # float rounding: 59.9999999999 elapsed seconds are 60 started seconds, not 61; times are exact to 1 µs
 
 
 @dataclass(frozen=True)

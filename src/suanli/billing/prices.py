@@ -5,22 +5,25 @@ from __future__ import annotations
 from decimal import Decimal
 from functools import cache
 from importlib import resources
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 
 from suanli.billing.money import ZERO, exact
 
 BillingMode = Literal["on-demand", "spot"]
+# Amounts leave as fixed-point strings ("0.00000000", never "0E-8").
+Amount = Annotated[Decimal, PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json")]
 FULL_MILLI = 1000
+MAX_PRICE = Decimal(100_000)
 
 
 class PlanPrice(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hours: int = Field(gt=0, le=24 * 366)
-    discount: Decimal = Field(ge=0, lt=1)
+    discount: Amount = Field(ge=0, lt=1)
 
 
 class PriceBook(BaseModel):
@@ -29,10 +32,10 @@ class PriceBook(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     currency: str = Field("CNY", min_length=3, max_length=3, pattern=r"^[A-Z]{3}$")
-    gpu_hour: dict[str, Decimal]
-    spot_factor: Decimal = Field(Decimal("0.4"), gt=0, le=1)
-    slice_premium: Decimal = Field(Decimal("1.0"), ge=1, le=10)
-    storage_gb_month: Decimal = Field(Decimal("0"), ge=0)
+    gpu_hour: dict[str, Amount]
+    spot_factor: Amount = Field(Decimal("0.4"), gt=0, le=1)
+    slice_premium: Amount = Field(Decimal("1.0"), ge=1, le=10)
+    storage_gb_month: Amount = Field(Decimal("0"), ge=0, le=MAX_PRICE)
     plans: dict[str, PlanPrice] = Field(default_factory=dict)
 
     @field_validator("gpu_hour")
@@ -41,6 +44,8 @@ class PriceBook(BaseModel):
         for model, price in v.items():
             if price < ZERO:
                 raise ValueError(f"gpu_hour.{model}: price cannot be negative")
+            if price > MAX_PRICE:
+                raise ValueError(f"gpu_hour.{model}: {price} per GPU-hour is beyond any real price (max {MAX_PRICE})")
         return {k: exact(p) for k, p in v.items()}
 
     def gpu_rate(self, gpu_model: str, mode: BillingMode = "on-demand") -> Decimal:

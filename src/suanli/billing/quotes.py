@@ -53,8 +53,8 @@ class Quote:
             "tokens_per_s": round(self.tokens_per_s, 1),
             "mfu": round(self.mfu, 4),
             "total_time_s": round(self.total_time_s, 1),
-            "rate_per_hour": str(self.rate_per_hour),
-            "cost": str(self.cost.quantize(Decimal("0.01"))),
+            "rate_per_hour": format(self.rate_per_hour, "f"),
+            "cost": format(self.cost.quantize(Decimal("0.01")), "f"),
             "available_now": self.available_now,
         }
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import perf, server, sim, topology
+from suanli.cli import account, admin, perf, server, sim, topology
 
 app = typer.Typer(
     name="suanli",
@@ -15,11 +15,15 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,
     help="suanli (算力): GPU compute leasing with a topology-aware, performance-model-driven scheduler.",
+    epilog="Exit codes: 0 done; 2 bad input, or a request the server refused (not logged in, not found, invalid); "
+    "1 the server could not be reached or failed.",
 )
 app.add_typer(perf.app, name="perf")
 app.add_typer(topology.app, name="topology")
 app.command("sim")(sim.sim)
 app.command("server")(server.server)
+account.register(app)
+app.add_typer(admin.app, name="admin")
 
 
 def _version(value: bool) -> None:

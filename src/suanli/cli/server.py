@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +11,8 @@ import typer
 from suanli.cli.common import fail
 from suanli.control.errors import ServiceError
 from suanli.control.settings import load
+from suanli.topology.presets import preset_spec
+from suanli.topology.spec import SpecError
 
 
 def server(
@@ -25,26 +28,48 @@ def server(
     home: Annotated[
         Path | None, typer.Option("--home", help="Data directory (default: SUANLI_HOME or the user data dir).")
     ] = None,
+    virtual: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--virtual", help="Register a topology preset as virtual nodes on start, unless registered (repeatable)."
+        ),
+    ] = None,
     no_background: Annotated[
         bool, typer.Option("--no-background", help="Serve the API only; run no background loops (metering).")
     ] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
+    workers: Annotated[
+        int,
+        typer.Option("--workers", min=1, max=64, help="Server processes sharing the port (and the background work)."),
+    ] = 1,
 ) -> None:
     """Run the API server (REST under /api/v1, OpenAPI at /docs); migrates the database on start."""
     import uvicorn
 
-    from suanli.api.app import create_app
+    from suanli.api.app import SETTINGS_ENV, create_app
 
-    flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None}
+    flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None,
+             "virtual": virtual or None}  # fmt: skip
     try:
         settings = load(flags, config_file=config)
     except ServiceError as e:
         fail(e.message)
+    for preset in settings.virtual:
+        try:
+            preset_spec(preset)
+        except SpecError as e:
+            fail(f"--virtual: {e}")
     settings.home.mkdir(parents=True, exist_ok=True)
     typer.echo(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
     )
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+        return
+    # Several processes: each builds its app from the resolved settings handed over in the environment.
+    os.environ[SETTINGS_ENV] = settings.model_dump_json()
+    uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
+                workers=workers, log_level=log_level, access_log=False)  # fmt: skip
 
 
 def _redact(url: str) -> str:

@@ -39,6 +39,7 @@ class Principal:
     is_admin: bool
     personal_org_id: str
     token_id: str
+    token_expires_at: datetime | None = None
 
 
 def _check_credentials(email: str, password: str) -> str:
@@ -120,9 +121,13 @@ def login(s: Session, email: str, password: str, now: datetime, days: int) -> tu
     return user, row, plain
 
 
-def authenticate(s: Session, token: str, now: datetime) -> Principal:
+def check_token_format(token: str) -> None:
     if not token.startswith(TOKEN_PREFIX):
         raise Unauthorized("not a suanli token (they start with 'sl_')")
+
+
+def authenticate(s: Session, token: str, now: datetime) -> Principal:
+    check_token_format(token)
     row = s.execute(
         select(
             ApiToken.id,
@@ -143,7 +148,7 @@ def authenticate(s: Session, token: str, now: datetime) -> Principal:
         raise Unauthorized("token revoked; log in again")
     if expires_at is not None and expires_at <= now:
         raise Unauthorized("token expired; log in again")
-    return Principal(user_id, email, is_admin, org_id, tok_id)
+    return Principal(user_id, email, is_admin, org_id, tok_id, expires_at)
 
 
 def list_tokens(s: Session, who: Principal) -> list[ApiToken]:
@@ -169,6 +174,12 @@ def user(s: Session, who: Principal) -> User:
 # ---- organisations -----------------------------------------------------------------------------------------
 def role_in(s: Session, who: Principal, org_id: str) -> str | None:
     return s.scalar(select(Membership.role).where(Membership.org_id == org_id, Membership.user_id == who.user_id))
+
+
+def require_access(s: Session, who: Principal, org_id: str) -> None:
+    """`org_for` for the hot read path: one indexed lookup, no org row loaded."""
+    if role_in(s, who, org_id) is None and not (who.is_admin and s.get(Org, org_id) is not None):
+        raise NotFound(f"organisation {org_id} not found")
 
 
 def org_for(s: Session, who: Principal, org_id: str, *, owner: bool = False) -> Org:

@@ -12,7 +12,9 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import delete, insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from suanli.control.errors import Conflict, Invalid, NotFound
@@ -25,13 +27,14 @@ from suanli.topology.spec import SpecError, parse
 NODE_STATES = ("ready", "draining", "down")
 INVENTORY_VERSION = "inventory_version"
 MAX_REGISTERED_GPUS = 200_000
+NODE_NAME_MAX = 255
 
 
 def bump_version(s: Session) -> None:
-    n = s.execute(update(KeyValue).where(KeyValue.key == INVENTORY_VERSION).values(value=KeyValue.value + 1)).rowcount  # type: ignore[attr-defined]
-    if not n:
-        s.add(KeyValue(key=INVENTORY_VERSION, value=1))
-        s.flush()
+    """One atomic upsert: concurrent registrations and allocations never race on creating the row."""
+    ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    stmt = ins(KeyValue).values(key=INVENTORY_VERSION, value=1)
+    s.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": KeyValue.value + 1}))
 
 
 def version(s: Session) -> int:
@@ -81,17 +84,30 @@ def register_spec(
                 dict(node_id=node_id, index=k, model=g.gpu.name, memory_mib=mem, mig_mode=False,
                      uuid=f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'suanli:{row.id}:{i}:{k}')}")
             )  # fmt: skip
+    _check_names(s, [n["name"] for n in nodes])
     s.execute(insert(Node), nodes)
     s.execute(insert(Gpu), gpus)
     bump_version(s)
     return row
 
 
+def _check_names(s: Session, names: list[str]) -> None:
+    """Node names are global (the API addresses nodes by name): refuse a clash with another cluster's nodes."""
+    too_long = next((n for n in names if len(n) > NODE_NAME_MAX), None)
+    if too_long is not None:
+        raise Invalid(f"name: node name {too_long!r} is longer than {NODE_NAME_MAX} characters; pick a shorter name")
+    for i in range(0, len(names), 500):
+        taken = s.scalars(select(Node.name).where(Node.name.in_(names[i : i + 500])).limit(1)).first()
+        if taken is not None:
+            raise Conflict(f"name: a node called {taken!r} is already registered (another cluster); pick another name")
+
+
 def register_preset(s: Session, preset: str, now: datetime, name: str | None = None) -> ClusterRow:
     try:
         spec = presets.preset_spec(preset)
-    except SpecError as e:
-        raise Invalid(f"preset: {e}") from e
+        build_cluster(spec)
+    except (SpecError, Invalid) as e:
+        raise Invalid(f"preset: {getattr(e, 'message', e)}") from e
     return register_spec(s, spec, now, source="preset", name=name)
 
 
@@ -113,6 +129,7 @@ def register_host(s: Session, host: HostInfo, now: datetime, name: str | None = 
     row = ClusterRow(id=new_id("cl"), name=name, source="local", spec=spec, created_at=now)
     s.add(row)
     s.flush()
+    _check_names(s, [_slug(name)])
     node = Node(
         id=new_id("node"), cluster_id=row.id, index=0, name=_slug(name), kind="local", state="ready",
         state_reason="" if host.gpus else host.summary(), gpu_model=model, gpu_count=len(host.gpus),

@@ -10,10 +10,12 @@ serialised by the write lock every writing session takes at BEGIN.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -31,7 +33,15 @@ from suanli.billing.ledger import (
 )
 from suanli.billing.money import ZERO, exact
 from suanli.control.errors import Conflict, Invalid, PaymentRequired
-from suanli.db.models import AccountBalance, LedgerEntry, LedgerTransaction
+from suanli.db.models import (
+    AccountBalance,
+    Allocation,
+    LedgerEntry,
+    LedgerTransaction,
+    Membership,
+    Org,
+    PriceBookVersion,
+)
 
 MAX_AMOUNT = Decimal("1000000000")  # one top-up or credit; larger is a typo, not a payment
 
@@ -67,28 +77,33 @@ def post(
         key=tx.key, kind=tx.kind, memo=tx.memo, org_id=org_id, user_id=user_id, allocation_id=allocation_id,
         created_at=now,
     )  # fmt: skip
+    negative_ok = {EXTERNAL, PROMOTIONS, REVENUE, *allow_negative}
     try:
+        # One savepoint around every write: a refusal (402) or a lost key race leaves nothing behind, even when
+        # the caller catches the error and commits the rest of its transaction.
         with s.begin_nested():
             s.add(row)
+            s.flush()
+            _ensure_accounts(s, (e.account for e in tx.entries))
+            for e in tx.entries:
+                s.add(LedgerEntry(tx_id=row.id, account=e.account, amount=e.amount))
+            # Balance rows are locked (updated) in account order, so two transactions that touch the same accounts
+            # in opposite directions (a charge and a refund) cannot deadlock on PostgreSQL.
+            for e in sorted(tx.entries, key=lambda e: e.account):
+                new = s.execute(
+                    update(AccountBalance)
+                    .where(AccountBalance.account == e.account)
+                    .values(balance=AccountBalance.balance + e.amount)
+                    .returning(AccountBalance.balance)
+                ).scalar_one()
+                if e.amount < ZERO and e.account.startswith("org:") and new < ZERO and e.account not in negative_ok:
+                    raise PaymentRequired(f"{tx.memo or tx.kind}: balance would go negative ({exact(new)})")
             s.flush()
     except IntegrityError:  # another process posted the same key between our read and our insert
         existing = s.scalar(select(LedgerTransaction).where(LedgerTransaction.key == tx.key))
         if existing is None:
             raise
         return _same_or_conflict(existing, tx), False
-    _ensure_accounts(s, (e.account for e in tx.entries))
-    negative_ok = {EXTERNAL, PROMOTIONS, REVENUE, *allow_negative}
-    for e in tx.entries:
-        s.add(LedgerEntry(tx_id=row.id, account=e.account, amount=e.amount))
-        new = s.execute(
-            update(AccountBalance)
-            .where(AccountBalance.account == e.account)
-            .values(balance=AccountBalance.balance + e.amount)
-            .returning(AccountBalance.balance)
-        ).scalar_one()
-        if e.amount < ZERO and e.account.startswith("org:") and new < ZERO and e.account not in negative_ok:
-            raise PaymentRequired(f"{tx.memo or tx.kind}: balance would go negative ({exact(new)})")
-    s.flush()
     return row, True
 
 
@@ -162,3 +177,36 @@ def recompute(s: Session) -> dict[str, tuple[Decimal, Decimal]]:
     for key, total in unbalanced:
         bad[f"tx:{key}"] = (exact(total), ZERO)
     return bad
+
+
+@dataclass(frozen=True)
+class BalanceView:
+    member: bool
+    org_exists: bool
+    balance: Decimal
+    held_per_hour: Decimal
+    price_version: int
+
+
+def _balance_view_statement() -> Any:
+    org, user, acct = bindparam("org_id"), bindparam("user_id"), bindparam("account")
+    return select(
+        select(Membership.role).where(Membership.org_id == org, Membership.user_id == user).scalar_subquery(),
+        select(Org.id).where(Org.id == org).scalar_subquery(),
+        select(AccountBalance.balance).where(AccountBalance.account == acct).scalar_subquery(),
+        select(func.sum(Allocation.rate_per_hour))
+        .where(Allocation.org_id == org, Allocation.stopped_at.is_(None))
+        .scalar_subquery(),
+        select(func.max(PriceBookVersion.id)).scalar_subquery(),
+    )
+
+
+_BALANCE_VIEW = _balance_view_statement()  # built once: the hot read path is one precompiled statement
+
+
+def balance_view(s: Session, org_id: str, user_id: str) -> BalanceView:
+    """Everything `GET /orgs/{id}/balance` needs in one round trip: access, balance, running rate, price version."""
+    role, org, bal, held, version = s.execute(
+        _BALANCE_VIEW, {"org_id": org_id, "user_id": user_id, "account": org_account(org_id)}
+    ).one()
+    return BalanceView(role is not None, org is not None, exact(bal or ZERO), exact(held or ZERO), version or 0)

@@ -20,7 +20,7 @@ from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import REVENUE, org_account, transfer
-from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, charges_due
+from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, charges_due, cost_of
 from suanli.billing.money import ZERO, exact, shown
 from suanli.billing.prices import BillingMode
 from suanli.control import inventory, ledger, prices
@@ -39,7 +39,9 @@ def open_rates(s: Session, org_id: str) -> Decimal:
 
 def check_admission(s: Session, org_id: str, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
     """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU quota."""
-    org = s.get(Org, org_id)
+    # Admissions to one org queue on its row (FOR NO KEY UPDATE: ledger inserts' foreign-key checks do not wait),
+    # so two racing admissions cannot both count on the same balance or quota (SQLite: the write lock at BEGIN).
+    org = s.get(Org, org_id, with_for_update={"key_share": True}, populate_existing=True)
     if org is None:
         raise NotFound(f"organisation {org_id} not found")
     if org.quota_gpus is not None:
@@ -97,11 +99,14 @@ def open_allocation(
 
 
 def close_allocation(s: Session, allocation_id: str, now: datetime) -> Allocation:
-    row = s.get(Allocation, allocation_id)
+    """Record the stop. A metering pass whose clock read later than `now` may already have charged past it
+    (it ran before this close committed): the stop is then where metering saw the run, so the settled bill is
+    exactly `cost_of(rate, billed seconds)` and never less than what the ledger already holds."""
+    row = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
     if row is None:
         raise NotFound(f"allocation {allocation_id} not found")
     if row.stopped_at is None:
-        row.stopped_at = max(now, row.started_at)
+        row.stopped_at = max(now, row.started_at + timedelta(seconds=row.metered_until_s))
         inventory.bump_version(s)
     return row
 
@@ -141,28 +146,39 @@ def meter_allocation(
     s: Session, allocation_id: str, owner: str, now: datetime, window_s: int, report: MeterReport
 ) -> None:
     """Post what is due for one leased allocation and release it, all in the caller's transaction."""
-    a = s.get(Allocation, allocation_id)
+    # The row lock keeps a close (or a worker that took the lease over) from changing the row under us; another
+    # worker's claim skips it meanwhile (SKIP LOCKED). SQLite's write lock taken at BEGIN does the same.
+    a = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
     if a is None or a.lock_owner != owner:
         return  # the lease was lost (expired and taken over): leave the work to the new owner
     stopped = a.stopped_at is not None
     end = a.stopped_at if stopped else now
     elapsed = max(0.0, (end - a.started_at).total_seconds())
-    done = {k for k in range(a.metered_until_s // window_s)}
+    paid_s = a.metered_until_s
+    done = {k for k in range(paid_s // window_s)}
     for c in charges_due(a.id, a.rate_per_hour, elapsed, stopped, done, window_s):
-        tx = transfer(c.key, "usage", org_account(a.org_id), REVENUE, c.amount,
-                      f"{a.workload or a.id}: {c.start_s}-{c.end_s} s")  # fmt: skip
+        # The window size changed since the last pass (the operator's setting): seconds before `paid_s` are paid
+        # already, so the first window is charged from there; its key (window size in it) was never used.
+        start_s = max(c.start_s, paid_s)
+        amount = cost_of(a.rate_per_hour, c.end_s) - cost_of(a.rate_per_hour, start_s)
+        if amount == ZERO:
+            continue
+        tx = transfer(c.key, "usage", org_account(a.org_id), REVENUE, amount,
+                      f"{a.workload or a.id}: {start_s}-{c.end_s} s")  # fmt: skip
         _, created = ledger.post(
             s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id, allow_negative=[org_account(a.org_id)]
         )
         if created:
             report.posted += 1
-            report.amount += c.amount
-            a.charged = exact(a.charged + c.amount)
+            report.amount += amount
+            a.charged = exact(a.charged + amount)
         else:
             report.repeated += 1
         a.metered_until_s = c.end_s
     billed = billable_seconds(elapsed, stopped)
-    a.metered_until_s = billed - billed % window_s if not stopped else billed
+    # A pass whose clock reads earlier than the last one's (another process, or a claim that waited) must not move
+    # `metered_until_s` back: the next pass would recompute windows already charged.
+    a.metered_until_s = billed if stopped else max(a.metered_until_s, billed - billed % window_s)
     if stopped:
         a.settled = True
         report.settled += 1
@@ -221,10 +237,10 @@ def statement(
         out.append(
             {
                 "allocation": a.id, "workload": a.workload, "user": email, "gpu_model": a.gpu_model, "gpus": a.gpus,
-                "milli": a.milli, "billing_mode": a.billing_mode, "rate_per_hour": str(exact(a.rate_per_hour)),
+                "milli": a.milli, "billing_mode": a.billing_mode, "rate_per_hour": format(exact(a.rate_per_hour), "f"),
                 "started_at": a.started_at.isoformat(),
                 "stopped_at": a.stopped_at.isoformat() if a.stopped_at else None,
-                "seconds_charged": a.metered_until_s, "cost": str(exact(a.charged)),
+                "seconds_charged": a.metered_until_s, "cost": format(exact(a.charged), "f"),
             }
         )  # fmt: skip
     return out

@@ -25,6 +25,7 @@ from suanli.control import inventory, prices
 from suanli.control.errors import Invalid
 from suanli.db.models import Allocation, ClusterRow, Node
 from suanli.perf import TrainJob
+from suanli.sched.types import mig_milli
 from suanli.topology import Cluster
 
 
@@ -41,6 +42,7 @@ class GpuOffer:
     on_demand: Decimal | None  # per GPU-hour; None: the operator set no price, so it cannot be rented
     spot: Decimal | None
     plans: dict[str, Decimal]  # effective per GPU-hour price of each reserved plan
+    slices: dict[str, Decimal]  # per hour of one MIG slice, by profile (MIG-capable GPUs)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
         plans = {
             name: exact(on_demand * (1 - p.discount)) for name, p in book.plans.items()
         } if on_demand is not None else {}  # fmt: skip
+        slices = {
+            p: book.rate(model, 1, "on-demand", milli=mig_milli(p)) for p in spec.mig_profiles
+        } if on_demand is not None else {}  # fmt: skip
         offers.append(
             GpuOffer(
                 gpu=model,
@@ -113,6 +118,7 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
                 on_demand=on_demand,
                 spot=book.gpu_rate(model, "spot") if on_demand is not None else None,
                 plans=plans,
+                slices=slices,
             )
         )
     clusters = {c.id: c for c in s.scalars(select(ClusterRow))}
@@ -120,7 +126,7 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
 
 
 def snapshot(s: Session, cache: OfferCache) -> Snapshot:
-    key = (inventory.version(s), prices.current(s)[0])
+    key = (inventory.version(s), prices.version(s))
     with cache.lock:
         if cache.snapshot_key == key and cache.snapshot is not None:
             return cache.snapshot

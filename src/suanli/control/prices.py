@@ -23,6 +23,11 @@ def current(s: Session) -> tuple[int, PriceBook]:
     return row.id, PriceBook.model_validate(row.body)
 
 
+def version(s: Session) -> int:
+    """The version in force (0: the shipped default), without parsing the book."""
+    return s.scalar(select(PriceBookVersion.id).order_by(PriceBookVersion.id.desc()).limit(1)) or 0
+
+
 def validate(body: dict[str, object]) -> PriceBook:
     """A price book whose GPU models are all catalog models, named canonically."""
     try:
@@ -33,9 +38,12 @@ def validate(body: dict[str, object]) -> PriceBook:
     canonical: dict[str, Decimal] = {}
     for model, price in book.gpu_hour.items():
         try:
-            canonical[catalog.gpu(model).name] = price
+            name = catalog.gpu(model).name
         except catalog.CatalogError as e:
             raise Invalid(f"gpu_hour.{model}: {e}") from e
+        if name in canonical:
+            raise Invalid(f"gpu_hour.{model}: {name} is priced twice")
+        canonical[name] = price
     return book.model_copy(update={"gpu_hour": canonical})
 
 

@@ -13,7 +13,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from suanli.control.errors import Invalid
-from suanli.db.engine import default_sqlite_url
 
 
 class Settings(BaseModel):
@@ -33,10 +32,11 @@ class Settings(BaseModel):
     meter_interval_s: float = Field(5.0, gt=0, le=3600)
     meter_window_s: int = Field(60, ge=1, le=3600)
     background: bool = Field(True, description="run the background loops (metering) in this server")
+    virtual: tuple[str, ...] = Field((), description="topology presets registered as virtual nodes on start")
 
     @property
     def db_url(self) -> str:
-        return self.db or default_sqlite_url(self.home)
+        return self.db or f"sqlite+pysqlite:///{self.home / 'suanli.db'}"
 
 
 def default_home() -> Path:
@@ -64,7 +64,7 @@ def load(
     for name in Settings.model_fields:
         value = environ.get(f"SUANLI_{name.upper()}")
         if value is not None and value != "":
-            merged[name] = value
+            merged[name] = [v for v in value.split(",") if v] if name == "virtual" else value
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
     merged.setdefault("home", default_home())
     try:

@@ -14,10 +14,6 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def default_sqlite_url(home: Path) -> str:
-    return f"sqlite+pysqlite:///{home / 'suanli.db'}"
-
-
 def normalise_url(url: str) -> str:
     """Accept the URLs people write (`postgresql://`, `postgres://`, `sqlite:///x`) and pick our drivers."""
     for prefix in ("postgres://", "postgresql://"):

@@ -160,7 +160,7 @@ class Node(Base):
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     cluster_id: Mapped[str] = mapped_column(ForeignKey("clusters.id", ondelete="CASCADE"), index=True)
     index: Mapped[int] = mapped_column(Integer)  # position in the cluster spec
-    name: Mapped[str] = mapped_column(String(160), unique=True)
+    name: Mapped[str] = mapped_column(String(255), unique=True)
     kind: Mapped[str] = mapped_column(String(16))  # virtual | local
     state: Mapped[str] = mapped_column(String(16), default="ready")  # ready | draining | down
     state_reason: Mapped[str] = mapped_column(Text, default="")
@@ -209,6 +209,23 @@ class Allocation(Base):
     charged: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0))
     lock_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
     lock_expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class Plan(Base):
+    """GPUs reserved for a period, paid upfront at the plan's discount (a `plan_purchase` ledger transaction)."""
+
+    __tablename__ = "plans"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    plan: Mapped[str] = mapped_column(String(32))  # hourly | daily | weekly | monthly (the price book's plans)
+    gpu_model: Mapped[str] = mapped_column(String(32))
+    gpus: Mapped[int] = mapped_column(Integer)
+    price: Mapped[Decimal] = mapped_column(MONEY)
+    purchase_key: Mapped[str] = mapped_column(String(200), unique=True)  # the ledger transaction's key
+    starts_at: Mapped[datetime]
+    ends_at: Mapped[datetime]
+    created_at: Mapped[datetime]
 
 
 class KeyValue(Base):

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 from sqlalchemy import func, select
 
-from suanli.api.deps import Auth, Caller, caller
+from suanli.api.deps import Auth, Caller, caller, in_thread
 from suanli.api.schemas import (
     AdminUserIn,
     AdminUserPatch,
@@ -20,6 +20,7 @@ from suanli.api.schemas import (
     NodeOut,
     NodeStateIn,
     OrgOut,
+    PriceBookIn,
     PriceGpuIn,
     QuotaIn,
     TransactionOut,
@@ -35,7 +36,7 @@ from suanli.db.models import ClusterRow, Node, Org, User
 from suanli.telemetry import nvml
 
 
-def admin(ctx: Auth) -> Caller:
+async def admin(ctx: Auth) -> Caller:
     accounts.require_admin(ctx.who)
     return ctx
 
@@ -46,12 +47,14 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(caller
 
 # ---- users and orgs -----------------------------------------------------------------------------------------
 @router.get("/users")
+@in_thread
 def list_users(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[UserOut]:
     with ctx.db.read() as s:
         return [UserOut.model_validate(u) for u in s.scalars(select(User).order_by(User.created_at).limit(limit))]
 
 
 @router.post("/users", status_code=201)
+@in_thread
 def create_user(body: AdminUserIn, ctx: Admin) -> UserOut:
     credit = ctx.srv.settings.trial_credit if body.trial_credit else ZERO
     with ctx.db.write() as s, s.begin():
@@ -60,16 +63,20 @@ def create_user(body: AdminUserIn, ctx: Admin) -> UserOut:
 
 
 @router.patch("/users/{user_id}")
+@in_thread
 def patch_user(user_id: str, body: AdminUserPatch, ctx: Admin) -> UserOut:
     with ctx.db.write() as s, s.begin():
         u = s.get(User, user_id)
         if u is None:
             raise NotFound(f"user {user_id} not found")
         u.is_admin = body.admin
-        return UserOut.model_validate(u)
+        out = UserOut.model_validate(u)
+    ctx.srv.tokens.forget_all()
+    return out
 
 
 @router.get("/orgs")
+@in_thread
 def list_orgs(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[OrgOut]:
     with ctx.db.read() as s:
         return [OrgOut.model_validate(o) for o in s.scalars(select(Org).order_by(Org.created_at).limit(limit))]
@@ -83,6 +90,7 @@ def _org(s: object, org: str) -> Org:
 
 
 @router.put("/orgs/{org}/quota")
+@in_thread
 def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
     """`org` is an id or a name (a personal org is named after its user's email)."""
     with ctx.db.write() as s, s.begin():
@@ -92,6 +100,7 @@ def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
 
 
 @router.post("/orgs/{org}/transactions", status_code=201)
+@in_thread
 def move_money(org: str, body: MoveIn, ctx: Admin) -> TransactionOut:
     """Top up (cash in), credit (goodwill) or refund; with `key`, a retried request posts nothing twice."""
     with ctx.db.write() as s, s.begin():
@@ -105,6 +114,7 @@ def move_money(org: str, body: MoveIn, ctx: Admin) -> TransactionOut:
 
 
 @router.get("/ledger/check")
+@in_thread
 def check_ledger(ctx: Admin) -> CheckOut:
     """Recompute every balance from its entries and check every transaction sums to zero."""
     with ctx.db.read() as s:
@@ -114,16 +124,17 @@ def check_ledger(ctx: Admin) -> CheckOut:
 
 # ---- prices -------------------------------------------------------------------------------------------------
 @router.put("/prices")
-def put_prices(body: dict[str, object], ctx: Admin) -> dict[str, object]:
-    """Replace the whole price book (same document as GET /prices, without `version`)."""
-    body = {k: v for k, v in body.items() if k != "version"}
-    book = prices.validate(body)
+@in_thread
+def put_prices(body: PriceBookIn, ctx: Admin) -> dict[str, object]:
+    """Replace the whole price book (same document as GET /prices; its `version` is ignored)."""
+    book = prices.validate(body.model_dump(mode="json", exclude={"version"}))
     with ctx.db.write() as s, s.begin():
         version = prices.store(s, book, ctx.now, ctx.who.user_id)
     return {"version": version, **book.model_dump(mode="json")}
 
 
 @router.put("/prices/gpus/{gpu}")
+@in_thread
 def put_gpu_price(gpu: str, body: PriceGpuIn, ctx: Admin) -> dict[str, object]:
     with ctx.db.write() as s, s.begin():
         version, book = prices.set_gpu_price(s, gpu, body.on_demand, ctx.now, ctx.who.user_id, remove=body.remove)
@@ -139,12 +150,14 @@ def _cluster_out(s: object, row: ClusterRow) -> ClusterOut:
 
 
 @router.get("/clusters")
+@in_thread
 def list_clusters(ctx: Admin) -> list[ClusterOut]:
     with ctx.db.read() as s:
         return [_cluster_out(s, c) for c in inventory.clusters(s)]
 
 
 @router.post("/clusters", status_code=201)
+@in_thread
 def register_cluster(body: ClusterIn, ctx: Admin) -> ClusterOut:
     """Register nodes: a topology preset or a cluster spec (virtual nodes), or this host (`local`, via NVML)."""
     host = nvml.discover() if body.local else None  # hardware is read before the transaction opens
@@ -159,12 +172,14 @@ def register_cluster(body: ClusterIn, ctx: Admin) -> ClusterOut:
 
 
 @router.delete("/clusters/{cluster}", status_code=204)
+@in_thread
 def remove_cluster(cluster: str, ctx: Admin) -> None:
     with ctx.db.write() as s, s.begin():
         inventory.remove_cluster(s, cluster)
 
 
 @router.get("/nodes")
+@in_thread
 def list_nodes(
     ctx: Admin,
     state: Annotated[str | None, Query(pattern="^(ready|draining|down)$")] = None,
@@ -178,6 +193,7 @@ def list_nodes(
 
 
 @router.get("/nodes/{node}")
+@in_thread
 def get_node(node: str, ctx: Admin) -> NodeDetailOut:
     with ctx.db.read() as s:
         n = inventory.node(s, node)
@@ -186,6 +202,7 @@ def get_node(node: str, ctx: Admin) -> NodeDetailOut:
 
 
 @router.patch("/nodes/{node}")
+@in_thread
 def set_node_state(node: str, body: NodeStateIn, ctx: Admin) -> NodeOut:
     """Drain a node (running work finishes, nothing new lands), take it down, or bring it back."""
     with ctx.db.write() as s, s.begin():

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 from fastapi import APIRouter
 
-from suanli.api.deps import Auth, Srv
+from suanli.api.deps import Auth, Srv, in_thread
 from suanli.api.schemas import (
     Credentials,
     MeOut,
@@ -26,6 +26,7 @@ router = APIRouter(tags=["accounts"])
 
 
 @router.post("/signup", status_code=201)
+@in_thread
 def signup(body: Credentials, srv: Srv) -> SignupOut:
     """A new user with a personal organisation and the trial credit; returns a login token."""
     now = utcnow()
@@ -42,6 +43,7 @@ def signup(body: Credentials, srv: Srv) -> SignupOut:
 
 
 @router.post("/login")
+@in_thread
 def login(body: Credentials, srv: Srv) -> SessionOut:
     now = utcnow()
     with srv.db.write() as s, s.begin():
@@ -50,13 +52,16 @@ def login(body: Credentials, srv: Srv) -> SessionOut:
 
 
 @router.post("/logout", status_code=204)
+@in_thread
 def logout(ctx: Auth) -> None:
     """Revoke the token this request carries."""
     with ctx.db.write() as s, s.begin():
         accounts.revoke_token(s, ctx.who, ctx.who.token_id, ctx.now)
+    ctx.srv.tokens.forget_all()
 
 
 @router.get("/me")
+@in_thread
 def me(ctx: Auth) -> MeOut:
     with ctx.db.read() as s:
         user = accounts.user(s, ctx.who)
@@ -65,12 +70,14 @@ def me(ctx: Auth) -> MeOut:
 
 
 @router.get("/tokens")
+@in_thread
 def list_tokens(ctx: Auth) -> list[TokenOut]:
     with ctx.db.read() as s:
         return [TokenOut.model_validate(t) for t in accounts.list_tokens(s, ctx.who)]
 
 
 @router.post("/tokens", status_code=201)
+@in_thread
 def create_token(body: TokenIn, ctx: Auth) -> NewTokenOut:
     expires = ctx.now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     with ctx.db.write() as s, s.begin():
@@ -80,6 +87,9 @@ def create_token(body: TokenIn, ctx: Auth) -> NewTokenOut:
 
 
 @router.delete("/tokens/{token_id}")
+@in_thread
 def revoke_token(token_id: str, ctx: Auth) -> TokenOut:
     with ctx.db.write() as s, s.begin():
-        return TokenOut.model_validate(accounts.revoke_token(s, ctx.who, token_id, ctx.now))
+        out = TokenOut.model_validate(accounts.revoke_token(s, ctx.who, token_id, ctx.now))
+    ctx.srv.tokens.forget_all()
+    return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.api.deps import Auth
-from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut
+from suanli.api.deps import Auth, in_thread
+from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, money
 from suanli.control import offers, prices
 from suanli.control.errors import Invalid
 from suanli.perf import MODEL_PRESETS, TrainJob, model_preset
@@ -14,6 +14,7 @@ router = APIRouter(tags=["market"])
 
 
 @router.get("/prices")
+@in_thread
 def get_prices(ctx: Auth) -> dict[str, object]:
     """The price book in force (per GPU-hour on demand, spot factor, slice premium, storage, plans)."""
     with ctx.db.read() as s:
@@ -22,6 +23,7 @@ def get_prices(ctx: Auth) -> dict[str, object]:
 
 
 @router.get("/offers")
+@in_thread
 def get_offers(ctx: Auth) -> list[OfferOut]:
     """Per GPU model: total, free now, largest free block in one NVLink domain and one leaf, prices."""
     with ctx.db.read() as s:
@@ -30,15 +32,17 @@ def get_offers(ctx: Auth) -> list[OfferOut]:
         OfferOut(
             gpu=o.gpu, memory_gb=o.memory_gb, total=o.total, free=o.free, largest_free_nvlink=o.largest_free_nvlink,
             largest_free_leaf=o.largest_free_leaf, nodes=o.nodes, currency=o.currency,
-            on_demand_per_gpu_hour=None if o.on_demand is None else str(o.on_demand),
-            spot_per_gpu_hour=None if o.spot is None else str(o.spot),
-            plans_per_gpu_hour={k: str(v) for k, v in o.plans.items()},
+            on_demand_per_gpu_hour=None if o.on_demand is None else money(o.on_demand),
+            spot_per_gpu_hour=None if o.spot is None else money(o.spot),
+            plans_per_gpu_hour={k: money(v) for k, v in o.plans.items()},
+            slices_per_hour={k: str(v) for k, v in o.slices.items()},
         )
         for o in snap.offers
     ]  # fmt: skip
 
 
 @router.post("/quotes")
+@in_thread
 def create_quote(body: QuoteIn, ctx: Auth) -> list[QuoteOut]:
     """Predicted step time, total time and cost of a training run on each feasible offer, best first."""
     if body.model not in MODEL_PRESETS:

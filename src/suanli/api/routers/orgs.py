@@ -2,33 +2,30 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
 
-from suanli.api.deps import Auth
-from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, money
+from suanli.api.deps import Auth, in_thread
+from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
 from suanli.billing.ledger import org_account
 from suanli.billing.money import ZERO, shown
-from suanli.control import accounts, ledger, metering, prices
+from suanli.control import accounts, ledger, metering
+from suanli.control.errors import NotFound
 
 router = APIRouter(tags=["organisations"])
 
 
-def utc(t: datetime | None) -> datetime | None:
-    """Times without a zone are UTC."""
-    return None if t is None else t.replace(tzinfo=UTC) if t.tzinfo is None else t
-
-
 @router.get("/orgs")
+@in_thread
 def list_orgs(ctx: Auth) -> list[OrgOut]:
     with ctx.db.read() as s:
         return [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
 
 
 @router.post("/orgs", status_code=201)
+@in_thread
 def create_org(body: OrgIn, ctx: Auth) -> OrgOut:
     """A team organisation, owned by the caller, to share a balance with other users."""
     with ctx.db.write() as s, s.begin():
@@ -37,6 +34,7 @@ def create_org(body: OrgIn, ctx: Auth) -> OrgOut:
 
 
 @router.get("/orgs/{org_id}")
+@in_thread
 def get_org(org_id: str, ctx: Auth) -> OrgOut:
     with ctx.db.read() as s:
         org = accounts.org_for(s, ctx.who, org_id)
@@ -44,12 +42,14 @@ def get_org(org_id: str, ctx: Auth) -> OrgOut:
 
 
 @router.get("/orgs/{org_id}/members")
+@in_thread
 def list_members(org_id: str, ctx: Auth) -> list[MemberOut]:
     with ctx.db.read() as s:
         return [MemberOut(user_id=u.id, email=u.email, role=r) for u, r in accounts.members(s, ctx.who, org_id)]
 
 
 @router.post("/orgs/{org_id}/members", status_code=201)
+@in_thread
 def add_member(org_id: str, body: MemberIn, ctx: Auth) -> MemberOut:
     with ctx.db.write() as s, s.begin():
         u = accounts.add_member(s, ctx.who, org_id, body.email, body.role)
@@ -57,22 +57,27 @@ def add_member(org_id: str, body: MemberIn, ctx: Auth) -> MemberOut:
 
 
 @router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)
+@in_thread
 def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
     with ctx.db.write() as s, s.begin():
         accounts.remove_member(s, ctx.who, org_id, user_id)
 
 
 @router.get("/orgs/{org_id}/balance")
+@in_thread
 def balance(org_id: str, ctx: Auth) -> BalanceOut:
     with ctx.db.read() as s:
-        accounts.org_for(s, ctx.who, org_id)
-        bal = ledger.org_balance(s, org_id)
-        currency = prices.current(s)[1].currency
-        held = metering.open_rates(s, org_id)
-    return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=currency, held_per_hour=shown(held))
+        view = ledger.balance_view(s, org_id, ctx.who.user_id)
+        if not view.member and not (ctx.who.is_admin and view.org_exists):
+            raise NotFound(f"organisation {org_id} not found")
+        currency = ctx.srv.prices.book(s, view.price_version).currency
+    bal = view.balance
+    return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=currency,
+                      held_per_hour=shown(view.held_per_hour))  # fmt: skip
 
 
 @router.get("/orgs/{org_id}/transactions")
+@in_thread
 def transactions(
     org_id: str,
     ctx: Auth,
@@ -93,20 +98,30 @@ def transactions(
         ]  # fmt: skip
 
 
-@router.get("/orgs/{org_id}/usage", response_model=None)
+USAGE_FORMATS = {
+    200: {
+        "description": "one row per allocation: JSON objects, or CSV with `format=csv`",
+        "content": {"application/json": {"schema": {"type": "array", "items": {"type": "object"}}},
+                    "text/csv": {"schema": {"type": "string"}}},
+    }
+}  # fmt: skip
+
+
+@router.get("/orgs/{org_id}/usage", response_model=None, responses=USAGE_FORMATS)
+@in_thread
 def usage(
     org_id: str,
     ctx: Auth,
     user_id: Annotated[str | None, Query(max_length=64)] = None,
     workload: Annotated[str | None, Query(max_length=128)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Annotated[UtcTime | None, Query(description="times without a zone are UTC")] = None,
+    until: Annotated[UtcTime | None, Query(description="times without a zone are UTC")] = None,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
 ) -> Response | list[dict[str, object]]:
     """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost)."""
     with ctx.db.read() as s:
         accounts.org_for(s, ctx.who, org_id)
-        rows = metering.statement(s, org_id, user_id=user_id, workload=workload, since=utc(since), until=utc(until))
+        rows = metering.statement(s, org_id, user_id=user_id, workload=workload, since=since, until=until)
     if format == "csv":
         return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv")
     return rows

@@ -1,0 +1,245 @@
+"""Load on the API server: requests/s and latency with N concurrent clients, on SQLite and PostgreSQL.
+
+Usage: python benchmarks/api_load.py [--clients 50] [--seconds 10] [--workers 1] [--backend sqlite|postgresql ...]
+       [--pg-url URL]
+
+For each backend a real `suanli server` process is started on a fresh database (PostgreSQL: `--pg-url`, or a
+throwaway server as the test suite starts one), an operator registers the `h20-roce800-128` and
+`dgx-h100-superpod-su` presets, a tenant signs up, and then `--clients` asyncio clients (httpx, one
+connection each, in one load process per core) hammer one endpoint at a time for `--seconds`:
+- `GET /orgs/{org}/balance`: an authenticated read (token lookup + balance row + price book);
+- `GET /offers`: the offers table from the cached inventory snapshot;
+- `POST /quotes`: a repeated quote (after the first, a cache hit; the first costs a plan search per offer).
+Each endpoint is loaded twice: closed loop (every client sends its next request as soon as the answer
+arrives: the most the server gives) and open loop (the clients together send `--rate` requests/s on a fixed
+schedule, latency counted from when each request was due). The goal (issue 4): >= 1,000 authenticated
+reads/s with p99 <= 50 ms at 50 clients on 2 cores. The load generator shares the machine's cores with the
+server, so these numbers are a floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, wait_healthy  # noqa: E402
+
+QUOTE = {"model": "llama3.1-8b", "tokens": 1e9, "gpu": "any"}
+
+
+async def _client_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
+                       lat: list[float], errors: list[int], interval: float | None, offset: float) -> None:  # fmt: skip
+    """Closed loop (`interval` None): the next request leaves when the answer arrives. Open loop: requests leave
+    on a fixed schedule, and latency counts from the scheduled time (no coordinated omission)."""
+    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
+        due = time.perf_counter() + offset
+        while True:
+            if interval is not None:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            t = due if interval is not None else time.perf_counter()
+            if t >= until:
+                return
+            r = await c.request(method, path, json=body)
+            lat.append(time.perf_counter() - t)
+            if r.status_code >= 400:
+                errors.append(r.status_code)
+            if interval is not None:
+                due += interval
+
+
+class RawConnection:
+    """A minimal HTTP/1.1 keep-alive client over asyncio streams: a cheap load generator, so that on a small
+    machine the numbers say what the server can do rather than what the client library costs."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.host, self.port = url.removeprefix("http://").split(":")
+        self.headers = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, json_body: Any = None) -> int:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, int(self.port))
+        assert self.reader is not None
+        body = b"" if json_body is None else json.dumps(json_body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{self.headers}"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")  # fmt: skip
+        self.writer.write(head.encode() + body)
+        status_line = await self.reader.readline()
+        length = 0
+        while (line := await self.reader.readline()) not in (b"\r\n", b""):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        await self.reader.readexactly(length)
+        return int(status_line.split()[1])
+
+    async def aclose(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+async def _raw_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
+                    lat: list[float], errors: list[int], interval: float | None, offset: float) -> None:  # fmt: skip
+    conn = RawConnection(url, headers)
+    due = time.perf_counter() + offset
+    try:
+        while True:
+            if interval is not None:
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
+            t = due if interval is not None else time.perf_counter()
+            if t >= until:
+                return
+            status = await conn.request(method, path, body)
+            lat.append(time.perf_counter() - t)
+            if status >= 400:
+                errors.append(status)
+            if interval is not None:
+                due += interval
+    finally:
+        await conn.aclose()
+
+
+def _load_process(
+    args: tuple[str, str, str, Any, dict[str, str], int, float, float, float | None, str],
+) -> tuple[list[float], list[int]]:
+    url, method, path, body, headers, clients, seconds, start_at, interval, client = args
+    loop = _client_loop if client == "httpx" else _raw_loop
+    lat: list[float] = []
+    errors: list[int] = []
+
+    async def main() -> None:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        until = time.perf_counter() + seconds
+        spread = interval or 0.0
+        await asyncio.gather(*(loop(url, method, path, body, headers, until, lat, errors, interval,
+                                            spread * i / clients) for i in range(clients)))  # fmt: skip
+
+    asyncio.run(main())
+    return lat, errors
+
+
+def run_load(url: str, method: str, path: str, body: Any, headers: dict[str, str], clients: int, seconds: float,
+             procs: int, rate: float | None = None, client: str = "httpx") -> dict[str, float]:  # fmt: skip
+    """`rate` None: closed loop, as fast as answers come; else open loop at `rate` requests/s in all."""
+    per = [clients // procs + (1 if i < clients % procs else 0) for i in range(procs)]
+    start_at = time.time() + 1.0
+    interval = clients / rate if rate else None
+    jobs = [(url, method, path, body, headers, n, seconds, start_at, interval, client) for n in per if n]
+    with mp.get_context("spawn").Pool(len(jobs)) as pool:
+        results = pool.map(_load_process, jobs)
+    lat = sorted(x for r in results for x in r[0])
+    errors = [x for r in results for x in r[1]]
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
+    return {"requests": len(lat), "rps": len(lat) / seconds, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+            "errors": len(errors)}  # fmt: skip
+
+
+def start_server(db_url: str, home: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "SUANLI_HOME": str(home), "SUANLI_ADMIN_EMAIL": ADMIN_EMAIL,
+           "SUANLI_ADMIN_PASSWORD": ADMIN_PASSWORD}  # fmt: skip
+    log = home / "server.log"
+    cmd = [sys.executable, "-m", "suanli.cli.main", "server", "--port", str(port), "--db", db_url,
+           "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    wait_healthy(url, proc, log, timeout=60)
+    return proc, url
+
+
+def setup(url: str) -> tuple[dict[str, str], str]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        admin = c.post("/api/v1/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD}).json()["token"]
+        ah = {"Authorization": f"Bearer {admin}"}
+        for preset in ("h20-roce800-128", "dgx-h100-superpod-su"):
+            c.post("/api/v1/admin/clusters", json={"preset": preset}, headers=ah).raise_for_status()
+        r = c.post("/api/v1/signup", json={"email": "tenant@example.com", "password": "tenant-password"})
+        r.raise_for_status()
+        headers = {"Authorization": f"Bearer {r.json()['token']}"}
+        t = time.perf_counter()
+        c.post("/api/v1/quotes", json=QUOTE, headers=headers).raise_for_status()
+        first_quote_ms = (time.perf_counter() - t) * 1000
+        print(f"  first (uncached) quote: {first_quote_ms:.0f} ms")
+        return headers, r.json()["org"]["id"]
+
+
+def bench_backend(name: str, db_url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    home = Path(tempfile.mkdtemp(prefix=f"suanli-bench-{name}-"))
+    proc, url = start_server(db_url, home, args.workers)
+    rows = []
+    try:
+        headers, org = setup(url)
+        targets = [("balance (auth read)", "GET", f"/api/v1/orgs/{org}/balance", None),
+                   ("offers", "GET", "/api/v1/offers", None), ("quotes (repeat)", "POST", "/api/v1/quotes", QUOTE)]  # fmt: skip
+        for label, method, path, body in targets:
+            for mode, rate in (("closed", None), (f"open {args.rate:g}/s", args.rate)):
+                res = run_load(url, method, path, body, headers, args.clients, args.seconds, args.load_procs, rate,
+                               args.client)  # fmt: skip
+                rows.append({"backend": name, "endpoint": label, "mode": mode, **res})
+                print(f"  {label} ({mode}): {res['rps']:.0f} req/s, p50 {res['p50_ms']:.1f} ms, "
+                      f"p99 {res['p99_ms']:.1f} ms, errors {res['errors']}")  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=50)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=1, help="server worker processes")
+    ap.add_argument("--load-procs", type=int, default=2, help="load-generator processes")
+    ap.add_argument("--client", choices=["httpx", "raw"], default="httpx",
+                    help="load generator: httpx.AsyncClient, or a minimal asyncio HTTP/1.1 client (cheaper)")  # fmt: skip
+    ap.add_argument("--rate", type=float, default=1000.0, help="open-loop rate, requests/s over all clients")
+    ap.add_argument("--backend", action="append", choices=["sqlite", "postgresql"])
+    ap.add_argument("--pg-url", help="admin URL of a PostgreSQL server (default: start a throwaway one)")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON at the end")
+    args = ap.parse_args()
+    rows: list[dict[str, Any]] = []
+    for backend in args.backend or ["sqlite", "postgresql"]:
+        print(f"{backend}: {args.clients} clients, {args.seconds:g} s per endpoint, {args.workers} server worker(s)")
+        if backend == "sqlite":
+            db_url = f"sqlite+pysqlite:///{tempfile.mkdtemp(prefix='suanli-bench-db-')}/suanli.db"
+            rows += bench_backend(backend, db_url, args)
+            continue
+        from tests import databases
+
+        admin_url = args.pg_url or databases.postgres_server()
+        if admin_url is None:
+            print(f"  skipped: {databases.postgres_unavailable_reason()}")
+            continue
+        try:
+            rows += bench_backend(backend, databases.new_database(admin_url), args)
+        finally:
+            if not args.pg_url:
+                databases.stop_postgres_server()
+    print()
+    print("| backend | endpoint | load | req/s | p50 ms | p99 ms | errors |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['backend']} | {r['endpoint']} | {r['mode']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
+              f"{r['p99_ms']:.1f} | {r['errors']} |")  # fmt: skip
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Tenant commands: sign up, log in and out, who am I, balance and usage, tokens, orgs (offers and quotes: market.py).
+
+All of them talk to a suanli server through `suanli.client.Client` (see `suanli.cli.credentials` for which
+server, which token, and the exit codes).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from suanli.cli import credentials as cred
+from suanli.cli import market
+from suanli.cli.common import (
+    JsonOpt,
+    check_choice,
+    check_positive,
+    console,
+    emit_json,
+    fail,
+    human_duration,
+)
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, org_id, when
+
+EmailOpt = Annotated[str, typer.Option("--email", help="Account email address.")]
+OrgOpt = Annotated[
+    str | None, typer.Option("--org", metavar="ORG", help="Organisation id or name (default: your personal org).")
+]
+
+
+# ---- sessions -----------------------------------------------------------------------------------------------
+def signup(
+    email: EmailOpt,
+    password_stdin: PasswordStdinOpt = False,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Create an account (a personal organisation with the trial credit) and log in."""
+    password = cred.read_password(password_stdin, confirm=True)
+    with cred.api(server, auth=False) as c:
+        out = c.signup(email, password)
+    cred.save(c.server, out.token, out.user.email)
+    if json_out:
+        doc = jsonable(out)
+        doc.pop("token", None)
+        emit_json({"server": c.server, **doc})
+        return
+    console.print(
+        f"signed up [bold]{out.user.email}[/] on {c.server}; balance {money(out.balance)} {out.currency}; logged in"
+    )
+
+
+def login(
+    email: EmailOpt,
+    password_stdin: PasswordStdinOpt = False,
+    server: ServerOpt = None,
+) -> None:
+    """Log in and save the token for this server (in SUANLI_HOME/credentials.json, readable only by you)."""
+    password = cred.read_password(password_stdin, confirm=False)
+    with cred.api(server, auth=False) as c:
+        out = c.login(email, password)
+    cred.save(c.server, out.token, out.user.email)
+    role = " (admin)" if out.user.is_admin else ""
+    console.print(f"logged in to {c.server} as [bold]{out.user.email}[/]{role}")
+
+
+def logout(server: ServerOpt = None) -> None:
+    """Revoke this login's token on the server and forget it here."""
+    from suanli.client import ApiError, Client
+
+    url = cred.resolve(server)
+    token = cred.token_for(url)
+    if token is None:
+        fail(f"not logged in to {url}")
+    try:
+        with Client(url, token) as c:
+            c.logout()
+    except ApiError as e:
+        if e.status not in (0, 401):
+            cred.api_fail(e)
+        if e.status == 0:
+            typer.echo(f"warning: {e.message}; the token was not revoked, only forgotten here", err=True)
+    cred.forget(url)
+    console.print(f"logged out of {url}")
+
+
+def whoami(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """The logged-in user and their organisations."""
+    with cred.api(server) as c:
+        me = c.me()
+    if json_out:
+        emit_json({"server": c.server, **jsonable(me)})
+        return
+    u = me.user
+    console.print(f"[bold]{u.email}[/]{' (admin)' if u.is_admin else ''} on {c.server}")
+    console.print(f"user {u.id}; personal organisation {u.personal_org_id}")
+    console.print(orgs_table(me.orgs))
+
+
+# ---- money --------------------------------------------------------------------------------------------------
+def balance(org: OrgOpt = None, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """An organisation's prepaid balance and the hourly rate of what it runs now."""
+    with cred.api(server) as c:
+        b = c.balance(org_id(c, org))
+    if json_out:
+        emit_json(jsonable(b))
+        return
+    console.print(f"[bold]{money(b.balance)} {b.currency}[/]  ({b.org_id}; running now: {money(b.held_per_hour)}/h)")
+
+
+def usage(
+    org: OrgOpt = None,
+    csv: Annotated[bool, typer.Option("--csv", help="Print the statement as CSV.")] = False,
+    user: Annotated[
+        str | None, typer.Option("--user", metavar="USER", help="Only this member's usage (email or user id).")
+    ] = None,
+    workload: Annotated[str | None, typer.Option("--workload", help="Only this workload.")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="ISO time, e.g. 2025-01-01 (UTC).")] = None,
+    until: Annotated[str | None, typer.Option("--until", help="ISO time (UTC).")] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost)."""
+    if csv and json_out:
+        fail("give at most one of --csv and --json")
+    with cred.api(server) as c:
+        oid = org_id(c, org)
+        uid = user
+        if user is not None and "@" in user:
+            members = c.members(oid or c.me().user.personal_org_id)
+            uid = next((m.user_id for m in members if m.email == user.strip().lower()), None)
+            if uid is None:
+                fail(f"--user: {user} is not a member of this organisation")
+        filters: dict[str, Any] = {"user_id": uid, "workload": workload, "since": since, "until": until}
+        if csv:
+            typer.echo(c.usage_csv(oid, **filters), nl=False)
+            return
+        rows = c.usage(oid, **filters)
+    if json_out:
+        emit_json(rows)
+        return
+    if not rows:
+        console.print("no usage yet")
+        return
+    table = Table(title="usage")
+    for col in ("workload", "user", "GPU", "GPUs", "mode", "started", "stopped", "charged", "cost"):
+        table.add_column(col, justify="right" if col in ("GPUs", "charged", "cost") else "left")
+    for r in rows:
+        gpus = str(r["gpus"]) if r.get("milli", 1000) == 1000 else f"{r['milli'] / 1000:g}"
+        table.add_row(
+            r.get("workload") or r["allocation"], r["user"], r.get("gpu_model") or "-", gpus, r["billing_mode"],
+            when(r["started_at"]), when(r.get("stopped_at")), human_duration(float(r["seconds_charged"])),
+            money(r["cost"]),
+        )  # fmt: skip
+    console.print(table)
+
+
+# ---- tokens -------------------------------------------------------------------------------------------------
+tokens_app = typer.Typer(no_args_is_help=True, help="API tokens for scripts and CI (SUANLI_TOKEN=…).")
+
+
+@tokens_app.command("create")
+def tokens_create(
+    name: Annotated[str, typer.Argument(help="A name to recognise the token by.")],
+    expires_in_days: Annotated[
+        int | None, typer.Option("--expires-in-days", help="Expire after N days (default: never).")
+    ] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A new API token; it is printed once and stored on the server only as a hash."""
+    check_positive(expires_in_days, "--expires-in-days")
+    with cred.api(server) as c:
+        t = c.tokens_create(name, expires_in_days)
+    if json_out:
+        emit_json(jsonable(t))
+        return
+    typer.echo(t.token)
+    typer.echo(f"token {t.id} ({t.name}); expires {when(t.expires_at) if t.expires_at else 'never'}", err=True)
+
+
+@tokens_app.command("list")
+def tokens_list(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Your tokens (logins included); only their prefixes, never the tokens."""
+    with cred.api(server) as c:
+        rows = c.tokens_list()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title="API tokens")
+    for col in ("id", "name", "prefix", "created", "expires", "revoked"):
+        table.add_column(col)
+    for t in rows:
+        table.add_row(t.id, t.name, t.prefix + "…", when(t.created_at), when(t.expires_at), when(t.revoked_at))
+    console.print(table)
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(
+    token_id: Annotated[str, typer.Argument(metavar="ID", help="Token id (tok_…).")],
+    server: ServerOpt = None,
+) -> None:
+    """Revoke a token: requests carrying it are refused from now on."""
+    with cred.api(server) as c:
+        t = c.tokens_revoke(token_id)
+    console.print(f"revoked {t.id} ({t.name})")
+
+
+# ---- organisations ------------------------------------------------------------------------------------------
+orgs_app = typer.Typer(no_args_is_help=True, help="Organisations: share a balance with other users.")
+OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name.")]
+
+
+def orgs_table(rows: Any, title: str = "organisations") -> Table:
+    table = Table(title=title)
+    for col in ("id", "name", "kind", "role", "GPU quota"):
+        table.add_column(col)
+    for o in rows:
+        quota = "-" if o.quota_gpus is None else str(o.quota_gpus)
+        table.add_row(o.id, o.name, "personal" if o.personal else "team", o.role or "-", quota)
+    return table
+
+
+@orgs_app.command("list")
+def orgs_list(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """The organisations you belong to, with your role."""
+    with cred.api(server) as c:
+        rows = c.orgs()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    console.print(orgs_table(rows))
+
+
+@orgs_app.command("create")
+def orgs_create(
+    name: Annotated[str, typer.Argument(help="A unique name.")], server: ServerOpt = None, json_out: JsonOpt = False
+) -> None:
+    """A team organisation that you own."""
+    with cred.api(server) as c:
+        o = c.org_create(name)
+    if json_out:
+        emit_json(jsonable(o))
+        return
+    console.print(f"created organisation {o.name} ({o.id})")
+
+
+@orgs_app.command("members")
+def orgs_members(org: OrgArg, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """The members of an organisation and their roles."""
+    with cred.api(server) as c:
+        rows = c.members(org_id(c, org) or org)
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title=f"members of {org}")
+    for col in ("email", "user id", "role"):
+        table.add_column(col)
+    for m in rows:
+        table.add_row(m.email, m.user_id, m.role)
+    console.print(table)
+
+
+@orgs_app.command("add-member")
+def orgs_add_member(
+    org: OrgArg,
+    email: Annotated[str, typer.Argument(help="The user's email (they sign up first).")],
+    role: Annotated[str, typer.Option("--role", help="member|owner.")] = "member",
+    server: ServerOpt = None,
+) -> None:
+    """Add a user to a team organisation you own (or change their role)."""
+    role = check_choice(role, ("member", "owner"), "--role")
+    with cred.api(server) as c:
+        m = c.member_add(org_id(c, org) or org, email, role)
+    console.print(f"{m.email} is now {m.role} of {org}")
+
+
+@orgs_app.command("remove-member")
+def orgs_remove_member(
+    org: OrgArg,
+    user: Annotated[str, typer.Argument(metavar="USER", help="The member's email or user id.")],
+    server: ServerOpt = None,
+) -> None:
+    """Remove a member from a team organisation you own."""
+    with cred.api(server) as c:
+        oid = org_id(c, org) or org
+        uid = user
+        if "@" in user:
+            uid = next((m.user_id for m in c.members(oid) if m.email == user.strip().lower()), "")
+            if not uid:
+                fail(f"USER: {user} is not a member of {org}")
+        c.member_remove(oid, uid)
+    console.print(f"removed {user} from {org}")
+
+
+def register(app: typer.Typer) -> None:
+    """Put the tenant commands on the root app."""
+    for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami),
+                     ("offers", market.offers), ("quote", market.quote), ("balance", balance), ("usage", usage)):  # fmt: skip
+        app.command(name)(fn)
+    app.add_typer(tokens_app, name="tokens")
+    app.add_typer(orgs_app, name="orgs")
+    app.add_typer(market.plans_app, name="plans")

@@ -1,0 +1,382 @@
+"""`suanli admin …`: operator commands (users, money, quotas, prices, clusters and nodes, ledger checks).
+
+All go through the API with an admin login, except `create-user`, which opens the database directly: it is
+how the first admin is made, before anyone can log in.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from suanli.cli import credentials as cred
+from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
+
+app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login; create-user needs none).")
+OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
+NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node name or id.")]
+ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (shown in 'suanli admin nodes').")]
+MemoOpt = Annotated[str, typer.Option("--memo", help="A note kept with the transaction.")]
+KeyOpt = Annotated[
+    str | None, typer.Option("--key", help="Idempotency key: a retry with the same key posts nothing twice.")
+]
+
+
+# ---- users and orgs -----------------------------------------------------------------------------------------
+@app.command("users")
+def users(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Every user."""
+    with cred.api(server) as c:
+        rows = c.admin_users()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title="users")
+    for col in ("email", "id", "admin", "personal org", "created"):
+        table.add_column(col)
+    for u in rows:
+        table.add_row(u.email, u.id, "yes" if u.is_admin else "", u.personal_org_id, when(u.created_at))
+    console.print(table)
+
+
+@app.command("create-user")
+def create_user(
+    email: Annotated[str, typer.Option("--email", help="The new user's email address.")],
+    admin: Annotated[bool, typer.Option("--admin", help="Make the user an operator.")] = False,
+    trial_credit: Annotated[bool, typer.Option("--trial-credit", help="Grant the sign-up trial credit.")] = False,
+    password_stdin: PasswordStdinOpt = False,
+    db: Annotated[
+        str | None, typer.Option("--db", help="Database URL (default: SUANLI_DB, else SQLite in SUANLI_HOME).")
+    ] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="The server's YAML settings file.")] = None,
+) -> None:
+    """Create a user in the database directly (migrating it first): no server or login needed.
+
+    This is how the first admin is made: `suanli admin create-user --email ops@example.com --admin`."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from suanli.api.app import bootstrap
+    from suanli.control import accounts
+    from suanli.control.errors import ServiceError
+    from suanli.control.ids import utcnow
+    from suanli.control.settings import load
+    from suanli.db.engine import Database
+
+    password = cred.read_password(password_stdin, confirm=True)
+    try:
+        settings = load({"db": db}, config_file=config)
+    except ServiceError as e:
+        fail(e.message)
+    settings.home.mkdir(parents=True, exist_ok=True)
+    database = Database(settings.db_url)
+    try:
+        bootstrap(database, settings)
+        with database.write() as s, s.begin():
+            credit = settings.trial_credit if trial_credit else Decimal(0)
+            user, org = accounts.create_user(s, email, password, utcnow(), admin=admin, trial_credit=credit)
+    except ServiceError as e:
+        fail(e.message)
+    except SQLAlchemyError as e:
+        typer.echo(f"error: database: {' '.join(str(e.orig or e).split())[:300]}", err=True)
+        raise typer.Exit(cred.EXIT_UNAVAILABLE) from None
+    finally:
+        database.dispose()
+    console.print(f"created {'admin ' if admin else ''}user [bold]{user.email}[/] ({user.id}; org {org.id})")
+
+
+@app.command("orgs")
+def orgs(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Every organisation, with its GPU quota."""
+    from suanli.cli.account import orgs_table
+
+    with cred.api(server) as c:
+        rows = c.admin_orgs()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    console.print(orgs_table(rows, "organisations (all)"))
+
+
+def _move(org: str, amount: str, kind: str, memo: str, key: str | None, server: str | None, json_out: bool) -> None:
+    value = cred.parse_amount(amount)
+    if value == 0:
+        fail(f"invalid AMOUNT {amount!r}: must be more than 0")
+    with cred.api(server) as c:
+        t = c.admin_move(org, value, kind=kind, memo=memo, key=key)
+    if json_out:
+        emit_json(jsonable(t))
+        return
+    console.print(f"{kind} {org}: {money(t.amount)} (transaction {t.id}, key {t.key})")
+
+
+@app.command("topup")
+def topup(
+    org: OrgArg,
+    amount: Annotated[str, typer.Argument(help="Amount paid in, e.g. 100 or 12.50.")],
+    memo: MemoOpt = "",
+    key: KeyOpt = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Add money paid in to an organisation's balance."""
+    _move(org, amount, "topup", memo, key, server, json_out)
+
+
+@app.command("credit")
+def credit(
+    org: OrgArg,
+    amount: Annotated[str, typer.Argument(help="Amount, e.g. 20.")],
+    refund: Annotated[bool, typer.Option("--refund", help="Book it as a refund rather than goodwill credit.")] = False,
+    memo: MemoOpt = "",
+    key: KeyOpt = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Give an organisation credit (goodwill) or a refund."""
+    _move(org, amount, "refund" if refund else "credit", memo, key, server, json_out)
+
+
+quotas_app = typer.Typer(no_args_is_help=True, help="GPU quotas: the most GPUs an organisation holds at once.")
+app.add_typer(quotas_app, name="quotas")
+
+
+@quotas_app.command("set")
+def quota_set(
+    org: OrgArg,
+    gpus: Annotated[str, typer.Argument(metavar="GPUS|none", help="GPU count, or 'none' for no limit.")],
+    server: ServerOpt = None,
+) -> None:
+    """Limit the GPUs an organisation holds at once (or lift the limit)."""
+    limit: int | None = None
+    if gpus.strip().lower() != "none":
+        try:
+            limit = int(gpus)
+        except ValueError:
+            fail(f"invalid GPUS {gpus!r}: a whole number >= 0, or 'none'")
+        if limit < 0:
+            fail(f"invalid GPUS {gpus!r}: a whole number >= 0, or 'none'")
+    with cred.api(server) as c:
+        o = c.admin_set_quota(org, limit)
+    console.print(f"{o.name}: GPU quota {'none' if o.quota_gpus is None else o.quota_gpus}")
+
+
+@app.command("ledger-check")
+def ledger_check(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Recompute every balance from its entries; exit 1 if any stored balance disagrees."""
+    with cred.api(server) as c:
+        check = c.admin_ledger_check()
+    if json_out:
+        emit_json(jsonable(check))
+    elif check.ok:
+        console.print("ledger ok: every balance matches its entries")
+    else:
+        table = Table(title="ledger mismatches")
+        for col in ("account", "stored", "recomputed"):
+            table.add_column(col, justify="left" if col == "account" else "right")
+        for acct, pair in sorted(check.mismatches.items()):
+            table.add_row(acct, *(str(v) for v in pair))
+        console.print(table)
+    if not check.ok:
+        raise typer.Exit(1)
+
+
+# ---- prices -------------------------------------------------------------------------------------------------
+prices_app = typer.Typer(help="The price book: show it, or change a GPU's price, or load a whole book.")
+app.add_typer(prices_app, name="prices")
+
+
+def _print_book(book: dict[str, Any]) -> None:
+    cur = book.get("currency", "")
+    table = Table(title=f"price book v{book.get('version', '?')} ({cur} per GPU-hour)")
+    table.add_column("GPU")
+    table.add_column("on demand", justify="right")
+    spot = book.get("spot_factor")
+    table.add_column(f"spot (x{spot})" if spot else "spot", justify="right")
+    for gpu, price in sorted(book.get("gpu_hour", {}).items()):
+        table.add_row(gpu, money(price), money(Decimal(price) * Decimal(spot)) if spot else "-")
+    console.print(table)
+    plans = ", ".join(f"{k} {float(p['discount']):.0%} off" for k, p in book.get("plans", {}).items())
+    console.print(f"slice premium x{book.get('slice_premium')}; storage {book.get('storage_gb_month')}/GB-month")
+    if plans:
+        console.print(f"plans: {plans}")
+
+
+@prices_app.callback(invoke_without_command=True)
+def prices(ctx: typer.Context, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Show the price book in force (with no subcommand)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    with cred.api(server) as c:
+        book = c.prices()
+    if json_out:
+        emit_json(book)
+        return
+    _print_book(book)
+
+
+@prices_app.command("set")
+def prices_set(
+    gpu: Annotated[str, typer.Argument(help="GPU model, e.g. H20.")],
+    price: Annotated[str, typer.Argument(help="On-demand price per GPU-hour, e.g. 9.00.")],
+    server: ServerOpt = None,
+) -> None:
+    """Set one GPU model's on-demand price (a new version of the book)."""
+    value = cred.parse_amount(price, "PRICE")
+    with cred.api(server) as c:
+        book = c.admin_set_gpu_price(gpu, value)
+    console.print(f"price book v{book['version']}: {gpu} at {money(value)} {book.get('currency', '')}/GPU-hour")
+
+
+@prices_app.command("remove")
+def prices_remove(gpu: Annotated[str, typer.Argument(help="GPU model.")], server: ServerOpt = None) -> None:
+    """Stop offering a GPU model (it keeps running what runs; nothing new is rented)."""
+    with cred.api(server) as c:
+        book = c.admin_set_gpu_price(gpu, remove=True)
+    console.print(f"price book v{book['version']}: {gpu} is no longer priced")
+
+
+@prices_app.command("load")
+def prices_load(
+    file: Annotated[Path, typer.Argument(metavar="FILE.yaml", help="A whole price book (YAML or JSON).")],
+    server: ServerOpt = None,
+) -> None:
+    """Replace the whole price book from a file (the shape 'suanli admin prices --json' prints)."""
+    try:
+        book = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        fail(f"{file}: {' '.join(str(e).split())}")
+    if not isinstance(book, dict):
+        fail(f"{file}: expected a mapping (currency, gpu_hour, …)")
+    with cred.api(server) as c:
+        out = c.admin_set_prices(book)
+    console.print(f"price book v{out['version']}: {len(out.get('gpu_hour', {}))} GPU models priced")
+
+
+# ---- clusters and nodes -------------------------------------------------------------------------------------
+@app.command("clusters")
+def clusters(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Registered clusters."""
+    with cred.api(server) as c:
+        rows = c.admin_clusters()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title="clusters")
+    for col in ("name", "id", "source", "nodes", "GPUs", "registered"):
+        table.add_column(col, justify="right" if col in ("nodes", "GPUs") else "left")
+    for r in rows:
+        table.add_row(r.name, r.id, r.source, f"{r.nodes:,}", f"{r.gpus:,}", when(r.created_at))
+    console.print(table)
+
+
+@app.command("register")
+def register(
+    preset: Annotated[str | None, typer.Option("--preset", help="Topology preset or NxG[:MODEL] (virtual).")] = None,
+    spec: Annotated[Path | None, typer.Option("--spec", metavar="FILE.yaml", help="Cluster spec (virtual).")] = None,
+    local: Annotated[bool, typer.Option("--local", help="The server's own host, discovered through NVML.")] = False,
+    name: Annotated[str | None, typer.Option("--name", help="Cluster name (default: the spec's).")] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Register nodes: a preset or a spec file (virtual nodes), or the server's host (--local)."""
+    if sum([preset is not None, spec is not None, local]) != 1:
+        fail("give exactly one of --preset, --spec and --local")
+    doc = None
+    if spec is not None:
+        try:
+            doc = yaml.safe_load(spec.read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as e:
+            fail(f"--spec {spec}: {' '.join(str(e).split())}")
+        if not isinstance(doc, dict):
+            fail(f"--spec {spec}: expected a cluster spec mapping (name, node_groups, fabric, …)")
+    with cred.api(server) as c:
+        row = c.admin_register_cluster(preset=preset, spec=doc, local=local, name=name)
+    if json_out:
+        emit_json(jsonable(row))
+        return
+    console.print(f"registered {row.name} ({row.id}): {row.nodes:,} nodes, {row.gpus:,} GPUs")
+
+
+@app.command("remove-cluster")
+def remove_cluster(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Cluster name or id.")], server: ServerOpt = None
+) -> None:
+    """Remove a cluster and its nodes from the inventory."""
+    with cred.api(server) as c:
+        c.admin_remove_cluster(name)
+    console.print(f"removed cluster {name}")
+
+
+@app.command("nodes")
+def nodes(
+    state: Annotated[str | None, typer.Option("--state", help="ready|draining|down.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster name or id.")] = None,
+    limit: Annotated[int, typer.Option("--limit", help="Most nodes to list.")] = 1000,
+    offset: Annotated[int, typer.Option("--offset", help="Skip this many first.")] = 0,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Nodes in the inventory (by cluster, in order)."""
+    if state is not None:
+        state = check_choice(state, ("ready", "draining", "down"), "--state")
+    with cred.api(server) as c:
+        rows = c.admin_nodes(state=state, cluster=cluster, limit=limit, offset=offset)
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title=f"nodes ({len(rows):,})")
+    for col in ("name", "kind", "state", "GPU", "GPUs", "NVLink domain", "leaf", "reason"):
+        table.add_column(col, justify="right" if col in ("GPUs", "NVLink domain", "leaf") else "left")
+    for n in rows:
+        table.add_row(n.name, n.kind, n.state, n.gpu_model or "-", str(n.gpu_count), str(n.nvlink_domain),
+                      str(n.leaf), n.state_reason)  # fmt: skip
+    console.print(table)
+
+
+@app.command("node")
+def node(name: NodeArg, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """One node and its GPUs."""
+    with cred.api(server) as c:
+        n = c.admin_node(name)
+    if json_out:
+        emit_json(jsonable(n))
+        return
+    reason = f" ({n.state_reason})" if n.state_reason else ""
+    console.print(f"[bold]{n.name}[/] ({n.id}), {n.kind}, {n.state}{reason}")
+    console.print(f"cluster {n.cluster_id}; NVLink domain {n.nvlink_domain}, leaf {n.leaf}, spine {n.spine}")
+    table = Table(title=f"{n.gpu_count} x {n.gpu_model or 'no GPU'}")
+    for col in ("index", "model", "memory", "MIG", "uuid"):
+        table.add_column(col)
+    for g in n.gpus:
+        table.add_row(str(g.index), g.model, f"{g.memory_mib:,} MiB", "on" if g.mig_mode else "", g.uuid)
+    console.print(table)
+
+
+def _set_state(name: str, state: str, reason: str, server: str | None) -> None:
+    with cred.api(server) as c:
+        n = c.admin_set_node_state(name, state, reason)
+    console.print(f"{n.name}: {n.state}" + (f" ({n.state_reason})" if n.state_reason else ""))
+
+
+@app.command("drain")
+def drain(name: NodeArg, reason: ReasonOpt = "", server: ServerOpt = None) -> None:
+    """Drain a node: running work finishes, nothing new is placed on it."""
+    _set_state(name, "draining", reason, server)
+
+
+@app.command("undrain")
+def undrain(name: NodeArg, server: ServerOpt = None) -> None:
+    """Put a drained or down node back in service."""
+    _set_state(name, "ready", "", server)
+
+
+@app.command("down")
+def down(name: NodeArg, reason: ReasonOpt = "", server: ServerOpt = None) -> None:
+    """Take a node out of service (it no longer counts as capacity)."""
+    _set_state(name, "down", reason, server)

@@ -1,0 +1,148 @@
+"""Market commands: what is on offer, and what a training run would take and cost (`suanli offers`, `quote`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from suanli.cli import credentials as cred
+from suanli.cli.common import (
+    JsonOpt,
+    check_choice,
+    check_positive,
+    console,
+    emit_json,
+    fail,
+    human_count,
+    human_duration,
+    parse_count,
+    pct,
+)
+from suanli.cli.credentials import ServerOpt, jsonable, money, org_id
+
+
+def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """What is for rent: per GPU model, how many, how many free, the largest free NVLink/leaf blocks, prices."""
+    with cred.api(server) as c:
+        rows = c.offers()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    if not rows:
+        console.print("nothing on offer yet: an operator registers nodes with 'suanli admin register'")
+        return
+    cur = rows[0].currency
+    table = Table(title=f"offers (prices in {cur} per GPU-hour)")
+    for col, just in (("GPU", "left"), ("memory", "right"), ("total", "right"), ("free", "right"),
+                      ("free in NVLink", "right"), ("free in leaf", "right"), ("nodes", "right"),
+                      ("on demand", "right"), ("spot", "right"), ("monthly plan", "right")):  # fmt: skip
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for o in rows:
+        table.add_row(
+            o.gpu, f"{o.memory_gb:g} GB", f"{o.total:,}", f"{o.free:,}", str(o.largest_free_nvlink),
+            str(o.largest_free_leaf), f"{o.nodes:,}", money(o.on_demand_per_gpu_hour), money(o.spot_per_gpu_hour),
+            money(o.plans_per_gpu_hour.get("monthly")),
+        )  # fmt: skip
+    console.print(table)
+
+
+def quote(
+    model: Annotated[str, typer.Option("--model", "-m", help="Model preset, e.g. llama3.1-8b.")],
+    tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (1e9, 300B, 15T).")] = None,
+    steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps (instead of --tokens).")] = None,
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU model, or 'any'.")] = "any",
+    gpus: Annotated[int | None, typer.Option("--gpus", help="GPU count (default: try a range).")] = None,
+    precision: Annotated[str | None, typer.Option("--precision", help="bf16|fp16|fp8|fp32 (default bf16).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Sequence length (default 4096).")] = None,
+    global_batch: Annotated[
+        int | None, typer.Option("--global-batch", help="Sequences per step (default 256).")
+    ] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Price at the spot rate (preemptible).")] = False,
+    rank: Annotated[str, typer.Option("--rank", help="cheapest|fastest.")] = "cheapest",
+    limit: Annotated[int, typer.Option("--limit", help="Most quotes to show.")] = 10,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What a training run would take and cost on each feasible offer, best first."""
+    if (tokens is None) == (steps is None):
+        fail("give exactly one of --tokens and --steps")
+    n_tokens = parse_count(tokens) if tokens is not None else None
+    for value, option in ((steps, "--steps"), (gpus, "--gpus"), (seq_len, "--seq-len"),
+                          (global_batch, "--global-batch"), (limit, "--limit")):  # fmt: skip
+        check_positive(value, option)
+    rank = check_choice(rank, ("cheapest", "fastest"), "--rank")
+    if precision is not None:
+        precision = check_choice(precision, ("bf16", "fp16", "fp8", "fp32"), "--precision")
+    with cred.api(server) as c:
+        rows = c.quote(
+            model, tokens=n_tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
+            global_batch=global_batch, billing_mode="spot" if spot else None, rank=rank, limit=limit,
+        )  # fmt: skip
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    if not rows:
+        console.print("no feasible offer: nothing priced and free fits this run (see 'suanli offers')")
+        return
+    from suanli.cli.jobs import plan_label
+
+    size = human_count(n_tokens) + " tokens" if n_tokens is not None else f"{steps:,} steps"
+    table = Table(title=f"{model}, {size}, {'spot' if spot else 'on demand'}, {rank} first")
+    for col in ("cluster", "GPU", "GPUs", "plan", "step", "tokens/s", "MFU", "time", "rate/h", "cost", "free now"):
+        table.add_column(col, justify="left" if col in ("cluster", "GPU", "plan") else "right", no_wrap=col != "plan")
+    for q in rows:
+        table.add_row(
+            q.cluster, q.gpu, str(q.gpus), plan_label(q.plan), f"{q.step_time_s:.3g} s", human_count(q.tokens_per_s),
+            pct(q.mfu), human_duration(q.total_time_s), money(q.rate_per_hour), f"{money(q.cost)} {q.currency}",
+            "yes" if q.available_now else "no",
+        )  # fmt: skip
+    console.print(table)
+
+
+plans_app = typer.Typer(
+    no_args_is_help=True, help="Reserved plans: GPUs for an hour, day, week or month, paid upfront."
+)
+
+
+@plans_app.command("buy")
+def plans_buy(
+    plan: Annotated[str, typer.Option("--plan", help="hourly|daily|weekly|monthly (the operator's price book).")],
+    gpu: Annotated[str, typer.Option("--gpu", help="GPU model, e.g. H20.")],
+    gpus: Annotated[int, typer.Option("--gpus", help="How many GPUs.")],
+    org: Annotated[str | None, typer.Option("--org", help="Organisation id or name (default: your own).")] = None,
+    key: Annotated[str | None, typer.Option("--key", help="Idempotency key: retrying with it buys once.")] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Buy a plan; its price is taken from the balance now (refused when the balance does not cover it)."""
+    check_positive(gpus, "--gpus")
+    with cred.api(server) as c:
+        p = c.plan_buy(plan, gpu, gpus, org_id(c, org), key=key)
+    if json_out:
+        emit_json(jsonable(p))
+        return
+    console.print(f"bought {p.plan} plan {p.id}: {p.gpus} x {p.gpu_model} until {p.ends_at:%Y-%m-%d %H:%M} UTC "
+                  f"for {money(p.price)}")  # fmt: skip
+
+
+@plans_app.command("list")
+def plans_list(
+    org: Annotated[str | None, typer.Option("--org", help="Organisation id or name (default: your own).")] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Plans the organisation bought, newest first."""
+    with cred.api(server) as c:
+        rows = c.plans(org_id(c, org))
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title="plans")
+    for col in ("id", "plan", "GPUs", "from", "until", "price", "active"):
+        table.add_column(col)
+    for p in rows:
+        table.add_row(p.id, p.plan, f"{p.gpus} x {p.gpu_model}", f"{p.starts_at:%Y-%m-%d %H:%M}",
+                      f"{p.ends_at:%Y-%m-%d %H:%M}", money(p.price), "yes" if p.active else "no")  # fmt: skip
+    console.print(table)

@@ -1,0 +1,588 @@
+"""The Python SDK: `Client` speaks the suanli REST API (/api/v1) over HTTP and returns typed results.
+
+The client is an interface peer of the server, not a part of it: it imports nothing from `suanli.api` or the
+services, so it works wherever httpx does. Money arrives as strings and is parsed to `Decimal` (never float);
+every failure is an `ApiError` carrying the HTTP status (0 when the server cannot be reached) and the server's
+one-line message.
+
+    with Client("http://127.0.0.1:8000") as c:
+        c.login("me@example.com", "…")
+        print(c.balance().balance)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from functools import cache
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from urllib.parse import quote as _quote
+
+import httpx
+
+from suanli import __version__
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+SERVER_ENV = "SUANLI_SERVER"
+API = "/api/v1"
+
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    """A failed call: `status` is the HTTP status (0: no answer), `message` the server's `detail`."""
+
+    def __init__(self, status: int, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.errors = errors or []
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ---- typed results --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class User:
+    id: str
+    email: str
+    is_admin: bool
+    personal_org_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Org:
+    id: str
+    name: str
+    personal: bool
+    quota_gpus: int | None
+    role: str | None = None
+
+
+@dataclass(frozen=True)
+class Member:
+    user_id: str
+    email: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Session:
+    """A login: the bearer token is shown once."""
+
+    user: User
+    token: str = field(repr=False)
+    token_id: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Signup(Session):
+    org: Org | None = None
+    balance: Decimal = Decimal(0)
+    currency: str = ""
+
+
+@dataclass(frozen=True)
+class Me:
+    user: User
+    orgs: tuple[Org, ...]
+
+
+@dataclass(frozen=True)
+class Token:
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NewToken(Token):
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class Balance:
+    org_id: str
+    balance: Decimal  # two decimals, as shown
+    exact: Decimal  # internal precision (1e-8)
+    currency: str
+    held_per_hour: Decimal  # hourly rate of everything the org runs now
+
+
+@dataclass(frozen=True)
+class Transaction:
+    id: int
+    key: str
+    kind: str
+    memo: str
+    amount: Decimal  # net effect on the org's balance
+    allocation_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Plan:
+    id: str
+    org_id: str
+    plan: str
+    gpu_model: str
+    gpus: int
+    price: Decimal
+    starts_at: datetime
+    ends_at: datetime
+    active: bool
+
+
+@dataclass(frozen=True)
+class Offer:
+    gpu: str
+    memory_gb: float
+    total: int
+    free: int
+    largest_free_nvlink: int
+    largest_free_leaf: int
+    nodes: int
+    currency: str
+    on_demand_per_gpu_hour: Decimal | None  # None: not priced, so not for rent
+    spot_per_gpu_hour: Decimal | None
+    plans_per_gpu_hour: dict[str, Decimal]
+    slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
+
+
+@dataclass(frozen=True)
+class Quote:
+    cluster: str
+    gpu: str
+    gpus: int
+    plan: dict[str, Any]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    total_time_s: float
+    rate_per_hour: Decimal
+    cost: Decimal
+    currency: str
+    available_now: bool
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    source: str
+    nodes: int
+    gpus: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_mode: bool
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    name: str
+    cluster_id: str
+    kind: str
+    state: str
+    state_reason: str
+    gpu_model: str | None
+    gpu_count: int
+    nvlink_domain: int
+    leaf: int
+    spine: int
+    cpu_count: int
+    memory_mib: int
+    labels: dict[str, Any]
+    gpus: tuple[Gpu, ...] = ()  # filled by `admin_node` only
+
+
+@dataclass(frozen=True)
+class LedgerCheck:
+    ok: bool
+    mismatches: dict[str, tuple[Decimal, ...]]  # account -> (stored balance, recomputed from entries)
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else Any
+    return tp
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    tp = _unwrap_optional(tp)
+    origin = get_origin(tp)
+    if tp is Decimal:
+        return Decimal(str(value))
+    if tp is datetime:
+        return datetime.fromisoformat(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return load(tp, value)
+    if origin is tuple:
+        return tuple(_convert(get_args(tp)[0], v) for v in value)
+    if origin is dict:
+        return {k: _convert(get_args(tp)[1], v) for k, v in value.items()}
+    return value
+
+
+def load(cls: type[T], doc: dict[str, Any]) -> T:
+    """A result dataclass from a JSON object; fields the server adds later are ignored."""
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: _convert(hints[k], v) for k, v in doc.items() if k in names})
+
+
+def jsonable(obj: Any) -> Any:
+    """The JSON shape of a result (money back to strings, times to ISO 8601), for printing or storing."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Decimal):
+        return f"{obj:f}"  # never exponent notation ("0E-8")
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    return obj
+
+
+def normalise_server(url: str | None) -> str:
+    """`host:port` or a full URL, without a trailing slash; None: SUANLI_SERVER, else the local default."""
+    url = (url or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def _seg(value: str) -> str:
+    """One path segment (an org name may be an email address, a node name has dots)."""
+    return _quote(str(value), safe="@")
+
+
+def _amount(value: Decimal | int | str) -> str:
+    if isinstance(value, float):
+        raise TypeError("amounts are Decimal, int or str, not float: floats cannot represent cents exactly")
+    return str(Decimal(str(value)))
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
+
+
+# ---- the client --------------------------------------------------------------------------------------------------
+class Client:
+    """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = normalise_server(server)
+        self.token = token
+        self._http = httpx.Client(
+            base_url=self.server, timeout=timeout, transport=transport, headers={"User-Agent": f"suanli/{__version__}"}
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.server!r}, token={'set' if self.token else None})"
+
+    # ---- transport ----
+    def request(
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, auth: bool = True
+    ) -> httpx.Response:
+        """One call: `path` under /api/v1 (or /healthz); an ApiError unless the server answers 2xx."""
+        url = path if path.startswith(("/api/", "/healthz")) else f"{API}{path}"
+        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        try:
+            r = self._http.request(method, url, json=json, params=params, headers=headers)
+        except httpx.TimeoutException as e:
+            raise ApiError(0, f"suanli server at {self.server} did not answer in time ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            reason = str(e) or type(e).__name__
+            raise ApiError(
+                0, f"cannot reach suanli server at {self.server}: {reason}; is it running? (suanli server)"
+            ) from e
+        if r.is_error:
+            raise _error(r)
+        return r
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None, auth: bool = True
+    ) -> Any:
+        """One call and its JSON answer."""
+        r = self.request(method, path, json=body, params=params, auth=auth)
+        try:
+            return r.json()
+        except ValueError as e:
+            raise ApiError(0, f"{self.server}{r.url.path} did not answer with JSON; is it a suanli server?") from e
+
+    def _get(self, path: str, **params: Any) -> Any:
+        return self.call("GET", path, params=_params(**params))
+
+    def _post(self, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        return self.call("POST", path, body, auth=auth)
+
+    # ---- health ----
+    def health(self) -> dict[str, Any]:
+        return self.call("GET", "/healthz", auth=False)
+
+    # ---- accounts ----
+    def signup(self, email: str, password: str) -> Signup:
+        """A new user with a personal org and the trial credit; the client then uses the returned token."""
+        out = load(Signup, self._post("/signup", {"email": email, "password": password}, auth=False))
+        self.token = out.token
+        return out
+
+    def login(self, email: str, password: str) -> Session:
+        out = load(Session, self._post("/login", {"email": email, "password": password}, auth=False))
+        self.token = out.token
+        return out
+
+    def logout(self) -> None:
+        """Revoke the token this client uses, and stop using it."""
+        self.request("POST", "/logout")
+        self.token = None
+
+    def me(self) -> Me:
+        return load(Me, self._get("/me"))
+
+    def tokens_list(self) -> list[Token]:
+        return [load(Token, t) for t in self._get("/tokens")]
+
+    def tokens_create(self, name: str, expires_in_days: int | None = None) -> NewToken:
+        return load(NewToken, self._post("/tokens", {"name": name, "expires_in_days": expires_in_days}))
+
+    def tokens_revoke(self, token_id: str) -> Token:
+        return load(Token, self.call("DELETE", f"/tokens/{_seg(token_id)}"))
+
+    # ---- organisations ----
+    def orgs(self) -> list[Org]:
+        return [load(Org, o) for o in self._get("/orgs")]
+
+    def org(self, org_id: str) -> Org:
+        return load(Org, self._get(f"/orgs/{_seg(org_id)}"))
+
+    def org_create(self, name: str) -> Org:
+        return load(Org, self._post("/orgs", {"name": name}))
+
+    def members(self, org_id: str) -> list[Member]:
+        return [load(Member, m) for m in self._get(f"/orgs/{_seg(org_id)}/members")]
+
+    def member_add(self, org_id: str, email: str, role: str = "member") -> Member:
+        return load(Member, self._post(f"/orgs/{_seg(org_id)}/members", {"email": email, "role": role}))
+
+    def member_remove(self, org_id: str, user_id: str) -> None:
+        self.request("DELETE", f"/orgs/{_seg(org_id)}/members/{_seg(user_id)}")
+
+    def _org_id(self, org_id: str | None) -> str:
+        return org_id or self.me().user.personal_org_id
+
+    def balance(self, org_id: str | None = None) -> Balance:
+        """The org's balance; None: the caller's personal org."""
+        return load(Balance, self._get(f"/orgs/{_seg(self._org_id(org_id))}/balance"))
+
+    def transactions(
+        self, org_id: str | None = None, *, limit: int | None = None, before_id: int | None = None
+    ) -> list[Transaction]:
+        """Ledger transactions of the org, newest first (page with `before_id`)."""
+        path = f"/orgs/{_seg(self._org_id(org_id))}/transactions"
+        return [load(Transaction, t) for t in self._get(path, limit=limit, before_id=before_id)]
+
+    def _usage_path(self, org_id: str | None) -> str:
+        return f"/orgs/{_seg(self._org_id(org_id))}/usage"
+
+    def usage(
+        self,
+        org_id: str | None = None,
+        *,
+        user_id: str | None = None,
+        workload: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Usage statement rows (one per allocation), newest first."""
+        params = _params(format="json", user_id=user_id, workload=workload, since=since, until=until)
+        return self.call("GET", self._usage_path(org_id), params=params)
+
+    def usage_csv(
+        self,
+        org_id: str | None = None,
+        *,
+        user_id: str | None = None,
+        workload: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> str:
+        """The same statement as CSV, header first."""
+        params = _params(format="csv", user_id=user_id, workload=workload, since=since, until=until)
+        return self.request("GET", self._usage_path(org_id), params=params).text
+
+    def plans(self, org_id: str | None = None) -> list[Plan]:
+        """Reserved plans the org bought, newest first."""
+        return [load(Plan, p) for p in self._get(f"/orgs/{_seg(self._org_id(org_id))}/plans")]
+
+    def plan_buy(self, plan: str, gpu: str, gpus: int, org_id: str | None = None, *, key: str | None = None) -> Plan:
+        """Buy `gpus` GPUs of `gpu` for one period of `plan` (hourly, daily, weekly, monthly), paid upfront."""
+        body = {"plan": plan, "gpu": gpu, "gpus": gpus, **({"key": key} if key else {})}
+        return load(Plan, self._post(f"/orgs/{_seg(self._org_id(org_id))}/plans", body))
+
+    # ---- market ----
+    def prices(self) -> dict[str, Any]:
+        """The price book in force, as the server sends it (amounts as strings, `version` included)."""
+        return self._get("/prices")
+
+    def offers(self) -> list[Offer]:
+        return [load(Offer, o) for o in self._get("/offers")]
+
+    def quote(
+        self,
+        model: str,
+        *,
+        tokens: float | None = None,
+        steps: int | None = None,
+        gpu: str | None = None,
+        gpus: int | None = None,
+        precision: str | None = None,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        billing_mode: str | None = None,
+        rank: str | None = None,
+        limit: int | None = None,
+    ) -> list[Quote]:
+        """Feasible offers for a training run, best first by `rank`; give exactly one of tokens and steps.
+        Options left as None take the server's defaults."""
+        body = _params(
+            model=model, tokens=tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
+            global_batch=global_batch, billing_mode=billing_mode, rank=rank, limit=limit,
+        )  # fmt: skip
+        return [load(Quote, q) for q in self._post("/quotes", body)]
+
+    # ---- operators: users and orgs ----
+    def admin_users(self, limit: int | None = None) -> list[User]:
+        return [load(User, u) for u in self._get("/admin/users", limit=limit)]
+
+    def admin_create_user(self, email: str, password: str, *, admin: bool = False, trial_credit: bool = False) -> User:
+        body = {"email": email, "password": password, "admin": admin, "trial_credit": trial_credit}
+        return load(User, self._post("/admin/users", body))
+
+    def admin_set_admin(self, user_id: str, admin: bool) -> User:
+        return load(User, self.call("PATCH", f"/admin/users/{_seg(user_id)}", {"admin": admin}))
+
+    def admin_orgs(self, limit: int | None = None) -> list[Org]:
+        return [load(Org, o) for o in self._get("/admin/orgs", limit=limit)]
+
+    def admin_set_quota(self, org: str, gpus: int | None) -> Org:
+        """`org` is an id or a name; `gpus` None removes the limit."""
+        return load(Org, self.call("PUT", f"/admin/orgs/{_seg(org)}/quota", {"gpus": gpus}))
+
+    def admin_move(
+        self, org: str, amount: Decimal | int | str, kind: str = "topup", memo: str = "", key: str | None = None
+    ) -> Transaction:
+        """Top up, credit or refund an org (id or name); with `key`, a retry posts nothing twice."""
+        body = {"amount": _amount(amount), "kind": kind, "memo": memo, "key": key}
+        return load(Transaction, self._post(f"/admin/orgs/{_seg(org)}/transactions", body))
+
+    def admin_ledger_check(self) -> LedgerCheck:
+        return load(LedgerCheck, self._get("/admin/ledger/check"))
+
+    # ---- operators: prices ----
+    def admin_set_prices(self, book: dict[str, Any]) -> dict[str, Any]:
+        """Replace the whole price book (the document `prices()` returns; `version` is ignored)."""
+        return self.call("PUT", "/admin/prices", book)
+
+    def admin_set_gpu_price(
+        self, gpu: str, price: Decimal | int | str | None = None, remove: bool = False
+    ) -> dict[str, Any]:
+        """Set one GPU model's on-demand price per GPU-hour, or stop offering it (`remove`)."""
+        body = {"on_demand": None if price is None else _amount(price), "remove": remove}
+        return self.call("PUT", f"/admin/prices/gpus/{_seg(gpu)}", body)
+
+    # ---- operators: clusters and nodes ----
+    def admin_clusters(self) -> list[Cluster]:
+        return [load(Cluster, c) for c in self._get("/admin/clusters")]
+
+    def admin_register_cluster(
+        self,
+        *,
+        preset: str | None = None,
+        spec: dict[str, Any] | None = None,
+        local: bool = False,
+        name: str | None = None,
+    ) -> Cluster:
+        """Register a topology preset or a cluster spec (virtual nodes), or the server's own host (`local`)."""
+        body = _params(preset=preset, spec=spec, name=name) | ({"local": True} if local else {})
+        return load(Cluster, self._post("/admin/clusters", body))
+
+    def admin_remove_cluster(self, name: str) -> None:
+        self.request("DELETE", f"/admin/clusters/{_seg(name)}")
+
+    def admin_nodes(
+        self,
+        *,
+        state: str | None = None,
+        cluster: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+    ) -> list[Node]:
+        rows = self._get("/admin/nodes", state=state, cluster=cluster, limit=limit, offset=offset)
+        return [load(Node, n) for n in rows]
+
+    def admin_node(self, name: str) -> Node:
+        """One node (by name or id) with its GPUs."""
+        return load(Node, self._get(f"/admin/nodes/{_seg(name)}"))
+
+    def admin_set_node_state(self, name: str, state: str, reason: str = "") -> Node:
+        """`draining` (running work finishes, nothing new lands), `down`, or `ready` again."""
+        body = {"state": state, "reason": reason}
+        return load(Node, self.call("PATCH", f"/admin/nodes/{_seg(name)}", body))
+
+
+def _error(r: httpx.Response) -> ApiError:
+    """The server's one-line `detail`, or the status line when the body is not ours (a proxy's error page)."""
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "detail" in doc:
+        detail = doc["detail"]
+        message = detail if isinstance(detail, str) else str(detail)
+        errors = doc.get("errors") if isinstance(doc.get("errors"), list) else None
+        return ApiError(r.status_code, message, errors)
+    text = " ".join(r.text.split())[:200]
+    return ApiError(r.status_code, f"HTTP {r.status_code} {r.reason_phrase}" + (f": {text}" if text else ""))

@@ -1,0 +1,72 @@
+"""Per-process caches on the hot read path, each with a stated staleness bound.
+
+- Tokens: a verified bearer token is trusted for `ttl_s` seconds (never past its expiry). Revoking a token in
+  this process forgets it at once; another server process notices within `ttl_s`.
+- Price book: parsed once per stored version; the version itself is read on every use, so a price change is
+  seen by the next request on every process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from threading import Lock
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from suanli.billing.prices import PriceBook, default_price_book
+from suanli.control import prices
+from suanli.control.accounts import Principal
+from suanli.db.models import PriceBookVersion
+
+
+@dataclass
+class TokenCache:
+    ttl_s: float = 5.0
+    max_entries: int = 100_000
+    _entries: dict[str, tuple[Principal, datetime]] = field(default_factory=dict)
+    _lock: Lock = field(default_factory=Lock)
+
+    def get(self, token_hash: str, now: datetime) -> Principal | None:
+        hit = self._entries.get(token_hash)
+        if hit is None or hit[1] <= now:
+            return None
+        return hit[0]
+
+    def put(self, token_hash: str, who: Principal, expires_at: datetime | None, now: datetime) -> None:
+        until = now + timedelta(seconds=self.ttl_s)
+        if expires_at is not None:
+            until = min(until, expires_at)
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[token_hash] = (who, until)
+
+    def forget_all(self) -> None:
+        """After a revocation or a role change in this process."""
+        with self._lock:
+            self._entries.clear()
+
+
+@dataclass
+class PriceCache:
+    _books: dict[int, PriceBook] = field(default_factory=dict)
+    _lock: Lock = field(default_factory=Lock)
+
+    def current(self, s: Session) -> tuple[int, PriceBook]:
+        version = prices.version(s)
+        return version, self.book(s, version)
+
+    def book(self, s: Session, version: int) -> PriceBook:
+        """The book of a version the caller already read (0: the shipped default)."""
+        if not version:
+            return default_price_book()
+        book = self._books.get(version)
+        if book is None:
+            book = PriceBook.model_validate(
+                s.scalar(select(PriceBookVersion.body).where(PriceBookVersion.id == version))
+            )
+            with self._lock:
+                self._books[version] = book
+        return book

@@ -1,0 +1,245 @@
+"""Tenant isolation: no endpoint lets one organisation read or change another's data.
+
+The walk is generic: every route the app serves under /api/v1 is classified (global to any caller, operator-only,
+or scoped by the ids in its path) and requested as a foreign tenant with the victim's ids. A route nobody
+classified fails the test, so a new endpoint cannot ship without being walked."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from fastapi.routing import APIRoute
+
+from suanli.control import metering
+from suanli.control.ids import utcnow
+from tests.control_plane import Tenant, admin_token, bearer, signup
+
+API = "/api/v1"
+PASSWORD = "tenant-password"
+# Routes any caller may use: they act on the caller's own account, or on nothing tenant-specific.
+GLOBAL = {
+    ("POST", "/signup"), ("POST", "/login"), ("POST", "/logout"), ("GET", "/me"), ("GET", "/tokens"),
+    ("POST", "/tokens"), ("GET", "/orgs"), ("POST", "/orgs"), ("GET", "/prices"), ("GET", "/offers"),
+    ("POST", "/quotes"),
+}  # fmt: skip
+PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
+UNVERSIONED = {("GET", "/healthz")}  # the only APIRoute outside /api/v1
+# A valid body per request model: a 422 would hide whether the caller was authorised.
+SAMPLES: dict[str, dict[str, Any]] = {
+    "TokenIn": {"name": "probe"},
+    "MemberIn": {"email": "mallory@example.com", "role": "owner"},
+    "MoveIn": {"amount": "1000", "key": "steal"},
+    "QuotaIn": {"gpus": 0},
+    "PriceGpuIn": {"on_demand": "0.01"},
+    "PriceBookIn": {"gpu_hour": {"H20": "0.01"}},
+    "ClusterIn": {"preset": "1x8:H20", "name": "intruder"},
+    "NodeStateIn": {"state": "down", "reason": "probe"},
+    "AdminUserIn": {"email": "sleeper@example.com", "password": "password-123", "admin": True},
+    "AdminUserPatch": {"admin": True},
+    "QuoteIn": {"model": "llama3.1-8b", "tokens": 1e9, "gpus": 8},
+    "PlanIn": {"plan": "hourly", "gpu": "H20", "gpus": 1},
+}
+
+
+def api_routes(app: Any) -> list[tuple[str, str, type | None]]:
+    """(method, path, body model) of every API route, whichever way this FastAPI version lists included routers."""
+    routes: list[Any] = [r for r in app.routes if isinstance(r, APIRoute)]
+    if not any(r.path.startswith(API) for r in routes):
+        from fastapi.routing import iter_route_contexts  # FastAPI >= 0.16x keeps included routers wrapped
+
+        routes = [rc for rc in iter_route_contexts(app.routes) if isinstance(rc.original_route, APIRoute)]
+    out = []
+    for r in routes:
+        model = r.body_field.field_info.annotation if r.body_field is not None else None
+        out += [(m, str(r.path), model) for m in sorted(r.methods)]
+    return out
+
+
+@dataclass
+class World:
+    victim: Tenant
+    colleague: Tenant  # a second member of the victim's team
+    team: str  # the victim's team organisation
+    team_name: str
+    token_id: str  # a second token of the victim
+    allocation: str
+    attacker: Tenant
+    attacker_team: str
+    admin: dict[str, str]
+    node: str
+    cluster: str
+
+    def secrets(self) -> list[str]:
+        v, c = self.victim, self.colleague
+        return [v.email, c.email, v.user_id, c.user_id, v.org_id, self.team, self.team_name, self.token_id,
+                self.allocation, "victim-workload"]  # fmt: skip
+
+    def values(self, name: str) -> list[str]:
+        table = {
+            "org_id": [self.team, self.victim.org_id], "org": [self.team, self.victim.org_id, self.victim.email],
+            "token_id": [self.token_id], "user_id": [self.victim.user_id, self.colleague.user_id],
+            "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"],
+        }  # fmt: skip
+        assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
+        return table[name]
+
+
+@pytest.fixture
+def world(api: Any) -> World:
+    adm = bearer(admin_token(api))
+    r = api.post(f"{API}/admin/clusters", json={"preset": "2x8:H20", "name": "shared"}, headers=adm)
+    assert r.status_code == 201, r.text
+    node = api.get(f"{API}/admin/nodes", headers=adm).json()[0]["name"]
+    victim, colleague = signup(api, "victim@example.com", PASSWORD), signup(api, "colleague@example.com", PASSWORD)
+    team = api.post(f"{API}/orgs", json={"name": "victim-team"}, headers=victim.headers).json()["id"]
+    r = api.post(f"{API}/orgs/{team}/members", json={"email": colleague.email}, headers=victim.headers)
+    assert r.status_code == 201, r.text
+    r = api.post(f"{API}/admin/orgs/{team}/transactions", json={"amount": "100", "key": "seed"}, headers=adm)
+    assert r.status_code == 201, r.text
+    token_id = api.post(f"{API}/tokens", json={"name": "ci"}, headers=victim.headers).json()["id"]
+    db = api.app.state.server.db
+    with db.write() as s, s.begin():
+        alloc = metering.open_allocation(
+            s, org_id=team, user_id=victim.user_id, workload="victim-workload", gpu_model="H20", gpus=8,
+            placement={node: list(range(8))}, now=utcnow(), hold_minutes=10,
+        )  # fmt: skip
+        allocation = alloc.id
+    attacker = signup(api, "mallory@example.com", PASSWORD)
+    attacker_team = api.post(f"{API}/orgs", json={"name": "mallory-team"}, headers=attacker.headers).json()["id"]
+    return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
+                 node, "shared")  # fmt: skip
+
+
+def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    if path == "/signup":
+        return {"email": f"newcomer{n}@example.com", "password": PASSWORD}
+    if path == "/login":
+        return {"email": w.attacker.email, "password": PASSWORD}
+    if path == "/orgs":
+        return {"name": f"mallory-org-{n}"}
+    assert model.__name__ in SAMPLES, f"{method} {path}: add a valid sample {model.__name__} body to SAMPLES"
+    return SAMPLES[model.__name__]
+
+
+def _requests(w: World, method: str, path: str) -> Iterator[str]:
+    """The concrete URLs of one route with every combination of the victim's ids."""
+    names = re.findall(r"{(\w+)}", path)
+    for combo in itertools.product(*(w.values(n) for n in names)):
+        url = path
+        for name, value in zip(names, combo, strict=True):
+            url = url.replace(f"{{{name}}}", value)
+        yield url
+
+
+def _snapshot(api: Any, w: World) -> dict[str, Any]:
+    """Everything of the victim's that a foreign tenant might read or change."""
+    h = w.victim.headers
+    me = api.get(f"{API}/me", headers=h)
+    assert me.status_code == 200, me.text
+    admin_orgs = {o["id"]: o for o in api.get(f"{API}/admin/orgs", headers=w.admin).json()}
+    admin_users = {u["id"]: u for u in api.get(f"{API}/admin/users", headers=w.admin).json()}
+    return {
+        "me": me.json(),
+        "tokens": api.get(f"{API}/tokens", headers=h).json(),
+        "orgs": [admin_orgs[o] for o in (w.team, w.victim.org_id)],
+        "users": [admin_users[u] for u in (w.victim.user_id, w.colleague.user_id)],
+        **{
+            f"{org}{part}": api.get(f"{API}/orgs/{org}{part}", headers=h).json()
+            for org in (w.team, w.victim.org_id)
+            for part in ("", "/members", "/balance", "/transactions", "/usage")
+        },
+        "colleague": api.get(f"{API}/orgs/{w.team}", headers=w.colleague.headers).json(),
+    }
+
+
+def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: World) -> None:
+    w = world
+    before = _snapshot(api, w)
+    assert before[f"{w.team}/balance"]["held_per_hour"] == "68.00", "the victim's allocation is open"
+    logout_token = api.post(f"{API}/tokens", json={"name": "to-log-out"}, headers=w.attacker.headers).json()["token"]
+    routes = api_routes(api.app)
+    walked: set[tuple[str, str]] = set()
+    problems: list[str] = []
+    for n, (method, full, model) in enumerate(routes):
+        if not full.startswith(API):
+            assert (method, full) in UNVERSIONED, f"{method} {full}: a route outside {API}; classify it"
+            continue
+        path = full[len(API) :]
+        headers = bearer(logout_token) if path == "/logout" else w.attacker.headers
+        body = _body(w, method, path, model, n)
+        if (method, path) in GLOBAL:
+            r = api.request(method, full, json=body, headers=headers)
+            leaked = [x for x in w.secrets() if x in r.text]
+            if r.status_code >= 400 or leaked:
+                problems.append(f"{method} {path}: {r.status_code}, leaks {leaked}: {r.text[:200]}")
+        elif path.startswith("/admin/") or "{" in path:
+            expected = {403} if path.startswith("/admin/") else {403, 404}
+            for url in _requests(w, method, full):
+                r = api.request(method, url, json=body, headers=headers)
+                if r.status_code not in expected or any(x in r.json()["detail"] for x in w.secrets()[:4]):
+                    problems.append(f"{method} {url}: {r.status_code} (expected {sorted(expected)}): {r.text[:200]}")
+        else:
+            problems.append(f"{method} {path}: not classified; add it to GLOBAL if any caller may use it")
+        walked.add((method, full))
+    assert not problems, "\n".join(problems)
+    assert walked == {(m, p) for m, p, _ in routes if p.startswith(API)}
+    assert len(walked) >= 30
+    assert api.get(f"{API}/me", headers=w.attacker.headers).status_code == 200, "the walk ran authenticated"
+    assert _snapshot(api, w) == before
+
+
+def test_the_walk_was_not_refused_for_its_bodies(api: Any, world: World) -> None:
+    """Control: the same requests, made by the victim on its own team (and by an operator on admin routes), are
+    accepted, so the foreign tenant's 403/404 came from isolation, not from a malformed probe."""
+    w = world
+    problems = []
+    routes = sorted(api_routes(api.app), key=lambda r: r[0] == "DELETE")  # deletions last: they remove what others use
+    for n, (method, full, model) in enumerate(routes):
+        path = full[len(API) :]
+        if not full.startswith(API) or (method, path) in GLOBAL:
+            continue
+        body = _body(w, method, path, model, n)
+        headers = w.admin if path.startswith("/admin/") else w.victim.headers
+        url = next(_requests(w, method, full))
+        r = api.request(method, url, json=body, headers=headers)
+        if r.status_code in (401, 403, 404, 422) or r.status_code >= 500:
+            problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_without_a_token_only_signup_and_login_answer(api: Any, world: World) -> None:
+    problems = []
+    for n, (method, full, model) in enumerate(api_routes(api.app)):
+        path = full[len(API) :]
+        if not full.startswith(API) or (method, path) in PUBLIC:
+            continue
+        for url in _requests(world, method, full):
+            r = api.request(method, url, json=_body(world, method, path, model, n))
+            if r.status_code != 401 or "bearer token" not in r.json()["detail"]:
+                problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_attackers_own_org_does_not_reach_the_victims_users(api: Any, world: World) -> None:
+    w = world
+    own = w.attacker_team
+    r = api.delete(f"{API}/orgs/{own}/members/{w.victim.user_id}", headers=w.attacker.headers)
+    assert r.status_code == 404, r.text
+    usage = api.get(f"{API}/orgs/{own}/usage", params={"user_id": w.victim.user_id}, headers=w.attacker.headers)
+    assert usage.status_code == 200 and usage.json() == []
+    csv = api.get(f"{API}/orgs/{own}/usage", params={"format": "csv"}, headers=w.attacker.headers)
+    assert csv.status_code == 200 and not any(x in csv.text for x in w.secrets())
+    r = api.post(f"{API}/orgs/{own}/members", json={"email": w.victim.email}, headers=w.attacker.headers)
+    assert r.status_code == 201, "adding someone to your own team is allowed..."
+    assert own in {o["id"] for o in api.get(f"{API}/me", headers=w.victim.headers).json()["orgs"]}
+    assert api.get(f"{API}/orgs/{w.team}/balance", headers=w.attacker.headers).status_code == 404, "...not the reverse"
+    r = api.delete(f"{API}/tokens/{w.token_id}", headers=w.attacker.headers)
+    assert r.status_code == 404 and w.victim.email not in r.text
+    assert api.post(f"{API}/login", json={"email": w.victim.email, "password": "guess-guess"}).status_code == 401

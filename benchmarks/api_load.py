@@ -43,7 +43,8 @@ QUOTE = {"model": "llama3.1-8b", "tokens": 1e9, "gpu": "any"}
 
 
 async def _client_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
-                       lat: list[float], errors: list[int], interval: float | None, offset: float) -> None:  # fmt: skip
+                       lat: list[float], errors: list[int], interval: float | None, offset: float,
+                       done: list[float]) -> None:  # fmt: skip
     """Closed loop (`interval` None): the next request leaves when the answer arrives. Open loop: requests leave
     on a fixed schedule, and latency counts from the scheduled time (no coordinated omission)."""
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
@@ -55,7 +56,8 @@ async def _client_loop(url: str, method: str, path: str, body: Any, headers: dic
             if t >= until:
                 return
             r = await c.request(method, path, json=body)
-            lat.append(time.perf_counter() - t)
+            done.append(time.perf_counter())
+            lat.append(done[-1] - t)
             if r.status_code >= 400:
                 errors.append(r.status_code)
             if interval is not None:
@@ -94,7 +96,8 @@ class RawConnection:
 
 
 async def _raw_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
-                    lat: list[float], errors: list[int], interval: float | None, offset: float) -> None:  # fmt: skip
+                    lat: list[float], errors: list[int], interval: float | None, offset: float,
+                       done: list[float]) -> None:  # fmt: skip
     conn = RawConnection(url, headers)
     due = time.perf_counter() + offset
     try:
@@ -105,7 +108,8 @@ async def _raw_loop(url: str, method: str, path: str, body: Any, headers: dict[s
             if t >= until:
                 return
             status = await conn.request(method, path, body)
-            lat.append(time.perf_counter() - t)
+            done.append(time.perf_counter())
+            lat.append(done[-1] - t)
             if status >= 400:
                 errors.append(status)
             if interval is not None:
@@ -116,21 +120,26 @@ async def _raw_loop(url: str, method: str, path: str, body: Any, headers: dict[s
 
 def _load_process(
     args: tuple[str, str, str, Any, dict[str, str], int, float, float, float | None, str],
-) -> tuple[list[float], list[int]]:
+) -> tuple[list[float], list[int], float]:
+    """One load-generator process: its latencies, error statuses, and how long until its last answer."""
     url, method, path, body, headers, clients, seconds, start_at, interval, client = args
     loop = _client_loop if client == "httpx" else _raw_loop
     lat: list[float] = []
     errors: list[int] = []
+    done: list[float] = []
+    began = 0.0
 
     async def main() -> None:
+        nonlocal began
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        until = time.perf_counter() + seconds
+        began = time.perf_counter()
+        until = began + seconds
         spread = interval or 0.0
         await asyncio.gather(*(loop(url, method, path, body, headers, until, lat, errors, interval,
-                                            spread * i / clients) for i in range(clients)))  # fmt: skip
+                                    spread * i / clients, done) for i in range(clients)))  # fmt: skip
 
     asyncio.run(main())
-    return lat, errors
+    return lat, errors, (max(done) - began) if done else seconds
 
 
 def run_load(url: str, method: str, path: str, body: Any, headers: dict[str, str], clients: int, seconds: float,
@@ -145,8 +154,34 @@ def run_load(url: str, method: str, path: str, body: Any, headers: dict[str, str
     lat = sorted(x for r in results for x in r[0])
     errors = [x for r in results for x in r[1]]
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else [lat[0]] * 99
-    return {"requests": len(lat), "rps": len(lat) / seconds, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
+    # Throughput over the time until the last answer: an overloaded open loop finishes late, and says so.
+    elapsed = max(seconds, *(r[2] for r in results))
+    return {"requests": len(lat), "rps": len(lat) / elapsed, "p50_ms": q[49] * 1000, "p99_ms": q[98] * 1000,
             "errors": len(errors)}  # fmt: skip
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(pid: int) -> float:
+    """CPU seconds used by the server process and its workers (Linux /proc): a measure of the server's cost
+    per request that noisy neighbours on a shared machine do not distort the way wall-clock latency is."""
+    pids = [pid]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        pids.append(int(entry))
+            except OSError:
+                continue
+    return sum(_cpu_seconds(p) for p in pids)
 
 
 def start_server(db_url: str, home: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
@@ -189,11 +224,14 @@ def bench_backend(name: str, db_url: str, args: argparse.Namespace) -> list[dict
                    ("offers", "GET", "/api/v1/offers", None), ("quotes (repeat)", "POST", "/api/v1/quotes", QUOTE)]  # fmt: skip
         for label, method, path, body in targets:
             for mode, rate in (("closed", None), (f"open {args.rate:g}/s", args.rate)):
+                cpu0 = server_cpu(proc.pid)
                 res = run_load(url, method, path, body, headers, args.clients, args.seconds, args.load_procs, rate,
                                args.client)  # fmt: skip
+                res["server_cpu_ms"] = (server_cpu(proc.pid) - cpu0) / max(1, res["requests"]) * 1000
                 rows.append({"backend": name, "endpoint": label, "mode": mode, **res})
                 print(f"  {label} ({mode}): {res['rps']:.0f} req/s, p50 {res['p50_ms']:.1f} ms, "
-                      f"p99 {res['p99_ms']:.1f} ms, errors {res['errors']}")  # fmt: skip
+                      f"p99 {res['p99_ms']:.1f} ms, server CPU {res['server_cpu_ms']:.2f} ms/request, "
+                      f"errors {res['errors']}")  # fmt: skip
     finally:
         proc.terminate()
         proc.wait(20)
@@ -232,11 +270,11 @@ def main() -> None:
             if not args.pg_url:
                 databases.stop_postgres_server()
     print()
-    print("| backend | endpoint | load | req/s | p50 ms | p99 ms | errors |")
-    print("|---|---|---|---|---|---|---|")
+    print("| backend | endpoint | load | req/s | p50 ms | p99 ms | server CPU ms/req | errors |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['backend']} | {r['endpoint']} | {r['mode']} | {r['rps']:,.0f} | {r['p50_ms']:.1f} | "
-              f"{r['p99_ms']:.1f} | {r['errors']} |")  # fmt: skip
+              f"{r['p99_ms']:.1f} | {r['server_cpu_ms']:.2f} | {r['errors']} |")  # fmt: skip
     if args.json:
         print(json.dumps(rows))
 

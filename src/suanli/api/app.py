@@ -24,7 +24,7 @@ from suanli.control.background import MeteringLoop
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
-from suanli.db.engine import Database
+from suanli.db.engine import Database, exclusive
 from suanli.db.migrate import migrate
 from suanli.topology import presets
 
@@ -41,6 +41,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorOut, "description": "invalid input; `detail` names the field"},
 }
 SETTINGS_ENV = "SUANLI_RESOLVED_SETTINGS"
+BOOTSTRAP_LOCK = 0x5A4E_4253
 
 
 class BodyLimit:
@@ -128,6 +129,7 @@ def bootstrap(db: Database, settings: Settings) -> None:
     migrate(db.engine)
     now = utcnow()
     with db.write() as s, s.begin():
+        exclusive(s, BOOTSTRAP_LOCK)  # server processes starting together seed once
         prices.seed(s, settings.currency, now)
         if settings.admin_email and settings.admin_password:
             accounts.ensure_admin(s, settings.admin_email, settings.admin_password, now)

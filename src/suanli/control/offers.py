@@ -13,7 +13,7 @@ from decimal import Decimal
 from threading import Lock
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from suanli import catalog
@@ -23,7 +23,7 @@ from suanli.billing.quotes import Offer as QuoteOffer
 from suanli.billing.quotes import Quote, Rank, quote
 from suanli.control import inventory, prices
 from suanli.control.errors import Invalid
-from suanli.db.models import Allocation, ClusterRow, Node
+from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, PriceBookVersion
 from suanli.perf import TrainJob
 from suanli.sched.types import mig_milli
 from suanli.topology import Cluster
@@ -58,6 +58,9 @@ class OfferCache:
     """Snapshots and quotes per (inventory version, price version); a server holds one."""
 
     snapshot_key: tuple[int, int] | None = None
+    # Misses are computed one at a time (the work is CPU-bound under the GIL anyway), and a request that waited
+    # finds the answer the first one computed: a burst of identical quotes costs one plan search, not fifty.
+    compute: Lock = field(default_factory=Lock)
     snapshot: Snapshot | None = None
     topologies: dict[tuple[str, str], Cluster] = field(default_factory=dict)
     quotes: OrderedDict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=OrderedDict)
@@ -125,15 +128,29 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
     return Snapshot(offers, dict(free_cm), clusters, book)
 
 
+_VERSIONS = select(
+    select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION).scalar_subquery(),
+    select(func.max(PriceBookVersion.id)).scalar_subquery(),
+)
+
+
+def _versions(s: Session) -> tuple[int, int]:
+    """(inventory version, price-book version) in one round trip: what a cached snapshot is valid for."""
+    inv, price = s.execute(_VERSIONS).one()
+    return inv or 0, price or 0
+
+
 def snapshot(s: Session, cache: OfferCache) -> Snapshot:
-    key = (inventory.version(s), prices.version(s))
-    with cache.lock:
+    key = _versions(s)
+    if cache.snapshot_key == key and cache.snapshot is not None:
+        return cache.snapshot
+    with cache.compute:
         if cache.snapshot_key == key and cache.snapshot is not None:
             return cache.snapshot
-    snap = _build(s, prices.current(s)[1])
-    with cache.lock:
-        cache.snapshot_key, cache.snapshot = key, snap
-        cache.quotes.clear()
+        snap = _build(s, prices.current(s)[1])
+        with cache.lock:
+            cache.snapshot_key, cache.snapshot = key, snap
+            cache.quotes.clear()
     return snap
 
 
@@ -174,6 +191,29 @@ def quotes(
         if key in cache.quotes:
             cache.quotes.move_to_end(key)
             return cache.quotes[key]
+    with cache.compute:
+        with cache.lock:
+            if key in cache.quotes:
+                return cache.quotes[key]
+        out = _quote(cache, snap, job, tokens, model_filter, gpus, mode, rank, limit)
+        with cache.lock:
+            cache.quotes[key] = out
+            while len(cache.quotes) > 256:
+                cache.quotes.popitem(last=False)
+    return out
+
+
+def _quote(
+    cache: OfferCache,
+    snap: Snapshot,
+    job: TrainJob,
+    tokens: float,
+    model_filter: str | None,
+    gpus: int | None,
+    mode: BillingMode,
+    rank: Rank,
+    limit: int,
+) -> list[dict[str, Any]]:
     found: list[tuple[Quote, str]] = []
     for (cid, model), free in sorted(snap.free_by_cluster_model.items()):
         if (model_filter and model != model_filter) or model not in snap.book.gpu_hour:
@@ -186,11 +226,5 @@ def quotes(
     order = (
         (lambda t: (t[0].cost, t[0].total_time_s)) if rank == "cheapest" else (lambda t: (t[0].total_time_s, t[0].cost))
     )
-    out = [
-        {**q.as_dict(), "cluster": name, "currency": snap.book.currency} for q, name in sorted(found, key=order)[:limit]
-    ]
-    with cache.lock:
-        cache.quotes[key] = out
-        while len(cache.quotes) > 256:
-            cache.quotes.popitem(last=False)
-    return out
+    best = sorted(found, key=order)[:limit]
+    return [{**q.as_dict(), "cluster": name, "currency": snap.book.currency} for q, name in best]

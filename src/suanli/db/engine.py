@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -55,8 +55,19 @@ class Database:
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", _sqlite_begin)
         else:
-            self.engine = create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_pre_ping=True)
-        self.reads = sessionmaker(self.engine, expire_on_commit=False)
+            # No pre-ping (a round trip per checkout); connections are recycled instead, and a dead one fails a
+            # single request, which the client retries.
+            self.engine = create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800)
+        # Reads on PostgreSQL run on their own autocommit pool: each statement sees a consistent snapshot, and
+        # neither BEGIN/ROLLBACK nor a per-checkout isolation switch costs a round trip. (SQLite reads are local
+        # calls; their deferred BEGIN costs nothing.)
+        self.read_engine = self.engine
+        if self.engine.dialect.name != "sqlite":
+            self.read_engine = create_engine(
+                self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, isolation_level="AUTOCOMMIT"
+            )
+        reads = self.read_engine
+        self.reads = sessionmaker(reads, expire_on_commit=False)
         self.writes = sessionmaker(self.engine.execution_options(writes=True), expire_on_commit=False)
 
     @property
@@ -73,3 +84,12 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.read_engine.dispose()
+
+
+def exclusive(s: Session, key: int) -> None:
+    """Hold a database-wide lock named `key` until the transaction ends, so that processes doing the same
+    one-off work (start-up seeding) take turns: an advisory lock on PostgreSQL; on SQLite a writing session
+    already holds the only write lock."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})

@@ -223,6 +223,8 @@ def bench_backend(name: str, db_url: str, args: argparse.Namespace) -> list[dict
         targets = [("balance (auth read)", "GET", f"/api/v1/orgs/{org}/balance", None),
                    ("offers", "GET", "/api/v1/offers", None), ("quotes (repeat)", "POST", "/api/v1/quotes", QUOTE)]  # fmt: skip
         for label, method, path, body in targets:
+            # Warm up (connections, caches, the token cache of every worker) without recording.
+            run_load(url, method, path, body, headers, args.clients, args.warmup, args.load_procs, None, args.client)
             for mode, rate in (("closed", None), (f"open {args.rate:g}/s", args.rate)):
                 cpu0 = server_cpu(proc.pid)
                 res = run_load(url, method, path, body, headers, args.clients, args.seconds, args.load_procs, rate,
@@ -246,6 +248,7 @@ def main() -> None:
     ap.add_argument("--load-procs", type=int, default=2, help="load-generator processes")
     ap.add_argument("--client", choices=["httpx", "raw"], default="httpx",
                     help="load generator: httpx.AsyncClient, or a minimal asyncio HTTP/1.1 client (cheaper)")  # fmt: skip
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds of unrecorded load before each endpoint")
     ap.add_argument("--rate", type=float, default=1000.0, help="open-loop rate, requests/s over all clients")
     ap.add_argument("--backend", action="append", choices=["sqlite", "postgresql"])
     ap.add_argument("--pg-url", help="admin URL of a PostgreSQL server (default: start a throwaway one)")

@@ -31,6 +31,7 @@ class Settings(BaseModel):
     login_token_days: int = Field(30, ge=1, le=3650)
     meter_interval_s: float = Field(5.0, gt=0, le=3600)
     meter_window_s: int = Field(60, ge=1, le=3600)
+    threads: int = Field(8, ge=1, le=256, description="threads serving route bodies (database calls) per process")
     background: bool = Field(True, description="run the background loops (metering) in this server")
     virtual: tuple[str, ...] = Field((), description="topology presets registered as virtual nodes on start")
 

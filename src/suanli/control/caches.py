@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from threading import Lock
 
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.prices import PriceBook, default_price_book
@@ -54,11 +54,11 @@ class PriceCache:
     _books: dict[int, PriceBook] = field(default_factory=dict)
     _lock: Lock = field(default_factory=Lock)
 
-    def current(self, s: Session) -> tuple[int, PriceBook]:
+    def current(self, s: Session | Connection) -> tuple[int, PriceBook]:
         version = prices.version(s)
         return version, self.book(s, version)
 
-    def book(self, s: Session, version: int) -> PriceBook:
+    def book(self, s: Session | Connection, version: int) -> PriceBook:
         """The book of a version the caller already read (0: the shipped default)."""
         if not version:
             return default_price_book()

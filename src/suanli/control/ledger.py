@@ -15,7 +15,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -204,7 +204,7 @@ def _balance_view_statement() -> Any:
 _BALANCE_VIEW = _balance_view_statement()  # built once: the hot read path is one precompiled statement
 
 
-def balance_view(s: Session, org_id: str, user_id: str) -> BalanceView:
+def balance_view(s: Session | Connection, org_id: str, user_id: str) -> BalanceView:
     """Everything `GET /orgs/{id}/balance` needs in one round trip: access, balance, running rate, price version."""
     role, org, bal, held, version = s.execute(
         _BALANCE_VIEW, {"org_id": org_id, "user_id": user_id, "account": org_account(org_id)}

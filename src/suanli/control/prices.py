@@ -6,7 +6,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from suanli import catalog
@@ -23,7 +23,7 @@ def current(s: Session) -> tuple[int, PriceBook]:
     return row.id, PriceBook.model_validate(row.body)
 
 
-def version(s: Session) -> int:
+def version(s: Session | Connection) -> int:
     """The version in force (0: the shipped default), without parsing the book."""
     return s.scalar(select(PriceBookVersion.id).order_by(PriceBookVersion.id.desc()).limit(1)) or 0
 

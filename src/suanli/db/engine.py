@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -77,6 +77,10 @@ class Database:
     def read(self) -> Session:
         """A session for a request that only reads."""
         return self.reads()
+
+    def read_connection(self) -> Connection:
+        """A bare connection for the hottest reads: one precompiled statement, no ORM session around it."""
+        return self.read_engine.connect()
 
     def write(self) -> Session:
         """A session for a transaction that writes (on SQLite it holds the write lock from its first statement)."""

@@ -66,7 +66,7 @@ def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
 @router.get("/orgs/{org_id}/balance")
 @in_thread
 def balance(org_id: str, ctx: Auth) -> BalanceOut:
-    with ctx.db.read() as s:
+    with ctx.db.read_connection() as s:
         view = ledger.balance_view(s, org_id, ctx.who.user_id)
         if not view.member and not (ctx.who.is_admin and view.org_exists):
             raise NotFound(f"organisation {org_id} not found")

@@ -42,26 +42,17 @@ from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, wait_hea
 QUOTE = {"model": "llama3.1-8b", "tokens": 1e9, "gpu": "any"}
 
 
-async def _client_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
-                       lat: list[float], errors: list[int], interval: float | None, offset: float,
-                       done: list[float]) -> None:  # fmt: skip
-    """Closed loop (`interval` None): the next request leaves when the answer arrives. Open loop: requests leave
-    on a fixed schedule, and latency counts from the scheduled time (no coordinated omission)."""
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30) as c:
-        due = time.perf_counter() + offset
-        while True:
-            if interval is not None:
-                await asyncio.sleep(max(0.0, due - time.perf_counter()))
-            t = due if interval is not None else time.perf_counter()
-            if t >= until:
-                return
-            r = await c.request(method, path, json=body)
-            done.append(time.perf_counter())
-            lat.append(done[-1] - t)
-            if r.status_code >= 400:
-                errors.append(r.status_code)
-            if interval is not None:
-                due += interval
+class HttpxConnection:
+    """One `httpx.AsyncClient` (one keep-alive connection): the load generator the issue names."""
+
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.client = httpx.AsyncClient(base_url=url, headers=headers, timeout=30)
+
+    async def request(self, method: str, path: str, json_body: Any = None) -> int:
+        return (await self.client.request(method, path, json=json_body)).status_code
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
 
 class RawConnection:
@@ -95,10 +86,11 @@ class RawConnection:
             self.writer.close()
 
 
-async def _raw_loop(url: str, method: str, path: str, body: Any, headers: dict[str, str], until: float,
-                    lat: list[float], errors: list[int], interval: float | None, offset: float,
+async def _client_loop(conn: HttpxConnection | RawConnection, method: str, path: str, body: Any, until: float,
+                       lat: list[float], errors: list[int], interval: float | None, offset: float,
                        done: list[float]) -> None:  # fmt: skip
-    conn = RawConnection(url, headers)
+    """Closed loop (`interval` None): the next request leaves when the answer arrives. Open loop: requests leave
+    on a fixed schedule, and latency counts from the scheduled time (no coordinated omission)."""
     due = time.perf_counter() + offset
     try:
         while True:
@@ -123,7 +115,7 @@ def _load_process(
 ) -> tuple[list[float], list[int], float]:
     """One load-generator process: its latencies, error statuses, and how long until its last answer."""
     url, method, path, body, headers, clients, seconds, start_at, interval, client = args
-    loop = _client_loop if client == "httpx" else _raw_loop
+    connection = HttpxConnection if client == "httpx" else RawConnection
     lat: list[float] = []
     errors: list[int] = []
     done: list[float] = []
@@ -135,8 +127,8 @@ def _load_process(
         began = time.perf_counter()
         until = began + seconds
         spread = interval or 0.0
-        await asyncio.gather(*(loop(url, method, path, body, headers, until, lat, errors, interval,
-                                    spread * i / clients, done) for i in range(clients)))  # fmt: skip
+        await asyncio.gather(*(_client_loop(connection(url, headers), method, path, body, until, lat, errors,
+                                            interval, spread * i / clients, done) for i in range(clients)))  # fmt: skip
 
     asyncio.run(main())
     return lat, errors, (max(done) - began) if done else seconds

@@ -56,6 +56,18 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
+def db(db_url: str) -> Iterator[Any]:
+    """A migrated `suanli.db.engine.Database` on a fresh database of each backend."""
+    from suanli.db.engine import Database
+    from suanli.db.migrate import migrate
+
+    database = Database(db_url)
+    migrate(database.engine)
+    yield database
+    database.dispose()
+
+
+@pytest.fixture
 def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     """Argon2 at its production cost takes ~0.3 s a hash on 2 cores; in-process API tests sign up and log in
     many users and test who may do what, not the hash parameters. (Server processes keep the real cost.)"""

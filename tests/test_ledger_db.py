@@ -9,7 +9,6 @@ sums of their entries (`recompute`), and all accounts sum to zero.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -35,21 +34,12 @@ from suanli.billing.money import ZERO
 from suanli.control import accounts, ledger
 from suanli.control.errors import Conflict, Invalid, PaymentRequired
 from suanli.db.engine import Database
-from suanli.db.migrate import migrate
 from suanli.db.models import AccountBalance, LedgerEntry, LedgerTransaction
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SOURCES = {"topup": EXTERNAL, "credit": PROMOTIONS, "refund": REVENUE}
 AMOUNTS = st.decimals(min_value=Decimal("0.00000001"), max_value=Decimal("500"), places=8)
 KEYS = st.integers(0, 11).map(lambda n: f"k{n}")  # a small pool, so keys collide often
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = Database(db_url)
-    migrate(database.engine)
-    yield database
-    database.dispose()
 
 
 def make_orgs(db: Database, n: int) -> list[str]:

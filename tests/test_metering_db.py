@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import io
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -26,20 +25,11 @@ from suanli.control import accounts, inventory, ledger, metering
 from suanli.control.errors import Conflict, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.db.engine import Database
-from suanli.db.migrate import migrate
 from suanli.db.models import Allocation, LedgerTransaction, Membership, Org
 from tests.money_worker import audit, usage_by_allocation
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 HOLD = 10
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = Database(db_url)
-    migrate(database.engine)
-    yield database
-    database.dispose()
 
 
 @pytest.fixture

@@ -13,33 +13,22 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
 from sqlalchemy import func, select
 
 from suanli.billing.ledger import REVENUE
 from suanli.control import accounts, ledger, metering
 from suanli.control.ids import utcnow
 from suanli.db.engine import Database
-from suanli.db.migrate import migrate
 from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction
 from tests.money_worker import amount_of, audit, ms
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-@pytest.fixture
-def db(db_url: str) -> Iterator[Database]:
-    database = Database(db_url)
-    migrate(database.engine)
-    yield database
-    database.dispose()
 
 
 def new_org(db: Database, topup: str) -> tuple[str, str]:

@@ -176,12 +176,6 @@ def role_in(s: Session, who: Principal, org_id: str) -> str | None:
     return s.scalar(select(Membership.role).where(Membership.org_id == org_id, Membership.user_id == who.user_id))
 
 
-def require_access(s: Session, who: Principal, org_id: str) -> None:
-    """`org_for` for the hot read path: one indexed lookup, no org row loaded."""
-    if role_in(s, who, org_id) is None and not (who.is_admin and s.get(Org, org_id) is not None):
-        raise NotFound(f"organisation {org_id} not found")
-
-
 def org_for(s: Session, who: Principal, org_id: str, *, owner: bool = False) -> Org:
     """The org, if `who` may see it (member or admin) — and may manage it, with `owner`."""
     org = s.get(Org, org_id)
@@ -262,6 +256,36 @@ def remove_member(s: Session, who: Principal, org_id: str, user_id: str) -> None
 def require_admin(who: Principal) -> None:
     if not who.is_admin:
         raise Forbidden("operators only (admin role)")
+
+
+def users(s: Session, limit: int) -> list[User]:
+    return list(s.scalars(select(User).order_by(User.created_at).limit(limit)))
+
+
+def all_orgs(s: Session, limit: int) -> list[Org]:
+    return list(s.scalars(select(Org).order_by(Org.created_at).limit(limit)))
+
+
+def set_admin(s: Session, user_id: str, admin: bool) -> User:
+    row = s.get(User, user_id)
+    if row is None:
+        raise NotFound(f"user {user_id} not found")
+    row.is_admin = admin
+    return row
+
+
+def org_by_ref(s: Session, ref: str) -> Org:
+    """An org by id or by name (a personal org is named after its user's email), for operators."""
+    row = s.scalar(select(Org).where((Org.id == ref) | (Org.name == ref)))
+    if row is None:
+        raise NotFound(f"organisation {ref} not found")
+    return row
+
+
+def set_quota(s: Session, ref: str, gpus: int | None) -> Org:
+    row = org_by_ref(s, ref)
+    row.quota_gpus = gpus
+    return row
 
 
 def ensure_admin(s: Session, email: str, password: str, now: datetime) -> User:

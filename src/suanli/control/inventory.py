@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
@@ -35,10 +35,6 @@ def bump_version(s: Session) -> None:
     ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
     stmt = ins(KeyValue).values(key=INVENTORY_VERSION, value=1)
     s.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": KeyValue.value + 1}))
-
-
-def version(s: Session) -> int:
-    return s.scalar(select(KeyValue.value).where(KeyValue.key == INVENTORY_VERSION)) or 0
 
 
 def _slug(name: str) -> str:
@@ -151,6 +147,14 @@ def cluster_topology(row: ClusterRow) -> Cluster | None:
         return None
     spec = {k: v for k, v in row.spec.items() if k != "host"}
     return build_cluster(spec)
+
+
+def cluster_size(s: Session, cluster_id: str) -> tuple[int, int]:
+    """(nodes, GPUs) of a registered cluster."""
+    n, g = s.execute(
+        select(func.count(Node.id), func.coalesce(func.sum(Node.gpu_count), 0)).where(Node.cluster_id == cluster_id)
+    ).one()
+    return int(n), int(g)
 
 
 def clusters(s: Session) -> list[ClusterRow]:

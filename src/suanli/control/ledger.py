@@ -149,6 +149,12 @@ def move(
     return post(s, tx, now, org_id=org_id, user_id=user_id)
 
 
+def net_for_org(tx: LedgerTransaction, org_id: str) -> Decimal:
+    """What a transaction did to one org's balance."""
+    acct = org_account(org_id)
+    return sum((exact(e.amount) for e in tx.entries if e.account == acct), ZERO)
+
+
 def transactions(s: Session, org_id: str, limit: int = 100, before_id: int | None = None) -> list[LedgerTransaction]:
     q = select(LedgerTransaction).where(LedgerTransaction.org_id == org_id)
     if before_id is not None:

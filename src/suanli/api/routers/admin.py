@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
-from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from suanli.api.deps import Auth, Caller, caller, in_thread
 from suanli.api.schemas import (
@@ -27,12 +27,10 @@ from suanli.api.schemas import (
     UserOut,
     money,
 )
-from suanli.billing.ledger import org_account
 from suanli.billing.money import ZERO
 from suanli.control import accounts, inventory, ledger, prices
-from suanli.control.errors import NotFound
 from suanli.control.ids import new_id
-from suanli.db.models import ClusterRow, Node, Org, User
+from suanli.db.models import ClusterRow
 from suanli.telemetry import nvml
 
 
@@ -50,7 +48,7 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(caller
 @in_thread
 def list_users(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[UserOut]:
     with ctx.db.read() as s:
-        return [UserOut.model_validate(u) for u in s.scalars(select(User).order_by(User.created_at).limit(limit))]
+        return [UserOut.model_validate(u) for u in accounts.users(s, limit)]
 
 
 @router.post("/users", status_code=201)
@@ -66,11 +64,7 @@ def create_user(body: AdminUserIn, ctx: Admin) -> UserOut:
 @in_thread
 def patch_user(user_id: str, body: AdminUserPatch, ctx: Admin) -> UserOut:
     with ctx.db.write() as s, s.begin():
-        u = s.get(User, user_id)
-        if u is None:
-            raise NotFound(f"user {user_id} not found")
-        u.is_admin = body.admin
-        out = UserOut.model_validate(u)
+        out = UserOut.model_validate(accounts.set_admin(s, user_id, body.admin))
     ctx.srv.tokens.forget_all()
     return out
 
@@ -79,14 +73,7 @@ def patch_user(user_id: str, body: AdminUserPatch, ctx: Admin) -> UserOut:
 @in_thread
 def list_orgs(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) -> list[OrgOut]:
     with ctx.db.read() as s:
-        return [OrgOut.model_validate(o) for o in s.scalars(select(Org).order_by(Org.created_at).limit(limit))]
-
-
-def _org(s: object, org: str) -> Org:
-    row = s.scalar(select(Org).where((Org.id == org) | (Org.name == org)))  # type: ignore[attr-defined]
-    if row is None:
-        raise NotFound(f"organisation {org} not found")
-    return row
+        return [OrgOut.model_validate(o) for o in accounts.all_orgs(s, limit)]
 
 
 @router.put("/orgs/{org}/quota")
@@ -94,9 +81,7 @@ def _org(s: object, org: str) -> Org:
 def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
     """`org` is an id or a name (a personal org is named after its user's email)."""
     with ctx.db.write() as s, s.begin():
-        row = _org(s, org)
-        row.quota_gpus = body.gpus
-        return OrgOut.model_validate(row)
+        return OrgOut.model_validate(accounts.set_quota(s, org, body.gpus))
 
 
 @router.post("/orgs/{org}/transactions", status_code=201)
@@ -104,12 +89,10 @@ def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
 def move_money(org: str, body: MoveIn, ctx: Admin) -> TransactionOut:
     """Top up (cash in), credit (goodwill) or refund; with `key`, a retried request posts nothing twice."""
     with ctx.db.write() as s, s.begin():
-        row = _org(s, org)
+        row = accounts.org_by_ref(s, org)
         key = f"{body.kind}:{row.id}:{body.key or new_id('op')}"
         t, _ = ledger.move(s, body.kind, row.id, body.amount, key, ctx.now, body.memo, ctx.who.user_id)
-        acct = org_account(row.id)
-        amount = sum((e.amount for e in t.entries if e.account == acct), ZERO)
-        return TransactionOut(id=t.id, key=t.key, kind=t.kind, memo=t.memo, amount=money(amount),
+        return TransactionOut(id=t.id, key=t.key, kind=t.kind, memo=t.memo, amount=money(ledger.net_for_org(t, row.id)),
                               allocation_id=None, created_at=t.created_at)  # fmt: skip
 
 
@@ -142,10 +125,8 @@ def put_gpu_price(gpu: str, body: PriceGpuIn, ctx: Admin) -> dict[str, object]:
 
 
 # ---- clusters and nodes -------------------------------------------------------------------------------------
-def _cluster_out(s: object, row: ClusterRow) -> ClusterOut:
-    n, g = s.execute(  # type: ignore[attr-defined]
-        select(func.count(Node.id), func.coalesce(func.sum(Node.gpu_count), 0)).where(Node.cluster_id == row.id)
-    ).one()
+def _cluster_out(s: Session, row: ClusterRow) -> ClusterOut:
+    n, g = inventory.cluster_size(s, row.id)
     return ClusterOut(id=row.id, name=row.name, source=row.source, nodes=n, gpus=g, created_at=row.created_at)
 
 

@@ -9,8 +9,7 @@ from fastapi.responses import PlainTextResponse, Response
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
-from suanli.billing.ledger import org_account
-from suanli.billing.money import ZERO, shown
+from suanli.billing.money import shown
 from suanli.control import accounts, ledger, metering
 from suanli.control.errors import NotFound
 
@@ -85,14 +84,13 @@ def transactions(
     before_id: Annotated[int | None, Query(ge=1, le=2**62)] = None,
 ) -> list[TransactionOut]:
     """Ledger transactions that moved this org's money, newest first (page with `before_id`)."""
-    acct = org_account(org_id)
     with ctx.db.read() as s:
         accounts.org_for(s, ctx.who, org_id)
         rows = ledger.transactions(s, org_id, limit, before_id)
         return [
             TransactionOut(
                 id=t.id, key=t.key, kind=t.kind, memo=t.memo, allocation_id=t.allocation_id, created_at=t.created_at,
-                amount=money(sum((e.amount for e in t.entries if e.account == acct), ZERO)),
+                amount=money(ledger.net_for_org(t, org_id)),
             )
             for t in rows
         ]  # fmt: skip

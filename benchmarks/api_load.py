@@ -176,17 +176,19 @@ def server_cpu(pid: int) -> float:
     return sum(_cpu_seconds(p) for p in pids)
 
 
-def start_server(db_url: str, home: Path, workers: int) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    db_url: str, home: Path, workers: int, extra: list[str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "SUANLI_HOME": str(home), "SUANLI_ADMIN_EMAIL": ADMIN_EMAIL,
            "SUANLI_ADMIN_PASSWORD": ADMIN_PASSWORD}  # fmt: skip
     log = home / "server.log"
     cmd = [sys.executable, "-m", "suanli.cli.main", "server", "--port", str(port), "--db", db_url,
-           "--log-level", "warning", "--workers", str(workers)]  # fmt: skip
+           "--log-level", "warning", "--workers", str(workers), *(extra or [])]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, proc, log, timeout=60)
+    wait_healthy(url, proc, log, timeout=180)
     return proc, url
 
 

@@ -50,11 +50,15 @@ def _roles(api: Any) -> list[Role]:
     team = api.post(f"{API}/orgs", json={"name": "fuzz-team"}, headers=tenant.headers).json()["id"]
     assert api.post(f"{API}/orgs/{team}/members", json={"email": colleague.email}, headers=tenant.headers).is_success
     assert api.post(f"{API}/admin/orgs/{team}/transactions", json={"amount": "500"}, headers=adm).is_success
+    spec = {"name": "fuzzed", "kind": "instance", "resources": {"gpus": 0}}
+    r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    workload = r.json()["id"]
     roles = []
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
-               "cluster": "scratch", "gpu": "H20"}  # fmt: skip
+               "cluster": "scratch", "gpu": "H20", "ref": workload}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

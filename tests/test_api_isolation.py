@@ -25,7 +25,7 @@ PASSWORD = "tenant-password"
 GLOBAL = {
     ("POST", "/signup"), ("POST", "/login"), ("POST", "/logout"), ("GET", "/me"), ("GET", "/tokens"),
     ("POST", "/tokens"), ("GET", "/orgs"), ("POST", "/orgs"), ("GET", "/prices"), ("GET", "/offers"),
-    ("POST", "/quotes"),
+    ("POST", "/quotes"), ("GET", "/workloads"), ("POST", "/workloads"),
 }  # fmt: skip
 PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
 UNVERSIONED = {("GET", "/healthz")}  # the only APIRoute outside /api/v1
@@ -43,6 +43,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "AdminUserPatch": {"admin": True},
     "QuoteIn": {"model": "llama3.1-8b", "tokens": 1e9, "gpus": 8},
     "PlanIn": {"plan": "hourly", "gpu": "H20", "gpus": 1},
+    "WorkloadIn": {"spec": {"name": "probe", "kind": "instance", "resources": {"gpus": 0}}},
 }
 
 
@@ -73,17 +74,18 @@ class World:
     admin: dict[str, str]
     node: str
     cluster: str
+    workload: str  # the victim's instance in its team
 
     def secrets(self) -> list[str]:
         v, c = self.victim, self.colleague
         return [v.email, c.email, v.user_id, c.user_id, v.org_id, self.team, self.team_name, self.token_id,
-                self.allocation, "victim-workload"]  # fmt: skip
+                self.allocation, "victim-workload", self.workload, "victim-box"]  # fmt: skip
 
     def values(self, name: str) -> list[str]:
         table = {
             "org_id": [self.team, self.victim.org_id], "org": [self.team, self.victim.org_id, self.victim.email],
             "token_id": [self.token_id], "user_id": [self.victim.user_id, self.colleague.user_id],
-            "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"],
+            "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"], "ref": [self.workload, "victim-box"],
         }  # fmt: skip
         assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
         return table[name]
@@ -109,10 +111,13 @@ def world(api: Any) -> World:
             placement={node: list(range(8))}, now=utcnow(), hold_minutes=10,
         )  # fmt: skip
         allocation = alloc.id
+    spec = {"name": "victim-box", "kind": "instance", "resources": {"gpus": 0}}
+    r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=victim.headers)
+    assert r.status_code == 201, r.text
     attacker = signup(api, "mallory@example.com", PASSWORD)
     attacker_team = api.post(f"{API}/orgs", json={"name": "mallory-team"}, headers=attacker.headers).json()["id"]
     return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
-                 node, "shared")  # fmt: skip
+                 node, "shared", r.json()["id"])  # fmt: skip
 
 
 def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:
@@ -156,6 +161,8 @@ def _snapshot(api: Any, w: World) -> dict[str, Any]:
             for part in ("", "/members", "/balance", "/transactions", "/usage")
         },
         "colleague": api.get(f"{API}/orgs/{w.team}", headers=w.colleague.headers).json(),
+        "workloads": api.get(f"{API}/workloads", params={"all": True}, headers=h).json(),
+        "workload": api.get(f"{API}/workloads/{w.workload}", headers=h).json(),
     }
 
 

@@ -8,29 +8,68 @@ one-line message.
     with Client("http://127.0.0.1:8000") as c:
         c.login("me@example.com", "…")
         print(c.balance().balance)
+        w = c.submit(Path("job.yaml"), workdir=Path("."))
+        for text in c.follow_logs(w.id):
+            print(text, end="")
 """
 
 from __future__ import annotations
 
-import dataclasses
+import base64
+import io
 import os
-import types
-from dataclasses import dataclass, field
+import tarfile
+import time
+from collections.abc import Collection, Iterator
 from datetime import datetime
 from decimal import Decimal
-from functools import cache
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote as _quote
 
 import httpx
 
 from suanli import __version__
+from suanli.client_models import (
+    TERMINAL_STATES,
+    Balance,
+    Cluster,
+    Gpu,
+    LedgerCheck,
+    LogChunk,
+    Me,
+    Member,
+    NewToken,
+    Node,
+    Offer,
+    Org,
+    PendingInfo,
+    Plan,
+    Quote,
+    Session,
+    Signup,
+    Token,
+    Transaction,
+    User,
+    Workload,
+    WorkloadAllocation,
+    WorkloadEvent,
+    jsonable,
+    load,
+)
+
+__all__ = [
+    "TERMINAL_STATES", "ApiError", "Balance", "Client", "Cluster", "Gpu", "LedgerCheck", "LogChunk", "Me",
+    "Member", "NewToken", "Node", "Offer", "Org", "PendingInfo", "Plan", "Quote", "Session", "Signup", "Token",
+    "Transaction", "User", "Workload", "WorkloadAllocation", "WorkloadEvent", "jsonable", "load",
+    "normalise_server", "pack_workdir",
+]  # fmt: skip
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "SUANLI_SERVER"
 API = "/api/v1"
-
-T = TypeVar("T")
+WORKDIR_LIMIT = 64 << 20  # bytes of .tar.gz a job may upload
+WORKDIR_SKIP = frozenset({".git", "__pycache__", ".venv"})
 
 
 class ApiError(Exception):
@@ -44,231 +83,6 @@ class ApiError(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-
-# ---- typed results --------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class User:
-    id: str
-    email: str
-    is_admin: bool
-    personal_org_id: str
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Org:
-    id: str
-    name: str
-    personal: bool
-    quota_gpus: int | None
-    role: str | None = None
-
-
-@dataclass(frozen=True)
-class Member:
-    user_id: str
-    email: str
-    role: str
-
-
-@dataclass(frozen=True)
-class Session:
-    """A login: the bearer token is shown once."""
-
-    user: User
-    token: str = field(repr=False)
-    token_id: str
-    expires_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Signup(Session):
-    org: Org | None = None
-    balance: Decimal = Decimal(0)
-    currency: str = ""
-
-
-@dataclass(frozen=True)
-class Me:
-    user: User
-    orgs: tuple[Org, ...]
-
-
-@dataclass(frozen=True)
-class Token:
-    id: str
-    name: str
-    prefix: str
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
-
-
-@dataclass(frozen=True)
-class NewToken(Token):
-    token: str = field(default="", repr=False)
-
-
-@dataclass(frozen=True)
-class Balance:
-    org_id: str
-    balance: Decimal  # two decimals, as shown
-    exact: Decimal  # internal precision (1e-8)
-    currency: str
-    held_per_hour: Decimal  # hourly rate of everything the org runs now
-
-
-@dataclass(frozen=True)
-class Transaction:
-    id: int
-    key: str
-    kind: str
-    memo: str
-    amount: Decimal  # net effect on the org's balance
-    allocation_id: str | None
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Plan:
-    id: str
-    org_id: str
-    plan: str
-    gpu_model: str
-    gpus: int
-    price: Decimal
-    starts_at: datetime
-    ends_at: datetime
-    active: bool
-
-
-@dataclass(frozen=True)
-class Offer:
-    gpu: str
-    memory_gb: float
-    total: int
-    free: int
-    largest_free_nvlink: int
-    largest_free_leaf: int
-    nodes: int
-    currency: str
-    on_demand_per_gpu_hour: Decimal | None  # None: not priced, so not for rent
-    spot_per_gpu_hour: Decimal | None
-    plans_per_gpu_hour: dict[str, Decimal]
-    slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
-
-
-@dataclass(frozen=True)
-class Quote:
-    cluster: str
-    gpu: str
-    gpus: int
-    plan: dict[str, Any]
-    step_time_s: float
-    tokens_per_s: float
-    mfu: float
-    total_time_s: float
-    rate_per_hour: Decimal
-    cost: Decimal
-    currency: str
-    available_now: bool
-
-
-@dataclass(frozen=True)
-class Cluster:
-    id: str
-    name: str
-    source: str
-    nodes: int
-    gpus: int
-    created_at: datetime
-
-
-@dataclass(frozen=True)
-class Gpu:
-    index: int
-    uuid: str
-    model: str
-    memory_mib: int
-    mig_mode: bool
-
-
-@dataclass(frozen=True)
-class Node:
-    id: str
-    name: str
-    cluster_id: str
-    kind: str
-    state: str
-    state_reason: str
-    gpu_model: str | None
-    gpu_count: int
-    nvlink_domain: int
-    leaf: int
-    spine: int
-    cpu_count: int
-    memory_mib: int
-    labels: dict[str, Any]
-    gpus: tuple[Gpu, ...] = ()  # filled by `admin_node` only
-
-
-@dataclass(frozen=True)
-class LedgerCheck:
-    ok: bool
-    mismatches: dict[str, tuple[Decimal, ...]]  # account -> (stored balance, recomputed from entries)
-
-
-def _unwrap_optional(tp: Any) -> Any:
-    if get_origin(tp) in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        return args[0] if len(args) == 1 else Any
-    return tp
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return get_type_hints(cls)
-
-
-def _convert(tp: Any, value: Any) -> Any:
-    if value is None:
-        return None
-    tp = _unwrap_optional(tp)
-    origin = get_origin(tp)
-    if tp is Decimal:
-        return Decimal(str(value))
-    if tp is datetime:
-        return datetime.fromisoformat(value)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return load(tp, value)
-    if origin is tuple:
-        return tuple(_convert(get_args(tp)[0], v) for v in value)
-    if origin is dict:
-        return {k: _convert(get_args(tp)[1], v) for k, v in value.items()}
-    return value
-
-
-def load(cls: type[T], doc: dict[str, Any]) -> T:
-    """A result dataclass from a JSON object; fields the server adds later are ignored."""
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: _convert(hints[k], v) for k, v in doc.items() if k in names})
-
-
-def jsonable(obj: Any) -> Any:
-    """The JSON shape of a result (money back to strings, times to ISO 8601), for printing or storing."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    if isinstance(obj, Decimal):
-        return f"{obj:f}"  # never exponent notation ("0E-8")
-    if isinstance(obj, datetime):
-        return obj.isoformat()
-    if isinstance(obj, dict):
-        return {k: jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [jsonable(v) for v in obj]
-    return obj
 
 
 def normalise_server(url: str | None) -> str:
@@ -290,6 +104,60 @@ def _amount(value: Decimal | int | str) -> str:
 
 def _params(**kw: Any) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
+
+
+class _Capped(io.BytesIO):
+    """An in-memory file that notes when it grows past `limit` bytes and drops what comes after."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.over = False
+
+    def write(self, b: Any) -> int:
+        if self.over:
+            return len(b)
+        n = super().write(b)
+        if self.tell() > self.limit:
+            self.over = True
+            raise _TooLarge
+        return n
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack_workdir(root: Path | str, limit: int | None = None) -> bytes:
+    """A job's working directory as a .tar.gz in memory (names relative to `root`), without `.git`,
+    `__pycache__` and `.venv` anywhere in it; a ValueError once the archive grows past `limit` bytes
+    (default WORKDIR_LIMIT, what the server accepts)."""
+    limit = WORKDIR_LIMIT if limit is None else limit
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"workdir {root} is not a directory")
+    buf = _Capped(limit)
+    try:
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            for top, dirs, files in os.walk(root):
+                dirs[:] = sorted(d for d in dirs if d not in WORKDIR_SKIP)
+                base = Path(top)
+                for name in [*dirs, *sorted(files)]:
+                    path = base / name
+                    tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False, filter=_anonymous)
+    except _TooLarge:
+        skipped = ", ".join(sorted(WORKDIR_SKIP))
+        raise ValueError(
+            f"workdir {root} is over {limit / (1 << 20):g} MiB compressed (without {skipped}): "
+            "upload less (a smaller --workdir) and keep data sets on the cluster's storage"
+        ) from None
+    return buf.getvalue()
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
@@ -492,6 +360,83 @@ class Client:
             global_batch=global_batch, billing_mode=billing_mode, rank=rank, limit=limit,
         )  # fmt: skip
         return [load(Quote, q) for q in self._post("/quotes", body)]
+
+    # ---- workloads ----
+    def submit(
+        self, spec: str | dict[str, Any] | Path, *, workdir: Path | str | None = None, org_id: str | None = None
+    ) -> Workload:
+        """Submit a job or an instance: `spec` is YAML text, a dict, or a Path to a YAML file. `workdir` is
+        packed (`pack_workdir`) and uploaded with it; `org_id` None: the caller's personal org."""
+        if isinstance(spec, os.PathLike):
+            body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
+        elif isinstance(spec, str):
+            if "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
+                raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
+            body = {"spec_yaml": spec}
+        elif isinstance(spec, dict):
+            body = {"spec": spec}
+        else:
+            raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
+        if org_id:
+            body["org"] = org_id
+        if workdir is not None:
+            body["workdir_archive"] = base64.b64encode(pack_workdir(workdir)).decode("ascii")
+        return load(Workload, self._post("/workloads", body))
+
+    def workloads(self, *, all: bool = False, org_id: str | None = None) -> list[Workload]:
+        """The caller's workloads (in all their orgs, or in `org_id`), newest first; `all`: finished ones too."""
+        return [load(Workload, w) for w in self._get("/workloads", all="true" if all else None, org=org_id)]
+
+    def workload(self, ref: str) -> Workload:
+        """One workload with its events and spec; `ref` is an id or a name (the newest of that name)."""
+        return load(Workload, self._get(f"/workloads/{_seg(ref)}"))
+
+    def logs(self, ref: str, offset: int = 0, rank: int = 0) -> LogChunk:
+        """Node-rank `rank`'s log from byte `offset` on (what there is so far)."""
+        return load(LogChunk, self._get(f"/workloads/{_seg(ref)}/logs", offset=offset, rank=rank))
+
+    def follow_logs(self, ref: str, rank: int = 0, poll_s: float = 1.0, offset: int = 0) -> Iterator[str]:
+        """Log text as it is written, until the workload has finished and its log is read to the end."""
+        ref = self.workload(ref).id  # a name could come to mean a newer workload while we follow
+        while True:
+            chunk = self.logs(ref, offset, rank)
+            if chunk.data:
+                yield chunk.data
+            if chunk.done:
+                return
+            if chunk.next_offset == offset:
+                time.sleep(poll_s)
+            offset = chunk.next_offset
+
+    def stop(self, ref: str) -> Workload:
+        """Ask a workload to stop (a grace period, then it is killed); pending ones are cancelled."""
+        return load(Workload, self._post(f"/workloads/{_seg(ref)}/stop"))
+
+    def start(self, ref: str) -> Workload:
+        """Start a stopped instance again (the server refuses jobs: 409)."""
+        return load(Workload, self._post(f"/workloads/{_seg(ref)}/start"))
+
+    def wait(
+        self,
+        ref: str,
+        states: Collection[str] = TERMINAL_STATES,
+        timeout: float | None = None,
+        poll_s: float = 1.0,
+    ) -> Workload:
+        """Poll until the workload is in one of `states` (default: finished); TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            w = self.workload(ref)
+            if w.state in states:
+                return w
+            ref = w.id
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"workload {w.id} is still {w.state} after {timeout:g} s")
+                time.sleep(min(poll_s, left))
+            else:
+                time.sleep(poll_s)
 
     # ---- operators: users and orgs ----
     def admin_users(self, limit: int | None = None) -> list[User]:

@@ -19,10 +19,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, market, orgs, plans
+from suanli.api.routers import admin, auth, market, orgs, plans, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, inventory, prices
-from suanli.control.background import MeteringLoop
+from suanli.control.background import MeteringLoop, WorkloadLoop
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
@@ -49,16 +49,17 @@ BOOTSTRAP_LOCK = 0x5A4E_4253
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, whether or not they declare a length."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
-        self.app, self.limit = app, limit
+    def __init__(self, app: ASGIApp, limit: int, uploads: dict[str, int] | None = None) -> None:
+        self.app, self.default, self.uploads = app, limit, uploads or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.uploads.get(scope.get("path", ""), self.default)  # routes that take an upload: their own limit
         declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            await _too_large(self.limit, send)
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await _too_large(limit, send)
             return
         seen, refused = 0, False
 
@@ -69,10 +70,10 @@ class BodyLimit:
             nonlocal seen, refused
             msg = await receive()
             seen += len(msg.get("body", b""))
-            if seen > self.limit:
+            if seen > limit:
                 if not refused:
                     refused = True
-                    await _too_large(self.limit, send)
+                    await _too_large(limit, send)
                 return {"type": "http.disconnect"}
             return msg
 
@@ -157,14 +158,17 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)  # requests allocate many short-lived objects: collect young ones less often
         loop = MeteringLoop(db, settings) if settings.background else None
-        if loop:
-            loop.start()
-        app.state.metering = loop
+        runner = WorkloadLoop(db, settings) if settings.background else None
+        for background in (loop, runner):
+            if background:
+                background.start()
+        app.state.metering, app.state.workloads = loop, runner
         try:
             yield
         finally:
-            if loop:
-                loop.stop()
+            for background in (runner, loop):
+                if background:
+                    background.stop()
             db.dispose()
 
     app = FastAPI(
@@ -203,9 +207,11 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    for r in (auth.router, orgs.router, plans.router, market.router, admin.router):
+    for r in (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router):
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimit, limit=settings.max_body_bytes, uploads={f"{API}/workloads": settings.max_upload_bytes}
+    )
     return app
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import account, admin, perf, server, sim, topology
+from suanli.cli import account, admin, perf, server, sim, topology, workloads
 
 app = typer.Typer(
     name="suanli",
@@ -22,7 +22,9 @@ app.add_typer(perf.app, name="perf")
 app.add_typer(topology.app, name="topology")
 app.command("sim")(sim.sim)
 app.command("server")(server.server)
+app.command("up")(server.up)
 account.register(app)
+workloads.register(app)
 app.add_typer(admin.app, name="admin")
 
 

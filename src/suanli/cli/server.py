@@ -72,6 +72,60 @@ def server(
                 workers=workers, log_level=log_level, access_log=False)  # fmt: skip
 
 
+def up(
+    virtual: Annotated[
+        list[str] | None,
+        typer.Option("--virtual", help="Also register a topology preset as virtual nodes (repeatable)."),
+    ] = None,
+    no_local: Annotated[bool, typer.Option("--no-local", help="Do not register this host as a node.")] = False,
+    host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Port (default 8000).")] = None,
+    db: Annotated[str | None, typer.Option("--db", help="Database URL; default: SQLite in SUANLI_HOME.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="YAML settings file.")] = None,
+    home: Annotated[Path | None, typer.Option("--home", help="Data directory (default: SUANLI_HOME).")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
+) -> None:
+    """Bring the platform up on this host: the server, the scheduling loop, the local executor, this host as a
+    node (and virtual nodes with --virtual), and this CLI logged in as the local operator. Ctrl-C stops it;
+    running local workloads keep running and are re-attached on the next start."""
+    import uvicorn
+
+    from suanli.api.app import bootstrap, create_app
+    from suanli.cli import credentials
+    from suanli.control import local
+    from suanli.control.ids import utcnow
+    from suanli.db.engine import Database
+
+    flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None}
+    try:
+        settings = load(flags, config_file=config)
+    except ServiceError as e:
+        fail(e.message)
+    for preset in settings.virtual:
+        try:
+            preset_spec(preset)
+        except SpecError as e:
+            fail(f"--virtual: {e}")
+    settings.home.mkdir(parents=True, exist_ok=True)
+    database = Database(settings.db_url)
+    bootstrap(database, settings)
+    url = f"http://{settings.host}:{settings.port}"
+    with database.write() as s, s.begin():
+        if not no_local:
+            row, new = local.ensure_host(s, utcnow())
+            node = row.spec.get("host") or row.name
+            typer.echo(f"{'registered' if new else 'node'}: this host ({node})", err=True)
+        if not local.token_works(s, credentials.token_for(url), utcnow()):
+            email, token = local.operator_token(s, settings.home, utcnow())
+            credentials.save(url, token, email)
+            typer.echo(f"logged in as {email} (operator); its password is in {settings.home / local.PASSWORD_FILE}",
+                       err=True)  # fmt: skip
+    typer.echo(f"suanli up on {url}  (database: {_redact(settings.db_url)}); try: suanli run examples/hello.yaml "
+               "--follow", err=True)  # fmt: skip
+    uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,
+                access_log=False)  # fmt: skip
+
+
 def _redact(url: str) -> str:
     """The database URL without its password."""
     if "@" in url and "://" in url:

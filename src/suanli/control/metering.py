@@ -14,7 +14,7 @@ import io
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
@@ -73,19 +73,24 @@ def open_allocation(
     now: datetime,
     hold_minutes: int,
     milli: int = 1000,
-    mode: BillingMode = "on-demand",
+    mode: BillingMode | Literal["plan"] = "on-demand",
     allocation_id: str | None = None,
+    rate: Decimal | None = None,
 ) -> Allocation:
-    """Admit and record GPUs held by a workload from `now`, at the price book's rate in force now."""
+    """Admit and record GPUs held by a workload from `now`, at the price book's rate in force now (or `rate`:
+    zero for GPUs of a prepaid plan)."""
     if gpus < 0 or not 0 < milli <= 1000:
         raise Invalid("gpus: >= 0; milli: 1..1000")
-    rate = ZERO
-    if gpu_model is not None and gpus > 0:
-        _, book = prices.current(s)
-        try:
-            rate = book.rate(gpu_model, gpus, mode, milli)
-        except KeyError as e:
-            raise Invalid(f"gpu: {e.args[0]}") from e
+    if rate is None and mode == "plan":
+        raise Invalid("billing: a plan's GPUs are prepaid; pass their rate")
+    if rate is None:
+        rate = ZERO
+        if gpu_model is not None and gpus > 0:
+            _, book = prices.current(s)
+            try:
+                rate = book.rate(gpu_model, gpus, mode, milli)  # type: ignore[arg-type]
+            except KeyError as e:
+                raise Invalid(f"gpu: {e.args[0]}") from e
     check_admission(s, org_id, rate, gpus, hold_minutes)
     row = Allocation(
         id=allocation_id or new_id("alloc"), org_id=org_id, user_id=user_id, workload=workload, gpu_model=gpu_model,

@@ -10,9 +10,10 @@ from typing import Any
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from suanli.control.errors import Invalid
+from suanli.sched.policies import POLICIES
 
 
 class Settings(BaseModel):
@@ -28,12 +29,26 @@ class Settings(BaseModel):
     admin_email: str | None = None
     admin_password: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_upload_bytes: int = Field(96 << 20, ge=1024, description="largest workload submission (its workdir upload)")
     login_token_days: int = Field(30, ge=1, le=3650)
     meter_interval_s: float = Field(5.0, gt=0, le=3600)
     meter_window_s: int = Field(60, ge=1, le=3600)
     threads: int = Field(8, ge=1, le=256, description="threads serving route bodies (database calls) per process")
     background: bool = Field(True, description="run the background loops (metering) in this server")
+    schedule_interval_s: float = Field(0.5, gt=0, le=60, description="seconds between scheduling passes")
+    policy: str = Field("default", description="scheduling policy (the names `suanli sim` takes)")
+    stop_grace_s: float = Field(10.0, ge=0, le=3600, description="SIGTERM to SIGKILL when a workload stops")
+    balance_grace_minutes: float = Field(
+        5.0, ge=0, le=24 * 60, description="minutes of its rate a workload may run below a zero balance"
+    )
     virtual: tuple[str, ...] = Field((), description="topology presets registered as virtual nodes on start")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES)}")
+        return v
 
     @property
     def db_url(self) -> str:

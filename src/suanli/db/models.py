@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -191,7 +192,10 @@ class Allocation(Base):
     """GPUs held by one workload for a span of time: what metering charges for."""
 
     __tablename__ = "allocations"
-    __table_args__ = (Index("ix_allocations_open", "stopped_at", "metered_until_s"),)
+    __table_args__ = (
+        Index("ix_allocations_open", "stopped_at", "metered_until_s"),
+        Index("ix_allocations_workload", "workload"),
+    )
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
@@ -234,3 +238,56 @@ class KeyValue(Base):
     __tablename__ = "kv"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class Workload(Base):
+    """A job or an interactive instance: its spec, where it is in its lifecycle, and where it runs."""
+
+    __tablename__ = "workloads"
+    __table_args__ = (
+        Index("ix_workloads_state", "state", "queued_at"),
+        Index("ix_workloads_org_name", "org_id", "name"),
+    )
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    name: Mapped[str] = mapped_column(String(63))
+    kind: Mapped[str] = mapped_column(String(16))  # job | instance
+    spec: Mapped[dict[str, Any]]  # the normalised spec
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")  # of the last transition
+    pending_reason: Mapped[str] = mapped_column(Text, default="")  # the scheduler's, while pending
+    queue_position: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=0)  # placements so far (retries, instance restarts)
+    retries: Mapped[int] = mapped_column(Integer, default=0)  # retries spent by the spec's retry policy
+    allocation_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the current attempt's
+    executor: Mapped[str] = mapped_column(String(16), default="")  # local | virtual, once placed
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # the executor's, to re-attach
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    stop_requested: Mapped[str | None] = mapped_column(Text, nullable=True)  # why, once someone asked it to stop
+    attained_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)  # GPU-seconds of earlier attempts (LAS)
+    has_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    queued_at: Mapped[datetime]  # when it (re-)entered the queue: queue order
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # of the current attempt
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class WorkloadEvent(Base):
+    """One state transition of a workload, with its reason."""
+
+    __tablename__ = "workload_events"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
+    workload_id: Mapped[str] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"), index=True)
+    at: Mapped[datetime]
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Lease(Base):
+    """A named lease one server process holds at a time (the scheduling loop's leader)."""
+
+    __tablename__ = "leases"
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(128))
+    expires_at: Mapped[datetime]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import Field
 from sqlalchemy.orm import Session
 
 from suanli.api.deps import Auth, Caller, caller, in_thread
@@ -20,6 +21,7 @@ from suanli.api.schemas import (
     NodeOut,
     NodeStateIn,
     OrgOut,
+    Out,
     PriceBookIn,
     PriceGpuIn,
     QuotaIn,
@@ -28,7 +30,7 @@ from suanli.api.schemas import (
     money,
 )
 from suanli.billing.money import ZERO
-from suanli.control import accounts, inventory, ledger, prices
+from suanli.control import accounts, inventory, leases, ledger, prices, workloads
 from suanli.control.ids import new_id
 from suanli.db.models import ClusterRow
 from suanli.telemetry import nvml
@@ -188,3 +190,37 @@ def set_node_state(node: str, body: NodeStateIn, ctx: Admin) -> NodeOut:
     """Drain a node (running work finishes, nothing new lands), take it down, or bring it back."""
     with ctx.db.write() as s, s.begin():
         return NodeOut.model_validate(inventory.set_state(s, node, body.state, body.reason))
+
+
+# ---- workloads ----------------------------------------------------------------------------------------------
+class LoopOut(Out):
+    leader: str | None = Field(description="the server process running the scheduling loop now")
+    this_process: bool = Field(description="whether the answering process is the leader")
+    passes: int
+    queued: int | None = Field(None, description="pending workloads the last pass saw")
+    placed: int | None = None
+    cycle_ms: float | None = Field(None, description="the scheduler cycles of the last pass")
+    pass_ms: float | None = Field(None, description="the whole last scheduling pass: snapshot, cycles, persisting")
+
+
+class WorkloadSummaryOut(Out):
+    states: dict[str, int]
+    loop: LoopOut
+
+
+@router.get("/workloads/summary")
+@in_thread
+def workload_summary(request: Request, ctx: Admin) -> WorkloadSummaryOut:
+    """Workloads of all orgs by state, and the scheduling loop's leader and last pass."""
+    with ctx.db.read() as s:
+        states = workloads.state_counts(s)
+    loop = getattr(request.app.state, "workloads", None)
+    leader = leases.holder(ctx.db, "workload-loop", ctx.now)
+    last = loop.last if loop is not None else None
+    out = LoopOut(leader=leader, this_process=loop is not None and leader == loop.owner,
+                  passes=loop.passes if loop is not None else 0)  # fmt: skip
+    if last is not None:
+        sched = last[0]
+        out = out.model_copy(update={"queued": sched.queued, "placed": sched.placed,
+                                     "cycle_ms": sched.cycle_s * 1000, "pass_ms": sched.total_s * 1000})  # fmt: skip
+    return WorkloadSummaryOut(states=states, loop=out)

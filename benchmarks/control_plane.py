@@ -1,0 +1,181 @@
+"""The workload path under load: submissions/s through the API, scheduling-pass latency, and the time until
+everything that fits is placed, on virtual nodes of the 100,000-GPU preset.
+
+Usage: python benchmarks/control_plane.py [--jobs 10000] [--clients 16] [--tenants 20] [--repeats 1]
+       [--backend sqlite|postgresql ...] [--pg-url URL] [--preset synthetic-100k]
+
+For each backend a real `suanli server --virtual PRESET` process (scheduling loop, supervisor and metering
+running) starts on a fresh database; `--tenants` tenants sign up and are topped up; then `--clients` keep-alive
+HTTP clients (in one load process per core) submit `--jobs` jobs as fast as answers come, round-robin over the
+tenants. The job mix is fixed by a seed: gang sizes 1-64 GPUs (powers of two), topology `leaf` for gangs over 8,
+durations 10-60 min, so that more GPUs are asked for than the preset has and some work must wait. Reported:
+- submissions/s over the whole submission phase (goal, issue 5: >= 500/s sustained on 2 cores);
+- submission latency p50/p99;
+- scheduling passes while submitting and after: the server's own timing of its last pass (snapshot of the
+  inventory and allocations, the `sched/` cycles, persisting placements), sampled from the operator summary;
+- time from the first submission until the loop placed everything that fits (no pending workload left that the
+  scheduler could place, i.e. the placed count stops changing), and how many were placed and left pending.
+The load generator shares the machine's cores with the server: the numbers are a floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.api_load import RawConnection, start_server  # noqa: E402
+from tests import databases  # noqa: E402
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD  # noqa: E402
+
+SIZES = [1, 1, 1, 2, 2, 4, 4, 8, 8, 8, 16, 16, 32, 64]
+
+
+def job(i: int, rng: random.Random) -> dict[str, Any]:
+    gpus = rng.choice(SIZES)
+    return {"spec": {"name": f"bench-{i}", "command": "train", "duration": rng.randint(600, 3600),
+                     "resources": {"gpu": "H100-SXM", "gpus": gpus, "topology": "leaf" if gpus > 8 else "any"}}}  # fmt: skip
+
+
+def _submitter(args: tuple[str, list[tuple[dict[str, str], dict[str, Any]]], int]) -> tuple[list[float], int, float]:
+    """One load process: its share of the submissions over `clients` connections; latencies, errors, end time."""
+    url, work, clients = args
+    lat: list[float] = []
+    errors = 0
+
+    async def client(items: list[tuple[dict[str, str], dict[str, Any]]]) -> None:
+        nonlocal errors
+        conns: dict[str, RawConnection] = {}
+        for headers, body in items:
+            key = headers["Authorization"]
+            conn = conns.setdefault(key, RawConnection(url, headers))
+            t = time.perf_counter()
+            status = await conn.request("POST", "/api/v1/workloads", body)
+            lat.append(time.perf_counter() - t)
+            errors += status != 201
+        for conn in conns.values():
+            await conn.aclose()
+
+    async def main() -> None:
+        await asyncio.gather(*(client(work[i::clients]) for i in range(clients)))
+
+    asyncio.run(main())
+    return lat, errors, time.time()
+
+
+def summary(url: str, admin: dict[str, str]) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/api/v1/admin/workloads/summary", headers=admin, timeout=60).json())
+
+
+def bench(name: str, db_url: str, args: argparse.Namespace) -> dict[str, Any]:
+    home = Path(tempfile.mkdtemp(prefix=f"suanli-cp-{name}-"))
+    proc, url = start_server(db_url, home, 1, extra=["--virtual", args.preset])
+    try:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            admin_token = c.post("/api/v1/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD}).json()
+            admin = {"Authorization": f"Bearer {admin_token['token']}"}
+            tenants = []
+            for t in range(args.tenants):
+                r = c.post("/api/v1/signup", json={"email": f"t{t}@example.com", "password": "tenant-password"})
+                r.raise_for_status()
+                c.post(f"/api/v1/admin/orgs/{r.json()['org']['id']}/transactions", headers=admin,
+                       json={"kind": "topup", "amount": "100000000"}).raise_for_status()  # fmt: skip
+                tenants.append({"Authorization": f"Bearer {r.json()['token']}"})
+        rng = random.Random(args.seed)
+        work = [(tenants[i % len(tenants)], job(i, rng)) for i in range(args.jobs)]
+        procs = max(1, min(args.procs, args.clients))
+        shares = [(url, work[p::procs], max(1, args.clients // procs)) for p in range(procs)]
+        samples: list[dict[str, Any]] = []
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(httpx.HTTPError):
+                    samples.append({"t": time.time(), **summary(url, admin)})
+                stop.wait(0.5)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        t0 = time.time()
+        sampler.start()
+        with mp.get_context("spawn").Pool(procs) as pool:
+            results = pool.map(_submitter, shares)
+        t_submitted = max(r[2] for r in results)
+        lat = sorted(x for r in results for x in r[0])
+        errors = sum(r[1] for r in results)
+        # wait until the placed count stops changing for a few passes
+        placed_prev, steady_since, t_placed = -1, time.time(), t_submitted
+        while time.time() - steady_since < 5 and time.time() - t0 < args.timeout:
+            st = summary(url, admin)["states"]
+            placed = sum(v for k, v in st.items() if k != "pending")
+            if placed != placed_prev:
+                placed_prev, steady_since, t_placed = placed, time.time(), time.time()
+            time.sleep(0.5)
+        stop.set()
+        sampler.join()
+        final = summary(url, admin)
+        passes = [s["loop"]["pass_ms"] for s in samples if s["loop"].get("pass_ms") is not None]
+        q = statistics.quantiles(lat, n=100)
+        return {
+            "backend": name, "jobs": args.jobs, "errors": errors,
+            "submit_per_s": args.jobs / (t_submitted - t0), "submit_p50_ms": q[49] * 1000, "submit_p99_ms": q[98] * 1000,
+            "pass_ms_median": statistics.median(passes) if passes else float("nan"),
+            "pass_ms_max": max(passes) if passes else float("nan"),
+            "place_all_s": t_placed - t0, "placed": placed_prev, "pending": final["states"].get("pending", 0),
+        }  # fmt: skip
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=10_000)
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--procs", type=int, default=2, help="load-generator processes")
+    p.add_argument("--tenants", type=int, default=20)
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--preset", default="synthetic-100k")
+    p.add_argument("--backend", action="append", choices=["sqlite", "postgresql"])
+    p.add_argument("--pg-url", help="an empty PostgreSQL database (default: a throwaway server)")
+    args = p.parse_args()
+    rows = []
+    for backend in args.backend or ["sqlite", "postgresql"]:
+        for _ in range(args.repeats):
+            if backend == "sqlite":
+                url = f"sqlite+pysqlite:///{tempfile.mkdtemp(prefix='suanli-cp-db-')}/suanli.db"
+                rows.append(bench(backend, url, args))
+                continue
+            admin = args.pg_url or databases.postgres_server()
+            if admin is None:
+                print(f"postgresql: skipped ({databases.postgres_unavailable_reason()})")
+                break
+            url = args.pg_url or databases.new_database(admin)
+            rows.append(bench(backend, url, args))
+    cols = ["backend", "jobs", "errors", "submit_per_s", "submit_p50_ms", "submit_p99_ms", "pass_ms_median",
+            "pass_ms_max", "place_all_s", "placed", "pending"]  # fmt: skip
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in rows:
+        print("| " + " | ".join(f"{r[c]:.1f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    print("goal (issue 5): submit_per_s >= 500 on 2 cores")
+    databases.stop_postgres_server()
+
+
+if __name__ == "__main__":
+    main()

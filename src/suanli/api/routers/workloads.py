@@ -1,0 +1,200 @@
+"""Jobs and instances: submit, list, describe, logs, stop, start."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Query
+from pydantic import ConfigDict, Field, model_validator
+
+from suanli.api.deps import Auth, in_thread
+from suanli.api.schemas import In, Out, money
+from suanli.billing.money import ZERO
+from suanli.control import logs as workload_logs
+from suanli.control import workloads
+from suanli.control.errors import Invalid
+from suanli.db.models import Allocation, Workload, WorkloadEvent
+
+router = APIRouter(tags=["workloads"])
+MAX_SPEC_CHARS = 256 * 1024
+
+
+class WorkloadIn(In):
+    model_config = ConfigDict(extra="forbid", str_max_length=128 << 20)
+    spec: dict[str, Any] | None = Field(None, description="the workload spec as JSON")
+    spec_yaml: str | None = Field(None, max_length=MAX_SPEC_CHARS, description="…or as YAML text")
+    org: str | None = Field(None, max_length=64, description="the org that pays; default: your personal org")
+    workdir_archive: str | None = Field(None, description="base64 of a .tar.gz of the job's workdir")
+
+    @model_validator(mode="after")
+    def _one_spec(self) -> WorkloadIn:
+        if (self.spec is None) == (self.spec_yaml is None):
+            raise ValueError("give exactly one of spec (JSON) or spec_yaml (YAML text)")
+        return self
+
+
+class EventOut(Out):
+    at: datetime
+    state: str
+    reason: str
+
+
+class PendingOut(Out):
+    reason: str
+    position: int | None
+
+
+class AllocationOut(Out):
+    id: str
+    gpu_model: str | None
+    gpus: int
+    milli: int
+    nodes: dict[str, list[int]]
+    rate_per_hour: str
+    billing_mode: str
+    started_at: datetime
+    stopped_at: datetime | None
+
+
+class WorkloadOut(Out):
+    id: str
+    name: str
+    kind: str
+    org_id: str
+    user_id: str
+    state: str
+    reason: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    gpu: str | None
+    gpus: int
+    nodes: int
+    attempt: int
+    exit_code: int | None
+    pending: PendingOut | None
+    allocation: AllocationOut | None
+    cost: str
+    rate_per_hour: str
+    currency: str
+    events: list[EventOut] | None = None
+    spec: dict[str, Any] | None = None
+
+
+class LogOut(Out):
+    data: str
+    next_offset: int
+    done: bool
+
+
+def _out(
+    w: Workload, allocs: list[Allocation], now: datetime, currency: str, events: list[WorkloadEvent] | None = None
+) -> WorkloadOut:
+    current = next((a for a in allocs if a.id == w.allocation_id), None)
+    spec = w.spec
+    res = spec.get("resources", {})
+    gpus = current.gpus if current is not None else workloads.spec_of(w).gpu_count()
+    alloc = None
+    if current is not None:
+        alloc = AllocationOut(
+            id=current.id, gpu_model=current.gpu_model, gpus=current.gpus, milli=current.milli,
+            nodes=current.placement, rate_per_hour=money(current.rate_per_hour), billing_mode=current.billing_mode,
+            started_at=current.started_at, stopped_at=current.stopped_at,
+        )  # fmt: skip
+    gpu = current.gpu_model if current is not None else res.get("gpu")
+    return WorkloadOut(
+        id=w.id, name=w.name, kind=w.kind, org_id=w.org_id, user_id=w.user_id, state=w.state, reason=w.reason,
+        created_at=w.created_at, started_at=w.started_at, finished_at=w.finished_at,
+        gpu=gpu if isinstance(gpu, str) else ",".join(gpu) if gpu else None, gpus=gpus,
+        nodes=len(current.placement) if current is not None else int(res.get("nodes") or 0),
+        attempt=w.attempt, exit_code=w.exit_code,
+        pending=PendingOut(reason=w.pending_reason, position=w.queue_position) if w.state == "pending" else None,
+        allocation=alloc, cost=money(workloads.cost(allocs, now)),
+        rate_per_hour=money(current.rate_per_hour if current is not None and current.stopped_at is None else ZERO),
+        currency=currency,
+        events=[EventOut(at=e.at, state=e.state, reason=e.reason) for e in events] if events is not None else None,
+        spec=spec if events is not None else None,
+    )  # fmt: skip
+
+
+@router.post("/workloads", status_code=201)
+@in_thread
+def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
+    """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
+    the admission hold (402); the scheduler places it on its next pass."""
+    spec = workloads.parse(body.spec if body.spec is not None else body.spec_yaml or "")
+    archive = None
+    if body.workdir_archive is not None:
+        try:
+            archive = base64.b64decode(body.workdir_archive, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise Invalid("workdir_archive: not valid base64") from e
+    settings = ctx.srv.settings
+    with ctx.db.write() as s, s.begin():
+        w = workloads.submit(s, ctx.who, spec, ctx.now, home=settings.home, hold_minutes=settings.admission_hold_minutes,
+                             org_id=body.org, workdir_archive=archive)  # fmt: skip
+        return _out(w, [], ctx.now, settings.currency, workloads.events(s, w.id))
+
+
+@router.get("/workloads")
+@in_thread
+def list_workloads(
+    ctx: Auth,
+    all: bool = Query(False, description="include finished workloads"),
+    org: str | None = Query(None, max_length=64),
+) -> list[WorkloadOut]:
+    with ctx.db.read() as s:
+        rows = workloads.listing(s, ctx.who, all=all, org_id=org)
+        allocs = workloads.allocations_of(s, [w.id for w in rows])
+        return [_out(w, allocs.get(w.id, []), ctx.now, ctx.srv.settings.currency) for w in rows]
+
+
+@router.get("/workloads/{ref}")
+@in_thread
+def describe(ref: str, ctx: Auth) -> WorkloadOut:
+    """Everything about one workload (by id, or by name: the newest of that name): state, events, where it runs,
+    what it cost, and while pending the scheduler's reason and queue position."""
+    with ctx.db.read() as s:
+        w = workloads.get(s, ctx.who, ref)
+        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
+        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+
+
+@router.get("/workloads/{ref}/logs")
+@in_thread
+def logs(
+    ref: str,
+    ctx: Auth,
+    offset: int = Query(0, ge=0, le=1 << 50),
+    rank: int = Query(0, ge=0, le=8192),
+    limit: int = Query(1 << 20, ge=1, le=8 << 20),
+) -> LogOut:
+    """A chunk of a node-rank's log from `offset`; `done` once the workload has ended and the log is read out."""
+    with ctx.db.read() as s:
+        w = workloads.get(s, ctx.who, ref)
+    data, nxt, eof = workload_logs.read(ctx.srv.settings.home, w, rank, offset, limit)
+    finished = w.state not in workloads.ACTIVE
+    return LogOut(data=data, next_offset=nxt, done=finished and eof)
+
+
+@router.post("/workloads/{ref}/stop")
+@in_thread
+def stop(ref: str, ctx: Auth) -> WorkloadOut:
+    """Stop it: at once while pending; a running one gets SIGTERM, then SIGKILL after the grace period."""
+    with ctx.db.write() as s, s.begin():
+        w = workloads.stop(s, ctx.who, ref, ctx.now)
+        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
+        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+
+
+@router.post("/workloads/{ref}/start")
+@in_thread
+def start(ref: str, ctx: Auth) -> WorkloadOut:
+    """Start a stopped instance again (it queues; its disk is as it was)."""
+    with ctx.db.write() as s, s.begin():
+        w = workloads.start(s, ctx.who, ref, ctx.now)
+        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
+        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))

@@ -1,0 +1,318 @@
+"""The SDK's typed results: frozen dataclasses loaded from the server's JSON (`load`) and back (`jsonable`).
+
+Kept apart from `suanli.client` (the HTTP calls) so each stays small; `suanli.client` re-exports all of it.
+Money is `Decimal` (the server sends strings), times are `datetime`; fields the server adds later are ignored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from functools import cache
+from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+
+T = TypeVar("T")
+
+
+# ---- accounts, market and operators ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class User:
+    id: str
+    email: str
+    is_admin: bool
+    personal_org_id: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Org:
+    id: str
+    name: str
+    personal: bool
+    quota_gpus: int | None
+    role: str | None = None
+
+
+@dataclass(frozen=True)
+class Member:
+    user_id: str
+    email: str
+    role: str
+
+
+@dataclass(frozen=True)
+class Session:
+    """A login: the bearer token is shown once."""
+
+    user: User
+    token: str = field(repr=False)
+    token_id: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Signup(Session):
+    org: Org | None = None
+    balance: Decimal = Decimal(0)
+    currency: str = ""
+
+
+@dataclass(frozen=True)
+class Me:
+    user: User
+    orgs: tuple[Org, ...]
+
+
+@dataclass(frozen=True)
+class Token:
+    id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NewToken(Token):
+    token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class Balance:
+    org_id: str
+    balance: Decimal  # two decimals, as shown
+    exact: Decimal  # internal precision (1e-8)
+    currency: str
+    held_per_hour: Decimal  # hourly rate of everything the org runs now
+
+
+@dataclass(frozen=True)
+class Transaction:
+    id: int
+    key: str
+    kind: str
+    memo: str
+    amount: Decimal  # net effect on the org's balance
+    allocation_id: str | None
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Plan:
+    id: str
+    org_id: str
+    plan: str
+    gpu_model: str
+    gpus: int
+    price: Decimal
+    starts_at: datetime
+    ends_at: datetime
+    active: bool
+
+
+@dataclass(frozen=True)
+class Offer:
+    gpu: str
+    memory_gb: float
+    total: int
+    free: int
+    largest_free_nvlink: int
+    largest_free_leaf: int
+    nodes: int
+    currency: str
+    on_demand_per_gpu_hour: Decimal | None  # None: not priced, so not for rent
+    spot_per_gpu_hour: Decimal | None
+    plans_per_gpu_hour: dict[str, Decimal]
+    slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
+
+
+@dataclass(frozen=True)
+class Quote:
+    cluster: str
+    gpu: str
+    gpus: int
+    plan: dict[str, Any]
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    total_time_s: float
+    rate_per_hour: Decimal
+    cost: Decimal
+    currency: str
+    available_now: bool
+
+
+@dataclass(frozen=True)
+class Cluster:
+    id: str
+    name: str
+    source: str
+    nodes: int
+    gpus: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    mig_mode: bool
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    name: str
+    cluster_id: str
+    kind: str
+    state: str
+    state_reason: str
+    gpu_model: str | None
+    gpu_count: int
+    nvlink_domain: int
+    leaf: int
+    spine: int
+    cpu_count: int
+    memory_mib: int
+    labels: dict[str, Any]
+    gpus: tuple[Gpu, ...] = ()  # filled by `admin_node` only
+
+
+@dataclass(frozen=True)
+class LedgerCheck:
+    ok: bool
+    mismatches: dict[str, tuple[Decimal, ...]]  # account -> (stored balance, recomputed from entries)
+
+
+# ---- workloads ----
+TERMINAL_STATES = frozenset({"succeeded", "failed", "stopped", "preempted"})
+"""States a workload ends in (an instance that is stopped may be started again, a new lifetime)."""
+
+
+@dataclass(frozen=True)
+class WorkloadEvent:
+    at: datetime
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class PendingInfo:
+    """Why a pending workload waits (the scheduler's words) and its place in the queue (1: next)."""
+
+    reason: str
+    position: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkloadAllocation:
+    id: str
+    gpu_model: str | None
+    gpus: int
+    milli: int  # thousandths of a GPU each (1000: whole GPUs; less: a slice)
+    nodes: dict[str, tuple[int, ...]]  # node name -> GPU indices on it
+    rate_per_hour: Decimal
+    billing_mode: str
+    started_at: datetime | None = None
+    stopped_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A job or an instance; `events` and `spec` come with `Client.workload` only, not with the list."""
+
+    id: str
+    name: str
+    kind: str  # job | instance
+    state: str  # pending scheduled starting running succeeded failed stopped preempted
+    org_id: str = ""
+    user_id: str = ""
+    reason: str = ""
+    created_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    gpu: str | None = None
+    gpus: int = 0
+    nodes: int = 0
+    attempt: int = 0
+    exit_code: int | None = None
+    pending: PendingInfo | None = None
+    allocation: WorkloadAllocation | None = None
+    cost: Decimal = Decimal(0)
+    rate_per_hour: Decimal | None = None
+    currency: str = ""
+    events: list[WorkloadEvent] = field(default_factory=list)
+    spec: dict[str, Any] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """Log text from `offset` on; `done`: the workload has finished and this reaches the end of its log."""
+
+    data: str
+    next_offset: int
+    done: bool
+
+
+def _unwrap_optional(tp: Any) -> Any:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else Any
+    return tp
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    tp = _unwrap_optional(tp)
+    origin = get_origin(tp)
+    if tp is Decimal:
+        return Decimal(str(value))
+    if tp is datetime:
+        return datetime.fromisoformat(value)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return load(tp, value)
+    if origin is tuple:
+        return tuple(_convert(get_args(tp)[0], v) for v in value)
+    if origin is list:
+        return [_convert(get_args(tp)[0], v) for v in value]
+    if origin is dict:
+        return {k: _convert(get_args(tp)[1], v) for k, v in value.items()}
+    return value
+
+
+def load(cls: type[T], doc: dict[str, Any]) -> T:
+    """A result dataclass from a JSON object; fields the server adds later are ignored."""
+    hints = _hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    return cls(**{k: _convert(hints[k], v) for k, v in doc.items() if k in names})
+
+
+def jsonable(obj: Any) -> Any:
+    """The JSON shape of a result (money back to strings, times to ISO 8601), for printing or storing."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Decimal):
+        return f"{obj:f}"  # never exponent notation ("0E-8")
+    if isinstance(obj, datetime):
+        return obj.isoformat()
+    if isinstance(obj, dict):
+        return {k: jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    return obj

@@ -1,0 +1,39 @@
+"""Named leases in the database: one holder at a time, taken over when it lapses (a crashed holder)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy.exc import IntegrityError
+
+from suanli.db.engine import Database
+from suanli.db.models import Lease
+
+
+def acquire(db: Database, name: str, owner: str, now: datetime, ttl_s: float) -> bool:
+    """Take or renew the lease; False while another live holder has it."""
+    try:
+        with db.write() as s, s.begin():
+            row = s.get(Lease, name, with_for_update=True, populate_existing=True)
+            if row is None:
+                s.add(Lease(name=name, owner=owner, expires_at=now + timedelta(seconds=ttl_s)))
+                return True
+            if row.owner != owner and row.expires_at > now:
+                return False
+            row.owner, row.expires_at = owner, now + timedelta(seconds=ttl_s)
+            return True
+    except IntegrityError:  # another process inserted the row first
+        return False
+
+
+def release(db: Database, name: str, owner: str) -> None:
+    with db.write() as s, s.begin():
+        row = s.get(Lease, name, with_for_update=True)
+        if row is not None and row.owner == owner:
+            s.delete(row)
+
+
+def holder(db: Database, name: str, now: datetime) -> str | None:
+    with db.read() as s:
+        row = s.get(Lease, name)
+        return row.owner if row is not None and row.expires_at > now else None

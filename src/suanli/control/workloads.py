@@ -1,0 +1,279 @@
+"""Workloads as tenants see them: submit, list, describe, logs, stop, start.
+
+A workload row is a state machine (`pending → scheduled → starting → running → succeeded | failed | stopped |
+preempted`, and `running ⇄ stopped` for instances). Every transition goes through `transition`, which records
+an event with its reason. The scheduling loop (`control.scheduling`) and the supervisor (`control.supervisor`)
+move workloads forward; this module holds what requests do and what every caller reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from suanli.billing.metering import billable_seconds, cost_of
+from suanli.billing.money import ZERO, exact
+from suanli.control import accounts, ledger, metering, prices
+from suanli.control.accounts import Principal
+from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
+from suanli.control.ids import new_id
+from suanli.db.models import Allocation, Node, Org, Plan, Workload, WorkloadEvent
+from suanli.storage import workdirs
+from suanli.workloads.spec import SpecError, WorkloadSpec, parse_spec
+
+ACTIVE = ("pending", "scheduled", "starting", "running")
+TERMINAL = ("succeeded", "failed", "stopped", "preempted")
+LIST_LIMIT = 1000
+
+
+def spec_of(w: Workload) -> WorkloadSpec:
+    return WorkloadSpec.model_validate(w.spec)
+
+
+def transition(s: Session, w: Workload, state: str, reason: str, now: datetime) -> None:
+    """Move the workload to `state` and record why."""
+    w.state, w.reason = state, reason[:2000]
+    if state != "pending":
+        w.pending_reason, w.queue_position = "", None
+    if state in TERMINAL:
+        w.finished_at = now
+    s.add(WorkloadEvent(workload_id=w.id, at=now, state=state, reason=w.reason))
+
+
+# ---- submission ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Candidate:
+    gpu_model: str
+    rate_per_hour: Decimal
+
+
+def _candidates(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> list[Candidate]:
+    """GPU models that could run it (registered, enough GPUs, priced, under the price ceiling), cheapest rate
+    first within the spec's preference; a clear 4xx when there are none."""
+    want = spec.gpu_count()
+    if want == 0:
+        if s.scalar(select(Node.id).where(Node.state != "down").limit(1)) is None:
+            raise Invalid("resources: no node is registered to run it on")
+        return [Candidate("", ZERO)]
+    rows = s.execute(
+        select(Node.gpu_model, func.sum(Node.gpu_count), func.max(Node.gpu_count))
+        .where(Node.gpu_model.is_not(None), Node.state != "down")
+        .group_by(Node.gpu_model)
+    ).all()
+    registered = {m: (int(total), int(per_node)) for m, total, per_node in rows}
+    preference = spec.gpu_preference() or tuple(sorted(registered))
+    models = [m for m in preference if m in registered]
+    if not models:
+        on_offer = ", ".join(sorted(registered)) or "none"
+        raise Invalid(f"resources.gpu: no registered node has {' or '.join(preference)}; GPUs on offer: {on_offer}")
+    biggest = max(registered[m][0] for m in models)
+    if want > biggest:
+        raise Invalid(f"resources.gpus: needs {want} GPUs; the most any matching GPU model has is {biggest}")
+    models = [m for m in models if registered[m][0] >= want]
+    plan = _plan(s, spec, org_id, now)
+    _, book = prices.current(s)
+    out: list[Candidate] = []
+    for m in models:
+        if plan is not None:
+            if m == plan.gpu_model:
+                out.append(Candidate(m, ZERO))
+            continue
+        if m not in book.gpu_hour:
+            continue
+        out.append(Candidate(m, book.rate(m, want, spec.billing_mode(), spec.milli())))
+    if plan is not None and not out:
+        raise Invalid(f"billing: plan {plan.id} reserves {plan.gpu_model}, which resources.gpu does not allow")
+    if not out:
+        raise Invalid(f"resources.gpu: {', '.join(models)} has no price; the operator has not put it up for rent")
+    ceiling = spec.max_price_per_hour
+    if ceiling is not None:
+        affordable = [c for c in out if c.rate_per_hour <= ceiling]
+        if not affordable:
+            cheapest = min(out, key=lambda c: c.rate_per_hour)
+            raise Invalid(
+                f"max_price_per_hour: {want} x {cheapest.gpu_model} costs {cheapest.rate_per_hour:.2f}/h, above the "
+                f"ceiling {ceiling}"
+            )
+        out = affordable
+    return out
+
+
+def _plan(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> Plan | None:
+    plan_id = spec.plan_id()
+    if plan_id is None:
+        return None
+    plan = s.get(Plan, plan_id)
+    if plan is None or plan.org_id != org_id:
+        raise Invalid(f"billing: plan {plan_id} is not a plan of this organisation")
+    if not plan.starts_at <= now < plan.ends_at:
+        raise Invalid(f"billing: plan {plan_id} is not active (it ended {plan.ends_at:%Y-%m-%d %H:%M} UTC)")
+    if spec.gpu_count() > plan.gpus:
+        raise Invalid(f"resources.gpus: plan {plan_id} reserves {plan.gpus} GPUs")
+    return plan
+
+
+def _precheck_money(s: Session, org: Org, spec: WorkloadSpec, rate: Decimal, hold_minutes: int) -> None:
+    """Refuse at once what could never start: a gang over the org's quota, or a balance that does not cover the
+    admission hold. (The scheduler checks again when it places the workload: the balance may have changed.)"""
+    gpus = spec.gpu_count()
+    if org.quota_gpus is not None and gpus > org.quota_gpus:
+        raise Conflict(f"resources.gpus: {org.name} may hold {org.quota_gpus} GPUs at once; this asks for {gpus}")
+    need = exact((metering.open_rates(s, org.id) + rate) * hold_minutes / 60)
+    have = ledger.org_balance(s, org.id)
+    if rate > 0 and have < need:
+        raise PaymentRequired(
+            f"balance {have:.2f} does not cover {hold_minutes} minutes at {rate:.2f}/h plus running work "
+            f"({need:.2f} needed); top up first"
+        )
+
+
+def parse(source: str | dict[str, Any]) -> WorkloadSpec:
+    try:
+        return parse_spec(source)
+    except SpecError as e:
+        raise Invalid(str(e)) from e
+
+
+def submit(
+    s: Session,
+    who: Principal,
+    spec: WorkloadSpec,
+    now: datetime,
+    *,
+    home: Path,
+    hold_minutes: int,
+    org_id: str | None = None,
+    workdir_archive: bytes | None = None,
+) -> Workload:
+    org = accounts.org_for(s, who, org_id or who.personal_org_id)
+    candidates = _candidates(s, spec, org.id, now)
+    _precheck_money(s, org, spec, min(c.rate_per_hour for c in candidates), hold_minutes)
+    if workdir_archive is not None and spec.kind != "job":
+        raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
+    doc = spec.model_dump(mode="json", exclude_none=True)
+    if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
+        doc["resources"]["gpu"] = [c.gpu_model for c in candidates]  # the models within the ceiling or the plan
+    w = Workload(
+        id=new_id("wl"), org_id=org.id, user_id=who.user_id, name=spec.name, kind=spec.kind,
+        spec=doc, state="pending", reason="submitted",
+        pending_reason="waiting for the next scheduling cycle", attempt=0, retries=0, executor="", handle=None,
+        has_workdir=workdir_archive is not None, attained_gpu_s=0.0, created_at=now, queued_at=now,
+    )  # fmt: skip
+    s.add(w)
+    s.flush()
+    s.add(WorkloadEvent(workload_id=w.id, at=now, state="pending", reason="submitted"))
+    if workdir_archive is not None:
+        try:
+            workdirs.unpack(workdir_archive, workdirs.upload_dir(home, w.id))
+        except workdirs.ArchiveError as e:
+            raise Invalid(f"workdir_archive: {e}") from e
+    return w
+
+
+# ---- reads ------------------------------------------------------------------------------------------------------
+def _visible_orgs(s: Session, who: Principal) -> list[str]:
+    return [o.id for o, _ in accounts.orgs_of(s, who)]
+
+
+def get(s: Session, who: Principal, ref: str, *, lock: bool = False) -> Workload:
+    """By id, or by name: the newest of that name in the caller's orgs. Another org's workload does not exist."""
+    w = s.get(Workload, ref, with_for_update=lock, populate_existing=lock)
+    if w is None:
+        q = select(Workload).where(Workload.name == ref, Workload.org_id.in_(_visible_orgs(s, who)))
+        q = q.order_by(Workload.created_at.desc()).limit(1)
+        w = s.scalar(q.with_for_update() if lock else q)
+    if w is None or (w.org_id not in _visible_orgs(s, who) and not who.is_admin):
+        raise NotFound(f"workload {ref} not found")
+    return w
+
+
+def listing(s: Session, who: Principal, *, all: bool = False, org_id: str | None = None) -> list[Workload]:
+    orgs = [accounts.org_for(s, who, org_id).id] if org_id else _visible_orgs(s, who)
+    q = select(Workload).where(Workload.org_id.in_(orgs))
+    if not all:
+        q = q.where(Workload.state.in_((*ACTIVE, "stopped"))).where(
+            (Workload.kind == "instance") | (Workload.state != "stopped")
+        )
+    return list(s.scalars(q.order_by(Workload.created_at.desc()).limit(LIST_LIMIT)))
+
+
+def events(s: Session, workload_id: str) -> list[WorkloadEvent]:
+    return list(s.scalars(select(WorkloadEvent).where(WorkloadEvent.workload_id == workload_id)
+                          .order_by(WorkloadEvent.id)))  # fmt: skip
+
+
+def allocations_of(s: Session, workload_ids: list[str]) -> dict[str, list[Allocation]]:
+    out: dict[str, list[Allocation]] = {}
+    for i in range(0, len(workload_ids), 500):
+        for a in s.scalars(select(Allocation).where(Allocation.workload.in_(workload_ids[i : i + 500]))):
+            out.setdefault(a.workload, []).append(a)
+    return out
+
+
+def cost(allocs: list[Allocation], now: datetime) -> Decimal:
+    """What the workload has cost so far: every second of every attempt, by the metering rule (the open
+    attempt's completed seconds), whether or not the metering loop has posted it yet."""
+    total = ZERO
+    for a in allocs:
+        end = a.stopped_at or now
+        seconds = billable_seconds(max(0.0, (end - a.started_at).total_seconds()), a.stopped_at is not None)
+        total += cost_of(a.rate_per_hour, seconds)
+    return exact(total)
+
+
+# ---- stop and start ---------------------------------------------------------------------------------------------
+def stop(s: Session, who: Principal, ref: str, now: datetime, reason: str = "") -> Workload:
+    """Pending or placed work stops at once; running work is asked to stop (the supervisor signals it, waits
+    its grace period and records the end)."""
+    w = get(s, who, ref, lock=True)
+    why = reason or f"stopped by {who.email}"
+    if w.state in ("pending", "scheduled"):
+        if w.allocation_id is not None and w.state == "scheduled":
+            metering.close_allocation(s, w.allocation_id, now)
+        transition(s, w, "stopped", why, now)
+    elif w.state in ("starting", "running"):
+        if w.stop_requested is None:
+            w.stop_requested = why
+            event(s, w, f"stop requested: {why}", now)
+    elif w.state == "stopped":
+        pass
+    else:
+        raise Conflict(f"workload {w.id} already {w.state}")
+    return w
+
+
+def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
+    """An instance that was stopped queues again, with its disk as it left it."""
+    w = get(s, who, ref, lock=True)
+    if w.kind != "instance":
+        raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
+    if w.state in ACTIVE:
+        return w
+    if w.state != "stopped":
+        raise Conflict(f"workload {w.id} is {w.state}")
+    requeue(s, w, f"started by {who.email}", now)
+    return w
+
+
+def requeue(s: Session, w: Workload, reason: str, now: datetime) -> None:
+    w.queued_at, w.finished_at, w.stop_requested, w.exit_code = now, None, None, None
+    w.allocation_id, w.handle, w.executor, w.started_at = None, None, "", None
+    w.pending_reason = "waiting for the next scheduling cycle"
+    transition(s, w, "pending", reason, now)
+
+
+def event(s: Session, w: Workload, reason: str, now: datetime) -> None:
+    """Something happened to the workload that does not change its state (a stop request, a preemption)."""
+    s.add(WorkloadEvent(workload_id=w.id, at=now, state=w.state, reason=reason[:2000]))
+
+
+def state_counts(s: Session) -> dict[str, int]:
+    """Workloads of every org by state: what the operator's summary shows."""
+    rows = s.execute(select(Workload.state, func.count()).group_by(Workload.state))
+    return {state: int(n) for state, n in rows}

@@ -1,0 +1,92 @@
+"""The executor contract: what the control plane hands an executor, and what it gets back.
+
+A handle is plain JSON stored in the database, so a restarted server can poll or stop work that an earlier
+server process launched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True)
+class NodeRank:
+    """One process group of a workload: node-rank `node_rank` runs on `node` with `gpus` visible."""
+
+    node: str
+    node_rank: int
+    gpus: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one attempt of a workload."""
+
+    workload_id: str
+    attempt: int
+    command: str
+    workdir: Path
+    env: dict[str, str]
+    ranks: tuple[NodeRank, ...]
+    log_dir: Path
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    grace_s: float = 10.0
+    duration_s: float | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Status:
+    """What `poll` saw. `exit_code` is set for "exited"; negative means killed by that signal."""
+
+    state: Literal["running", "exited", "lost"]
+    exit_code: int | None = None
+    reason: str = ""
+    # When it ended, if known (it may have ended while nobody polled): billing stops there. Not part of equality.
+    ended_at: float | None = field(default=None, compare=False)
+
+
+class Executor(Protocol):
+    """Starts, watches and stops the processes of a workload attempt."""
+
+    name: str
+
+    def launch(self, launch: Launch, now: float) -> dict[str, Any]:
+        """Start the attempt; return a JSON-serialisable handle that is enough to re-attach later."""
+        ...
+
+    def poll(self, handle: dict[str, Any], now: float) -> Status:
+        """Current state; never raises because a process vanished."""
+        ...
+
+    def stop(self, handle: dict[str, Any], now: float) -> None:
+        """Ask the attempt to stop (non-blocking): SIGTERM now, SIGKILL after the grace period."""
+        ...
+
+    def log_path(self, handle: dict[str, Any], node_rank: int = 0) -> Path | None:
+        """The log file of one node-rank, or None when there is none."""
+        ...
+
+
+def rank_env(launch: Launch, rank: NodeRank) -> dict[str, str]:
+    """Variables the executor sets for one node-rank, on top of the spec env and `extra_env`."""
+    n = str(len(launch.ranks))
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in rank.gpus),
+        "MASTER_ADDR": launch.master_addr,
+        "MASTER_PORT": str(launch.master_port),
+        "WORLD_SIZE": n,
+        "RANK": str(rank.node_rank),
+        "LOCAL_RANK": "0",
+        "NODE_RANK": str(rank.node_rank),
+        "SUANLI_WORKLOAD_ID": launch.workload_id,
+        "SUANLI_ATTEMPT": str(launch.attempt),
+        "SUANLI_NODES": n,
+        "SUANLI_NODE_RANK": str(rank.node_rank),
+        "SUANLI_GPUS_PER_NODE": str(len(rank.gpus)),
+        "SUANLI_NODE": rank.node,
+        "SUANLI_LOG_DIR": str(launch.log_dir),
+    }

@@ -1,0 +1,388 @@
+"""The workload spec's models: every field rule, normalisation, and the mapping to a scheduler request.
+
+Every rule lives here so the API, the CLI and the simulator refuse the same things with the same words; each
+error names the field it is about ("resources.gpus: …"). Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from decimal import Decimal
+from functools import cache
+from pathlib import PurePosixPath
+from typing import Annotated, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
+
+from suanli import catalog
+from suanli.perf import MODEL_PRESETS
+from suanli.sched.types import FULL, ModelHint, PriorityClass, Request, mig_milli
+from suanli.workloads.durations import brief, format_duration, parse_duration
+
+MAX_GPUS = 65536
+MAX_NODES = 8192
+MAX_COMMAND = 10_000
+MAX_ENV = 256
+MAX_ENV_VALUE = 32 * 1024  # bytes of UTF-8
+RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"})  # fmt: skip
+RESERVED_ENV_PREFIX = "SUANLI_"
+_NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+_BILLING = re.compile(r"on-demand|spot|plan:[A-Za-z0-9_-]{1,32}")
+_CFG = ConfigDict(extra="forbid", frozen=True)
+
+Kind = Literal["job", "instance"]
+Priority = Literal["low", "normal", "high"]
+BillingMode = Literal["on-demand", "spot", "plan"]
+RetryCause = Literal["node-failure", "preemption", "failure"]
+PRIORITY_RANK: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+
+
+class FieldError(ValueError):
+    """A rule that spans fields, raised by a model validator, naming the field (relative to that model) it blames."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _seconds(value: object) -> float:
+    return parse_duration(value)
+
+
+Duration = Annotated[float, BeforeValidator(_seconds)]
+
+
+def _canonical_gpu(name: object) -> str:
+    if not isinstance(name, str):
+        raise ValueError(f"GPU names must be strings, not {type(name).__name__}")
+    try:
+        return catalog.gpu(name).name
+    except catalog.CatalogError:
+        known = ", ".join(g.name for g in catalog.all_gpus())
+        raise ValueError(f"unknown GPU {brief(name)}; known: {known}") from None
+
+
+@cache
+def _mig_profiles() -> frozenset[str]:
+    return frozenset(p for g in catalog.all_gpus() for p in g.mig_profiles)
+
+
+class GpuRange(BaseModel):
+    """Elastic work: runs on any GPU count in [min, max]; the scheduler may grow or shrink it."""
+
+    model_config = _CFG
+
+    min: StrictInt = Field(ge=1, le=MAX_GPUS)
+    max: StrictInt = Field(ge=1, le=MAX_GPUS)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> GpuRange:
+        if self.min > self.max:
+            raise FieldError("max", f"must be >= min ({self.min})")
+        return self
+
+
+class Resources(BaseModel):
+    model_config = _CFG
+
+    gpu: str | tuple[str, ...] = "any"
+    gpus: int | GpuRange = 1
+    slice: str | None = None
+    nodes: StrictInt | None = Field(None, ge=1, le=MAX_NODES)
+    topology: Literal["nvlink", "leaf", "any"] = "any"
+    exclusive: StrictBool = False
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, v: object) -> str | tuple[str, ...]:
+        if isinstance(v, str):
+            return "any" if v.strip().lower() == "any" else _canonical_gpu(v)
+        if isinstance(v, list | tuple):
+            if not v:
+                raise ValueError("a list of GPU models must not be empty (use 'any')")
+            if any(isinstance(x, str) and x.strip().lower() == "any" for x in v):
+                raise ValueError("'any' cannot be part of a list; use gpu: any alone")
+            names = tuple(_canonical_gpu(x) for x in v)
+            dup = next((n for i, n in enumerate(names) if n in names[:i]), None)
+            if dup is not None:
+                raise ValueError(f"{dup} is listed twice (names and aliases of one model count as one)")
+            return names
+        raise ValueError("must be 'any', a GPU model name, or a list of names in order of preference")
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: object) -> int | GpuRange:
+        if isinstance(v, dict | GpuRange):
+            return GpuRange.model_validate(v)
+        if isinstance(v, int) and not isinstance(v, bool):
+            if not 0 <= v <= MAX_GPUS:
+                raise ValueError(f"must be 0..{MAX_GPUS} (or {{min: N, max: M}} for elastic work)")
+            return v
+        raise ValueError(f"must be a whole number of GPUs (0..{MAX_GPUS}) or {{min: N, max: M}} for elastic work")
+
+    @field_validator("slice")
+    @classmethod
+    def _slice(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        profile = v.strip().lower()
+        if len(profile) > 32:
+            raise ValueError("not a MIG profile (expected e.g. 1g.10gb, 3g.40gb, 7g.80gb)")
+        mig_milli(profile)  # ValueError with the expected shape
+        known = _mig_profiles()
+        if profile not in known:
+            raise ValueError(f"no GPU in the catalog offers MIG profile {profile!r}; known: {', '.join(sorted(known))}")
+        return profile
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Resources:
+        if self.slice is not None:
+            if isinstance(self.gpus, GpuRange):
+                raise FieldError("gpus", "a GPU slice runs on one GPU; gpus must be 1 (or omitted), not a range")
+            if self.gpus != 1:
+                raise FieldError("gpus", f"must be 1 (or omitted) with a slice (got {self.gpus})")
+            if self.exclusive:
+                raise FieldError("exclusive", "a GPU slice cannot hold whole nodes")
+            for name in self.gpu_names():
+                profiles = catalog.gpu(name).mig_profiles
+                if not profiles:
+                    raise FieldError("gpu", f"{name} does not support MIG slices (slice: {self.slice})")
+                if self.slice not in profiles:
+                    raise FieldError("slice", f"{name} offers {', '.join(profiles)}, not {self.slice}")
+        if self.nodes is not None:
+            counts = (self.gpus.min, self.gpus.max) if isinstance(self.gpus, GpuRange) else (self.gpus,)
+            for what, n in zip(("min", "max") if len(counts) == 2 else ("gpus",), counts, strict=True):
+                if n % self.nodes:
+                    raise FieldError("nodes", f"{what} ({n}) must be divisible by nodes ({self.nodes})")
+        return self
+
+    def gpu_names(self) -> tuple[str, ...]:
+        """The named models in order of preference; () for any."""
+        return () if self.gpu == "any" else (self.gpu,) if isinstance(self.gpu, str) else self.gpu
+
+
+class Retry(BaseModel):
+    model_config = _CFG
+
+    on: tuple[RetryCause, ...] = ("node-failure", "preemption")
+    limit: StrictInt = Field(0, ge=0, le=20)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_on(cls, data: object) -> object:
+        """YAML 1.1 loaders (plain yaml.safe_load) read the key `on` as True, and JSON then writes it "true"."""
+        if isinstance(data, dict) and "on" not in data:
+            return {("on" if k is True or k == "true" else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("on", mode="before")
+    @classmethod
+    def _unique(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list | tuple) and all(isinstance(x, str) for x in v):
+            return tuple(dict.fromkeys(v))
+        return v
+
+
+class ModelSpec(BaseModel):
+    model_config = _CFG
+
+    preset: str
+    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    tokens: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)] | None = None
+
+    @field_validator("preset")
+    @classmethod
+    def _preset(cls, v: str) -> str:
+        key = v.strip().lower()
+        if key not in MODEL_PRESETS:
+            raise ValueError(f"unknown model preset {brief(v)}; presets: {', '.join(MODEL_PRESETS)}")
+        return key
+
+
+class WorkloadSpec(BaseModel):
+    """A validated, normalised workload spec; `model_dump(mode="json")` is the normalised form and parses back."""
+
+    model_config = _CFG
+
+    name: str
+    kind: Kind = "job"
+    command: str | None = None
+    workdir: str = "."
+    env: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    billing: str = "on-demand"
+    priority: Priority = "normal"
+    max_duration: Duration | None = None
+    duration: Duration | None = None
+    max_price_per_hour: Decimal | None = Field(None, gt=0, le=10**9, decimal_places=8)
+    retry: Retry = Field(default_factory=Retry)
+    model: ModelSpec | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not _NAME.fullmatch(v):
+            raise ValueError(
+                f"must be 1-63 lowercase letters, digits and '-', starting with a letter and not ending in '-' (got {brief(v)})"
+            )
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if "\x00" in v:
+            raise ValueError("must not contain NUL characters")
+        if not v.strip():
+            raise ValueError("must not be empty")
+        if len(v) > MAX_COMMAND:
+            raise ValueError(f"must be at most {MAX_COMMAND} characters (got {len(v)})")
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir(cls, v: str) -> str:
+        base = "must be a relative path inside the uploaded directory"
+        why = (
+            "NUL is not allowed" if "\x00" in v
+            else "backslashes are not allowed" if "\\" in v
+            else "it must not be empty (use '.')" if not v.strip()
+            else "'~' is not allowed" if v.startswith("~")
+            else "an absolute path is not allowed" if v.startswith("/")
+            else "'..' is not allowed" if ".." in PurePosixPath(v).parts
+            else "it is too long" if len(v) > 4096
+            else None
+        )  # fmt: skip
+        if why:
+            raise ValueError(f"{base}; {why}")
+        return str(PurePosixPath(v))
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env(cls, v: object) -> object:
+        if not isinstance(v, dict):
+            raise ValueError("must be a mapping of NAME: value")
+        if len(v) > MAX_ENV:
+            raise ValueError(f"at most {MAX_ENV} variables (got {len(v)})")
+        out: dict[str, str] = {}
+        for key, value in v.items():
+            if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+                raise ValueError(
+                    f"{brief(key)} is not a variable name (letters, digits, '_'; not starting with a digit)"
+                )
+            if key.startswith(RESERVED_ENV_PREFIX) or key in RESERVED_ENV:
+                reserved = ", ".join((f"{RESERVED_ENV_PREFIX}*", *sorted(RESERVED_ENV)))
+                raise FieldError(key, f"is set by the platform; reserved: {reserved}")
+            if (isinstance(value, int) and not isinstance(value, bool) and abs(value) < 10**100) or (
+                isinstance(value, float) and math.isfinite(value)
+            ):
+                value = str(value)  # EPOCHS: 3 means "3"
+            if not isinstance(value, str):
+                raise FieldError(key, "must be a string (quote it)")
+            if "\x00" in value:
+                raise FieldError(key, "must not contain NUL characters")
+            if len(value.encode()) > MAX_ENV_VALUE:
+                raise FieldError(key, f"must be at most {MAX_ENV_VALUE // 1024} KiB")
+            out[key] = value
+        return out
+
+    @field_validator("billing")
+    @classmethod
+    def _billing(cls, v: str) -> str:
+        if not _BILLING.fullmatch(v):
+            raise ValueError(f"must be on-demand, spot or plan:<id> (id: 1-32 of A-Z a-z 0-9 _ -); got {brief(v)}")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WorkloadSpec:
+        if self.kind == "job" and self.command is None:
+            raise FieldError("command", "is required for a job (kind: job)")
+        if self.duration is not None and self.max_duration is not None and self.duration > self.max_duration:
+            longest, declared = format_duration(self.max_duration), format_duration(self.duration)
+            raise FieldError("duration", f"must not exceed max_duration ({longest}); got {declared}")
+        return self
+
+    # ---- what the control plane and the scheduler read ----------------------------------------------------------
+    def gpu_preference(self) -> tuple[str, ...] | None:
+        """Canonical GPU model names in order of preference; None when any model will do."""
+        return self.resources.gpu_names() or None
+
+    @property
+    def elastic(self) -> bool:
+        return isinstance(self.resources.gpus, GpuRange)
+
+    def gpu_range(self) -> tuple[int, int] | None:
+        """(min, max) for elastic work, else None."""
+        g = self.resources.gpus
+        return (g.min, g.max) if isinstance(g, GpuRange) else None
+
+    def gpu_count(self) -> int:
+        """The GPUs the scheduler is asked for: the count, or the minimum of an elastic range."""
+        g = self.resources.gpus
+        return g.min if isinstance(g, GpuRange) else g
+
+    def milli(self) -> int:
+        """Share of one GPU, in milli-GPUs: FULL, or the MIG slice's share."""
+        return mig_milli(self.resources.slice) if self.resources.slice else FULL
+
+    def billing_mode(self) -> BillingMode:
+        return "plan" if self.billing.startswith("plan:") else self.billing  # type: ignore[return-value]
+
+    def plan_id(self) -> str | None:
+        return self.billing.removeprefix("plan:") if self.billing.startswith("plan:") else None
+
+    def priority_class(self) -> PriorityClass:
+        """The scheduler's class: a plan's reserved capacity outranks on-demand, which outranks spot."""
+        return {"plan": "reserved", "on-demand": "on-demand", "spot": "spot"}[self.billing_mode()]  # type: ignore[return-value]
+
+    def priority_rank(self) -> int:
+        """Order within an org's own queue: low 0, normal 1, high 2."""
+        return PRIORITY_RANK[self.priority]
+
+    def nodes_for(self, gpus_per_node: int, gpus: int | None = None) -> int:
+        """Node-ranks to launch: `nodes` when given, else the fewest nodes of that size holding the GPUs.
+
+        `gpus` overrides the count (an elastic workload placed at more than its minimum).
+        """
+        if gpus_per_node < 1:
+            raise ValueError(f"gpus_per_node must be >= 1 (got {gpus_per_node})")
+        if self.resources.nodes is not None:
+            return self.resources.nodes
+        count = self.gpu_count() if gpus is None else gpus
+        return max(1, math.ceil(count / gpus_per_node))
+
+    def to_request(self, id: str, submit_time: float, tenant: str, attained: float = 0.0) -> Request:
+        """The scheduler's view of this workload."""
+        g = self.resources.gpus
+        lo_hi = (g.min, g.max) if isinstance(g, GpuRange) else (None, None)
+        return Request(
+            id=id,
+            gpus=self.gpu_count(),
+            submit_time=submit_time,
+            tenant=tenant,
+            gpu_type=self.gpu_preference(),
+            milli=self.milli(),
+            min_gpus=lo_hi[0],
+            max_gpus=lo_hi[1],
+            topology=self.resources.topology,
+            exclusive=self.resources.exclusive,
+            priority=self.priority_class(),
+            est_runtime=self.duration,
+            attained=attained,
+            model=ModelHint(preset=self.model.preset, precision=self.model.precision) if self.model else None,
+        )

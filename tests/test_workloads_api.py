@@ -1,0 +1,254 @@
+"""Workloads through the API in-process, on both databases: the scheduling pass and the supervisor are driven
+by the test (background loops off), so every step is deterministic to observe. Real processes run on the local
+executor; virtual nodes run on the virtual executor."""
+
+from __future__ import annotations
+
+import base64
+import io
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from suanli.billing.metering import billable_seconds, cost_of
+from suanli.control import metering
+from suanli.control.ids import utcnow
+from suanli.control.scheduling import SchedulingPass
+from suanli.control.supervisor import Supervisor
+from tests.control_plane import Tenant, admin_token, bearer, signup
+
+WL = "/api/v1/workloads"
+
+
+@dataclass
+class Platform:
+    api: TestClient
+    admin: dict[str, str]
+    tenant: Tenant
+    sched: SchedulingPass
+    sup: Supervisor
+
+    @property
+    def db(self) -> Any:
+        return self.api.app.state.server.db  # type: ignore[attr-defined]
+
+    def tick(self) -> None:
+        self.sched.run(self.db, utcnow())
+        self.sup.run(self.db, utcnow())
+
+    def submit(self, spec: dict[str, Any], who: Tenant | None = None, **extra: Any) -> dict[str, Any]:
+        r = self.api.post(WL, json={"spec": spec, **extra}, headers=(who or self.tenant).headers)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    def get(self, ref: str, who: Tenant | None = None) -> dict[str, Any]:
+        r = self.api.get(f"{WL}/{ref}", headers=(who or self.tenant).headers)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def until(self, ref: str, done: Callable[[dict[str, Any]], bool], timeout: float = 30.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.tick()
+            w = self.get(ref)
+            if done(w):
+                return w
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out; workload is {w['state']}: {w['reason']} / {w.get('pending')}")
+            time.sleep(0.05)
+
+    def topup(self, org_id: str, amount: str) -> None:
+        r = self.api.post(f"/api/v1/admin/orgs/{org_id}/transactions", headers=self.admin,
+                          json={"kind": "topup", "amount": amount, "memo": "test"})  # fmt: skip
+        assert r.status_code == 201, r.text
+
+
+def finished(w: dict[str, Any]) -> bool:
+    return w["state"] in ("succeeded", "failed", "stopped", "preempted")
+
+
+@pytest.fixture
+def platform(api: TestClient, tmp_path: Path) -> Platform:
+    admin = bearer(admin_token(api))
+    for body in ({"preset": "h20-roce800-128"}, {"local": True, "name": "this-host"}):
+        r = api.post("/api/v1/admin/clusters", json=body, headers=admin)
+        assert r.status_code == 201, r.text
+    tenant = signup(api, "tenant@example.com")
+    home = api.app.state.server.settings.home  # type: ignore[attr-defined]
+    p = Platform(api, admin, tenant, SchedulingPass(), Supervisor(home, grace_s=1.0))
+    p.topup(tenant.org_id, "5000")
+    return p
+
+
+def archive(files: dict[str, str]) -> str:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def test_local_job_runs_its_uploaded_workdir_to_completion(platform: Platform) -> None:
+    script = "import os\nprint('hello from', os.environ['SUANLI_WORKLOAD_ID'], os.environ['WORLD_SIZE'])\n"
+    w = platform.submit({"name": "hello", "command": "python3 hello.py", "resources": {"gpus": 0}},
+                        workdir_archive=archive({"hello.py": script}))  # fmt: skip
+    assert w["state"] == "pending"
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded", done["reason"]
+    assert done["exit_code"] == 0
+    assert [e["state"] for e in done["events"]] == ["pending", "scheduled", "starting", "running", "succeeded"]
+    assert done["allocation"]["nodes"] == {"this-host": []}
+    assert Decimal(done["cost"]) == 0
+    logs = platform.api.get(f"{WL}/{w['id']}/logs", headers=platform.tenant.headers).json()
+    assert logs["data"] == f"hello from {w['id']} 1\n"
+    assert logs["done"] is True
+
+
+def test_failing_job_retries_by_its_policy_then_fails(platform: Platform) -> None:
+    spec = {"name": "flaky", "command": "echo try $SUANLI_ATTEMPT; exit 3", "resources": {"gpus": 0},
+            "retry": {"on": ["failure"], "limit": 1}}  # fmt: skip
+    w = platform.submit(spec)
+    done = platform.until(w["id"], lambda w: finished(w) and w["attempt"] == 2)
+    assert done["state"] == "failed" and done["exit_code"] == 3
+    states = [e["state"] for e in done["events"]]
+    assert states.count("failed") == 2 and states.count("running") == 2
+    assert "retry 1/1" in " ".join(e["reason"] for e in done["events"])
+
+
+def test_virtual_gang_lands_inside_one_leaf_and_is_charged_exactly(platform: Platform) -> None:
+    spec = {"name": "leaf64", "command": "train", "duration": 1.5,
+            "resources": {"gpu": "H20", "gpus": 64, "topology": "leaf"}}  # fmt: skip
+    w = platform.submit(spec)
+    running = platform.until(w["id"], lambda w: w["state"] == "running")
+    nodes = running["allocation"]["nodes"]
+    assert sum(len(g) for g in nodes.values()) == 64
+    r = platform.api.get("/api/v1/admin/nodes", headers=platform.admin, params={"limit": 1000})
+    leaf = {n["name"]: n["leaf"] for n in r.json()}
+    assert len({leaf[n] for n in nodes}) == 1, "the gang spans leaves"
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded"
+    a = done["allocation"]
+    elapsed = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()
+    expected = cost_of(Decimal(a["rate_per_hour"]), billable_seconds(elapsed, True))
+    assert Decimal(done["cost"]) == expected > 0
+    metering.meter(platform.db, "test", utcnow())
+    tx = platform.api.get(f"/api/v1/orgs/{platform.tenant.org_id}/transactions", headers=platform.tenant.headers)
+    charged = -sum(Decimal(t["amount"]) for t in tx.json() if t["kind"] == "usage")
+    assert charged == expected
+
+
+def test_instance_stops_releasing_its_gpus_and_starts_again(platform: Platform) -> None:
+    w = platform.submit({"name": "box", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
+    platform.until(w["id"], lambda w: w["state"] == "running")
+    r = platform.api.post(f"{WL}/{w['id']}/stop", headers=platform.tenant.headers)
+    assert r.status_code == 200
+    stopped = platform.until(w["id"], lambda w: w["state"] == "stopped")
+    assert stopped["allocation"]["stopped_at"] is not None
+    assert Decimal(stopped["rate_per_hour"]) == 0
+    r = platform.api.post(f"{WL}/{w['id']}/start", headers=platform.tenant.headers)
+    assert r.status_code == 200 and r.json()["state"] == "pending"
+    again = platform.until(w["id"], lambda w: w["state"] == "running")
+    assert again["attempt"] == 2
+    platform.api.post(f"{WL}/box/stop", headers=platform.tenant.headers)  # by name
+    platform.until(w["id"], lambda w: w["state"] == "stopped")
+    listed = platform.api.get(WL, headers=platform.tenant.headers).json()
+    assert [x["id"] for x in listed] == [w["id"]]  # a stopped instance is still listed: it can start again
+
+
+def test_pending_work_says_why_and_where_it_is_in_the_queue(platform: Platform) -> None:
+    big = platform.submit({"name": "big", "command": "x", "duration": 60, "resources": {"gpu": "H20", "gpus": 128}})
+    platform.until(big["id"], lambda w: w["state"] == "running")
+    waiting = [platform.submit({"name": f"w{i}", "command": "x", "resources": {"gpu": "H20", "gpus": 64,
+                                                                            "topology": "leaf"}}) for i in range(2)]  # fmt: skip
+    platform.tick()
+    first, second = (platform.get(w["id"]) for w in waiting)
+    assert first["state"] == second["state"] == "pending"
+    assert "64" in first["pending"]["reason"], first["pending"]
+    assert first["pending"]["position"] < second["pending"]["position"]
+    platform.api.post(f"{WL}/{big['id']}/stop", headers=platform.tenant.headers)
+    platform.until(waiting[0]["id"], lambda w: w["state"] == "running")
+    platform.until(waiting[1]["id"], lambda w: w["state"] == "running")
+
+
+def test_max_duration_stops_the_workload_with_the_reason(platform: Platform) -> None:
+    w = platform.submit({"name": "long", "kind": "instance", "max_duration": "1s",
+                         "resources": {"gpu": "H20", "gpus": 8}})  # fmt: skip
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "stopped"
+    assert "max_duration" in done["reason"]
+
+
+def test_a_stopped_local_job_is_terminated(platform: Platform, tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    w = platform.submit({"name": "sleeper", "command": f"touch {marker}; exec sleep 60", "resources": {"gpus": 0}})
+    platform.until(w["id"], lambda w: w["state"] == "running" and marker.exists())
+    platform.api.post(f"{WL}/{w['id']}/stop", headers=platform.tenant.headers)
+    done = platform.until(w["id"], finished, timeout=15)
+    assert done["state"] == "stopped" and done["exit_code"] == -15
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"spec_yaml": "name: [unclosed"}, "spec"),
+        ({"spec": {"name": "x", "command": "c", "resources": {"gpu": "NOPE-9000", "gpus": 1}}}, "resources.gpu"),
+        ({"spec": {"name": "x", "command": "c", "resources": {"gpus": 1_000_000}}}, "resources.gpus"),
+        ({"spec": {"name": "x", "command": "c", "max_duration": "-5m"}}, "max_duration"),
+        ({"spec": {"name": "x", "command": "c", "workdir": "../../etc"}}, "workdir"),
+        ({"spec": {"name": "x", "command": "c", "resources": {"gpu": "B200", "gpus": 1}}}, "resources.gpu"),
+        ({"spec": {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 100_000}}}, "resources.gpus"),
+        (
+            {"spec": {"name": "x", "command": "c", "resources": {"gpus": 0}}, "workdir_archive": "***"},
+            "workdir_archive",
+        ),
+        (
+            {
+                "spec": {"name": "x", "command": "c", "resources": {"gpus": 0}},
+                "workdir_archive": archive({"../escape.txt": "x"}),
+            },
+            "workdir_archive",
+        ),
+        ({"spec": {"name": "x", "command": "c", "colour": "blue"}}, "colour"),
+    ],
+)
+def test_bad_input_is_refused_naming_the_field(platform: Platform, body: dict[str, Any], field: str) -> None:
+    r = platform.api.post(WL, json=body, headers=platform.tenant.headers)
+    assert r.status_code == 422, r.text
+    assert field in r.json()["detail"], r.json()
+    assert platform.api.get(WL, headers=platform.tenant.headers, params={"all": True}).json() == []
+
+
+def test_a_balance_that_cannot_cover_the_hold_is_refused_with_402(platform: Platform) -> None:
+    poor = signup(platform.api, "poor@example.com")
+    r = platform.api.post(WL, json={"spec": {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 64}}},
+                          headers=poor.headers)  # fmt: skip
+    assert r.status_code == 402, r.text
+    assert "top up" in r.json()["detail"]
+
+
+def test_another_org_cannot_see_or_touch_a_workload(platform: Platform) -> None:
+    w = platform.submit({"name": "mine", "command": "x", "resources": {"gpus": 0}})
+    other = signup(platform.api, "other@example.com")
+    for method, path in (("get", ""), ("get", "/logs"), ("post", "/stop"), ("post", "/start")):
+        r = platform.api.request(method, f"{WL}/{w['id']}{path}", headers=other.headers)
+        assert r.status_code == 404, (method, path, r.text)
+    assert platform.api.get(WL, headers=other.headers, params={"all": True}).json() == []
+    r = platform.api.post(WL, json={"spec": {"name": "x", "command": "c"}, "org": platform.tenant.org_id},
+                          headers=other.headers)  # fmt: skip
+    assert r.status_code == 404
+
+
+def _t(s: str) -> Any:
+    from datetime import datetime
+
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))

@@ -51,27 +51,25 @@ def job(i: int, rng: random.Random) -> dict[str, Any]:
                      "resources": {"gpu": "H100-SXM", "gpus": gpus, "topology": "leaf" if gpus > 8 else "any"}}}  # fmt: skip
 
 
-def _submitter(args: tuple[str, list[tuple[dict[str, str], dict[str, Any]]], int]) -> tuple[list[float], int, float]:
-    """One load process: its share of the submissions over `clients` connections; latencies, errors, end time."""
-    url, work, clients = args
+def _submitter(args: tuple[str, list[tuple[dict[str, str], list[dict[str, Any]]]]]) -> tuple[list[float], int, float]:
+    """One load process: one keep-alive connection per client, each submitting its jobs as one tenant, the next
+    as soon as the answer arrives; latencies, errors and when its last answer came."""
+    url, clients = args
     lat: list[float] = []
     errors = 0
 
-    async def client(items: list[tuple[dict[str, str], dict[str, Any]]]) -> None:
+    async def client(headers: dict[str, str], bodies: list[dict[str, Any]]) -> None:
         nonlocal errors
-        conns: dict[str, RawConnection] = {}
-        for headers, body in items:
-            key = headers["Authorization"]
-            conn = conns.setdefault(key, RawConnection(url, headers))
+        conn = RawConnection(url, headers)
+        for body in bodies:
             t = time.perf_counter()
             status = await conn.request("POST", "/api/v1/workloads", body)
             lat.append(time.perf_counter() - t)
             errors += status != 201
-        for conn in conns.values():
-            await conn.aclose()
+        await conn.aclose()
 
     async def main() -> None:
-        await asyncio.gather(*(client(work[i::clients]) for i in range(clients)))
+        await asyncio.gather(*(client(headers, bodies) for headers, bodies in clients))
 
     asyncio.run(main())
     return lat, errors, time.time()
@@ -81,9 +79,10 @@ def summary(url: str, admin: dict[str, str]) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/api/v1/admin/workloads/summary", headers=admin, timeout=60).json())
 
 
-def bench(name: str, db_url: str, args: argparse.Namespace) -> dict[str, Any]:
+def bench(name: str, db_url: str, args: argparse.Namespace, loops: bool = True) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"suanli-cp-{name}-"))
-    proc, url = start_server(db_url, home, 1, extra=["--virtual", args.preset])
+    extra = ["--virtual", args.preset] + ([] if loops else ["--no-background"])
+    proc, url = start_server(db_url, home, args.workers, extra=extra)
     try:
         with httpx.Client(base_url=url, timeout=120) as c:
             admin_token = c.post("/api/v1/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD}).json()
@@ -96,9 +95,10 @@ def bench(name: str, db_url: str, args: argparse.Namespace) -> dict[str, Any]:
                        json={"kind": "topup", "amount": "100000000"}).raise_for_status()  # fmt: skip
                 tenants.append({"Authorization": f"Bearer {r.json()['token']}"})
         rng = random.Random(args.seed)
-        work = [(tenants[i % len(tenants)], job(i, rng)) for i in range(args.jobs)]
+        jobs = [job(i, rng) for i in range(args.jobs)]
+        clients = [(tenants[c % len(tenants)], jobs[c :: args.clients]) for c in range(args.clients)]
         procs = max(1, min(args.procs, args.clients))
-        shares = [(url, work[p::procs], max(1, args.clients // procs)) for p in range(procs)]
+        shares = [(url, clients[p::procs]) for p in range(procs)]
         samples: list[dict[str, Any]] = []
         stop = threading.Event()
 
@@ -118,7 +118,7 @@ def bench(name: str, db_url: str, args: argparse.Namespace) -> dict[str, Any]:
         errors = sum(r[1] for r in results)
         # wait until the placed count stops changing for a few passes
         placed_prev, steady_since, t_placed = -1, time.time(), t_submitted
-        while time.time() - steady_since < 5 and time.time() - t0 < args.timeout:
+        while loops and time.time() - steady_since < 5 and time.time() - t0 < args.timeout:
             st = summary(url, admin)["states"]
             placed = sum(v for k, v in st.items() if k != "pending")
             if placed != placed_prev:
@@ -130,7 +130,7 @@ def bench(name: str, db_url: str, args: argparse.Namespace) -> dict[str, Any]:
         passes = [s["loop"]["pass_ms"] for s in samples if s["loop"].get("pass_ms") is not None]
         q = statistics.quantiles(lat, n=100)
         return {
-            "backend": name, "jobs": args.jobs, "errors": errors,
+            "backend": name, "loops": "on" if loops else "off", "jobs": args.jobs, "errors": errors,
             "submit_per_s": args.jobs / (t_submitted - t0), "submit_p50_ms": q[49] * 1000, "submit_p99_ms": q[98] * 1000,
             "pass_ms_median": statistics.median(passes) if passes else float("nan"),
             "pass_ms_max": max(passes) if passes else float("nan"),
@@ -146,6 +146,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10_000)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--procs", type=int, default=2, help="load-generator processes")
+    p.add_argument("--workers", type=int, default=1, help="server processes (`suanli server --workers`)")
     p.add_argument("--tenants", type=int, default=20)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
@@ -158,16 +159,18 @@ def main() -> None:
     for backend in args.backend or ["sqlite", "postgresql"]:
         for _ in range(args.repeats):
             if backend == "sqlite":
-                url = f"sqlite+pysqlite:///{tempfile.mkdtemp(prefix='suanli-cp-db-')}/suanli.db"
-                rows.append(bench(backend, url, args))
+                for loops in (False, True):  # the API alone, then with the scheduling loop placing as it goes
+                    url = f"sqlite+pysqlite:///{tempfile.mkdtemp(prefix='suanli-cp-db-')}/suanli.db"
+                    rows.append(bench(backend, url, args, loops))
                 continue
             admin = args.pg_url or databases.postgres_server()
             if admin is None:
                 print(f"postgresql: skipped ({databases.postgres_unavailable_reason()})")
                 break
-            url = args.pg_url or databases.new_database(admin)
-            rows.append(bench(backend, url, args))
-    cols = ["backend", "jobs", "errors", "submit_per_s", "submit_p50_ms", "submit_p99_ms", "pass_ms_median",
+            for loops in (False, True):
+                url = args.pg_url or databases.new_database(admin)
+                rows.append(bench(backend, url, args, loops))
+    cols = ["backend", "loops", "jobs", "errors", "submit_per_s", "submit_p50_ms", "submit_p99_ms", "pass_ms_median",
             "pass_ms_max", "place_all_s", "placed", "pending"]  # fmt: skip
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))

@@ -16,7 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from suanli.api.schemas import NUL_MESSAGE
 from suanli.control import accounts
 from suanli.control.accounts import Principal
-from suanli.control.caches import PriceCache, TokenCache
+from suanli.control.caches import FleetCache, PriceCache, TokenCache
 from suanli.control.errors import Invalid, Unauthorized
 from suanli.control.ids import token_hash, utcnow
 from suanli.control.offers import OfferCache
@@ -49,6 +49,7 @@ class Server:
     offers: OfferCache = field(default_factory=OfferCache)
     tokens: TokenCache = field(default_factory=TokenCache)
     prices: PriceCache = field(default_factory=PriceCache)
+    fleet: FleetCache = field(default_factory=FleetCache)
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

@@ -4,6 +4,7 @@
   this process forgets it at once; another server process notices within `ttl_s`.
 - Price book: parsed once per stored version; the version itself is read on every use, so a price change is
   seen by the next request on every process.
+- Fleet: GPUs per model, recomputed when the fleet version (registrations, node states) changes; read on use.
 """
 
 from __future__ import annotations
@@ -12,13 +13,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from threading import Lock
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.prices import PriceBook, default_price_book
-from suanli.control import prices
+from suanli.control import inventory, prices
 from suanli.control.accounts import Principal
-from suanli.db.models import PriceBookVersion
+from suanli.db.models import Node, PriceBookVersion
 
 
 @dataclass
@@ -70,3 +71,35 @@ class PriceCache:
             with self._lock:
                 self._books[version] = book
         return book
+
+
+@dataclass(frozen=True)
+class ModelCapacity:
+    gpus: int  # on nodes that are not down
+    per_node: int  # the most on one node
+
+
+@dataclass
+class FleetCache:
+    """GPUs registered per model, recomputed only when nodes change (the fleet version), not when allocations
+    do: submissions check feasibility against it without scanning every node."""
+
+    _version: int = -1
+    _models: dict[str, ModelCapacity] = field(default_factory=dict)
+    _lock: Lock = field(default_factory=Lock)
+
+    def models(self, s: Session) -> dict[str, ModelCapacity]:
+        return self.models_at(s, inventory.fleet_version(s))
+
+    def models_at(self, s: Session, version: int) -> dict[str, ModelCapacity]:
+        """For a fleet version the caller already read."""
+        if version != self._version:
+            rows = s.execute(
+                select(Node.gpu_model, func.sum(Node.gpu_count), func.max(Node.gpu_count))
+                .where(Node.gpu_model.is_not(None), Node.state != "down")
+                .group_by(Node.gpu_model)
+            )
+            models = {m: ModelCapacity(int(total), int(per)) for m, total, per in rows}
+            with self._lock:
+                self._version, self._models = version, models
+        return self._models

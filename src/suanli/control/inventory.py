@@ -26,15 +26,22 @@ from suanli.topology.spec import SpecError, parse
 
 NODE_STATES = ("ready", "draining", "down")
 INVENTORY_VERSION = "inventory_version"
+FLEET_VERSION = "fleet_version"  # nodes and their states only (allocations do not change it)
 MAX_REGISTERED_GPUS = 200_000
 NODE_NAME_MAX = 255
 
 
-def bump_version(s: Session) -> None:
-    """One atomic upsert: concurrent registrations and allocations never race on creating the row."""
+def bump_version(s: Session, *, fleet: bool = False) -> None:
+    """One atomic upsert: concurrent registrations and allocations never race on creating the row. `fleet`: the
+    nodes themselves changed (registered, removed, drained), not only who holds their GPUs."""
     ins = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    stmt = ins(KeyValue).values(key=INVENTORY_VERSION, value=1)
-    s.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": KeyValue.value + 1}))
+    for key in (INVENTORY_VERSION, FLEET_VERSION) if fleet else (INVENTORY_VERSION,):
+        stmt = ins(KeyValue).values(key=key, value=1)
+        s.execute(stmt.on_conflict_do_update(index_elements=["key"], set_={"value": KeyValue.value + 1}))
+
+
+def fleet_version(s: Session) -> int:
+    return s.scalar(select(KeyValue.value).where(KeyValue.key == FLEET_VERSION)) or 0
 
 
 def _slug(name: str) -> str:
@@ -83,7 +90,7 @@ def register_spec(
     _check_names(s, [n["name"] for n in nodes])
     s.execute(insert(Node), nodes)
     s.execute(insert(Gpu), gpus)
-    bump_version(s)
+    bump_version(s, fleet=True)
     return row
 
 
@@ -137,7 +144,7 @@ def register_host(s: Session, host: HostInfo, now: datetime, name: str | None = 
     for g in host.gpus:
         s.add(Gpu(node_id=node.id, index=g.index, uuid=g.uuid, model=model or g.name, memory_mib=g.memory_mib,
                   mig_mode=g.mig_mode))  # fmt: skip
-    bump_version(s)
+    bump_version(s, fleet=True)
     return row
 
 
@@ -169,7 +176,7 @@ def remove_cluster(s: Session, cluster: str) -> None:
     s.execute(delete(Gpu).where(Gpu.node_id.in_(node_ids)))
     s.execute(delete(Node).where(Node.cluster_id == row.id))
     s.delete(row)
-    bump_version(s)
+    bump_version(s, fleet=True)
 
 
 def nodes(
@@ -202,5 +209,5 @@ def set_state(s: Session, name: str, state: str, reason: str = "") -> Node:
         raise Invalid(f"state: one of {', '.join(NODE_STATES)}")
     row = node(s, name)
     row.state, row.state_reason = state, reason[:1000]
-    bump_version(s)
+    bump_version(s, fleet=True)
     return row

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, charges_due, cost_of
 from suanli.billing.money import ZERO, exact, shown
-from suanli.billing.prices import BillingMode
+from suanli.billing.prices import BillingMode, PriceBook
 from suanli.control import inventory, ledger, prices
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
@@ -37,31 +37,51 @@ def open_rates(s: Session, org_id: str) -> Decimal:
     return exact(total or ZERO)
 
 
-def check_admission(s: Session, org_id: str, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
-    """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU quota."""
+@dataclass
+class OrgLoad:
+    """What an org holds and has, read once under its row lock; a scheduling pass admits many placements of one
+    org against it, adding each as it goes, instead of summing its open allocations again for every one."""
+
+    org: Org
+    rate: Decimal  # per hour, of everything it holds
+    gpus: int
+    balance: Decimal
+
+
+def org_load(s: Session, org_id: str) -> OrgLoad:
     # Admissions to one org queue on its row (FOR NO KEY UPDATE: ledger inserts' foreign-key checks do not wait),
     # so two racing admissions cannot both count on the same balance or quota (SQLite: the write lock at BEGIN).
     org = s.get(Org, org_id, with_for_update={"key_share": True}, populate_existing=True)
     if org is None:
         raise NotFound(f"organisation {org_id} not found")
-    if org.quota_gpus is not None:
-        held = s.scalar(
-            select(func.coalesce(func.sum(Allocation.gpus), 0)).where(
-                Allocation.org_id == org_id, Allocation.stopped_at.is_(None)
-            )
+    rate, gpus = s.execute(
+        select(func.coalesce(func.sum(Allocation.rate_per_hour), 0), func.coalesce(func.sum(Allocation.gpus), 0)).where(
+            Allocation.org_id == org_id, Allocation.stopped_at.is_(None)
         )
-        if (held or 0) + gpus > org.quota_gpus:
-            raise Conflict(f"quota: {org.name} may hold {org.quota_gpus} GPUs at once; it holds {held}, asks {gpus}")
-    need = exact((open_rates(s, org_id) + rate_per_hour) * hold_minutes / 60)
-    have = ledger.org_balance(s, org_id)
-    if have < need:
+    ).one()
+    return OrgLoad(org, exact(Decimal(rate)), int(gpus), ledger.org_balance(s, org_id))
+
+
+def admit(load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
+    """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU quota."""
+    org = load.org
+    if org.quota_gpus is not None and load.gpus + gpus > org.quota_gpus:
+        raise Conflict(f"quota: {org.name} may hold {org.quota_gpus} GPUs at once; it holds {load.gpus}, asks {gpus}")
+    need = exact((load.rate + rate_per_hour) * hold_minutes / 60)
+    if load.balance < need:
         raise PaymentRequired(
-            f"balance {shown(have)} does not cover {hold_minutes} minutes of running work at "
-            f"{shown(open_rates(s, org_id) + rate_per_hour)}/h ({shown(need)} needed); top up first"
+            f"balance {shown(load.balance)} does not cover {hold_minutes} minutes of running work at "
+            f"{shown(load.rate + rate_per_hour)}/h ({shown(need)} needed); top up first"
         )
+    load.rate += rate_per_hour
+    load.gpus += gpus
 
 
-def open_allocation(
+def check_admission(s: Session, org_id: str, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
+    admit(org_load(s, org_id), rate_per_hour, gpus, hold_minutes)
+
+
+def admitted_row(
     s: Session,
     *,
     org_id: str,
@@ -76,9 +96,11 @@ def open_allocation(
     mode: BillingMode | Literal["plan"] = "on-demand",
     allocation_id: str | None = None,
     rate: Decimal | None = None,
-) -> Allocation:
-    """Admit and record GPUs held by a workload from `now`, at the price book's rate in force now (or `rate`:
-    zero for GPUs of a prepaid plan)."""
+    load: OrgLoad | None = None,
+    book: PriceBook | None = None,
+) -> dict[str, Any]:
+    """The allocation row to insert, once admission passed (at the price book's rate in force now, or `rate`:
+    zero for GPUs of a prepaid plan). Nothing is written: a refusal leaves nothing to undo."""
     if gpus < 0 or not 0 < milli <= 1000:
         raise Invalid("gpus: >= 0; milli: 1..1000")
     if rate is None and mode == "plan":
@@ -86,17 +108,23 @@ def open_allocation(
     if rate is None:
         rate = ZERO
         if gpu_model is not None and gpus > 0:
-            _, book = prices.current(s)
+            if book is None:
+                _, book = prices.current(s)
             try:
                 rate = book.rate(gpu_model, gpus, mode, milli)  # type: ignore[arg-type]
             except KeyError as e:
                 raise Invalid(f"gpu: {e.args[0]}") from e
-    check_admission(s, org_id, rate, gpus, hold_minutes)
-    row = Allocation(
+    admit(load if load is not None else org_load(s, org_id), rate, gpus, hold_minutes)
+    return dict(
         id=allocation_id or new_id("alloc"), org_id=org_id, user_id=user_id, workload=workload, gpu_model=gpu_model,
         gpus=gpus, milli=milli, billing_mode=mode, rate_per_hour=rate, placement=placement, started_at=now,
-        stopped_at=None, metered_until_s=0, settled=False, charged=ZERO,
+        stopped_at=None, metered_until_s=0, settled=False, charged=ZERO, lock_owner=None, lock_expires_at=None,
     )  # fmt: skip
+
+
+def open_allocation(s: Session, **kw: Any) -> Allocation:
+    """Admit and record GPUs held by a workload from `now` (see `admitted_row` for the arguments)."""
+    row = Allocation(**admitted_row(s, **kw))
     s.add(row)
     s.flush()
     inventory.bump_version(s)

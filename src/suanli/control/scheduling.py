@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control import inventory, metering, workloads
+from suanli.control import inventory, metering, prices, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, ClusterRow, Node, Workload
+from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, Workload, WorkloadEvent
 from suanli.sched import Allocation as SchedAllocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from suanli.topology import Cluster
@@ -44,6 +44,10 @@ class ClusterView:
     topology: Cluster | None  # None: a CPU-only host
     nodes: list[tuple[str, str, str]]  # by spec index: (name, kind, state)
     models: frozenset[str]
+    index: dict[str, int] = field(default_factory=dict)  # node name -> spec index
+
+    def __post_init__(self) -> None:
+        self.index = {name: i for i, (name, _, _) in enumerate(self.nodes)}
 
     def node_of(self, gpu: int) -> int:
         assert self.topology is not None
@@ -69,6 +73,15 @@ class SchedulingPass:
     topologies: dict[str, Cluster | None] = field(default_factory=dict)
     requests: dict[tuple[str, int, float], Request] = field(default_factory=dict)
     hold_minutes: int = 10
+    chunk: int = 200  # placements per transaction
+    refresh_s: float = 30.0  # a pass runs at least this often while work is pending, even if nothing changed
+    _views: list[ClusterView] = field(default_factory=list)
+    _fleet: int = -1
+    _signature: tuple[int, int] | None = None
+    _last_run: datetime | None = None
+    _states: dict[str, ClusterState] = field(default_factory=dict)  # by cluster row id, open allocations reserved
+    _held: dict[str, tuple[str, str]] = field(default_factory=dict)  # allocation row id -> (cluster, sched id)
+    _said: dict[str, tuple[str, int]] = field(default_factory=dict)
     scheduler: Scheduler | None = None
 
     def __post_init__(self) -> None:
@@ -93,37 +106,36 @@ class SchedulingPass:
 
     # ---- the pass ------------------------------------------------------------------------------------------
     def run(self, db: Database, now: datetime) -> PassReport:
+        """One pass; skipped (cheaply) while neither the queue nor the inventory changed since the last one, except
+        every `refresh_s` for what depends on time alone (waiting long enough to earn a reservation)."""
         t0 = time.perf_counter()
         report = PassReport()
+        w = Workload
         with db.read() as s:
-            views = self._clusters(s)
-            queue_rows = list(
-                s.execute(
-                    select(Workload.id, Workload.org_id, Workload.attempt, Workload.queued_at, Workload.spec,
-                           Workload.attained_gpu_s)
-                    .where(Workload.state == "pending", Workload.stop_requested.is_(None))
-                    .order_by(Workload.queued_at)
-                )
-            )  # fmt: skip
-            running = list(
-                s.execute(
-                    select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli,
-                           Allocation.started_at, Workload.spec, Workload.org_id, Workload.attempt,
-                           Workload.queued_at)
-                    .outerjoin(Workload, Workload.id == Allocation.workload)
-                    .where(Allocation.stopped_at.is_(None))
-                )
-            )  # fmt: skip
-        live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
-        live |= {(r.workload, r.attempt, seconds(r.queued_at)) for r in running if r.queued_at is not None}
-        if len(self.requests) > 2 * len(live) + 1000:
+            fleet = inventory.fleet_version(s)
+            if fleet != self._fleet or not self._views:
+                self._views, self._fleet = self._clusters(s), fleet
+                self._states, self._held = {}, {}  # node states changed: rebuild the snapshot
+            views = self._views
+            version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
+            queue_rows = list(s.execute(
+                select(w.id, w.org_id, w.attempt, w.queued_at, w.attained_gpu_s)
+                .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
+            ))  # fmt: skip
+            report.queued = len(queue_rows)
+            signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)))
+            fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
+            if not queue_rows or (signature == self._signature and fresh):
+                report.total_s = time.perf_counter() - t0
+                return report
+            self._signature, self._last_run = signature, now
+            unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
+            specs = self._specs(s, unknown)
+            states = self._snapshot(s, views)
+        if len(self.requests) > 2 * len(queue_rows) + 1000:
+            live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
             self.requests = {k: v for k, v in self.requests.items() if k in live}
-        queue = [self._req(r) for r in queue_rows]
-        report.queued = len(queue)
-        if not queue:
-            report.total_s = time.perf_counter() - t0
-            return report
-        states = self._states(views, running, now)
+        queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
         placements: list[tuple[str, ClusterView, dict[str, list[int]], str]] = []
         preempts: list[tuple[str, str]] = []
         pending: dict[str, tuple[str, int]] = {}
@@ -161,54 +173,82 @@ class SchedulingPass:
         report.total_s = time.perf_counter() - t0
         return report
 
-    def _request(self, wid: str, attempt: int, queued_at: datetime, spec: dict[str, Any], org_id: str,
+    def _request(self, wid: str, attempt: int, queued_at: datetime, specs: dict[str, dict[str, Any]], org_id: str,
                  attained: float) -> Request:  # fmt: skip
         key = (wid, attempt, seconds(queued_at))
         req = self.requests.get(key)
         if req is None:
-            req = WorkloadSpec.model_validate(spec).to_request(wid, key[2], org_id, attained=attained)
+            req = WorkloadSpec.model_validate(specs[wid]).to_request(wid, key[2], org_id, attained=attained)
             self.requests[key] = req
         return req
 
-    def _req(self, row: Any) -> Request:
-        return self._request(row.id, row.attempt, row.queued_at, row.spec, row.org_id, row.attained_gpu_s)
+    @staticmethod
+    def _specs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Specs of workloads whose requests are not cached yet (a spec is read once per attempt, not per pass)."""
+        out: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(ids), 500):
+            out.update(
+                (wid, spec)
+                for wid, spec in s.execute(select(Workload.id, Workload.spec).where(Workload.id.in_(ids[i : i + 500])))
+            )
+        return out
 
-    def _states(self, views: list[ClusterView], running: list[Any], now: datetime) -> dict[str, ClusterState]:
-        states: dict[str, ClusterState] = {}
-        where: dict[str, tuple[str, int]] = {}
-        for v in views:
-            if v.topology is None:
-                continue
-            st = ClusterState(v.topology)
-            for i, (name, _, state) in enumerate(v.nodes):
-                where[name] = (v.row_id, i)
-                if state != "ready":
-                    st.set_node_ok(i, False)
-            states[v.row_id] = st
-        topo = {v.row_id: v.topology for v in views}
-        for a in running:
-            gpus: list[int] = []
-            cid = None
-            for node_name, idx in (a.placement or {}).items():
-                if node_name not in where:
+    def _snapshot(self, s: Session, views: list[ClusterView]) -> dict[str, ClusterState]:
+        """Each cluster's state with every open allocation reserved, kept between passes and brought up to date
+        from the difference in open allocations: a pass reads the ids of open allocations, and the rows of only
+        those opened since the last pass (thousands of running gangs are not re-read and re-reserved each pass)."""
+        if not self._states:
+            for v in views:
+                if v.topology is None:
                     continue
-                cid, i = where[node_name]
-                base = topo[cid].gpus_of_node(i).start  # type: ignore[union-attr]
-                gpus.extend(base + int(k) for k in idx)
-            if cid is None or not gpus:
+                st = ClusterState(v.topology)
+                for i, (_, _, state) in enumerate(v.nodes):
+                    if state != "ready":
+                        st.set_node_ok(i, False)
+                self._states[v.row_id] = st
+        open_ids = set(s.scalars(select(Allocation.id).where(Allocation.stopped_at.is_(None))))
+        for aid in [a for a in self._held if a not in open_ids]:
+            cid, sched_id = self._held.pop(aid)
+            if sched_id in self._states[cid].allocations:
+                self._states[cid].unreserve(sched_id)
+        new = [a for a in open_ids if a not in self._held]
+        where = {name: (v.row_id, i) for v in views if v.topology is not None for i, (name, _, _) in enumerate(v.nodes)}
+        w = Workload
+        for i in range(0, len(new), 500):
+            rows = s.execute(
+                select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli, Allocation.started_at,
+                       w.spec, w.org_id, w.queued_at)
+                .outerjoin(w, w.id == Allocation.workload).where(Allocation.id.in_(new[i : i + 500]))
+            )  # fmt: skip
+            for a in rows:
+                self._reserve(a, where)
+        return self._states
+
+    def _reserve(self, a: Any, where: dict[str, tuple[str, int]]) -> None:
+        gpus: list[int] = []
+        cid = None
+        for node_name, idx in (a.placement or {}).items():
+            if node_name not in where:
                 continue
-            if a.spec is not None:
-                req = self._request(a.workload, a.attempt, a.queued_at, a.spec, a.org_id, 0.0)
-            else:
-                req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
-            est = req.est_runtime
-            alloc = SchedAllocation(a.workload or a.id, req, tuple(gpus), seconds(a.started_at), a.milli,
-                                    seconds(a.started_at) + est if est else None)  # fmt: skip
-            try:
-                states[cid].reserve(alloc)
-            except ValueError as e:  # overlapping rows (a preempted attempt still closing): skip, never crash
-                log.warning("snapshot: %s", e)
-        return states
+            cid, i = where[node_name]
+            base = self._states[cid].cluster.gpus_of_node(i).start
+            gpus.extend(base + int(k) for k in idx)
+        if cid is None or not gpus:
+            return
+        if a.spec is not None:
+            req = WorkloadSpec.model_validate(a.spec).to_request(a.workload, seconds(a.queued_at), a.org_id)
+        else:  # an allocation no workload owns (opened through the API directly)
+            req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
+        est = req.est_runtime
+        sched_id = a.workload or a.id
+        alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,
+                                seconds(a.started_at) + est if est else None)  # fmt: skip
+        try:
+            self._states[cid].reserve(alloc)
+        except ValueError as e:  # overlapping rows (a preempted attempt still closing): skip, never crash
+            log.warning("snapshot: %s", e)
+            return
+        self._held[a.id] = (cid, sched_id)
 
     # ---- persisting decisions -----------------------------------------------------------------------------
     def _persist(
@@ -220,6 +260,9 @@ class SchedulingPass:
         pending: dict[str, tuple[str, int]],
         report: PassReport,
     ) -> None:
+        """Preemptions first (their GPUs are what later placements count on), then placements in chunks: each
+        chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
+        not for a whole pass of thousands."""
         with db.write() as s, s.begin():
             for wid, reason in preempts:
                 w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
@@ -230,17 +273,21 @@ class SchedulingPass:
                 w.stop_requested = reason
                 workloads.event(s, w, f"preemption: {reason}", now)
                 report.preempted += 1
-            for wid, view, placement, reason in placements:
-                try:
-                    with s.begin_nested():
-                        if self._place(s, wid, view, placement, reason, now):
-                            report.placed += 1
-                except ServiceError as e:
-                    report.refused += 1
-                    pending[wid] = (f"cannot start yet: {e.message}", 0)
-            changed = [{"wid": wid, "r": r[:2000], "p": p} for wid, (r, p) in pending.items()]
-            if changed:
-                t = Workload.__table__.c
+        for i in range(0, len(placements), self.chunk):
+            with db.write() as s, s.begin():
+                placed, refused = self._place_chunk(s, placements[i : i + self.chunk], now)
+                if placed:
+                    inventory.bump_version(s)
+            report.placed += placed
+            report.refused += len(refused)
+            pending.update(refused)
+        changed = [
+            {"wid": wid, "r": r[:2000], "p": p} for wid, (r, p) in pending.items() if self._said.get(wid) != (r, p)
+        ]
+        self._said = dict(pending)  # what the rows say now: only changes are written next pass
+        if changed:
+            t = Workload.__table__.c
+            with db.write() as s, s.begin():
                 s.execute(
                     update(Workload.__table__)
                     .where(t.id == bindparam("wid"), t.state == "pending")
@@ -248,35 +295,65 @@ class SchedulingPass:
                     changed,
                 )
 
-    def _place(
-        self, s: Session, wid: str, view: ClusterView, placement: dict[str, list[int]], reason: str, now: datetime
-    ) -> bool:
-        w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
-        if w is None or w.state != "pending" or w.stop_requested:
-            return False
-        spec = WorkloadSpec.model_validate(w.spec)
-        names = list(placement)
-        index = {n: i for i, (n, _, _) in enumerate(view.nodes)}
-        kind = view.nodes[index[names[0]]][1]
-        gpu_model = None
-        gpus = sum(len(v) for v in placement.values())
-        if gpus and view.topology is not None:
-            gpu_model = view.topology.group_of(index[names[0]]).gpu.name
-        attempt = w.attempt + 1
-        plan = spec.plan_id()
-        alloc = metering.open_allocation(
-            s, org_id=w.org_id, user_id=w.user_id, workload=w.id, gpu_model=gpu_model, gpus=gpus,
-            placement=placement, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
-            mode="plan" if plan else spec.billing_mode(), allocation_id=f"{w.id}.{attempt}",
-            rate=ZERO if plan else None,
-        )  # fmt: skip
-        w.attempt, w.allocation_id, w.executor = attempt, alloc.id, kind
-        where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
-        more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
-        what = f"{gpus} x {gpu_model}" if gpu_model else "no GPUs"
-        workloads.transition(s, w, "scheduled", f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else ""),
-                             now)  # fmt: skip
-        return True
+    def _place_chunk(
+        self, s: Session, items: list[tuple[str, ClusterView, dict[str, list[int]], str]], now: datetime
+    ) -> tuple[int, dict[str, tuple[str, int]]]:
+        """Open the allocations of a chunk of placements and mark their workloads scheduled: a handful of
+        statements for the whole chunk. Admission is checked per placement against each org's load, read once
+        under its row lock; a refused placement writes nothing and stays pending with the reason."""
+        w = Workload
+        q = select(w.id, w.state, w.stop_requested, w.spec, w.attempt, w.org_id, w.user_id).where(
+            w.id.in_([wid for wid, *_ in items])
+        )
+        if s.get_bind().dialect.name == "postgresql":
+            q = q.with_for_update(of=w.__table__)
+        rows = {r.id: r for r in s.execute(q)}
+        _, book = prices.current(s)
+        loads: dict[str, metering.OrgLoad] = {}
+        allocs: list[dict[str, Any]] = []
+        updates: list[dict[str, Any]] = []
+        events: list[dict[str, Any]] = []
+        refused: dict[str, tuple[str, int]] = {}
+        for wid, view, placement, reason in items:
+            r = rows.get(wid)
+            if r is None or r.state != "pending" or r.stop_requested:
+                continue
+            spec = WorkloadSpec.model_validate(r.spec)
+            first = view.index[next(iter(placement))]
+            gpus = sum(len(v) for v in placement.values())
+            gpu_model = view.topology.group_of(first).gpu.name if gpus and view.topology is not None else None
+            plan = spec.plan_id()
+            if r.org_id not in loads:
+                loads[r.org_id] = metering.org_load(s, r.org_id)
+            try:
+                alloc = metering.admitted_row(
+                    s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=gpus,
+                    placement=placement, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
+                    mode="plan" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
+                    rate=ZERO if plan else None, load=loads[r.org_id], book=book,
+                )  # fmt: skip
+            except ServiceError as e:
+                refused[wid] = (f"cannot start yet: {e.message}", 0)
+                continue
+            where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
+            more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
+            what = f"{gpus} x {gpu_model}" if gpu_model else "no GPUs"
+            text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else ""))[:2000]
+            allocs.append(alloc)
+            updates.append({"wid": wid, "why": text, "n": r.attempt + 1, "aid": alloc["id"],
+                            "ex": view.nodes[first][1]})  # fmt: skip
+            events.append({"workload_id": wid, "at": now, "state": "scheduled", "reason": text})
+        if allocs:
+            t = w.__table__.c
+            s.execute(insert(Allocation.__table__), allocs)
+            s.execute(
+                update(w.__table__).where(t.id == bindparam("wid"))
+                .values(state="scheduled", reason=bindparam("why"), pending_reason="", queue_position=None,
+                        attempt=bindparam("n"), allocation_id=bindparam("aid"), executor=bindparam("ex")),
+                updates,
+            )  # fmt: skip
+            s.execute(insert(WorkloadEvent.__table__), events)
+        return len(allocs), refused
 
 
 def _fits_models(r: Request, models: frozenset[str]) -> bool:

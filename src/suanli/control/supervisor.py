@@ -15,16 +15,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from suanli.billing.money import ZERO
 from suanli.control import ledger, metering, workloads
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, Workload
+from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.executors import Executor, Launch, NodeRank, Status, executor
 from suanli.storage import workdirs
 from suanli.workloads.spec import WorkloadSpec, format_duration
@@ -53,6 +51,7 @@ class Supervisor:
     grace_s: float = 10.0
     balance_grace_minutes: float = 5.0
     executors: dict[str, Executor] = field(default_factory=dict)
+    chunk: int = 200  # virtual workloads per transaction
 
     def executor(self, name: str) -> Executor:
         if name not in self.executors:
@@ -60,43 +59,69 @@ class Supervisor:
         return self.executors[name]
 
     def run(self, db: Database, now: datetime) -> SupervisorReport:
+        """One pass. Only workloads that need attention are read (to launch; running on a process executor; asked
+        to stop; past their deadline or their virtual end; of an org out of money), so thousands of running
+        virtual workloads cost one query. Local work is handled one workload per transaction (a launched
+        process must never lose its handle to a rolled-back batch); virtual work in chunks."""
         report = SupervisorReport()
         with db.read() as s:
+            broke = self._broke_orgs(s)
+            w = Workload
+            due = or_(w.executor != "virtual", w.stop_requested.is_not(None), w.deadline_at <= now, w.ends_at <= now,
+                      w.handle.is_(None), w.org_id.in_(broke) if broke else false())  # fmt: skip
             rows = list(s.execute(
-                select(Workload.id, Workload.state, Workload.executor, Workload.handle, Workload.stop_requested,
-                       Workload.started_at, Workload.spec, Workload.org_id, Allocation.rate_per_hour)
-                .outerjoin(Allocation, Allocation.id == Workload.allocation_id)
-                .where(Workload.state.in_(WATCHED))
+                select(w.id, w.executor, w.state)
+                .where(or_(w.state.in_(("scheduled", "starting")), and_(w.state == "running", due)))
+                .order_by(w.queued_at)
             ))  # fmt: skip
-            balances = {org: ledger.org_balance(s, org) for org in {r.org_id for r in rows}}
-        for r in rows:
-            if not self._needs_attention(r, now, balances):
-                continue
+        launch = [r.id for r in rows if r.executor == "virtual" and r.state == "scheduled"]
+        for i in range(0, len(launch), self.chunk):
             try:
                 with db.write() as s, s.begin():
-                    w = s.get(Workload, r.id, with_for_update=True, populate_existing=True)
-                    if w is not None and w.state in WATCHED:
-                        self._step(s, w, now, balances.get(w.org_id, ZERO), report)
-            except Exception:  # one workload's trouble (a full disk, a database hiccup) must not stop the others
-                log.exception("supervising %s failed", r.id)
+                    report.launched += self._launch_virtual(s, launch[i : i + self.chunk], now)
+            except Exception:  # left scheduled: the per-workload path below tries again next pass
+                log.exception("launching virtual workloads failed")
+        batch = [r.id for r in rows if r.executor == "virtual" and r.state != "scheduled"]
+        single = [[r.id] for r in rows if r.executor != "virtual"]
+        for ids in [*single, *(batch[i : i + self.chunk] for i in range(0, len(batch), self.chunk))]:
+            try:
+                self._steps(db, ids, now, broke, report)
+            except Exception:  # a bad chunk: each of its workloads alone, so one's trouble cannot stop the others
+                log.exception("supervising %s failed", ids[:3])
+                if len(ids) > 1:
+                    for one in ids:
+                        try:
+                            self._steps(db, [one], now, broke, report)
+                        except Exception:
+                            log.exception("supervising %s failed", one)
         return report
 
-    def _needs_attention(self, r: Any, now: datetime, balances: dict[str, Decimal]) -> bool:
-        """Cheap in-memory check, so thousands of running virtual workloads cost no write transaction a tick."""
-        if r.state != "running" or r.handle is None:
-            return True
-        if r.stop_requested and "stop_sent" not in r.handle:
-            return True
-        broke = _broke(r.rate_per_hour, balances.get(r.org_id, ZERO), self.balance_grace_minutes)
-        if not r.stop_requested and (broke or _over_time(r.spec, r.started_at, now)):
-            return True
-        if r.executor == "virtual" and not r.stop_requested:
-            d = r.handle.get("duration_s")
-            return d is not None and seconds(now) >= r.handle["start"] + d
-        return True
+    def _steps(
+        self, db: Database, ids: list[str], now: datetime, broke: dict[str, Decimal], report: SupervisorReport
+    ) -> None:
+        with db.write() as s, s.begin():
+            for wid in ids:
+                w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
+                if w is not None and w.state in WATCHED:
+                    self._step(s, w, now, broke.get(w.org_id), report)
+
+    def _broke_orgs(self, s: Session) -> dict[str, Decimal]:
+        """Orgs whose balance is below zero by more than the grace period of what they run: org -> balance."""
+        rates = s.execute(
+            select(Allocation.org_id, func.sum(Allocation.rate_per_hour))
+            .where(Allocation.stopped_at.is_(None), Allocation.rate_per_hour > 0)
+            .group_by(Allocation.org_id)
+        ).all()
+        out = {}
+        for org, rate in rates:
+            balance = ledger.org_balance(s, org)
+            if _broke(Decimal(rate), balance, self.balance_grace_minutes):
+                out[org] = balance
+        return out
 
     # ---- one workload --------------------------------------------------------------------------------------
-    def _step(self, s: Session, w: Workload, now: datetime, balance: Decimal, report: SupervisorReport) -> None:
+    def _step(self, s: Session, w: Workload, now: datetime, broke: Decimal | None, report: SupervisorReport) -> None:
+        """`broke`: the org's balance when it is out of money beyond the grace period, else None."""
         if w.state == "scheduled":
             self._launch(s, w, now, report)
             return
@@ -109,8 +134,8 @@ class Supervisor:
         if w.stop_requested is None:
             if _over_time(w.spec, w.started_at, now):
                 w.stop_requested = f"max_duration {format_duration(spec.max_duration or 0)} reached"
-            elif alloc is not None and _broke(alloc.rate_per_hour, balance, self.balance_grace_minutes):
-                w.stop_requested = f"balance exhausted ({balance:.2f}); top up and submit again"
+            elif broke is not None and alloc is not None and alloc.rate_per_hour > 0:
+                w.stop_requested = f"balance exhausted ({broke:.2f}); top up and submit again"
             if w.stop_requested:
                 workloads.event(s, w, f"stopping: {w.stop_requested}", now)
         if w.stop_requested and "stop_sent" not in w.handle:
@@ -120,6 +145,46 @@ class Supervisor:
         status = ex.poll(w.handle, seconds(now))
         if status.state != "running":
             self._finish(s, w, status, now, report)
+
+    def _launch_virtual(self, s: Session, ids: list[str], now: datetime) -> int:
+        """Launch placed workloads on the virtual executor, a chunk at a time: no processes to lose, so one
+        transaction may cover many (thousands launch in a few statements when a big queue is placed at once)."""
+        w = Workload
+        q = (
+            select(w.id, w.state, w.spec, w.attempt, w.name, Allocation.placement)
+            .join(Allocation, Allocation.id == w.allocation_id)
+            .where(w.id.in_(ids))
+        )
+        if s.get_bind().dialect.name == "postgresql":
+            q = q.with_for_update(of=w.__table__)
+        ex = self.executor("virtual")
+        updates, events = [], []
+        for r in s.execute(q):
+            if r.state != "scheduled":
+                continue
+            spec = WorkloadSpec.model_validate(r.spec)
+            log_dir = workdirs.log_dir(self.home, r.id, r.attempt)
+            log_dir.mkdir(parents=True, exist_ok=True)
+            ranks = tuple(NodeRank(n, i, tuple(g)) for i, (n, g) in enumerate(r.placement.items()))
+            launch = Launch(workload_id=r.id, attempt=r.attempt, command=spec.command or "", workdir=log_dir,
+                            env={}, ranks=ranks, log_dir=log_dir, duration_s=spec.duration)  # fmt: skip
+            handle = ex.launch(launch, seconds(now))
+            deadline = now + timedelta(seconds=spec.max_duration) if spec.max_duration is not None else None
+            ends = now + timedelta(seconds=spec.duration) if spec.duration is not None else None
+            updates.append({"wid": r.id, "h": handle, "t": now, "d": deadline, "e": ends})
+            events += [{"workload_id": r.id, "at": now, "state": "starting",
+                        "reason": f"launching {len(ranks)} node-rank(s) on the virtual executor"},
+                       {"workload_id": r.id, "at": now, "state": "running", "reason": "running"}]  # fmt: skip
+        if updates:
+            t = w.__table__.c
+            s.execute(
+                update(w.__table__).where(t.id == bindparam("wid"))
+                .values(state="running", reason="running", handle=bindparam("h"), started_at=bindparam("t"),
+                        deadline_at=bindparam("d"), ends_at=bindparam("e")),
+                updates,
+            )  # fmt: skip
+            s.execute(insert(WorkloadEvent.__table__), events)
+        return len(updates)
 
     def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:
         spec = WorkloadSpec.model_validate(w.spec)
@@ -153,6 +218,10 @@ class Supervisor:
             self._finish(s, w, Status("lost", None, f"could not start: {e}"), now, report)
             return
         w.started_at = now
+        if spec.max_duration is not None:
+            w.deadline_at = now + timedelta(seconds=spec.max_duration)
+        if w.executor == "virtual" and spec.duration is not None:
+            w.ends_at = now + timedelta(seconds=spec.duration)
         workloads.transition(s, w, "running", "running", now)
         report.launched += 1
 

@@ -14,16 +14,19 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import BigInteger, Integer, String, column, func, insert, select, text
 from sqlalchemy.orm import Session
 
+from suanli.billing.ledger import org_account
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
-from suanli.control import accounts, ledger, metering, prices
+from suanli.billing.prices import PriceBook
+from suanli.control import accounts, inventory, metering
 from suanli.control.accounts import Principal
+from suanli.control.caches import FleetCache, ModelCapacity, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
-from suanli.db.models import Allocation, Node, Org, Plan, Workload, WorkloadEvent
+from suanli.db.models import MONEY, Allocation, Node, Plan, Workload, WorkloadEvent
 from suanli.storage import workdirs
 from suanli.workloads.spec import SpecError, WorkloadSpec, parse_spec
 
@@ -53,7 +56,9 @@ class Candidate:
     rate_per_hour: Decimal
 
 
-def _candidates(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> list[Candidate]:
+def _candidates(
+    s: Session, spec: WorkloadSpec, org_id: str, now: datetime, fleet: dict[str, ModelCapacity], book: PriceBook
+) -> list[Candidate]:
     """GPU models that could run it (registered, enough GPUs, priced, under the price ceiling), cheapest rate
     first within the spec's preference; a clear 4xx when there are none."""
     want = spec.gpu_count()
@@ -61,12 +66,7 @@ def _candidates(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> l
         if s.scalar(select(Node.id).where(Node.state != "down").limit(1)) is None:
             raise Invalid("resources: no node is registered to run it on")
         return [Candidate("", ZERO)]
-    rows = s.execute(
-        select(Node.gpu_model, func.sum(Node.gpu_count), func.max(Node.gpu_count))
-        .where(Node.gpu_model.is_not(None), Node.state != "down")
-        .group_by(Node.gpu_model)
-    ).all()
-    registered = {m: (int(total), int(per_node)) for m, total, per_node in rows}
+    registered = {m: (c.gpus, c.per_node) for m, c in fleet.items()}
     preference = spec.gpu_preference() or tuple(sorted(registered))
     models = [m for m in preference if m in registered]
     if not models:
@@ -77,7 +77,6 @@ def _candidates(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> l
         raise Invalid(f"resources.gpus: needs {want} GPUs; the most any matching GPU model has is {biggest}")
     models = [m for m in models if registered[m][0] >= want]
     plan = _plan(s, spec, org_id, now)
-    _, book = prices.current(s)
     out: list[Candidate] = []
     for m in models:
         if plan is not None:
@@ -118,17 +117,56 @@ def _plan(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> Plan | 
     return plan
 
 
-def _precheck_money(s: Session, org: Org, spec: WorkloadSpec, rate: Decimal, hold_minutes: int) -> None:
+@dataclass(frozen=True)
+class SubmitContext:
+    """Everything a submission reads, in one statement: the price-book and fleet versions (the caches key on
+    them) and the paying org's quota, balance and the hourly rate of what it already runs."""
+
+    price_version: int
+    fleet_version: int
+    org_name: str
+    quota_gpus: int | None
+    balance: Decimal
+    open_rate: Decimal
+
+
+# One round trip, and plain SQL: building this as an expression on every submission cost more than running it.
+_CONTEXT = text(
+    """
+    SELECT (SELECT id FROM price_books ORDER BY id DESC LIMIT 1) AS price_version,
+           (SELECT value FROM kv WHERE "key" = :fleet_key) AS fleet_version,
+           o.name AS name, o.quota_gpus AS quota_gpus,
+           (SELECT balance FROM account_balances WHERE account = :account) AS balance,
+           (SELECT COALESCE(SUM(rate_per_hour), 0) FROM allocations
+             WHERE org_id = :org AND stopped_at IS NULL) AS open_rate
+      FROM orgs o WHERE o.id = :org
+    """
+).columns(
+    column("price_version", Integer), column("fleet_version", BigInteger), column("name", String),
+    column("quota_gpus", Integer), column("balance", MONEY), column("open_rate", MONEY),
+)  # fmt: skip
+
+
+def _context(s: Session, org_id: str) -> SubmitContext:
+    row = s.execute(
+        _CONTEXT, {"fleet_key": inventory.FLEET_VERSION, "account": org_account(org_id), "org": org_id}
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"organisation {org_id} not found")
+    return SubmitContext(row.price_version or 0, row.fleet_version or 0, row.name, row.quota_gpus,
+                         exact(Decimal(row.balance or 0)), exact(Decimal(row.open_rate or 0)))  # fmt: skip
+
+
+def _precheck_money(ctx: SubmitContext, spec: WorkloadSpec, rate: Decimal, hold_minutes: int) -> None:
     """Refuse at once what could never start: a gang over the org's quota, or a balance that does not cover the
     admission hold. (The scheduler checks again when it places the workload: the balance may have changed.)"""
     gpus = spec.gpu_count()
-    if org.quota_gpus is not None and gpus > org.quota_gpus:
-        raise Conflict(f"resources.gpus: {org.name} may hold {org.quota_gpus} GPUs at once; this asks for {gpus}")
-    need = exact((metering.open_rates(s, org.id) + rate) * hold_minutes / 60)
-    have = ledger.org_balance(s, org.id)
-    if rate > 0 and have < need:
+    if ctx.quota_gpus is not None and gpus > ctx.quota_gpus:
+        raise Conflict(f"resources.gpus: {ctx.org_name} may hold {ctx.quota_gpus} GPUs at once; this asks for {gpus}")
+    need = exact((ctx.open_rate + rate) * hold_minutes / 60)
+    if rate > 0 and ctx.balance < need:
         raise PaymentRequired(
-            f"balance {have:.2f} does not cover {hold_minutes} minutes at {rate:.2f}/h plus running work "
+            f"balance {ctx.balance:.2f} does not cover {hold_minutes} minutes at {rate:.2f}/h plus running work "
             f"({need:.2f} needed); top up first"
         )
 
@@ -140,6 +178,10 @@ def parse(source: str | dict[str, Any]) -> WorkloadSpec:
         raise Invalid(str(e)) from e
 
 
+_INSERT_WORKLOAD = insert(Workload.__table__)
+_INSERT_EVENT = insert(WorkloadEvent.__table__)
+
+
 def submit(
     s: Session,
     who: Principal,
@@ -148,26 +190,35 @@ def submit(
     *,
     home: Path,
     hold_minutes: int,
+    fleet: FleetCache,
+    prices: PriceCache,
     org_id: str | None = None,
     workdir_archive: bytes | None = None,
 ) -> Workload:
-    org = accounts.org_for(s, who, org_id or who.personal_org_id)
-    candidates = _candidates(s, spec, org.id, now)
-    _precheck_money(s, org, spec, min(c.rate_per_hour for c in candidates), hold_minutes)
+    """Queue a workload. The caller's personal org needs no membership check (it owns it by construction)."""
+    if org_id is not None and org_id != who.personal_org_id:
+        org_id = accounts.org_for(s, who, org_id).id
+    org_id = org_id or who.personal_org_id
+    ctx = _context(s, org_id)
+    book = prices.book(s, ctx.price_version)
+    candidates = _candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
+    _precheck_money(ctx, spec, min(c.rate_per_hour for c in candidates), hold_minutes)
     if workdir_archive is not None and spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
     doc = spec.model_dump(mode="json", exclude_none=True)
     if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
         doc["resources"]["gpu"] = [c.gpu_model for c in candidates]  # the models within the ceiling or the plan
-    w = Workload(
-        id=new_id("wl"), org_id=org.id, user_id=who.user_id, name=spec.name, kind=spec.kind,
-        spec=doc, state="pending", reason="submitted",
-        pending_reason="waiting for the next scheduling cycle", attempt=0, retries=0, executor="", handle=None,
-        has_workdir=workdir_archive is not None, attained_gpu_s=0.0, created_at=now, queued_at=now,
+    row = dict(
+        id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
+        spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
+        queue_position=None, attempt=0, retries=0, allocation_id=None, executor="", handle=None, exit_code=None,
+        stop_requested=None, has_workdir=workdir_archive is not None, attained_gpu_s=0.0, created_at=now,
+        queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None,
     )  # fmt: skip
-    s.add(w)
-    s.flush()
-    s.add(WorkloadEvent(workload_id=w.id, at=now, state="pending", reason="submitted"))
+    # Core inserts: the ORM's unit of work costs more than the rest of a submission together.
+    s.execute(_INSERT_WORKLOAD, row)
+    s.execute(_INSERT_EVENT, {"workload_id": row["id"], "at": now, "state": "pending", "reason": "submitted"})
+    w = Workload(**row)  # what the caller shows; not attached to the session
     if workdir_archive is not None:
         try:
             workdirs.unpack(workdir_archive, workdirs.upload_dir(home, w.id))
@@ -264,6 +315,7 @@ def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
 def requeue(s: Session, w: Workload, reason: str, now: datetime) -> None:
     w.queued_at, w.finished_at, w.stop_requested, w.exit_code = now, None, None, None
     w.allocation_id, w.handle, w.executor, w.started_at = None, None, "", None
+    w.deadline_at = w.ends_at = None
     w.pending_reason = "waiting for the next scheduling cycle"
     transition(s, w, "pending", reason, now)
 

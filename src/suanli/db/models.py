@@ -271,6 +271,10 @@ class Workload(Base):
     queued_at: Mapped[datetime]  # when it (re-)entered the queue: queue order
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # of the current attempt
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # When the supervisor must look at a running workload again without being asked: its max_duration is up,
+    # or (virtual executor) its run ends. Lets a pass skip thousands of running workloads with one query.
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class WorkloadEvent(Base):

@@ -135,8 +135,8 @@ def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     settings = ctx.srv.settings
     with ctx.db.write() as s, s.begin():
         w = workloads.submit(s, ctx.who, spec, ctx.now, home=settings.home, hold_minutes=settings.admission_hold_minutes,
-                             org_id=body.org, workdir_archive=archive)  # fmt: skip
-        return _out(w, [], ctx.now, settings.currency, workloads.events(s, w.id))
+                             fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir_archive=archive)  # fmt: skip
+        return _out(w, [], ctx.now, settings.currency, [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])
 
 
 @router.get("/workloads")

@@ -53,6 +53,8 @@ def upgrade() -> None:
         sa.Column("queued_at", sa.DateTime(), nullable=False),
         sa.Column("started_at", sa.DateTime(), nullable=True),
         sa.Column("finished_at", sa.DateTime(), nullable=True),
+        sa.Column("deadline_at", sa.DateTime(), nullable=True),
+        sa.Column("ends_at", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_workloads_org_id_orgs")),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], name=op.f("fk_workloads_user_id_users")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_workloads")),

@@ -252,3 +252,64 @@ def _t(s: str) -> Any:
     from datetime import datetime
 
     return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def test_spot_work_is_preempted_for_on_demand_work_and_requeued_by_its_retry_policy(platform: Platform) -> None:
+    spot = platform.submit({"name": "spot", "kind": "instance", "billing": "spot",
+                            "retry": {"on": ["preemption"], "limit": 1},
+                            "resources": {"gpu": "H20", "gpus": 128}})  # fmt: skip
+    platform.until(spot["id"], lambda w: w["state"] == "running")
+    urgent = platform.submit({"name": "urgent", "command": "x", "duration": 60,
+                              "resources": {"gpu": "H20", "gpus": 64, "topology": "leaf"}})  # fmt: skip
+    running = platform.until(urgent["id"], lambda w: w["state"] == "running")
+    assert sum(len(g) for g in running["allocation"]["nodes"].values()) == 64
+    victim = platform.until(spot["id"], lambda w: w["state"] == "pending" and w["attempt"] == 1)
+    reasons = [(e["state"], e["reason"]) for e in victim["events"]]
+    assert any(s == "preempted" and urgent["id"] in r for s, r in reasons), reasons
+    assert any(s == "pending" and "retry 1/1 after preemption" in r for s, r in reasons), reasons
+    assert "128" in victim["pending"]["reason"]  # waits for the whole cluster again
+    states = [e["state"] for e in victim["events"]]
+    assert states[-2:] == ["preempted", "pending"], states
+
+
+def test_a_workload_stops_when_its_org_runs_out_of_money(platform: Platform) -> None:
+    from suanli.billing.ledger import REVENUE, org_account, transfer
+    from suanli.control import ledger
+
+    w = platform.submit({"name": "spender", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
+    platform.until(w["id"], lambda w: w["state"] == "running")
+    platform.sup.balance_grace_minutes = 1
+    with platform.db.write() as s, s.begin():  # the org spends its balance elsewhere
+        have = ledger.org_balance(s, platform.tenant.org_id)
+        tx = transfer("drain", "usage", org_account(platform.tenant.org_id), REVENUE, have + 100, "drain")
+        ledger.post(
+            s, tx, utcnow(), org_id=platform.tenant.org_id, allow_negative=[org_account(platform.tenant.org_id)]
+        )
+    done = platform.until(w["id"], lambda w: w["state"] == "stopped")
+    assert "balance exhausted" in done["reason"], done["reason"]
+
+
+def test_a_plans_gpus_run_without_per_second_charges(platform: Platform) -> None:
+    r = platform.api.post(f"/api/v1/orgs/{platform.tenant.org_id}/plans", headers=platform.tenant.headers,
+                          json={"plan": "hourly", "gpu": "H20", "gpus": 8})  # fmt: skip
+    assert r.status_code == 201, r.text
+    plan = r.json()["id"]
+    w = platform.submit({"name": "planned", "command": "x", "duration": 1, "billing": f"plan:{plan}",
+                         "resources": {"gpu": "any", "gpus": 8}})  # fmt: skip
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded"
+    assert done["allocation"]["billing_mode"] == "plan" and Decimal(done["allocation"]["rate_per_hour"]) == 0
+    assert Decimal(done["cost"]) == 0
+    r = platform.api.post(
+        WL,
+        headers=platform.tenant.headers,
+        json={
+            "spec": {
+                "name": "too-big",
+                "command": "x",
+                "billing": f"plan:{plan}",
+                "resources": {"gpu": "H20", "gpus": 16},
+            }
+        },
+    )
+    assert r.status_code == 422 and "plan" in r.json()["detail"], r.text

@@ -218,3 +218,38 @@ def _alive_children(home: Path) -> list[int]:
         if b"suanli.executors.rankrun" in cmd and str(home).encode() in cmd:
             alive.append(pid)
     return alive
+
+
+def test_one_server_leads_the_loop_and_another_takes_over_when_it_dies(tmp_path: Path, db_url: str) -> None:
+    with live_server(tmp_path / "a", db_url, env=FAST) as a, live_server(tmp_path / "b", db_url, env=FAST) as b:
+        api = Api(a)
+        r = api.http.post("/api/v1/admin/clusters", json={"preset": "h20-roce800-128"}, headers=api.admin)
+        assert r.status_code == 201, r.text
+        api.http.post(f"/api/v1/admin/orgs/{api.tenant.org_id}/transactions", headers=api.admin,
+                      json={"kind": "topup", "amount": "1000"}).raise_for_status()  # fmt: skip
+        loops = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            loops = {srv.url: httpx.get(f"{srv.url}/api/v1/admin/workloads/summary", headers=api.admin).json()["loop"]
+                     for srv in (a, b)}  # fmt: skip
+            if any(x["this_process"] for x in loops.values()):
+                break
+            time.sleep(0.2)
+        leaders = [srv for srv in (a, b) if loops[srv.url]["this_process"]]
+        assert len(leaders) == 1, loops
+        assert loops[a.url]["leader"] == loops[b.url]["leader"]
+        leader = leaders[0]
+        other = b if leader is a else a
+        via_other = Api.__new__(Api)
+        via_other.http, via_other.admin, via_other.tenant = httpx.Client(base_url=other.url), api.admin, api.tenant
+        first = via_other.submit({"name": "one", "command": "x", "duration": 1, "resources": {"gpu": "H20", "gpus": 8}})
+        assert via_other.until(first, lambda w: w["state"] in TERMINAL)["state"] == "succeeded"
+        leader.proc.send_signal(signal.SIGKILL)
+        leader.proc.wait()
+        second = via_other.submit(
+            {"name": "two", "command": "x", "duration": 1, "resources": {"gpu": "H20", "gpus": 8}}
+        )
+        done = via_other.until(second, lambda w: w["state"] in TERMINAL, timeout=60)
+        assert done["state"] == "succeeded"
+        loop = httpx.get(f"{other.url}/api/v1/admin/workloads/summary", headers=api.admin).json()["loop"]
+        assert loop["this_process"] and loop["passes"] > 0

@@ -22,7 +22,7 @@ from suanli.api.deps import Server, no_nul
 from suanli.api.routers import admin, auth, market, orgs, plans, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, inventory, prices
-from suanli.control.background import MeteringLoop, WorkloadLoop
+from suanli.control.background import BackgroundProcess
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
@@ -157,18 +157,15 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         gc.collect()
         gc.freeze()
         gc.set_threshold(20_000, 50, 100)  # requests allocate many short-lived objects: collect young ones less often
-        loop = MeteringLoop(db, settings) if settings.background else None
-        runner = WorkloadLoop(db, settings) if settings.background else None
-        for background in (loop, runner):
-            if background:
-                background.start()
-        app.state.metering, app.state.workloads = loop, runner
+        background = BackgroundProcess(settings) if settings.background else None
+        if background:
+            background.start()
+        app.state.background = background
         try:
             yield
         finally:
-            for background in (runner, loop):
-                if background:
-                    background.stop()
+            if background:
+                background.stop()
             db.dispose()
 
     app = FastAPI(

@@ -16,7 +16,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     help="suanli (算力): GPU compute leasing with a topology-aware, performance-model-driven scheduler.",
     epilog="Exit codes: 0 done; 2 bad input, or a request the server refused (not logged in, not found, invalid); "
-    "1 the server could not be reached or failed.",
+    "1 the server could not be reached or failed, or a workload followed with `run --follow` did not succeed.",
 )
 app.add_typer(perf.app, name="perf")
 app.add_typer(topology.app, name="topology")

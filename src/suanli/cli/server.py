@@ -10,7 +10,7 @@ import typer
 
 from suanli.cli.common import fail
 from suanli.control.errors import ServiceError
-from suanli.control.settings import load
+from suanli.control.settings import Settings, load
 from suanli.topology.presets import preset_spec
 from suanli.topology.spec import SpecError
 
@@ -50,16 +50,7 @@ def server(
 
     flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None,
              "virtual": virtual or None}  # fmt: skip
-    try:
-        settings = load(flags, config_file=config)
-    except ServiceError as e:
-        fail(e.message)
-    for preset in settings.virtual:
-        try:
-            preset_spec(preset)
-        except SpecError as e:
-            fail(f"--virtual: {e}")
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings = _settings(flags, config)
     typer.echo(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
     )
@@ -97,16 +88,7 @@ def up(
     from suanli.db.engine import Database
 
     flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None}
-    try:
-        settings = load(flags, config_file=config)
-    except ServiceError as e:
-        fail(e.message)
-    for preset in settings.virtual:
-        try:
-            preset_spec(preset)
-        except SpecError as e:
-            fail(f"--virtual: {e}")
-    settings.home.mkdir(parents=True, exist_ok=True)
+    settings = _settings(flags, config)
     database = Database(settings.db_url)
     bootstrap(database, settings)
     url = f"http://{settings.host}:{settings.port}"
@@ -124,6 +106,21 @@ def up(
                "--follow", err=True)  # fmt: skip
     uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,
                 access_log=False)  # fmt: skip
+
+
+def _settings(flags: dict[str, object], config: Path | None) -> Settings:
+    """The resolved settings, or a clear error: presets are checked before anything starts."""
+    try:
+        settings = load(flags, config_file=config)
+    except ServiceError as e:
+        fail(e.message)
+    for preset in settings.virtual:
+        try:
+            preset_spec(preset)
+        except SpecError as e:
+            fail(f"--virtual: {e}")
+    settings.home.mkdir(parents=True, exist_ok=True)
+    return settings
 
 
 def _redact(url: str) -> str:

@@ -1,5 +1,10 @@
-"""Background loops a server runs in a thread: each pass is a service call over leased rows, so any number
-of server processes on one database share the work without doing any of it twice."""
+"""Background loops: each pass is a service call over leased rows, so any number of server processes on one
+database share the work without doing any of it twice.
+
+A server runs its loops in a child process of its own (`BackgroundProcess`), not in threads beside the request
+handlers: under load, request threads would hold the GIL and stretch a scheduling pass from a fraction of a
+second to many seconds, and the loops could not use a second core. The child dies with its server (parent-death
+signal on Linux, and a parent check every pass), so a server killed with SIGKILL leaves no loop behind."""
 
 from __future__ import annotations
 
@@ -19,8 +24,13 @@ from suanli.sched import SchedulerConfig
 log = logging.getLogger("suanli.background")
 
 
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{new_id('w')}"
+def worker_id(server_pid: int | None = None) -> str:
+    """`host:server-pid/pid:random`: says which server process (and which of its children) holds a lease."""
+    return f"{socket.gethostname()}:{server_pid or os.getpid()}/{os.getpid()}:{new_id('w')}"
+
+
+def owned_by_server(owner: str | None, server_pid: int) -> bool:
+    return owner is not None and owner.startswith(f"{socket.gethostname()}:{server_pid}/")
 
 
 class MeteringLoop:
@@ -72,13 +82,22 @@ class WorkloadLoop:
     def tick(self) -> None:
         now = utcnow()
         lease_s = max(15.0, 10 * self.settings.schedule_interval_s)
-        self.leader = leases.acquire(self.db, self.LEASE, self.owner, now, lease_s)
+        self.leader = leases.acquire(self.db, self.LEASE, self.owner, now, lease_s, self.info())
         if not self.leader:
             return
         sched = self.scheduling.run(self.db, now)
         sup = self.supervisor.run(self.db, utcnow())
         self.last = (sched, sup)
         self.passes += 1
+
+    def info(self) -> dict[str, float | int]:
+        """What the leader reports with its lease (the operator's summary shows it): its last pass."""
+        out: dict[str, float | int] = {"passes": self.passes}
+        if self.last is not None:
+            sched, sup = self.last
+            out.update(queued=sched.queued, placed=sched.placed, refused=sched.refused, cycle_ms=sched.cycle_s * 1000,
+                       pass_ms=sched.total_s * 1000, launched=sup.launched, finished=sup.finished)  # fmt: skip
+        return out
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -99,3 +118,60 @@ class WorkloadLoop:
                 leases.release(self.db, self.LEASE, self.owner)
             except Exception:
                 log.exception("releasing the workload lease failed")
+
+
+class BackgroundProcess:
+    """The metering loop and the workload loop in a child process of the server (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        import multiprocessing as mp
+
+        self.process = mp.get_context("spawn").Process(
+            target=run_background, args=(settings.model_dump_json(), os.getpid()), name="suanli-background",
+            daemon=True,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        self.process.start()
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.terminate()  # SIGTERM: the loops finish their pass and release the lease
+            self.process.join(timeout=40)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+def _die_with_parent() -> None:
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: SIGTERM when the server process dies
+    except (OSError, AttributeError):  # not Linux: the parent check in the loop below still ends it
+        pass
+
+
+def run_background(settings_json: str, server_pid: int) -> None:
+    """The child's main: both loops until SIGTERM, or until the server process is gone."""
+    import signal
+
+    _die_with_parent()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = Settings.model_validate_json(settings_json)
+    db = Database(settings.db_url)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
+    metering_loop = MeteringLoop(db, settings, worker_id(server_pid))
+    workload_loop = WorkloadLoop(db, settings, worker_id(server_pid))
+    metering_loop.start()
+    workload_loop.start()
+    while not stop.wait(1.0):
+        if os.getppid() != server_pid:
+            break
+    workload_loop.stop()
+    metering_loop.stop()
+    db.dispose()

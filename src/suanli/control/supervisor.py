@@ -163,8 +163,7 @@ class Supervisor:
             if r.state != "scheduled":
                 continue
             spec = WorkloadSpec.model_validate(r.spec)
-            log_dir = workdirs.log_dir(self.home, r.id, r.attempt)
-            log_dir.mkdir(parents=True, exist_ok=True)
+            log_dir = workdirs.log_dir(self.home, r.id, r.attempt)  # the virtual executor creates it when it writes
             ranks = tuple(NodeRank(n, i, tuple(g)) for i, (n, g) in enumerate(r.placement.items()))
             launch = Launch(workload_id=r.id, attempt=r.attempt, command=spec.command or "", workdir=log_dir,
                             env={}, ranks=ranks, log_dir=log_dir, duration_s=spec.duration)  # fmt: skip

@@ -295,3 +295,4 @@ class Lease(Base):
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
     owner: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[datetime]
+    info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the holder reports (its last pass)

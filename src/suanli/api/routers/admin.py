@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query
 from pydantic import Field
 from sqlalchemy.orm import Session
 
@@ -31,6 +32,7 @@ from suanli.api.schemas import (
 )
 from suanli.billing.money import ZERO
 from suanli.control import accounts, inventory, leases, ledger, prices, workloads
+from suanli.control.background import WorkloadLoop, owned_by_server
 from suanli.control.ids import new_id
 from suanli.db.models import ClusterRow
 from suanli.telemetry import nvml
@@ -194,11 +196,12 @@ def set_node_state(node: str, body: NodeStateIn, ctx: Admin) -> NodeOut:
 
 # ---- workloads ----------------------------------------------------------------------------------------------
 class LoopOut(Out):
-    leader: str | None = Field(description="the server process running the scheduling loop now")
-    this_process: bool = Field(description="whether the answering process is the leader")
-    passes: int
+    leader: str | None = Field(description="the process running the scheduling loop now (host:server-pid/pid:id)")
+    this_process: bool = Field(description="whether the leader is the answering server's background process")
+    passes: int = 0
     queued: int | None = Field(None, description="pending workloads the last pass saw")
     placed: int | None = None
+    refused: int | None = None
     cycle_ms: float | None = Field(None, description="the scheduler cycles of the last pass")
     pass_ms: float | None = Field(None, description="the whole last scheduling pass: snapshot, cycles, persisting")
 
@@ -210,17 +213,12 @@ class WorkloadSummaryOut(Out):
 
 @router.get("/workloads/summary")
 @in_thread
-def workload_summary(request: Request, ctx: Admin) -> WorkloadSummaryOut:
-    """Workloads of all orgs by state, and the scheduling loop's leader and last pass."""
+def workload_summary(ctx: Admin) -> WorkloadSummaryOut:
+    """Workloads of all orgs by state, and the scheduling loop's leader and its last pass."""
     with ctx.db.read() as s:
         states = workloads.state_counts(s)
-    loop = getattr(request.app.state, "workloads", None)
-    leader = leases.holder(ctx.db, "workload-loop", ctx.now)
-    last = loop.last if loop is not None else None
-    out = LoopOut(leader=leader, this_process=loop is not None and leader == loop.owner,
-                  passes=loop.passes if loop is not None else 0)  # fmt: skip
-    if last is not None:
-        sched = last[0]
-        out = out.model_copy(update={"queued": sched.queued, "placed": sched.placed,
-                                     "cycle_ms": sched.cycle_s * 1000, "pass_ms": sched.total_s * 1000})  # fmt: skip
-    return WorkloadSummaryOut(states=states, loop=out)
+    leader, info = leases.holder(ctx.db, WorkloadLoop.LEASE, ctx.now)
+    known = {k: v for k, v in info.items() if k in LoopOut.model_fields}
+    return WorkloadSummaryOut(
+        states=states, loop=LoopOut(leader=leader, this_process=owned_by_server(leader, os.getpid()), **known)
+    )

@@ -9,8 +9,9 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 from pydantic import ConfigDict, Field, model_validator
+from sqlalchemy.orm import Session
 
-from suanli.api.deps import Auth, in_thread
+from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.billing.money import ZERO
 from suanli.control import logs as workload_logs
@@ -120,6 +121,12 @@ def _out(
     )  # fmt: skip
 
 
+def _full(s: Session, w: Workload, ctx: Caller) -> WorkloadOut:
+    """One workload with its allocations and events."""
+    allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
+    return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+
+
 @router.post("/workloads", status_code=201)
 @in_thread
 def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
@@ -158,9 +165,7 @@ def describe(ref: str, ctx: Auth) -> WorkloadOut:
     """Everything about one workload (by id, or by name: the newest of that name): state, events, where it runs,
     what it cost, and while pending the scheduler's reason and queue position."""
     with ctx.db.read() as s:
-        w = workloads.get(s, ctx.who, ref)
-        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
-        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+        return _full(s, workloads.get(s, ctx.who, ref), ctx)
 
 
 @router.get("/workloads/{ref}/logs")
@@ -185,9 +190,7 @@ def logs(
 def stop(ref: str, ctx: Auth) -> WorkloadOut:
     """Stop it: at once while pending; a running one gets SIGTERM, then SIGKILL after the grace period."""
     with ctx.db.write() as s, s.begin():
-        w = workloads.stop(s, ctx.who, ref, ctx.now)
-        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
-        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+        return _full(s, workloads.stop(s, ctx.who, ref, ctx.now), ctx)
 
 
 @router.post("/workloads/{ref}/start")
@@ -195,6 +198,4 @@ def stop(ref: str, ctx: Auth) -> WorkloadOut:
 def start(ref: str, ctx: Auth) -> WorkloadOut:
     """Start a stopped instance again (it queues; its disk is as it was)."""
     with ctx.db.write() as s, s.begin():
-        w = workloads.start(s, ctx.who, ref, ctx.now)
-        allocs = workloads.allocations_of(s, [w.id]).get(w.id, [])
-        return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
+        return _full(s, workloads.start(s, ctx.who, ref, ctx.now), ctx)

@@ -26,6 +26,7 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=64), nullable=False),
         sa.Column("owner", sa.String(length=128), nullable=False),
         sa.Column("expires_at", sa.DateTime(), nullable=False),
+        sa.Column("info", sa.JSON(), nullable=False),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_leases")),
     )
     op.create_table(

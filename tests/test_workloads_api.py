@@ -313,3 +313,34 @@ def test_a_plans_gpus_run_without_per_second_charges(platform: Platform) -> None
         },
     )
     assert r.status_code == 422 and "plan" in r.json()["detail"], r.text
+
+
+class ServerDied(BaseException):
+    """Stands for the server process dying (nothing in it catches a BaseException)."""
+
+
+def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
+    platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from suanli.control import supervisor
+    from suanli.control.scheduling import seconds
+
+    launches = tmp_path / "launches"
+    w = platform.submit({"name": "once", "command": f"echo x >> {launches}; sleep 1", "resources": {"gpus": 0}})
+    platform.sched.run(platform.db, utcnow())
+
+    def launch_then_die(self: Supervisor, db: Any, wid: str, launch: Any, now: Any, report: Any) -> None:
+        handle = self.executor("local").launch(launch, seconds(now))
+        supervisor._write_handle(launch.log_dir, handle)
+        raise ServerDied  # after the processes started, before their handle reached the database
+
+    monkeypatch.setattr(Supervisor, "_start", launch_then_die)
+    with pytest.raises(ServerDied):
+        platform.sup.run(platform.db, utcnow())
+    assert platform.get(w["id"])["state"] == "starting"
+    monkeypatch.undo()
+    platform.sup = Supervisor(platform.sup.home, grace_s=1.0)  # the restarted server's supervisor
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded"
+    assert launches.read_text() == "x\n", "launched once"
+    assert any("re-attached" in e["reason"] for e in done["events"])

@@ -9,12 +9,15 @@ retry policy decides whether it queues again.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
@@ -99,11 +102,47 @@ class Supervisor:
     def _steps(
         self, db: Database, ids: list[str], now: datetime, broke: dict[str, Decimal], report: SupervisorReport
     ) -> None:
+        prepared: list[tuple[str, Launch]] = []
         with db.write() as s, s.begin():
             for wid in ids:
                 w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
-                if w is not None and w.state in WATCHED:
+                if w is None or w.state not in WATCHED:
+                    continue
+                if w.state == "scheduled" and w.executor != "virtual":
+                    prepared.append((w.id, self._prepare(s, w, now)))
+                else:
                     self._step(s, w, now, broke.get(w.org_id), report)
+        for wid, launch in prepared:
+            self._start(db, wid, launch, now, report)
+
+    def _prepare(self, s: Session, w: Workload, now: datetime) -> Launch:
+        """Record `starting` (committed before any process exists: a crash from here on can never launch the same
+        attempt twice) and say what to launch."""
+        launch = self._launch_of(s, w)
+        workloads.transition(s, w, "starting", f"launching {len(launch.ranks)} node-rank(s) on the {w.executor} "
+                             "executor", now)  # fmt: skip
+        return launch
+
+    def _start(self, db: Database, wid: str, launch: Launch, now: datetime, report: SupervisorReport) -> None:
+        """Launch outside any transaction; the handle goes to a file beside the logs at once (so a server that dies
+        before storing it re-attaches from the file), then into the row."""
+        with db.read() as s:
+            executor_name = s.scalar(select(Workload.executor).where(Workload.id == wid)) or "local"
+        try:
+            handle = self.executor(executor_name).launch(launch, seconds(now))
+            _write_handle(launch.log_dir, handle)
+        except Exception as e:
+            log.exception("launch of %s failed", wid)
+            with db.write() as s, s.begin():
+                w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
+                if w is not None and w.state == "starting":
+                    self._finish(s, w, Status("lost", None, f"could not start: {e}"), now, report)
+            return
+        with db.write() as s, s.begin():
+            w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
+            if w is not None and w.state == "starting" and w.handle is None:
+                self._running(s, w, handle, now, "running")
+                report.launched += 1
 
     def _broke_orgs(self, s: Session) -> dict[str, Decimal]:
         """Orgs whose balance is below zero by more than the grace period of what they run: org -> balance."""
@@ -126,6 +165,10 @@ class Supervisor:
             self._launch(s, w, now, report)
             return
         if w.handle is None:  # the server stopped between `starting` and storing the handle
+            saved = _read_handle(workdirs.log_dir(self.home, w.id, w.attempt))
+            if saved is not None:
+                self._running(s, w, saved, now, "running (re-attached: the server restarted while launching it)")
+                return
             self._finish(s, w, Status("lost", None, "the server stopped while launching it"), now, report)
             return
         ex = self.executor(w.executor)
@@ -185,7 +228,7 @@ class Supervisor:
             s.execute(insert(WorkloadEvent.__table__), events)
         return len(updates)
 
-    def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:
+    def _launch_of(self, s: Session, w: Workload) -> Launch:
         spec = WorkloadSpec.model_validate(w.spec)
         alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
         placement = alloc.placement if alloc is not None else {}
@@ -197,31 +240,36 @@ class Supervisor:
         if spec.kind == "instance":
             cwd = workdirs.instance_disk(self.home, w.id)
         else:
-            cwd = (
-                workdirs.upload_dir(self.home, w.id) / spec.workdir
-                if w.has_workdir
-                else workdirs.upload_dir(self.home, w.id)
-            )
+            upload = workdirs.upload_dir(self.home, w.id)
+            cwd = upload / spec.workdir if w.has_workdir else upload
         cwd.mkdir(parents=True, exist_ok=True)
-        launch = Launch(
+        return Launch(
             workload_id=w.id, attempt=w.attempt, command=spec.command or "exec sleep infinity", workdir=cwd,
             env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_port=free_port(), grace_s=self.grace_s,
             duration_s=spec.duration, extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind},
         )  # fmt: skip
-        workloads.transition(s, w, "starting", f"launching {len(ranks)} node-rank(s) on the {w.executor} executor",
-                             now)  # fmt: skip
-        try:
-            w.handle = self.executor(w.executor).launch(launch, seconds(now))
-        except Exception as e:
-            log.exception("launch of %s failed", w.id)
-            self._finish(s, w, Status("lost", None, f"could not start: {e}"), now, report)
-            return
-        w.started_at = now
+
+    def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:
+        spec = WorkloadSpec.model_validate(w.spec)
+        w.handle, w.started_at = handle, now
         if spec.max_duration is not None:
             w.deadline_at = now + timedelta(seconds=spec.max_duration)
         if w.executor == "virtual" and spec.duration is not None:
             w.ends_at = now + timedelta(seconds=spec.duration)
-        workloads.transition(s, w, "running", "running", now)
+        workloads.transition(s, w, "running", reason, now)
+
+    def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:
+        """In one transaction: for the virtual executor, which starts no process."""
+        launch = self._launch_of(s, w)
+        workloads.transition(s, w, "starting", f"launching {len(launch.ranks)} node-rank(s) on the {w.executor} "
+                             "executor", now)  # fmt: skip
+        try:
+            handle = self.executor(w.executor).launch(launch, seconds(now))
+        except Exception as e:
+            log.exception("launch of %s failed", w.id)
+            self._finish(s, w, Status("lost", None, f"could not start: {e}"), now, report)
+            return
+        self._running(s, w, handle, now, "running")
         report.launched += 1
 
     def _finish(self, s: Session, w: Workload, status: Status, now: datetime, report: SupervisorReport) -> None:
@@ -266,3 +314,20 @@ def _broke(rate: Decimal | None, balance: Decimal, grace_minutes: float) -> bool
     if not rate or rate <= 0:
         return False
     return balance < -(rate * Decimal(str(grace_minutes)) / 60)
+
+
+HANDLE_FILE = "handle.json"
+
+
+def _write_handle(log_dir: Path, handle: dict[str, Any]) -> None:
+    tmp = log_dir / f".{HANDLE_FILE}.tmp"
+    tmp.write_text(json.dumps(handle), encoding="utf-8")
+    os.replace(tmp, log_dir / HANDLE_FILE)
+
+
+def _read_handle(log_dir: Path) -> dict[str, Any] | None:
+    try:
+        doc = json.loads((log_dir / HANDLE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -344,3 +344,25 @@ def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
     assert done["state"] == "succeeded"
     assert launches.read_text() == "x\n", "launched once"
     assert any("re-attached" in e["reason"] for e in done["events"])
+
+
+def test_a_virtual_job_runs_as_long_as_the_performance_model_predicts_on_its_placement(platform: Platform) -> None:
+    from suanli.topology import presets
+    from suanli.topology.spec import parse
+    from suanli.workloads import parse_spec
+    from suanli.workloads.runtime import predicted_runtime
+
+    spec = {"name": "modelled", "command": "train", "resources": {"gpu": "H20", "gpus": 8},
+            "model": {"preset": "llama3.1-8b", "precision": "bf16", "tokens": 20_000}}  # fmt: skip
+    w = platform.submit(spec)
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded"
+    assert "performance model predicts" in done["events"][1]["reason"]
+    cluster = parse(presets.preset_spec("h20-roce800-128"))
+    index = {f"h20-roce800-128.{cluster.node_name(i)}": i for i in range(cluster.n_nodes)}
+    gpus = [cluster.gpus_of_node(index[n]).start + g for n, gs in done["allocation"]["nodes"].items() for g in gs]
+    predicted = predicted_runtime(parse_spec(spec), cluster, gpus)
+    assert predicted is not None and 0.2 < predicted < 20
+    a = done["allocation"]
+    held = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()
+    assert predicted <= held < predicted + 2.0  # ends by the model's clock (plus at most a pass of lag before launch)

@@ -27,7 +27,8 @@ from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, Workload, W
 from suanli.sched import Allocation as SchedAllocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from suanli.topology import Cluster
-from suanli.workloads.spec import WorkloadSpec
+from suanli.workloads.runtime import predicted_runtime
+from suanli.workloads.spec import WorkloadSpec, format_duration
 
 log = logging.getLogger("suanli.scheduling")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -338,10 +339,14 @@ class SchedulingPass:
             where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
             more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
             what = f"{gpus} x {gpu_model}" if gpu_model else "no GPUs"
-            text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else ""))[:2000]
+            predicted = None
+            if spec.duration is None and view.topology is not None and gpus:
+                predicted = predicted_runtime(spec, view.topology, _global_gpus(view, placement))
+            told = f"; the performance model predicts {format_duration(predicted)} here" if predicted else ""
+            text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else "") + told)[:2000]
             allocs.append(alloc)
             updates.append({"wid": wid, "why": text, "n": r.attempt + 1, "aid": alloc["id"],
-                            "ex": view.nodes[first][1]})  # fmt: skip
+                            "ex": view.nodes[first][1], "p": predicted})  # fmt: skip
             events.append({"workload_id": wid, "at": now, "state": "scheduled", "reason": text})
         if allocs:
             t = w.__table__.c
@@ -349,7 +354,8 @@ class SchedulingPass:
             s.execute(
                 update(w.__table__).where(t.id == bindparam("wid"))
                 .values(state="scheduled", reason=bindparam("why"), pending_reason="", queue_position=None,
-                        attempt=bindparam("n"), allocation_id=bindparam("aid"), executor=bindparam("ex")),
+                        attempt=bindparam("n"), allocation_id=bindparam("aid"), executor=bindparam("ex"),
+                        predicted_s=bindparam("p")),
                 updates,
             )  # fmt: skip
             s.execute(insert(WorkloadEvent.__table__), events)
@@ -361,6 +367,11 @@ def _fits_models(r: Request, models: frozenset[str]) -> bool:
         return True
     wanted = {r.gpu_type} if isinstance(r.gpu_type, str) else set(r.gpu_type)
     return bool(wanted & models)
+
+
+def _global_gpus(view: ClusterView, placement: dict[str, list[int]]) -> list[int]:
+    assert view.topology is not None
+    return [view.topology.gpus_of_node(view.index[n]).start + g for n, gs in placement.items() for g in gs]
 
 
 def _placement(view: ClusterView, gpus: tuple[int, ...]) -> dict[str, list[int]]:

@@ -194,7 +194,7 @@ class Supervisor:
         transaction may cover many (thousands launch in a few statements when a big queue is placed at once)."""
         w = Workload
         q = (
-            select(w.id, w.state, w.spec, w.attempt, w.name, Allocation.placement)
+            select(w.id, w.state, w.spec, w.attempt, w.name, w.predicted_s, Allocation.placement)
             .join(Allocation, Allocation.id == w.allocation_id)
             .where(w.id.in_(ids))
         )
@@ -208,11 +208,12 @@ class Supervisor:
             spec = WorkloadSpec.model_validate(r.spec)
             log_dir = workdirs.log_dir(self.home, r.id, r.attempt)  # the virtual executor creates it when it writes
             ranks = tuple(NodeRank(n, i, tuple(g)) for i, (n, g) in enumerate(r.placement.items()))
+            duration = spec.duration if spec.duration is not None else r.predicted_s
             launch = Launch(workload_id=r.id, attempt=r.attempt, command=spec.command or "", workdir=log_dir,
-                            env={}, ranks=ranks, log_dir=log_dir, duration_s=spec.duration)  # fmt: skip
+                            env={}, ranks=ranks, log_dir=log_dir, duration_s=duration)  # fmt: skip
             handle = ex.launch(launch, seconds(now))
             deadline = now + timedelta(seconds=spec.max_duration) if spec.max_duration is not None else None
-            ends = now + timedelta(seconds=spec.duration) if spec.duration is not None else None
+            ends = now + timedelta(seconds=duration) if duration is not None else None
             updates.append({"wid": r.id, "h": handle, "t": now, "d": deadline, "e": ends})
             events += [{"workload_id": r.id, "at": now, "state": "starting",
                         "reason": f"launching {len(ranks)} node-rank(s) on the virtual executor"},
@@ -246,7 +247,8 @@ class Supervisor:
         return Launch(
             workload_id=w.id, attempt=w.attempt, command=spec.command or "exec sleep infinity", workdir=cwd,
             env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_port=free_port(), grace_s=self.grace_s,
-            duration_s=spec.duration, extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind},
+            duration_s=spec.duration if spec.duration is not None else w.predicted_s,
+            extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind},
         )  # fmt: skip
 
     def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:
@@ -254,8 +256,9 @@ class Supervisor:
         w.handle, w.started_at = handle, now
         if spec.max_duration is not None:
             w.deadline_at = now + timedelta(seconds=spec.max_duration)
-        if w.executor == "virtual" and spec.duration is not None:
-            w.ends_at = now + timedelta(seconds=spec.duration)
+        duration = spec.duration if spec.duration is not None else w.predicted_s
+        if w.executor == "virtual" and duration is not None:
+            w.ends_at = now + timedelta(seconds=duration)
         workloads.transition(s, w, "running", reason, now)
 
     def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:

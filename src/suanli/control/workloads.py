@@ -213,7 +213,7 @@ def submit(
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
         queue_position=None, attempt=0, retries=0, allocation_id=None, executor="", handle=None, exit_code=None,
         stop_requested=None, has_workdir=workdir_archive is not None, attained_gpu_s=0.0, created_at=now,
-        queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None,
+        queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
     )  # fmt: skip
     # Core inserts: the ORM's unit of work costs more than the rest of a submission together.
     s.execute(_INSERT_WORKLOAD, row)
@@ -315,7 +315,7 @@ def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
 def requeue(s: Session, w: Workload, reason: str, now: datetime) -> None:
     w.queued_at, w.finished_at, w.stop_requested, w.exit_code = now, None, None, None
     w.allocation_id, w.handle, w.executor, w.started_at = None, None, "", None
-    w.deadline_at = w.ends_at = None
+    w.deadline_at = w.ends_at = w.predicted_s = None
     w.pending_reason = "waiting for the next scheduling cycle"
     transition(s, w, "pending", reason, now)
 

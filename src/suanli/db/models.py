@@ -275,6 +275,7 @@ class Workload(Base):
     # or (virtual executor) its run ends. Lets a pass skip thousands of running workloads with one query.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # the perf model's runtime on its placement
 
 
 class WorkloadEvent(Base):

@@ -56,6 +56,7 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(), nullable=True),
         sa.Column("deadline_at", sa.DateTime(), nullable=True),
         sa.Column("ends_at", sa.DateTime(), nullable=True),
+        sa.Column("predicted_s", sa.Float(), nullable=True),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_workloads_org_id_orgs")),
         sa.ForeignKeyConstraint(["user_id"], ["users.id"], name=op.f("fk_workloads_user_id_users")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_workloads")),

@@ -1,0 +1,31 @@
+"""How long a workload will run on a placement, from the performance model: a training job that names its
+model and token count runs `tokens / tokens_per_s` of the fastest parallel plan that fits on those GPUs.
+
+Virtual nodes run a workload for exactly this long (unless it declares `duration`), so a scattered gang of the
+same job finishes later than a compact one, as it would on real hardware. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from suanli.perf import Placement, PlanError, TrainJob, model_preset, search
+from suanli.topology import Cluster
+from suanli.workloads.models import WorkloadSpec
+
+
+def predicted_runtime(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int]) -> float | None:
+    """Seconds, or None when the spec does not say enough (no model or no token count) or no plan fits."""
+    model = spec.model
+    if model is None or model.tokens is None or not gpus:
+        return None
+    job = TrainJob(arch=model_preset(model.preset), precision=model.precision)
+    try:
+        best = search(job, Placement(cluster, np.asarray(sorted(gpus), dtype=np.int64)), top=1)[0]
+    except PlanError:
+        return None
+    if best.tokens_per_s <= 0:
+        return None
+    return float(model.tokens / best.tokens_per_s)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 import suanli.client
+import suanli.workdir_upload
 from suanli.cli import workloads as cli_workloads
 from suanli.client import ApiError, Client, LogChunk, Workload, WorkloadAllocation, pack_workdir
 from tests.cli_helpers import invoke
@@ -159,11 +160,11 @@ def test_submit_uploads_the_workdir_without_caches(client: Client, fake: FakeSer
 def test_workdir_over_the_limit_is_refused_before_sending(
     client: Client, fake: FakeServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert suanli.client.WORKDIR_LIMIT == 64 << 20
+    assert suanli.workdir_upload.WORKDIR_LIMIT == 64 << 20
     root = tmp_path / "big"
     root.mkdir()
     (root / "weights.bin").write_bytes(os.urandom(40_000))  # incompressible
-    monkeypatch.setattr(suanli.client, "WORKDIR_LIMIT", 32_000)
+    monkeypatch.setattr(suanli.workdir_upload, "WORKDIR_LIMIT", 32_000)
     with pytest.raises(ValueError, match=r"over 0.03\d* MiB compressed \(without .git, .venv, __pycache__\)"):
         client.submit("name: big\ncommand: 'true'\n", workdir=root)
     assert fake.requests == []

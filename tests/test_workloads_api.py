@@ -219,6 +219,10 @@ def test_a_stopped_local_job_is_terminated(platform: Platform, tmp_path: Path) -
             "workdir_archive",
         ),
         ({"spec": {"name": "x", "command": "c", "colour": "blue"}}, "colour"),
+        (
+            {"spec": {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 16, "topology": "nvlink"}}},
+            "resources.topology",
+        ),  # an H20 node is its own NVLink domain of 8
     ],
 )
 def test_bad_input_is_refused_naming_the_field(platform: Platform, body: dict[str, Any], field: str) -> None:

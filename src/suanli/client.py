@@ -16,9 +16,7 @@ one-line message.
 from __future__ import annotations
 
 import base64
-import io
 import os
-import tarfile
 import time
 from collections.abc import Collection, Iterator
 from datetime import datetime
@@ -57,19 +55,44 @@ from suanli.client_models import (
     jsonable,
     load,
 )
+from suanli.workdir_upload import WORKDIR_LIMIT, pack_workdir
 
 __all__ = [
-    "TERMINAL_STATES", "ApiError", "Balance", "Client", "Cluster", "Gpu", "LedgerCheck", "LogChunk", "Me",
-    "Member", "NewToken", "Node", "Offer", "Org", "PendingInfo", "Plan", "Quote", "Session", "Signup", "Token",
-    "Transaction", "User", "Workload", "WorkloadAllocation", "WorkloadEvent", "jsonable", "load",
-    "normalise_server", "pack_workdir",
+    "TERMINAL_STATES",
+    "WORKDIR_LIMIT",
+    "ApiError",
+    "Balance",
+    "Client",
+    "Cluster",
+    "Gpu",
+    "LedgerCheck",
+    "LogChunk",
+    "Me",
+    "Member",
+    "NewToken",
+    "Node",
+    "Offer",
+    "Org",
+    "PendingInfo",
+    "Plan",
+    "Quote",
+    "Session",
+    "Signup",
+    "Token",
+    "Transaction",
+    "User",
+    "Workload",
+    "WorkloadAllocation",
+    "WorkloadEvent",
+    "jsonable",
+    "load",
+    "normalise_server",
+    "pack_workdir",
 ]  # fmt: skip
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "SUANLI_SERVER"
 API = "/api/v1"
-WORKDIR_LIMIT = 64 << 20  # bytes of .tar.gz a job may upload
-WORKDIR_SKIP = frozenset({".git", "__pycache__", ".venv"})
 
 
 class ApiError(Exception):
@@ -104,60 +127,6 @@ def _amount(value: Decimal | int | str) -> str:
 
 def _params(**kw: Any) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
-
-
-class _Capped(io.BytesIO):
-    """An in-memory file that notes when it grows past `limit` bytes and drops what comes after."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-        self.over = False
-
-    def write(self, b: Any) -> int:
-        if self.over:
-            return len(b)
-        n = super().write(b)
-        if self.tell() > self.limit:
-            self.over = True
-            raise _TooLarge
-        return n
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
-def pack_workdir(root: Path | str, limit: int | None = None) -> bytes:
-    """A job's working directory as a .tar.gz in memory (names relative to `root`), without `.git`,
-    `__pycache__` and `.venv` anywhere in it; a ValueError once the archive grows past `limit` bytes
-    (default WORKDIR_LIMIT, what the server accepts)."""
-    limit = WORKDIR_LIMIT if limit is None else limit
-    root = Path(root).expanduser()
-    if not root.is_dir():
-        raise ValueError(f"workdir {root} is not a directory")
-    buf = _Capped(limit)
-    try:
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for top, dirs, files in os.walk(root):
-                dirs[:] = sorted(d for d in dirs if d not in WORKDIR_SKIP)
-                base = Path(top)
-                for name in [*dirs, *sorted(files)]:
-                    path = base / name
-                    tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False, filter=_anonymous)
-    except _TooLarge:
-        skipped = ", ".join(sorted(WORKDIR_SKIP))
-        raise ValueError(
-            f"workdir {root} is over {limit / (1 << 20):g} MiB compressed (without {skipped}): "
-            "upload less (a smaller --workdir) and keep data sets on the cluster's storage"
-        ) from None
-    return buf.getvalue()
 
 
 # ---- the client --------------------------------------------------------------------------------------------------

@@ -9,11 +9,12 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from threading import Lock
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.prices import PriceBook, default_price_book
@@ -77,6 +78,8 @@ class PriceCache:
 class ModelCapacity:
     gpus: int  # on nodes that are not down
     per_node: int  # the most on one node
+    per_nvlink: int  # the most in one NVLink domain (of one cluster)
+    per_leaf: int  # the most under one leaf switch
 
 
 @dataclass
@@ -94,12 +97,25 @@ class FleetCache:
     def models_at(self, s: Session, version: int) -> dict[str, ModelCapacity]:
         """For a fleet version the caller already read."""
         if version != self._version:
+            totals: dict[str, list[int]] = {}
+            domains: dict[tuple[str, str, int], int] = defaultdict(int)
+            leaves: dict[tuple[str, str, int], int] = defaultdict(int)
             rows = s.execute(
-                select(Node.gpu_model, func.sum(Node.gpu_count), func.max(Node.gpu_count))
-                .where(Node.gpu_model.is_not(None), Node.state != "down")
-                .group_by(Node.gpu_model)
+                select(Node.gpu_model, Node.cluster_id, Node.nvlink_domain, Node.leaf, Node.gpu_count).where(
+                    Node.gpu_model.is_not(None), Node.state != "down"
+                )
             )
-            models = {m: ModelCapacity(int(total), int(per)) for m, total, per in rows}
+            for m, cid, dom, leaf, n in rows:
+                t = totals.setdefault(m, [0, 0])
+                t[0], t[1] = t[0] + n, max(t[1], n)
+                domains[(m, cid, dom)] += n
+                leaves[(m, cid, leaf)] += n
+            models = {
+                m: ModelCapacity(total, per,
+                                 max(v for (mm, _, _), v in domains.items() if mm == m),
+                                 max(v for (mm, _, _), v in leaves.items() if mm == m))
+                for m, (total, per) in totals.items()
+            }  # fmt: skip
             with self._lock:
                 self._version, self._models = version, models
         return self._models

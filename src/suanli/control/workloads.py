@@ -76,6 +76,14 @@ def _candidates(
     if want > biggest:
         raise Invalid(f"resources.gpus: needs {want} GPUs; the most any matching GPU model has is {biggest}")
     models = [m for m in models if registered[m][0] >= want]
+    topology = spec.resources.topology
+    if topology != "any":
+        per = {m: fleet[m].per_nvlink if topology == "nvlink" else fleet[m].per_leaf for m in models}
+        if want > max(per.values()):
+            where = "one NVLink domain" if topology == "nvlink" else "one leaf switch"
+            raise Invalid(f"resources.topology: {want} GPUs never fit in {where} here (at most {max(per.values())}"
+                          f" of {' or '.join(models)}); ask for topology: any or fewer GPUs")  # fmt: skip
+        models = [m for m in models if per[m] >= want]
     plan = _plan(s, spec, org_id, now)
     out: list[Candidate] = []
     for m in models:

@@ -98,7 +98,8 @@ def settled(api: Api, expected: Decimal, timeout: float = 30.0) -> Decimal:
 
 CHECK_ENV = """\
 import os, pathlib, sys
-keys = ["SUANLI_WORKLOAD_ID", "SUANLI_NODE", "SUANLI_NODES", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "EPOCHS"]
+keys = ["SUANLI_WORKLOAD_ID", "SUANLI_NODE", "SUANLI_NODES", "WORLD_SIZE", "RANK", "CUDA_VISIBLE_DEVICES", "EPOCHS",
+        "SUANLI_ADMIN_PASSWORD", "SUANLI_HOME"]
 pathlib.Path("env.txt").write_text("\\n".join(f"{k}={os.environ.get(k)}" for k in keys))
 print("checked", os.environ["SUANLI_WORKLOAD_ID"], flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -121,7 +122,8 @@ def test_real_jobs_run_to_completion_with_logs_exit_codes_events_and_exact_charg
         assert api.logs(ok) == f"checked {ok}\nto stderr\n"
         written = (srv.home / "workloads" / ok / "workdir" / "env.txt").read_text().splitlines()
         assert written == [f"SUANLI_WORKLOAD_ID={ok}", "SUANLI_NODE=this-host", "SUANLI_NODES=1", "WORLD_SIZE=1",
-                           "RANK=0", "CUDA_VISIBLE_DEVICES=", "EPOCHS=3"]  # fmt: skip
+                           "RANK=0", "CUDA_VISIBLE_DEVICES=", "EPOCHS=3",
+                           "SUANLI_ADMIN_PASSWORD=None", "SUANLI_HOME=None"]  # the server's settings stay its own  # fmt: skip
         failed = api.until(bad, lambda w: w["state"] in TERMINAL)
         assert failed["state"] == "failed" and failed["exit_code"] == 7 and "exit code 7" in failed["reason"]
         g = api.until(gang, lambda w: w["state"] in TERMINAL)

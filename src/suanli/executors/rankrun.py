@@ -5,8 +5,8 @@
 The local executor starts this in a new session (so it outlives the server). The command runs under
 `/bin/sh -c` in its own process group inside that session, so a forwarded SIGTERM reaches the job's
 foreground processes but not the supervisor. `KEY=VALUE` items are set in the job's environment and bare
-`KEY` items removed from it; the supervisor itself keeps the server's environment (a spec's PYTHONHOME
-must not break it). On Linux the supervisor is a child subreaper, so processes that leave the session
+`KEY` items removed from it; the job never sees the server's own settings (`SUANLI_*`, PostgreSQL
+credentials); the supervisor itself keeps the server's environment (a spec's PYTHONHOME must not break it). On Linux the supervisor is a child subreaper, so processes that leave the session
 (torchrun starts its workers with setsid) stay its descendants and are killed with the rest.
 
 The exit code goes to RC_FILE atomically, as `subprocess` reports it: negative for a signal. A STOP_FILE
@@ -141,8 +141,13 @@ def _reap(child: int) -> int | None:
             code = os.waitstatus_to_exitcode(status)
 
 
+SERVER_ONLY = ("PGPASSWORD", "PGPASSFILE")  # and every SUANLI_* variable: the server's own settings
+
+
 def _job_env(items: list[str]) -> dict[str, str]:
-    env = dict(os.environ)
+    """The server's environment without its own settings (an admin password, a database URL with credentials
+    must never reach a tenant's job), then the items (the spec's env and the executor's variables)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_") and k not in SERVER_ONLY}
     for item in items:
         key, sep, value = item.partition("=")
         if sep:

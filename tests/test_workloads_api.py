@@ -370,3 +370,22 @@ def test_a_virtual_job_runs_as_long_as_the_performance_model_predicts_on_its_pla
     a = done["allocation"]
     held = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()
     assert predicted <= held < predicted + 2.0  # ends by the model's clock (plus at most a pass of lag before launch)
+
+
+def test_priority_reorders_an_orgs_own_queue_and_never_jumps_another_org(platform: Platform) -> None:
+    blocker = platform.submit({"name": "blocker", "kind": "instance", "resources": {"gpu": "H20", "gpus": 128}})
+    platform.until(blocker["id"], lambda w: w["state"] == "running")
+    other = signup(platform.api, "other@example.com")
+    platform.topup(other.org_id, "5000")
+
+    def big(name: str, priority: str, who: Tenant | None = None) -> str:
+        spec = {"name": name, "command": "x", "priority": priority, "resources": {"gpu": "H20", "gpus": 128}}
+        return str(platform.submit(spec, who)["id"])
+
+    low = big("mine-low", "low")
+    theirs = big("theirs", "normal", other)
+    high = big("mine-high", "high")
+    platform.tick()
+    position = {wid: platform.get(wid, who)["pending"]["position"] for wid, who in
+                ((low, None), (theirs, other), (high, None))}  # fmt: skip
+    assert position[high] < position[theirs] < position[low], position

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,6 +82,7 @@ class SchedulingPass:
     _last_run: datetime | None = None
     _states: dict[str, ClusterState] = field(default_factory=dict)  # by cluster row id, open allocations reserved
     _held: dict[str, tuple[str, str]] = field(default_factory=dict)  # allocation row id -> (cluster, sched id)
+    _rank: dict[str, int] = field(default_factory=dict)  # workload id -> its spec's priority rank
     _said: dict[str, tuple[str, int]] = field(default_factory=dict)
     scheduler: Scheduler | None = None
 
@@ -136,7 +137,9 @@ class SchedulingPass:
         if len(self.requests) > 2 * len(queue_rows) + 1000:
             live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
             self.requests = {k: v for k, v in self.requests.items() if k in live}
+            self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
         queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
+        queue = self._by_priority(queue)
         placements: list[tuple[str, ClusterView, dict[str, list[int]], str]] = []
         preempts: list[tuple[str, str]] = []
         pending: dict[str, tuple[str, int]] = {}
@@ -179,9 +182,29 @@ class SchedulingPass:
         key = (wid, attempt, seconds(queued_at))
         req = self.requests.get(key)
         if req is None:
-            req = WorkloadSpec.model_validate(specs[wid]).to_request(wid, key[2], org_id, attained=attained)
+            spec = WorkloadSpec.model_validate(specs[wid])
+            req = spec.to_request(wid, key[2], org_id, attained=attained)
             self.requests[key] = req
+            self._rank[wid] = spec.priority_rank()
         return req
+
+    def _by_priority(self, queue: list[Request]) -> list[Request]:
+        """A spec's `priority` orders an org's own pending work: within each org, its workloads trade places in the
+        queue (the org keeps the submit times it holds), high before normal before low, so one org's priorities
+        never move it ahead of another org's work."""
+        by_org: dict[str, list[Request]] = defaultdict(list)
+        for r in queue:
+            by_org[r.tenant].append(r)
+        swap: dict[str, Request] = {}
+        for reqs in by_org.values():
+            if len({self._rank.get(r.id, 1) for r in reqs}) < 2:
+                continue  # one priority: nothing to reorder
+            slots = sorted(r.submit_time for r in reqs)
+            ordered = sorted(reqs, key=lambda r: (-self._rank.get(r.id, 1), r.submit_time, r.id))
+            for slot, r in zip(slots, ordered, strict=True):
+                if r.submit_time != slot:
+                    swap[r.id] = replace(r, submit_time=slot)
+        return [swap.get(r.id, r) for r in queue] if swap else queue
 
     @staticmethod
     def _specs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:

@@ -220,6 +220,13 @@ def test_a_stopped_local_job_is_terminated(platform: Platform, tmp_path: Path) -
         ),
         ({"spec": {"name": "x", "command": "c", "colour": "blue"}}, "colour"),
         (
+            {
+                "spec": {"name": "x", "command": "c", "workdir": "run.py", "resources": {"gpus": 0}},
+                "workdir_archive": archive({"run.py": "print()"}),
+            },
+            "workdir",
+        ),  # a file, not a directory
+        (
             {"spec": {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 16, "topology": "nvlink"}}},
             "resources.topology",
         ),  # an H20 node is its own NVLink domain of 8
@@ -302,7 +309,7 @@ def test_a_plans_gpus_run_without_per_second_charges(platform: Platform) -> None
                          "resources": {"gpu": "any", "gpus": 8}})  # fmt: skip
     done = platform.until(w["id"], finished)
     assert done["state"] == "succeeded"
-    assert done["allocation"]["billing_mode"] == "plan" and Decimal(done["allocation"]["rate_per_hour"]) == 0
+    assert done["allocation"]["billing_mode"] == f"plan:{plan}" and Decimal(done["allocation"]["rate_per_hour"]) == 0
     assert Decimal(done["cost"]) == 0
     r = platform.api.post(
         WL,
@@ -389,3 +396,44 @@ def test_priority_reorders_an_orgs_own_queue_and_never_jumps_another_org(platfor
     position = {wid: platform.get(wid, who)["pending"]["position"] for wid, who in
                 ((low, None), (theirs, other), (high, None))}  # fmt: skip
     assert position[high] < position[theirs] < position[low], position
+
+
+def test_a_plans_gpus_are_capped_at_its_size_and_end_with_it(platform: Platform) -> None:
+    from datetime import timedelta
+
+    from suanli.db.models import Plan
+
+    r = platform.api.post(f"/api/v1/orgs/{platform.tenant.org_id}/plans", headers=platform.tenant.headers,
+                          json={"plan": "hourly", "gpu": "H20", "gpus": 8})  # fmt: skip
+    plan = r.json()["id"]
+    spec = {"kind": "instance", "billing": f"plan:{plan}", "resources": {"gpu": "H20", "gpus": 8}}
+    first = platform.submit({"name": "first", **spec})
+    second = platform.submit({"name": "second", **spec})
+    platform.until(first["id"], lambda w: w["state"] == "running")
+    platform.tick()
+    waiting = platform.get(second["id"])
+    assert waiting["state"] == "pending" and f"waits for plan {plan}" in waiting["pending"]["reason"], waiting
+    r = platform.api.post(
+        WL,
+        headers=platform.tenant.headers,
+        json={
+            "spec": {
+                "name": "elastic",
+                "command": "x",
+                "billing": f"plan:{plan}",
+                "resources": {"gpus": {"min": 8, "max": 64}},
+            }
+        },
+    )
+    assert r.status_code == 422 and "may use 64" in r.json()["detail"], r.text
+    from suanli.db.models import Workload
+
+    with platform.db.write() as s, s.begin():  # the plan's hour is over (time moved; the launch set its deadline)
+        end = utcnow() - timedelta(seconds=1)
+        s.get(Plan, plan).ends_at = end
+        assert s.get(Workload, first["id"]).deadline_at is not None  # the launch knew when the plan ends
+        s.get(Workload, first["id"]).deadline_at = end
+    ended = platform.until(first["id"], lambda w: w["state"] == "stopped")
+    assert f"plan {plan} ended" in ended["reason"]
+    refused = platform.until(second["id"], lambda w: "not active" in (w.get("pending") or {}).get("reason", ""))
+    assert refused["state"] == "pending"

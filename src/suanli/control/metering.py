@@ -14,7 +14,7 @@ import io
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, charges_due, cost_of
 from suanli.billing.money import ZERO, exact, shown
-from suanli.billing.prices import BillingMode, PriceBook
+from suanli.billing.prices import PriceBook
 from suanli.control import inventory, ledger, prices
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
@@ -93,7 +93,7 @@ def admitted_row(
     now: datetime,
     hold_minutes: int,
     milli: int = 1000,
-    mode: BillingMode | Literal["plan"] = "on-demand",
+    mode: str = "on-demand",  # on-demand | spot | plan:<id> (prepaid: pass rate 0)
     allocation_id: str | None = None,
     rate: Decimal | None = None,
     load: OrgLoad | None = None,
@@ -103,7 +103,7 @@ def admitted_row(
     zero for GPUs of a prepaid plan). Nothing is written: a refusal leaves nothing to undo."""
     if gpus < 0 or not 0 < milli <= 1000:
         raise Invalid("gpus: >= 0; milli: 1..1000")
-    if rate is None and mode == "plan":
+    if rate is None and mode.startswith("plan"):
         raise Invalid("billing: a plan's GPUs are prepaid; pass their rate")
     if rate is None:
         rate = ZERO

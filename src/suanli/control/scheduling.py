@@ -16,14 +16,14 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
 from suanli.control import inventory, metering, prices, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, Workload, WorkloadEvent
+from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, Plan, Workload, WorkloadEvent
 from suanli.sched import Allocation as SchedAllocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from suanli.topology import Cluster
@@ -319,6 +319,22 @@ class SchedulingPass:
                     changed,
                 )
 
+    @staticmethod
+    def _plan_refusal(s: Session, plan_id: str, gpus: int, now: datetime, use: dict[str, int]) -> str | None:
+        """Why a plan's GPUs cannot take this placement now (ended, or all in use), or None. Called under the org's
+        row lock, so two placements cannot both take the plan's last GPUs."""
+        plan = s.get(Plan, plan_id)
+        if plan is None or not plan.starts_at <= now < plan.ends_at:
+            return f"cannot start: plan {plan_id} is not active; resubmit with other billing"
+        if plan_id not in use:
+            use[plan_id] = int(s.scalar(
+                select(func.coalesce(func.sum(Allocation.gpus), 0))
+                .where(Allocation.billing_mode == f"plan:{plan_id}", Allocation.stopped_at.is_(None))
+            ) or 0)  # fmt: skip
+        if use[plan_id] + gpus > plan.gpus:
+            return f"waits for plan {plan_id}: its {plan.gpus} GPUs, {use[plan_id]} in use by other workloads"
+        return None
+
     def _place_chunk(
         self, s: Session, items: list[tuple[str, ClusterView, dict[str, list[int]], str]], now: datetime
     ) -> tuple[int, dict[str, tuple[str, int]]]:
@@ -338,6 +354,7 @@ class SchedulingPass:
         updates: list[dict[str, Any]] = []
         events: list[dict[str, Any]] = []
         refused: dict[str, tuple[str, int]] = {}
+        plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
         for wid, view, placement, reason in items:
             r = rows.get(wid)
             if r is None or r.state != "pending" or r.stop_requested:
@@ -349,11 +366,16 @@ class SchedulingPass:
             plan = spec.plan_id()
             if r.org_id not in loads:
                 loads[r.org_id] = metering.org_load(s, r.org_id)
+            if plan is not None:
+                why = self._plan_refusal(s, plan, gpus, now, plan_use)
+                if why is not None:
+                    refused[wid] = (why, 0)
+                    continue
             try:
                 alloc = metering.admitted_row(
                     s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=gpus,
                     placement=placement, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
-                    mode="plan" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
+                    mode=f"plan:{plan}" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
                     rate=ZERO if plan else None, load=loads[r.org_id], book=book,
                 )  # fmt: skip
             except ServiceError as e:
@@ -367,6 +389,8 @@ class SchedulingPass:
                 predicted = predicted_runtime(spec, view.topology, _global_gpus(view, placement))
             told = f"; the performance model predicts {format_duration(predicted)} here" if predicted else ""
             text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else "") + told)[:2000]
+            if plan is not None:
+                plan_use[plan] += gpus
             allocs.append(alloc)
             updates.append({"wid": wid, "why": text, "n": r.attempt + 1, "aid": alloc["id"],
                             "ex": view.nodes[first][1], "p": predicted})  # fmt: skip

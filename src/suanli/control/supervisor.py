@@ -25,13 +25,14 @@ from sqlalchemy.orm import Session
 from suanli.control import ledger, metering, workloads
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, Workload, WorkloadEvent
+from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
 from suanli.executors import Executor, Launch, NodeRank, Status, executor
 from suanli.storage import workdirs
 from suanli.workloads.spec import WorkloadSpec, format_duration
 
 log = logging.getLogger("suanli.supervisor")
 WATCHED = ("scheduled", "starting", "running")
+LAUNCH_GRACE_S = 120.0  # a `starting` attempt with no handle is lost only after this (longer than a lease)
 
 
 def free_port() -> int:
@@ -73,18 +74,19 @@ class Supervisor:
             due = or_(w.executor != "virtual", w.stop_requested.is_not(None), w.deadline_at <= now, w.ends_at <= now,
                       w.handle.is_(None), w.org_id.in_(broke) if broke else false())  # fmt: skip
             rows = list(s.execute(
-                select(w.id, w.executor, w.state)
+                select(w.id, w.executor, w.state, w.stop_requested)
                 .where(or_(w.state.in_(("scheduled", "starting")), and_(w.state == "running", due)))
                 .order_by(w.queued_at)
             ))  # fmt: skip
-        launch = [r.id for r in rows if r.executor == "virtual" and r.state == "scheduled"]
+        launch = [r.id for r in rows if r.executor == "virtual" and r.state == "scheduled" and not r.stop_requested]
+        launching = set(launch)
         for i in range(0, len(launch), self.chunk):
             try:
                 with db.write() as s, s.begin():
                     report.launched += self._launch_virtual(s, launch[i : i + self.chunk], now)
             except Exception:  # left scheduled: the per-workload path below tries again next pass
                 log.exception("launching virtual workloads failed")
-        batch = [r.id for r in rows if r.executor == "virtual" and r.state != "scheduled"]
+        batch = [r.id for r in rows if r.executor == "virtual" and r.id not in launching]
         single = [[r.id] for r in rows if r.executor != "virtual"]
         for ids in [*single, *(batch[i : i + self.chunk] for i in range(0, len(batch), self.chunk))]:
             try:
@@ -108,8 +110,14 @@ class Supervisor:
                 w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
                 if w is None or w.state not in WATCHED:
                     continue
-                if w.state == "scheduled" and w.executor != "virtual":
-                    prepared.append((w.id, self._prepare(s, w, now)))
+                if w.state == "scheduled" and w.stop_requested:  # preempted (or stopped) before it started
+                    self._finish(s, w, Status("exited", None, "stopped before it started"), now, report)
+                elif w.state == "scheduled" and w.executor != "virtual":
+                    try:
+                        prepared.append((w.id, self._prepare(s, w, now)))
+                    except Exception as e:  # its workdir cannot be made (a file in the way): it never can
+                        log.exception("preparing %s failed", w.id)
+                        self._finish(s, w, Status("exited", None, f"could not start: {e}"), now, report)
                 else:
                     self._step(s, w, now, broke.get(w.org_id), report)
         for wid, launch in prepared:
@@ -119,6 +127,7 @@ class Supervisor:
         """Record `starting` (committed before any process exists: a crash from here on can never launch the same
         attempt twice) and say what to launch."""
         launch = self._launch_of(s, w)
+        w.started_at = now  # of `starting`, until it runs: how long a launch has been under way
         workloads.transition(s, w, "starting", f"launching {len(launch.ranks)} node-rank(s) on the {w.executor} "
                              "executor", now)  # fmt: skip
         return launch
@@ -143,6 +152,11 @@ class Supervisor:
             if w is not None and w.state == "starting" and w.handle is None:
                 self._running(s, w, handle, now, "running")
                 report.launched += 1
+                return
+        # Another leader decided about this attempt meanwhile (it took the lease over during a long pass): the
+        # processes just started must not run on GPUs nobody pays for.
+        log.warning("attempt of %s was decided elsewhere while launching; stopping what was launched", wid)
+        self.executor(executor_name).stop(handle, seconds(now))
 
     def _broke_orgs(self, s: Session) -> dict[str, Decimal]:
         """Orgs whose balance is below zero by more than the grace period of what they run: org -> balance."""
@@ -169,14 +183,19 @@ class Supervisor:
             if saved is not None:
                 self._running(s, w, saved, now, "running (re-attached: the server restarted while launching it)")
                 return
+            if w.started_at is not None and (now - w.started_at).total_seconds() < LAUNCH_GRACE_S:
+                return  # a launch may still be under way in another process: give it time to write its handle
             self._finish(s, w, Status("lost", None, "the server stopped while launching it"), now, report)
             return
         ex = self.executor(w.executor)
         spec = WorkloadSpec.model_validate(w.spec)
         alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
         if w.stop_requested is None:
+            plan_end = _plan_end(s, spec)
             if _over_time(w.spec, w.started_at, now):
                 w.stop_requested = f"max_duration {format_duration(spec.max_duration or 0)} reached"
+            elif plan_end is not None and now >= plan_end:
+                w.stop_requested = f"plan {spec.plan_id()} ended at {plan_end:%Y-%m-%d %H:%M} UTC"
             elif broke is not None and alloc is not None and alloc.rate_per_hour > 0:
                 w.stop_requested = f"balance exhausted ({broke:.2f}); top up and submit again"
             if w.stop_requested:
@@ -194,7 +213,7 @@ class Supervisor:
         transaction may cover many (thousands launch in a few statements when a big queue is placed at once)."""
         w = Workload
         q = (
-            select(w.id, w.state, w.spec, w.attempt, w.name, w.predicted_s, Allocation.placement)
+            select(w.id, w.state, w.stop_requested, w.spec, w.attempt, w.name, w.predicted_s, Allocation.placement)
             .join(Allocation, Allocation.id == w.allocation_id)
             .where(w.id.in_(ids))
         )
@@ -203,7 +222,7 @@ class Supervisor:
         ex = self.executor("virtual")
         updates, events = [], []
         for r in s.execute(q):
-            if r.state != "scheduled":
+            if r.state != "scheduled" or r.stop_requested:
                 continue
             spec = WorkloadSpec.model_validate(r.spec)
             log_dir = workdirs.log_dir(self.home, r.id, r.attempt)  # the virtual executor creates it when it writes
@@ -212,7 +231,7 @@ class Supervisor:
             launch = Launch(workload_id=r.id, attempt=r.attempt, command=spec.command or "", workdir=log_dir,
                             env={}, ranks=ranks, log_dir=log_dir, duration_s=duration)  # fmt: skip
             handle = ex.launch(launch, seconds(now))
-            deadline = now + timedelta(seconds=spec.max_duration) if spec.max_duration is not None else None
+            deadline = _deadline(s, spec, now)
             ends = now + timedelta(seconds=duration) if duration is not None else None
             updates.append({"wid": r.id, "h": handle, "t": now, "d": deadline, "e": ends})
             events += [{"workload_id": r.id, "at": now, "state": "starting",
@@ -254,8 +273,7 @@ class Supervisor:
     def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:
         spec = WorkloadSpec.model_validate(w.spec)
         w.handle, w.started_at = handle, now
-        if spec.max_duration is not None:
-            w.deadline_at = now + timedelta(seconds=spec.max_duration)
+        w.deadline_at = _deadline(s, spec, now)
         duration = spec.duration if spec.duration is not None else w.predicted_s
         if w.executor == "virtual" and duration is not None:
             w.ends_at = now + timedelta(seconds=duration)
@@ -263,7 +281,11 @@ class Supervisor:
 
     def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:
         """In one transaction: for the virtual executor, which starts no process."""
-        launch = self._launch_of(s, w)
+        try:
+            launch = self._launch_of(s, w)
+        except Exception as e:
+            self._finish(s, w, Status("exited", None, f"could not start: {e}"), now, report)
+            return
         workloads.transition(s, w, "starting", f"launching {len(launch.ranks)} node-rank(s) on the {w.executor} "
                              "executor", now)  # fmt: skip
         try:
@@ -305,6 +327,21 @@ class Supervisor:
             report.requeued += 1
             return
         workloads.transition(s, w, state, reason, now)
+
+
+def _plan_end(s: Session, spec: WorkloadSpec) -> datetime | None:
+    plan_id = spec.plan_id()
+    plan = s.get(Plan, plan_id) if plan_id else None
+    return plan.ends_at if plan is not None else None
+
+
+def _deadline(s: Session, spec: WorkloadSpec, now: datetime) -> datetime | None:
+    """When the supervisor must look again without being asked: `max_duration` is up, or the plan ends."""
+    times = [now + timedelta(seconds=spec.max_duration)] if spec.max_duration is not None else []
+    end = _plan_end(s, spec)
+    if end is not None:
+        times.append(end)
+    return min(times, default=None)
 
 
 def _over_time(spec: dict, started_at: datetime | None, now: datetime) -> bool:

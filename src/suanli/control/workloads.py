@@ -120,8 +120,9 @@ def _plan(s: Session, spec: WorkloadSpec, org_id: str, now: datetime) -> Plan | 
         raise Invalid(f"billing: plan {plan_id} is not a plan of this organisation")
     if not plan.starts_at <= now < plan.ends_at:
         raise Invalid(f"billing: plan {plan_id} is not active (it ended {plan.ends_at:%Y-%m-%d %H:%M} UTC)")
-    if spec.gpu_count() > plan.gpus:
-        raise Invalid(f"resources.gpus: plan {plan_id} reserves {plan.gpus} GPUs")
+    most = spec.gpu_range()[1] if spec.gpu_range() else spec.gpu_count()
+    if most > plan.gpus:
+        raise Invalid(f"resources.gpus: plan {plan_id} reserves {plan.gpus} GPUs; this may use {most}")
     return plan
 
 
@@ -201,7 +202,7 @@ def submit(
     fleet: FleetCache,
     prices: PriceCache,
     org_id: str | None = None,
-    workdir_archive: bytes | None = None,
+    workdir: Path | None = None,
 ) -> Workload:
     """Queue a workload. The caller's personal org needs no membership check (it owns it by construction)."""
     if org_id is not None and org_id != who.personal_org_id:
@@ -211,8 +212,10 @@ def submit(
     book = prices.book(s, ctx.price_version)
     candidates = _candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
     _precheck_money(ctx, spec, min(c.rate_per_hour for c in candidates), hold_minutes)
-    if workdir_archive is not None and spec.kind != "job":
+    if workdir is not None and spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
+    if workdir is not None and not (workdir / spec.workdir).is_dir():
+        raise Invalid(f"workdir: {spec.workdir!r} is not a directory of the uploaded files")
     doc = spec.model_dump(mode="json", exclude_none=True)
     if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
         doc["resources"]["gpu"] = [c.gpu_model for c in candidates]  # the models within the ceiling or the plan
@@ -220,19 +223,31 @@ def submit(
         id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
         queue_position=None, attempt=0, retries=0, allocation_id=None, executor="", handle=None, exit_code=None,
-        stop_requested=None, has_workdir=workdir_archive is not None, attained_gpu_s=0.0, created_at=now,
+        stop_requested=None, has_workdir=workdir is not None, attained_gpu_s=0.0, created_at=now,
         queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
     )  # fmt: skip
     # Core inserts: the ORM's unit of work costs more than the rest of a submission together.
     s.execute(_INSERT_WORKLOAD, row)
     s.execute(_INSERT_EVENT, {"workload_id": row["id"], "at": now, "state": "pending", "reason": "submitted"})
     w = Workload(**row)  # what the caller shows; not attached to the session
-    if workdir_archive is not None:
-        try:
-            workdirs.unpack(workdir_archive, workdirs.upload_dir(home, w.id))
-        except workdirs.ArchiveError as e:
-            raise Invalid(f"workdir_archive: {e}") from e
+    if workdir is not None:
+        workdirs.adopt(workdir, workdirs.upload_dir(home, w.id))  # a rename: the upload was unpacked before
     return w
+
+
+def discard_upload(staged: Path | None) -> None:
+    """Remove a staged upload that no workload adopted (the submission failed); an adopted one is gone already."""
+    if staged is not None and staged.exists():
+        workdirs.discard(staged)
+
+
+def stage_upload(archive: bytes, home: Path) -> Path:
+    """Unpack an uploaded workdir before the submission's transaction opens: a large archive must not hold the
+    database's write lock while it unpacks. `submit` adopts the directory; the caller removes it on failure."""
+    try:
+        return workdirs.stage(archive, home)
+    except workdirs.ArchiveError as e:
+        raise Invalid(f"workdir_archive: {e}") from e
 
 
 # ---- reads ------------------------------------------------------------------------------------------------------

@@ -203,7 +203,7 @@ class Allocation(Base):
     gpu_model: Mapped[str | None] = mapped_column(String(32), nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
     milli: Mapped[int] = mapped_column(Integer, default=1000)  # < 1000: one slice of a GPU
-    billing_mode: Mapped[str] = mapped_column(String(16), default="on-demand")
+    billing_mode: Mapped[str] = mapped_column(String(48), default="on-demand")  # on-demand | spot | plan:<id>
     rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)
     placement: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # node name -> GPU indices
     started_at: Mapped[datetime]

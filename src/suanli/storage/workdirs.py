@@ -8,6 +8,7 @@ directory; a refused archive leaves nothing behind.
 from __future__ import annotations
 
 import io
+import secrets
 import shutil
 import tarfile
 from pathlib import Path
@@ -58,3 +59,20 @@ def unpack(archive: bytes, dest: Path) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def stage(archive: bytes, home: Path) -> Path:
+    """Unpack into a fresh directory under `home/workloads/.incoming`, to be adopted by a workload (or discarded)."""
+    dest = home / "workloads" / ".incoming" / secrets.token_hex(8)
+    unpack(archive, dest)
+    return dest
+
+
+def adopt(staged: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staged.rename(dest)
+
+
+def discard(staged: Path | None) -> None:
+    if staged is not None:
+        shutil.rmtree(staged, ignore_errors=True)

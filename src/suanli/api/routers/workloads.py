@@ -140,10 +140,17 @@ def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
         except (binascii.Error, ValueError) as e:
             raise Invalid("workdir_archive: not valid base64") from e
     settings = ctx.srv.settings
-    with ctx.db.write() as s, s.begin():
-        w = workloads.submit(s, ctx.who, spec, ctx.now, home=settings.home, hold_minutes=settings.admission_hold_minutes,
-                             fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir_archive=archive)  # fmt: skip
-        return _out(w, [], ctx.now, settings.currency, [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])
+    if archive is not None and spec.kind != "job":
+        raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
+    staged = workloads.stage_upload(archive, settings.home) if archive is not None else None
+    try:
+        with ctx.db.write() as s, s.begin():
+            w = workloads.submit(s, ctx.who, spec, ctx.now, home=settings.home,
+                                 hold_minutes=settings.admission_hold_minutes, fleet=ctx.srv.fleet,
+                                 prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
+    finally:
+        workloads.discard_upload(staged)
+    return _out(w, [], ctx.now, settings.currency, [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])
 
 
 @router.get("/workloads")

@@ -276,7 +276,7 @@ def test_spot_work_is_preempted_for_on_demand_work_and_requeued_by_its_retry_pol
     assert sum(len(g) for g in running["allocation"]["nodes"].values()) == 64
     victim = platform.until(spot["id"], lambda w: w["state"] == "pending" and w["attempt"] == 1)
     reasons = [(e["state"], e["reason"]) for e in victim["events"]]
-    assert any(s == "preempted" and urgent["id"] in r for s, r in reasons), reasons
+    assert any(s == "preempted" and f"urgent ({urgent['id']})" in r for s, r in reasons), reasons
     assert any(s == "pending" and "retry 1/1 after preemption" in r for s, r in reasons), reasons
     assert "128" in victim["pending"]["reason"]  # waits for the whole cluster again
     states = [e["state"] for e in victim["events"]]
@@ -437,3 +437,18 @@ def test_a_plans_gpus_are_capped_at_its_size_and_end_with_it(platform: Platform)
     assert f"plan {plan} ended" in ended["reason"]
     refused = platform.until(second["id"], lambda w: "not active" in (w.get("pending") or {}).get("reason", ""))
     assert refused["state"] == "pending"
+
+
+def test_a_preempted_instance_without_retries_is_listed_and_starts_again(platform: Platform) -> None:
+    box = platform.submit({"name": "spot-box", "kind": "instance", "billing": "spot",
+                           "resources": {"gpu": "H20", "gpus": 128}})  # fmt: skip
+    platform.until(box["id"], lambda w: w["state"] == "running")
+    urgent = platform.submit({"name": "urgent", "command": "x", "duration": 1,  # 64: evicting 128 is within 2x
+                              "resources": {"gpu": "H20", "gpus": 64}})  # fmt: skip
+    platform.until(box["id"], lambda w: w["state"] == "preempted")
+    listed = [w["id"] for w in platform.api.get(WL, headers=platform.tenant.headers).json()]
+    assert box["id"] in listed  # its disk is kept: it can start again
+    platform.until(urgent["id"], finished)
+    r = platform.api.post(f"{WL}/{box['id']}/start", headers=platform.tenant.headers)
+    assert r.status_code == 200 and r.json()["state"] == "pending", r.text
+    platform.until(box["id"], lambda w: w["state"] == "running" and w["attempt"] == 2)

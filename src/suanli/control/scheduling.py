@@ -121,7 +121,7 @@ class SchedulingPass:
             views = self._views
             version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
             queue_rows = list(s.execute(
-                select(w.id, w.org_id, w.attempt, w.queued_at, w.attained_gpu_s)
+                select(w.id, w.name, w.org_id, w.attempt, w.queued_at, w.attained_gpu_s)
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
@@ -140,6 +140,7 @@ class SchedulingPass:
             self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
         queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
         queue = self._by_priority(queue)
+        names = {r.id: r.name for r in queue_rows}
         placements: list[tuple[str, ClusterView, dict[str, list[int]], str]] = []
         preempts: list[tuple[str, str]] = []
         pending: dict[str, tuple[str, int]] = {}
@@ -157,7 +158,7 @@ class SchedulingPass:
                 placements.append((p.request_id, view, _placement(view, p.gpus), p.reason))
                 placed.add(p.request_id)
             for pr in result.preempted:
-                preempts.append((pr.allocation_id, pr.reason))
+                preempts.append((pr.allocation_id, _named(pr.reason, names)))
             for pe in result.pending:
                 pending.setdefault(pe.request_id, (pe.reason, pe.position))
             left = [r for r in left if r.id not in placed]
@@ -407,6 +408,14 @@ class SchedulingPass:
             )  # fmt: skip
             s.execute(insert(WorkloadEvent.__table__), events)
         return len(allocs), refused
+
+
+def _named(reason: str, names: dict[str, str]) -> str:
+    """`preempted for wl_…` → `preempted for train-70b (wl_…)`: the victim's owner sees what took its GPUs."""
+    for wid, name in names.items():
+        if wid in reason:
+            return reason.replace(wid, f"{name} ({wid})", 1)
+    return reason
 
 
 def _fits_models(r: Request, models: frozenset[str]) -> bool:

@@ -271,9 +271,8 @@ def listing(s: Session, who: Principal, *, all: bool = False, org_id: str | None
     orgs = [accounts.org_for(s, who, org_id).id] if org_id else _visible_orgs(s, who)
     q = select(Workload).where(Workload.org_id.in_(orgs))
     if not all:
-        q = q.where(Workload.state.in_((*ACTIVE, "stopped"))).where(
-            (Workload.kind == "instance") | (Workload.state != "stopped")
-        )
+        # what is still going on: active work, and instances that can start again (their disk is kept)
+        q = q.where((Workload.state.in_(ACTIVE)) | ((Workload.kind == "instance") & Workload.state.in_(TERMINAL)))
     return list(s.scalars(q.order_by(Workload.created_at.desc()).limit(LIST_LIMIT)))
 
 
@@ -323,14 +322,12 @@ def stop(s: Session, who: Principal, ref: str, now: datetime, reason: str = "") 
 
 
 def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
-    """An instance that was stopped queues again, with its disk as it left it."""
+    """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it."""
     w = get(s, who, ref, lock=True)
     if w.kind != "instance":
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:
         return w
-    if w.state != "stopped":
-        raise Conflict(f"workload {w.id} is {w.state}")
     requeue(s, w, f"started by {who.email}", now)
     return w
 

@@ -18,7 +18,7 @@ from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.prices import PriceBook, default_price_book
-from suanli.control import inventory, prices
+from suanli.control import prices
 from suanli.control.accounts import Principal
 from suanli.db.models import Node, PriceBookVersion
 
@@ -90,9 +90,6 @@ class FleetCache:
     _version: int = -1
     _models: dict[str, ModelCapacity] = field(default_factory=dict)
     _lock: Lock = field(default_factory=Lock)
-
-    def models(self, s: Session) -> dict[str, ModelCapacity]:
-        return self.models_at(s, inventory.fleet_version(s))
 
     def models_at(self, s: Session, version: int) -> dict[str, ModelCapacity]:
         """For a fleet version the caller already read."""

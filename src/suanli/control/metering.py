@@ -77,10 +77,6 @@ def admit(load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -
     load.gpus += gpus
 
 
-def check_admission(s: Session, org_id: str, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
-    admit(org_load(s, org_id), rate_per_hour, gpus, hold_minutes)
-
-
 def admitted_row(
     s: Session,
     *,

@@ -28,7 +28,8 @@ GLOBAL = {
     ("POST", "/quotes"), ("GET", "/workloads"), ("POST", "/workloads"),
 }  # fmt: skip
 PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
-UNVERSIONED = {("GET", "/healthz")}  # the only APIRoute outside /api/v1
+UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
+OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
 # A valid body per request model: a 422 would hide whether the caller was authorised.
 SAMPLES: dict[str, dict[str, Any]] = {
     "TokenIn": {"name": "probe"},
@@ -44,6 +45,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "QuoteIn": {"model": "llama3.1-8b", "tokens": 1e9, "gpus": 8},
     "PlanIn": {"plan": "hourly", "gpu": "H20", "gpus": 1},
     "WorkloadIn": {"spec": {"name": "probe", "kind": "instance", "resources": {"gpus": 0}}},
+    "SamplesIn": {"samples": [{"node": "probe", "gpu": 0, "t": 1e9, "xid": 79}]},
+    "FaultIn": {"gpu": 0, "kind": "off_bus"},
 }
 
 
@@ -177,6 +180,8 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
     for n, (method, full, model) in enumerate(routes):
         if not full.startswith(API):
             assert (method, full) in UNVERSIONED, f"{method} {full}: a route outside {API}; classify it"
+            if full == "/metrics" and api.get(full, headers=w.attacker.headers).status_code != 403:
+                problems.append("GET /metrics: a tenant may read the operator's exposition")
             continue
         path = full[len(API) :]
         headers = bearer(logout_token) if path == "/logout" else w.attacker.headers
@@ -186,8 +191,8 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
             leaked = [x for x in w.secrets() if x in r.text]
             if r.status_code >= 400 or leaked:
                 problems.append(f"{method} {path}: {r.status_code}, leaks {leaked}: {r.text[:200]}")
-        elif path.startswith("/admin/") or "{" in path:
-            expected = {403} if path.startswith("/admin/") else {403, 404}
+        elif path.startswith("/admin/") or "{" in path or (method, path) in OPERATOR:
+            expected = {403} if path.startswith("/admin/") or (method, path) in OPERATOR else {403, 404}
             for url in _requests(w, method, full):
                 r = api.request(method, url, json=body, headers=headers)
                 if r.status_code not in expected or any(x in r.json()["detail"] for x in w.secrets()[:4]):

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, market, orgs, plans, workloads
+from suanli.api.routers import admin, auth, market, orgs, plans, telemetry, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, inventory, prices
 from suanli.control.background import BackgroundProcess
@@ -31,6 +31,7 @@ from suanli.db.migrate import migrate
 from suanli.topology import presets
 
 API = "/api/v1"
+SAMPLES_BODY_BYTES = 16 << 20  # a node agent's batch: up to 20,000 samples
 # Every error is `{"detail": ...}`; documented so clients (and schema-driven tests) know the shape.
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
@@ -204,11 +205,11 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    for r in (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router):
+    for r in (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router, telemetry.router):
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
-    app.add_middleware(
-        BodyLimit, limit=settings.max_body_bytes, uploads={f"{API}/workloads": settings.max_upload_bytes}
-    )
+    app.include_router(telemetry.metrics_router, responses=ERRORS)
+    uploads = {f"{API}/workloads": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads)
     return app
 
 

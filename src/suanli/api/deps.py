@@ -21,7 +21,9 @@ from suanli.control.errors import Invalid, Unauthorized
 from suanli.control.ids import token_hash, utcnow
 from suanli.control.offers import OfferCache
 from suanli.control.settings import Settings
+from suanli.control.telemetry import FleetIndex
 from suanli.db.engine import Database
+from suanli.telemetry.health import HealthJudge
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -50,6 +52,8 @@ class Server:
     tokens: TokenCache = field(default_factory=TokenCache)
     prices: PriceCache = field(default_factory=PriceCache)
     fleet: FleetCache = field(default_factory=FleetCache)
+    fleet_index: FleetIndex = field(default_factory=FleetIndex)  # GPU rows and holders, for samples agents post
+    judge: HealthJudge | None = None  # health of posted samples (this process's share of them)
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

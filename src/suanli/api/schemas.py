@@ -295,6 +295,9 @@ class GpuOut(Out):
     model: str
     memory_mib: int
     mig_mode: bool
+    healthy: bool
+    health_reason: str
+    health_since: datetime | None
 
 
 class NodeOut(Out):
@@ -312,6 +315,8 @@ class NodeOut(Out):
     cpu_count: int
     memory_mib: int
     labels: dict[str, object]
+    last_seen_at: datetime | None = Field(None, description="when its GPUs last reported a sample")
+    unhealthy_gpus: int = Field(0, description="GPUs a health rule marked unhealthy (until the node is set ready)")
 
 
 class NodeDetailOut(NodeOut):

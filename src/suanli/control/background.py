@@ -8,20 +8,26 @@ signal on Linux, and a parent check every pass), so a server killed with SIGKILL
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import socket
 import threading
+from datetime import datetime
+from typing import Any
 
 from suanli.control import leases, metering
 from suanli.control.ids import new_id, utcnow
 from suanli.control.scheduling import PassReport, SchedulingPass
 from suanli.control.settings import Settings
 from suanli.control.supervisor import Supervisor, SupervisorReport
+from suanli.control.telemetry_loop import TelemetryLoop
+from suanli.control.waste import LiveWaste
 from suanli.db.engine import Database
 from suanli.sched import SchedulerConfig
 
 log = logging.getLogger("suanli.background")
+PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, for /metrics
 
 
 def worker_id(server_pid: int | None = None) -> str:
@@ -64,7 +70,7 @@ class WorkloadLoop:
     """The scheduling loop and the supervisor, run by one leader at a time (a database lease): a second server
     process on the same database waits, and takes over within `lease_s` when the leader dies."""
 
-    LEASE = "workload-loop"
+    LEASE = leases.WORKLOAD_LOOP
 
     def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
         self.db, self.settings = db, settings
@@ -78,6 +84,11 @@ class WorkloadLoop:
         self.passes = 0
         self.leader = False
         self.last: tuple[PassReport, SupervisorReport] | None = None
+        self.live = LiveWaste()
+        self.waste_gpu_s = self.queued_gpu_s = 0.0  # counters since this process became the leader
+        self.pass_counts = [0] * (len(PASS_BUCKETS) + 1)  # histogram of pass seconds; the last: +Inf
+        self.pass_sum = 0.0
+        self._last_tick: datetime | None = None
 
     def tick(self) -> None:
         now = utcnow()
@@ -89,14 +100,31 @@ class WorkloadLoop:
         sup = self.supervisor.run(self.db, utcnow())
         self.last = (sched, sup)
         self.passes += 1
+        self._account(sched, now)
 
-    def info(self) -> dict[str, float | int]:
+    def _account(self, sched: PassReport, now: datetime) -> None:
+        """Integrate waste over time (a skipped pass means nothing changed: the last figures still hold)."""
+        if sched.live is not None:
+            self.live = sched.live
+        dt = (now - self._last_tick).total_seconds() if self._last_tick is not None else 0.0
+        self._last_tick = now
+        if self.live.queued_by_class and dt > 0:
+            self.waste_gpu_s += self.live.idle * dt
+            self.queued_gpu_s += self.live.gpus * dt
+        self.pass_counts[bisect.bisect_left(PASS_BUCKETS, sched.total_s)] += 1
+        self.pass_sum += sched.total_s
+
+    def info(self) -> dict[str, Any]:
         """What the leader reports with its lease (the operator's summary shows it): its last pass."""
-        out: dict[str, float | int] = {"passes": self.passes}
+        out: dict[str, Any] = {"passes": self.passes}
         if self.last is not None:
             sched, sup = self.last
             out.update(queued=sched.queued, placed=sched.placed, refused=sched.refused, cycle_ms=sched.cycle_s * 1000,
                        pass_ms=sched.total_s * 1000, launched=sup.launched, finished=sup.finished)  # fmt: skip
+        live = self.live
+        out.update(gpus=live.gpus, idle=live.idle, fragmented=live.fragmented, queued_by_class=dict(live.queued_by_class),
+                   waste_gpu_s=self.waste_gpu_s, queued_gpu_s=self.queued_gpu_s, pass_buckets=list(PASS_BUCKETS),
+                   pass_counts=list(self.pass_counts), pass_sum=self.pass_sum)  # fmt: skip
         return out
 
     def run(self) -> None:
@@ -121,7 +149,7 @@ class WorkloadLoop:
 
 
 class BackgroundProcess:
-    """The metering loop and the workload loop in a child process of the server (see the module docstring)."""
+    """The metering, workload and telemetry loops in a child process of the server (see the module docstring)."""
 
     def __init__(self, settings: Settings) -> None:
         import multiprocessing as mp
@@ -167,11 +195,14 @@ def run_background(settings_json: str, server_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     metering_loop = MeteringLoop(db, settings, worker_id(server_pid))
     workload_loop = WorkloadLoop(db, settings, worker_id(server_pid))
+    telemetry_loop = TelemetryLoop(db, settings, worker_id(server_pid))
     metering_loop.start()
     workload_loop.start()
+    telemetry_loop.start()
     while not stop.wait(1.0):
         if os.getppid() != server_pid:
             break
+    telemetry_loop.stop()
     workload_loop.stop()
     metering_loop.stop()
     db.dispose()

@@ -48,6 +48,11 @@ def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "cluster"
 
 
+def host_node_name(hostname: str) -> str:
+    """The node name `register_host` gives a host."""
+    return _slug(hostname)
+
+
 def build_cluster(spec: dict[str, Any]) -> Cluster:
     try:
         return parse(spec)
@@ -201,6 +206,16 @@ def node(s: Session, name: str) -> Node:
 
 def gpus_of(s: Session, node_id: str) -> list[Gpu]:
     return list(s.scalars(select(Gpu).where(Gpu.node_id == node_id).order_by(Gpu.index)))
+
+
+def unhealthy_gpus(s: Session, node_ids: list[str]) -> dict[str, int]:
+    """GPUs a health rule marked unhealthy, by node."""
+    out: dict[str, int] = {}
+    for i in range(0, len(node_ids), 500):
+        q = (select(Gpu.node_id, func.count()).where(Gpu.node_id.in_(node_ids[i : i + 500]), Gpu.healthy.is_(False))
+             .group_by(Gpu.node_id))  # fmt: skip
+        out.update({nid: int(n) for nid, n in s.execute(q)})
+    return out
 
 
 def set_state(s: Session, name: str, state: str, reason: str = "") -> Node:

@@ -10,6 +10,8 @@ from sqlalchemy.exc import IntegrityError
 from suanli.db.engine import Database
 from suanli.db.models import Lease
 
+WORKLOAD_LOOP = "workload-loop"  # the scheduling loop's leader; its info carries the live waste figures
+
 
 def acquire(
     db: Database, name: str, owner: str, now: datetime, ttl_s: float, info: dict[str, Any] | None = None

@@ -22,8 +22,9 @@ from sqlalchemy.orm import Session
 from suanli.billing.money import ZERO
 from suanli.control import inventory, metering, prices, workloads
 from suanli.control.errors import ServiceError
+from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, Plan, Workload, WorkloadEvent
+from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Plan, Workload, WorkloadEvent
 from suanli.sched import Allocation as SchedAllocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from suanli.topology import Cluster
@@ -46,6 +47,7 @@ class ClusterView:
     nodes: list[tuple[str, str, str]]  # by spec index: (name, kind, state)
     models: frozenset[str]
     index: dict[str, int] = field(default_factory=dict)  # node name -> spec index
+    unhealthy: list[tuple[str, int]] = field(default_factory=list)  # (node name, GPU index) health rules marked
 
     def __post_init__(self) -> None:
         self.index = {name: i for i, (name, _, _) in enumerate(self.nodes)}
@@ -63,6 +65,7 @@ class PassReport:
     refused: int = 0  # placements admission refused (balance, quota)
     cycle_s: float = 0.0
     total_s: float = 0.0
+    live: LiveWaste | None = None  # None: the pass was skipped (nothing changed); the last one still holds
 
 
 @dataclass
@@ -96,6 +99,13 @@ class SchedulingPass:
             select(Node.cluster_id, Node.index, Node.name, Node.kind, Node.state, Node.gpu_model)
         ):
             nodes[cid].append((idx, name, kind, state, model))
+        unhealthy: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for cid, name, gpu in s.execute(
+            select(Node.cluster_id, Node.name, Gpu.index)
+            .join(Gpu, Gpu.node_id == Node.id)
+            .where(Gpu.healthy.is_(False))
+        ):
+            unhealthy[cid].append((name, gpu))
         views = []
         for row in s.scalars(select(ClusterRow).order_by(ClusterRow.created_at)):
             if row.id not in self.topologies:
@@ -103,7 +113,8 @@ class SchedulingPass:
             rows = sorted(nodes.get(row.id, []))
             models = frozenset(m for *_, m in rows if m)
             views.append(ClusterView(row.id, row.name, self.topologies[row.id],
-                                     [(n, k, st) for _, n, k, st, _ in rows], models))  # fmt: skip
+                                     [(n, k, st) for _, n, k, st, _ in rows], models,
+                                     unhealthy=unhealthy.get(row.id, [])))  # fmt: skip
         return views
 
     # ---- the pass ------------------------------------------------------------------------------------------
@@ -128,6 +139,8 @@ class SchedulingPass:
             signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)))
             fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
             if not queue_rows or (signature == self._signature and fresh):
+                if not queue_rows:
+                    report.live = LiveWaste()
                 report.total_s = time.perf_counter() - t0
                 return report
             self._signature, self._last_run = signature, now
@@ -174,6 +187,8 @@ class SchedulingPass:
             elif r.id not in pending:
                 pending[r.id] = (_unmatched_reason(r, views), 0)
         report.cycle_s = time.perf_counter() - t1
+        placed_ids = {p[0] for p in placements}
+        report.live = live_waste(states.values(), [r for r in left if r.id not in placed_ids], queue)
         self._persist(db, now, placements, preempts, pending, report)
         report.total_s = time.perf_counter() - t0
         return report
@@ -230,6 +245,9 @@ class SchedulingPass:
                 for i, (_, _, state) in enumerate(v.nodes):
                     if state != "ready":
                         st.set_node_ok(i, False)
+                for name, gpu in v.unhealthy:
+                    if name in v.index and gpu < len(v.topology.gpus_of_node(v.index[name])):
+                        st.set_gpu_ok(v.topology.gpus_of_node(v.index[name]).start + gpu, False)
                 self._states[v.row_id] = st
         open_ids = set(s.scalars(select(Allocation.id).where(Allocation.stopped_at.is_(None))))
         for aid in [a for a in self._held if a not in open_ids]:
@@ -268,8 +286,8 @@ class SchedulingPass:
         sched_id = a.workload or a.id
         alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,
                                 seconds(a.started_at) + est if est else None)  # fmt: skip
-        try:
-            self._states[cid].reserve(alloc)
+        try:  # it holds them already: an unhealthy GPU or an exclusive neighbour does not undo that
+            self._states[cid].reserve(alloc, restore=True)
         except ValueError as e:  # overlapping rows (a preempted attempt still closing): skip, never crash
             log.warning("snapshot: %s", e)
             return

@@ -42,6 +42,20 @@ class Settings(BaseModel):
         5.0, ge=0, le=24 * 60, description="minutes of its rate a workload may run below a zero balance"
     )
     virtual: tuple[str, ...] = Field((), description="topology presets registered as virtual nodes on start")
+    telemetry_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between GPU samples")
+    telemetry_stale_s: float = Field(90.0, gt=0, description="a GPU whose newest sample is older shows no reading")
+    telemetry_raw_s: int = Field(7200, ge=60, description="seconds samples are kept at full resolution")
+    telemetry_minute_s: int = Field(7 * 86400, ge=3600, description="seconds per-minute rollups are kept")
+    telemetry_hour_s: int = Field(90 * 86400, ge=86400, description="seconds per-hour rollups are kept")
+    sim_seed: int = Field(0, description="seed of the simulated GPUs of virtual nodes")
+    sim_fault_rate: float = Field(0.0, ge=0, le=100, description="random XIDs per simulated GPU-hour (0: none)")
+    sim_samples_per_s: float = Field(
+        4000.0, gt=0, description="most simulated samples a second: a bigger virtual fleet is sampled less often"
+    )
+    health_overtemp_margin_c: float = Field(0.0, ge=0, le=50, description="fire this far below the slowdown °C")
+    health_overtemp_samples: int = Field(2, ge=1, le=1000, description="consecutive hot samples before acting")
+    health_heartbeat_s: float = Field(60.0, gt=0, description="a node silent this long is unhealthy")
+    health_fatal_xids: tuple[int, ...] | None = Field(None, description="XIDs that drain a node (default: NVIDIA's)")
 
     @field_validator("policy")
     @classmethod
@@ -53,6 +67,9 @@ class Settings(BaseModel):
     @property
     def db_url(self) -> str:
         return self.db or f"sqlite+pysqlite:///{self.home / 'suanli.db'}"
+
+
+LISTS = ("virtual", "health_fatal_xids")  # comma-separated in environment variables
 
 
 def default_home() -> Path:
@@ -80,7 +97,7 @@ def load(
     for name in Settings.model_fields:
         value = environ.get(f"SUANLI_{name.upper()}")
         if value is not None and value != "":
-            merged[name] = [v for v in value.split(",") if v] if name == "virtual" else value
+            merged[name] = [v for v in value.split(",") if v] if name in LISTS else value
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
     merged.setdefault("home", default_home())
     try:

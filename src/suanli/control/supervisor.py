@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import ledger, metering, workloads
+from suanli.control import health, ledger, metering, workloads
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
@@ -311,6 +311,10 @@ class Supervisor:
         asked = w.stop_requested
         if asked and asked.startswith("preempted"):
             state, cause, reason = "preempted", "preemption", asked
+        elif asked and asked.startswith(health.NODE_FAILURE):
+            state, cause, reason = "failed", "node-failure", asked
+            if alloc is not None:
+                health.credit_fault(s, w, alloc, now)
         elif asked:
             state, cause, reason = "stopped", None, asked
         elif status.state == "lost":

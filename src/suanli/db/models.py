@@ -174,6 +174,7 @@ class Node(Base):
     memory_mib: Mapped[int] = mapped_column(BigInteger, default=0)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # its latest GPU sample
 
 
 class Gpu(Base):
@@ -186,6 +187,9 @@ class Gpu(Base):
     model: Mapped[str] = mapped_column(String(32))
     memory_mib: Mapped[int] = mapped_column(Integer)
     mig_mode: Mapped[bool] = mapped_column(Boolean, default=False)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)  # False: a health rule fired; no new placements
+    health_reason: Mapped[str] = mapped_column(Text, default="")
+    health_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class Allocation(Base):
@@ -297,3 +301,9 @@ class Lease(Base):
     owner: Mapped[str] = mapped_column(String(128))
     expires_at: Mapped[datetime]
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the holder reports (its last pass)
+
+
+# Telemetry tables live in their own module; importing them here puts them in `Base.metadata` for migrations.
+from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
+
+__all__ = ["GpuRollup", "GpuSampleRow", "InjectedFault", "NodeEvent"]

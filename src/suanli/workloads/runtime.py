@@ -29,3 +29,24 @@ def predicted_runtime(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int])
     if best.tokens_per_s <= 0:
         return None
     return float(model.tokens / best.tokens_per_s)
+
+
+def load_profile(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int]) -> tuple[float, float] | None:
+    """(busy, compute) of a training step on the placement, from the best plan's time breakdown: `busy` is the
+    share of the step a GPU runs kernels (pipeline bubbles are idle), `compute` the share of busy time that is
+    math rather than exposed communication. None when the spec names no model or no plan fits."""
+    model = spec.model
+    if model is None or not gpus:
+        return None
+    job = TrainJob(arch=model_preset(model.preset), precision=model.precision)
+    try:
+        best = search(job, Placement(cluster, np.asarray(sorted(gpus), dtype=np.int64)), top=1)[0]
+    except PlanError:
+        return None
+    parts, step = best.breakdown, best.step_time_s
+    if step <= 0:
+        return None
+    math = sum(parts.get(k, 0.0) for k in ("compute_linear", "compute_attention", "elementwise", "recompute",
+                                              "optimizer"))  # fmt: skip
+    busy = max(0.0, min(1.0, 1.0 - parts.get("pp_bubble", 0.0) / step))
+    return busy, max(0.0, min(1.0, math / max(busy * step, 1e-12)))

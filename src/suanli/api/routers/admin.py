@@ -31,7 +31,7 @@ from suanli.api.schemas import (
     money,
 )
 from suanli.billing.money import ZERO
-from suanli.control import accounts, inventory, leases, ledger, prices, workloads
+from suanli.control import accounts, health, inventory, leases, ledger, prices, workloads
 from suanli.control.background import WorkloadLoop, owned_by_server
 from suanli.control.ids import new_id
 from suanli.db.models import ClusterRow
@@ -174,7 +174,8 @@ def list_nodes(
 ) -> list[NodeOut]:
     with ctx.db.read() as s:
         rows = inventory.nodes(s, state=state, cluster=cluster, limit=limit, offset=offset)
-        return [NodeOut.model_validate(n) for n in rows]
+        bad = inventory.unhealthy_gpus(s, [n.id for n in rows])
+        return [NodeOut.model_validate(n).model_copy(update={"unhealthy_gpus": bad.get(n.id, 0)}) for n in rows]
 
 
 @router.get("/nodes/{node}")
@@ -183,7 +184,8 @@ def get_node(node: str, ctx: Admin) -> NodeDetailOut:
     with ctx.db.read() as s:
         n = inventory.node(s, node)
         gpus = [GpuOut.model_validate(g) for g in inventory.gpus_of(s, n.id)]
-        return NodeDetailOut(**NodeOut.model_validate(n).model_dump(), gpus=gpus)
+        out = NodeOut.model_validate(n).model_copy(update={"unhealthy_gpus": sum(not g.healthy for g in gpus)})
+        return NodeDetailOut(**out.model_dump(), gpus=gpus)
 
 
 @router.patch("/nodes/{node}")
@@ -191,7 +193,7 @@ def get_node(node: str, ctx: Admin) -> NodeDetailOut:
 def set_node_state(node: str, body: NodeStateIn, ctx: Admin) -> NodeOut:
     """Drain a node (running work finishes, nothing new lands), take it down, or bring it back."""
     with ctx.db.write() as s, s.begin():
-        return NodeOut.model_validate(inventory.set_state(s, node, body.state, body.reason))
+        return NodeOut.model_validate(health.set_state(s, node, body.state, body.reason, ctx.now))
 
 
 # ---- workloads ----------------------------------------------------------------------------------------------

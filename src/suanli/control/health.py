@@ -1,0 +1,151 @@
+"""What a fatal health finding does: the GPU (or node) is marked unhealthy, the node is drained so nothing new
+lands on it, and every workload on the failed hardware is asked to stop as a node failure. The supervisor then
+requeues or fails it by its retry policy and credits the tenant for the GPU time the fault cost
+(`credit_fault`). Every action is a node event or a workload event that names its cause.
+
+Faults can be injected into virtual nodes, whose simulated GPUs then report them, so the whole chain can be
+exercised without hardware.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from suanli.billing.metering import billable_seconds, cost_of
+from suanli.control import inventory, ledger, workloads
+from suanli.control.errors import Invalid
+from suanli.db.models import Allocation, Gpu, Node, Workload
+from suanli.db.telemetry import InjectedFault, NodeEvent
+from suanli.telemetry.health import Finding
+
+NODE_FAILURE = "node-failure: "  # the prefix of a stop request the supervisor treats as a node failure
+FAULT_KINDS = ("overtemp", "xid", "ecc_dbe", "off_bus", "silent")
+ONE_SHOT = ("xid", "ecc_dbe")  # reported once; the others last until the node is repaired (set ready)
+
+
+@dataclass
+class HealthReport:
+    gpus_marked: int = 0
+    nodes_drained: int = 0
+    workloads_stopped: list[str] = field(default_factory=list)
+
+
+def note(s: Session, node_id: str, gpu: int | None, kind: str, reason: str, now: datetime) -> None:
+    s.add(NodeEvent(node_id=node_id, gpu=gpu, at=now, kind=kind, reason=reason[:2000]))
+
+
+def apply(s: Session, findings: Sequence[Finding], now: datetime) -> HealthReport:
+    """Act on fatal findings. Idempotent: a GPU already unhealthy and a workload already stopping are left alone,
+    so a rule that keeps firing every sample produces one set of actions."""
+    report = HealthReport()
+    fatal = [f for f in findings if f.fatal]
+    if not fatal:
+        return report
+    nodes = {n.name: n for n in s.scalars(select(Node).where(Node.name.in_({f.node for f in fatal})))}
+    changed = False
+    for f in fatal:
+        node = nodes.get(f.node)
+        if node is None:
+            continue
+        if f.gpu is not None:
+            gpu = s.scalar(select(Gpu).where(Gpu.node_id == node.id, Gpu.index == f.gpu))
+            if gpu is None or not gpu.healthy:
+                continue
+            gpu.healthy, gpu.health_reason, gpu.health_since = False, f.reason[:1000], now
+            note(s, node.id, f.gpu, f.rule, f.reason, now)
+            report.gpus_marked += 1
+        elif node.state != "ready":
+            continue
+        else:
+            note(s, node.id, None, f.rule, f.reason, now)
+        if node.state == "ready":
+            node.state, node.state_reason = "draining", f"health: {f.reason}"[:1000]
+            note(s, node.id, None, "drained", f"no new work: {f.reason}", now)
+            report.nodes_drained += 1
+        changed = True
+        report.workloads_stopped += _stop_holders(s, node.name, f.gpu, f.reason, now)
+    if changed:
+        inventory.bump_version(s, fleet=True)
+    return report
+
+
+def _stop_holders(s: Session, node: str, gpu: int | None, reason: str, now: datetime) -> list[str]:
+    """Ask every workload holding the failed GPU (or any GPU of the failed node) to stop as a node failure."""
+    stopped = []
+    rows = s.execute(select(Allocation.workload, Allocation.placement).where(Allocation.stopped_at.is_(None))).all()
+    for wid, placement in rows:
+        held = (placement or {}).get(node)
+        if held is None or (gpu is not None and gpu not in [int(g) for g in held]):
+            continue
+        w = s.get(Workload, wid, with_for_update=True)
+        if w is None or w.state not in ("scheduled", "starting", "running") or w.stop_requested:
+            continue
+        where = f"{node} GPU {gpu}" if gpu is not None else node
+        w.stop_requested = f"{NODE_FAILURE}{where}: {reason}"[:2000]
+        workloads.event(s, w, f"stopping: {w.stop_requested}", now)
+        stopped.append(w.id)
+    return stopped
+
+
+def credit_fault(s: Session, w: Workload, alloc: Allocation, now: datetime) -> Decimal:
+    """Give back what the failed attempt was charged (its work is lost with it), as a refund naming the fault.
+    Keyed by the allocation, so a repeated finish credits once."""
+    if alloc.stopped_at is None or alloc.rate_per_hour <= 0:
+        return Decimal(0)
+    held = max(0.0, (alloc.stopped_at - alloc.started_at).total_seconds())
+    amount = cost_of(alloc.rate_per_hour, billable_seconds(held, True))
+    if amount <= 0:
+        return Decimal(0)
+    memo = f"{w.name} ({w.id}): {int(held)} s lost to a hardware fault: {w.stop_requested or ''}"[:500]
+    ledger.move(s, "refund", alloc.org_id, amount, f"fault-credit:{alloc.id}", now, memo, user_id=w.user_id)
+    workloads.event(s, w, f"credited {amount.normalize():f} for {int(held)} s lost to the fault", now)
+    return amount
+
+
+# ---- repair and injection -------------------------------------------------------------------------------------
+def repair(s: Session, node: Node, now: datetime) -> int:
+    """The operator put the node back (`ready`): its GPUs count as healthy again and lasting injected faults end."""
+    marked = s.execute(update(Gpu).where(Gpu.node_id == node.id, Gpu.healthy.is_(False))
+                       .values(healthy=True, health_reason="", health_since=None)).rowcount or 0  # fmt: skip
+    s.execute(update(InjectedFault).where(InjectedFault.node_id == node.id, InjectedFault.cleared_at.is_(None))
+              .values(cleared_at=now))  # fmt: skip
+    note(s, node.id, None, "ready", f"returned to service; {marked} GPU(s) marked healthy again", now)
+    return marked
+
+
+def set_state(s: Session, name: str, state: str, reason: str, now: datetime) -> Node:
+    """The operator's drain, down or ready; `ready` after a fault is the repair."""
+    row = inventory.node(s, name)
+    if state == "ready" and row.state != "ready":
+        repair(s, row, now)
+    elif state != row.state:
+        note(s, row.id, None, state, reason or f"set {state} by the operator", now)
+    return inventory.set_state(s, name, state, reason)
+
+
+def inject(s: Session, node_ref: str, gpu: int, kind: str, xid: int, now: datetime) -> InjectedFault:
+    node = inventory.node(s, node_ref)
+    if node.kind != "virtual":
+        raise Invalid(f"node: {node.name} is a {node.kind} node; faults can only be injected into virtual nodes")
+    if kind not in FAULT_KINDS:
+        raise Invalid(f"kind: one of {', '.join(FAULT_KINDS)}")
+    if not 0 <= gpu < node.gpu_count:
+        raise Invalid(f"gpu: {node.name} has GPUs 0-{node.gpu_count - 1}")
+    if kind == "xid" and xid <= 0:
+        raise Invalid("xid: an XID fault needs the XID number (e.g. 79, fallen off the bus)")
+    row = InjectedFault(node_id=node.id, gpu=gpu, kind=kind, xid=xid if kind == "xid" else 0, created_at=now)
+    s.add(row)
+    note(s, node.id, gpu, "injected", f"fault injected: {kind}{f' {xid}' if kind == 'xid' else ''}", now)
+    s.flush()
+    return row
+
+
+def events(s: Session, node_id: str, limit: int = 200) -> list[NodeEvent]:
+    q = select(NodeEvent).where(NodeEvent.node_id == node_id).order_by(NodeEvent.id.desc()).limit(limit)
+    return list(reversed(list(s.scalars(q))))

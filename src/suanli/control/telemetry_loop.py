@@ -1,0 +1,268 @@
+"""The telemetry loop: sample every GPU the platform runs (simulated ones of virtual nodes, and this host's real
+ones through NVML), store the samples, judge their health and act on it, and compact old samples.
+
+One leader at a time (a database lease), like the workload loop: the simulated GPUs have state (temperature
+with inertia) that must live in one place, and the health judge counts consecutive hot samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from suanli.control import health, inventory, leases, telemetry
+from suanli.control.ids import utcnow
+from suanli.control.settings import Settings
+from suanli.control.telemetry import FleetIndex, Retention
+from suanli.db.engine import Database
+from suanli.db.models import Allocation, ClusterRow, Gpu, Node, Workload
+from suanli.db.telemetry import InjectedFault
+from suanli.telemetry.health import Finding, HealthJudge, HealthRules
+from suanli.telemetry.nvml_sampler import NvmlSampler
+from suanli.telemetry.samples import GpuSample
+from suanli.telemetry.simulated import Fault, Load, SimGpu, SimulatedCollector
+from suanli.topology import Cluster
+from suanli.workloads.models import WorkloadSpec
+from suanli.workloads.runtime import load_profile
+
+log = logging.getLogger("suanli.telemetry")
+DEFAULT_LOAD = Load(busy=0.97, compute=0.8)  # a training job whose model the spec does not name
+STARTING_LOAD = Load(busy=0.05, compute=1.0)  # placed, its processes not running yet
+COMPACT_EVERY_S = 60.0
+
+
+def rules_of(settings: Settings) -> HealthRules:
+    extra: dict[str, Any] = {}
+    if settings.health_fatal_xids is not None:
+        extra["fatal_xids"] = tuple(settings.health_fatal_xids)
+    return HealthRules(overtemp_margin_c=settings.health_overtemp_margin_c,
+                       overtemp_samples=settings.health_overtemp_samples,
+                       heartbeat_timeout_s=settings.health_heartbeat_s, **extra)  # fmt: skip
+
+
+def retention_of(settings: Settings) -> Retention:
+    return Retention(raw_s=settings.telemetry_raw_s, minute_s=settings.telemetry_minute_s,
+                     hour_s=settings.telemetry_hour_s)  # fmt: skip
+
+
+@dataclass
+class TickReport:
+    sampled: int = 0
+    stored: int = 0
+    findings: list[str] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Fleet:
+    """Virtual GPUs and where their nodes sit, rebuilt when the fleet changes."""
+
+    version: int = -1
+    gpus: list[SimGpu] = field(default_factory=list)
+    where: dict[str, tuple[str, int]] = field(default_factory=dict)  # node name -> (cluster id, spec index)
+    topologies: dict[str, Cluster | None] = field(default_factory=dict)
+    local: str | None = None  # this host's registered node with GPUs, sampled through NVML
+
+
+class TelemetryTicker:
+    """One tick's work, without threads, so tests can drive it with their own clock."""
+
+    LEASE = "telemetry"
+
+    def __init__(self, db: Database, settings: Settings, owner: str, nvml: Any = None) -> None:
+        self.db, self.settings, self.owner = db, settings, owner
+        self.sim = SimulatedCollector(seed=settings.sim_seed, fault_rate_per_gpu_hour=settings.sim_fault_rate)
+        self.judge = HealthJudge(rules_of(settings))
+        self.keep = retention_of(settings)
+        self.index = FleetIndex()
+        self.fleet = Fleet()
+        self.nvml_module = nvml
+        self.nvml: NvmlSampler | None = None
+        self.profiles: dict[tuple[str, int], Load] = {}
+        self.started: datetime | None = None
+        self.sim_next: datetime | None = None
+        self.compacted: datetime | None = None
+        self.leader = False
+        self.last = TickReport()
+
+    def tick(self, now: datetime | None = None) -> TickReport:
+        now = now or utcnow()
+        lease_s = max(30.0, 6 * self.settings.telemetry_interval_s)
+        self.leader = leases.acquire(self.db, self.LEASE, self.owner, now, lease_s,
+                                     {"sampled": self.last.sampled, "stored": self.last.stored})  # fmt: skip
+        if not self.leader:
+            self.started = None
+            return TickReport()
+        self.started = self.started or now
+        report = TickReport()
+        with self.db.read() as s:
+            self._refresh_fleet(s)
+            loads = self._loads(s)
+            faults, one_shot = self._faults(s)
+        samples = []
+        if self.fleet.gpus and (self.sim_next is None or now >= self.sim_next):
+            samples = self.sim.sample(self.fleet.gpus, loads, faults, now.timestamp())
+            self.sim_next = now + timedelta(seconds=self.sim_period_s() * 0.999)
+        else:
+            one_shot = []  # reported when the virtual fleet is next sampled
+        samples += self._local(now)
+        report.sampled = len(samples)
+        with self.db.write() as s, s.begin():
+            index = self.index.refresh(s)
+            stored, _ = telemetry.ingest(s, samples, index)
+            report.stored = stored.stored
+            if one_shot:
+                s.execute(update(InjectedFault).where(InjectedFault.id.in_(one_shot)).values(cleared_at=now))
+            models = {key: model for key, (_, model) in index.gpus.items()}
+            findings = self.judge.judge(samples, models)
+            findings += self._heartbeats(s, now)
+            acted = health.apply(s, findings, now)
+        report.findings = [f"{f.node}/{f.gpu}: {f.reason}" for f in findings if f.fatal]
+        report.stopped = acted.workloads_stopped
+        for f in findings:
+            if f.fatal:
+                log.warning("health: %s GPU %s: %s", f.node, f.gpu, f.reason)
+        if self.compacted is None or (now - self.compacted).total_seconds() >= COMPACT_EVERY_S:
+            with self.db.write() as s, s.begin():
+                telemetry.compact(s, now, self.keep)
+            self.compacted = now
+        self.last = report
+        return report
+
+    def _heartbeats(self, s: Session, now: datetime) -> list[Finding]:
+        """Ready nodes that stopped reporting; only once this leader has run long enough for all to report."""
+        assert self.started is not None
+        if (now - self.started).total_seconds() < self.settings.health_heartbeat_s:
+            return []
+        period = self.sim_period_s()
+        slack = 3 * period if period > self.settings.telemetry_interval_s else 0.0  # a stretched period is no loss
+        q = select(Node.name, Node.last_seen_at).where(Node.last_seen_at.is_not(None), Node.state == "ready")
+        seen = {n: t.timestamp() for n, t in s.execute(q) if now.timestamp() - t.timestamp() > slack}
+        return self.judge.heartbeats(seen, now.timestamp())
+
+    def sim_period_s(self) -> float:
+        """The sampling period, stretched for a virtual fleet too big to simulate at it (100,000 GPUs are read
+        every 25 s at the default 4,000 samples/s): simulation must not crowd out the platform it feeds."""
+        return max(self.settings.telemetry_interval_s, len(self.fleet.gpus) / self.settings.sim_samples_per_s)
+
+    # ---- what to sample ---------------------------------------------------------------------------------------
+    def _refresh_fleet(self, s: Session) -> None:
+        version = inventory.fleet_version(s)
+        if version == self.fleet.version:
+            return
+        fleet = Fleet(version=version)
+        host = inventory.host_node_name(socket.gethostname())
+        for name, kind, state, cid, idx, gpu, uuid, model in s.execute(
+            select(Node.name, Node.kind, Node.state, Node.cluster_id, Node.index, Gpu.index, Gpu.uuid, Gpu.model)
+            .join(Gpu, Gpu.node_id == Node.id).order_by(Node.cluster_id, Node.index, Gpu.index)
+        ):  # fmt: skip
+            fleet.where[name] = (cid, idx)
+            if kind == "virtual" and state != "down":  # a node taken down is switched off: it reports nothing
+                fleet.gpus.append(SimGpu(name, gpu, uuid, model))
+            elif kind == "local" and name == host:
+                fleet.local = name
+        for row in s.scalars(select(ClusterRow)):
+            fleet.topologies[row.id] = self.fleet.topologies.get(row.id) or inventory.cluster_topology(row)
+        self.fleet = fleet
+
+    def _loads(self, s: Session) -> dict[tuple[str, int], Load]:
+        """What each held GPU is doing: running work at its predicted compute/communication mix."""
+        out: dict[tuple[str, int], Load] = {}
+        live: set[tuple[str, int]] = set()
+        rows = s.execute(
+            select(Allocation.placement, Workload.id, Workload.attempt, Workload.state)
+            .join(Workload, Workload.id == Allocation.workload).where(Allocation.stopped_at.is_(None))
+        ).all()  # fmt: skip
+        missing = [(wid, att) for _, wid, att, st in rows if st == "running" and (wid, att) not in self.profiles]
+        specs = dict(s.execute(select(Workload.id, Workload.spec).where(Workload.id.in_([w for w, _ in missing[:200]]))
+                               ).all()) if missing else {}  # fmt: skip
+        for placement, wid, attempt, state in rows:
+            key = (wid, attempt)
+            live.add(key)
+            if state != "running":
+                load = STARTING_LOAD
+            else:
+                if key not in self.profiles and wid in specs:
+                    self.profiles[key] = self._profile(specs[wid], placement or {})
+                load = self.profiles.get(key, DEFAULT_LOAD)
+            for node, idx in (placement or {}).items():
+                for g in idx:
+                    out[(node, int(g))] = load
+        self.profiles = {k: v for k, v in self.profiles.items() if k in live}
+        return out
+
+    def _profile(self, spec_doc: dict[str, Any], placement: dict[str, list[int]]) -> Load:
+        try:
+            spec = WorkloadSpec.model_validate(spec_doc)
+            first = next(iter(placement), None)
+            cid = self.fleet.where.get(first)[0] if first in self.fleet.where else None  # type: ignore[index]
+            cluster = self.fleet.topologies.get(cid) if cid else None
+            if spec.model is None or cluster is None:
+                return DEFAULT_LOAD
+            gpus = [cluster.gpus_of_node(self.fleet.where[n][1]).start + int(g)
+                    for n, idx in placement.items() if n in self.fleet.where for g in idx]  # fmt: skip
+            mix = load_profile(spec, cluster, gpus)
+        except Exception:  # a profile is a nicety: never let it stop sampling
+            log.exception("load profile failed")
+            return DEFAULT_LOAD
+        return Load(busy=0.97 * mix[0], compute=mix[1]) if mix else DEFAULT_LOAD
+
+    def _faults(self, s: Session) -> tuple[list[Fault], list[int]]:
+        rows = s.execute(
+            select(InjectedFault.id, InjectedFault.kind, InjectedFault.gpu, InjectedFault.xid, Node.name)
+            .join(Node, Node.id == InjectedFault.node_id).where(InjectedFault.cleared_at.is_(None))
+        ).all()  # fmt: skip
+        faults = []
+        for _, kind, gpu, xid, node in rows:
+            if kind == "silent":  # the node's agent stopped: none of its GPUs report
+                faults += [Fault(kind, node, g.gpu) for g in self.fleet.gpus if g.node == node]
+            else:
+                faults.append(Fault(kind, node, gpu, xid))
+        return faults, [fid for fid, kind, *_ in rows if kind in health.ONE_SHOT]
+
+    def _local(self, now: datetime) -> list[GpuSample]:
+        if self.fleet.local is None:
+            return []
+        if self.nvml is None or self.nvml.node != self.fleet.local:
+            self.nvml = NvmlSampler(self.fleet.local, self.nvml_module)
+        return self.nvml.sample(now.timestamp())
+
+    def release(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+        if self.leader:
+            leases.release(self.db, self.LEASE, self.owner)
+
+
+class TelemetryLoop:
+    def __init__(self, db: Database, settings: Settings, owner: str) -> None:
+        self.ticker = TelemetryTicker(db, settings, owner)
+        self.interval = settings.telemetry_interval_s
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="suanli-telemetry", daemon=True)
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.ticker.tick()
+            except Exception:
+                log.exception("telemetry pass failed")
+            self.stop_event.wait(self.interval)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
+        try:
+            self.ticker.release()
+        except Exception:
+            log.exception("releasing the telemetry lease failed")

@@ -55,6 +55,7 @@ from suanli.client_models import (
     jsonable,
     load,
 )
+from suanli.client_telemetry import TelemetryCalls
 from suanli.workdir_upload import WORKDIR_LIMIT, pack_workdir
 
 __all__ = [
@@ -130,7 +131,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client:
+class Client(TelemetryCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

@@ -163,6 +163,8 @@ class Gpu:
     model: str
     memory_mib: int
     mig_mode: bool
+    healthy: bool = True
+    health_reason: str = ""  # why a health rule marked it unhealthy (until its node is set ready)
 
 
 @dataclass(frozen=True)
@@ -182,6 +184,8 @@ class Node:
     memory_mib: int
     labels: dict[str, Any]
     gpus: tuple[Gpu, ...] = ()  # filled by `admin_node` only
+    last_seen_at: datetime | None = None  # its GPUs' newest sample
+    unhealthy_gpus: int = 0
 
 
 @dataclass(frozen=True)

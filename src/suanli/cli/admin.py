@@ -1,4 +1,5 @@
-"""`suanli admin …`: operator commands (users, money, quotas, prices, clusters and nodes, ledger checks).
+"""`suanli admin …`: operator commands (users, money, quotas, prices, clusters and nodes, ledger checks, and the
+GPU telemetry commands of `suanli.cli.telemetry`: top, events, fault, node-metrics).
 
 All go through the API with an admin login, except `create-user`, which opens the database directly: it is
 how the first admin is made, before anyone can log in.
@@ -6,17 +7,24 @@ how the first admin is made, before anyone can log in.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
 from rich.table import Table
+from rich.text import Text
 
 from suanli.cli import credentials as cred
+from suanli.cli import telemetry
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
+from suanli.cli.workloads import span
+
+if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
+    from suanli.client import Node
 
 app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login; create-user needs none).")
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
@@ -331,12 +339,26 @@ def nodes(
         emit_json(jsonable(rows))
         return
     table = Table(title=f"nodes ({len(rows):,})")
-    for col in ("name", "kind", "state", "GPU", "GPUs", "NVLink domain", "leaf", "reason"):
-        table.add_column(col, justify="right" if col in ("GPUs", "NVLink domain", "leaf") else "left")
+    for col in ("name", "kind", "state", "health", "last seen", "GPU", "GPUs", "NVLink domain", "leaf", "reason"):
+        table.add_column(col, justify="right" if col in ("GPUs", "NVLink domain", "leaf", "last seen") else "left")
     for n in rows:
-        table.add_row(n.name, n.kind, n.state, n.gpu_model or "-", str(n.gpu_count), str(n.nvlink_domain),
-                      str(n.leaf), n.state_reason)  # fmt: skip
+        table.add_row(n.name, n.kind, n.state, _node_health(n), _seen(n.last_seen_at), n.gpu_model or "-",
+                      str(n.gpu_count), str(n.nvlink_domain), str(n.leaf), n.state_reason)  # fmt: skip
     console.print(table)
+
+
+def _node_health(n: Node) -> Text:
+    if n.unhealthy_gpus:
+        return Text(f"{n.unhealthy_gpus} GPU{'s' if n.unhealthy_gpus != 1 else ''} unhealthy", style="bold red")
+    return Text("ok", style="green")
+
+
+def _seen(at: datetime | None) -> str:
+    """How long ago the node's GPUs last reported ('never': no sample yet)."""
+    if at is None:
+        return "never"
+    at = at if at.tzinfo is not None else at.replace(tzinfo=UTC)
+    return f"{span((datetime.now(UTC) - at).total_seconds())} ago"
 
 
 @app.command("node")
@@ -351,11 +373,14 @@ def node(name: NodeArg, server: ServerOpt = None, json_out: JsonOpt = False) -> 
     console.print(f"[bold]{n.name}[/] ({n.id}), {n.kind}, {n.state}{reason}")
     console.print(f"cluster {n.cluster_id}; NVLink domain {n.nvlink_domain}, leaf {n.leaf}, spine {n.spine}")
     table = Table(title=f"{n.gpu_count} x {n.gpu_model or 'no GPU'}")
-    for col in ("index", "model", "memory", "MIG", "uuid"):
-        table.add_column(col)
+    for col in ("index", "model", "memory", "MIG", "health", "uuid"):
+        table.add_column(col, no_wrap=col != "health")
     for g in n.gpus:
-        table.add_row(str(g.index), g.model, f"{g.memory_mib:,} MiB", "on" if g.mig_mode else "", g.uuid)
+        health = Text("ok", style="green") if g.healthy else Text(f"✗ {g.health_reason or 'unhealthy'}", "bold red")
+        table.add_row(str(g.index), g.model, f"{g.memory_mib:,} MiB", "on" if g.mig_mode else "", health, g.uuid)
     console.print(table)
+    if n.unhealthy_gpus:
+        console.print(f"repair (after fixing the hardware): suanli admin undrain {n.name}")
 
 
 def _set_state(name: str, state: str, reason: str, server: str | None) -> None:
@@ -380,3 +405,7 @@ def undrain(name: NodeArg, server: ServerOpt = None) -> None:
 def down(name: NodeArg, reason: ReasonOpt = "", server: ServerOpt = None) -> None:
     """Take a node out of service (it no longer counts as capacity)."""
     _set_state(name, "down", reason, server)
+
+
+# ---- telemetry: top, events, fault, node-metrics ------------------------------------------------------------
+telemetry.register_admin(app)

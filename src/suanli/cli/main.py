@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import account, admin, perf, server, sim, topology, workloads
+from suanli.cli import account, admin, perf, server, sim, telemetry, topology, workloads
 
 app = typer.Typer(
     name="suanli",
@@ -25,6 +25,7 @@ app.command("server")(server.server)
 app.command("up")(server.up)
 account.register(app)
 workloads.register(app)
+telemetry.register(app)
 app.add_typer(admin.app, name="admin")
 
 

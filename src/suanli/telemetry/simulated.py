@@ -34,6 +34,7 @@ POWER_CAP_CLOCK = 0.95  # power-capped boost (judgement)
 UTIL_NOISE = 1.5  # percentage points, standard deviation (judgement)
 POWER_NOISE = 0.01  # relative standard deviation of a power reading (judgement)
 IDLE_MEM_MIB = 300  # memory used by nobody's process: context of the persistence daemon (judgement)
+COOLING_SPREAD = (0.85, 1.15)  # per-GPU factor on R_th: airflow position in the chassis differs (judgement)
 MEM_BUSY = (0.7, 0.9)  # share of memory an allocated GPU's job holds, fixed per GPU (judgement)
 MEM_USABLE = 0.9956  # NVML total / nominal GiB (81559 MiB of an 80 GB H100, 143771 of a 141 GB H200)
 DEFAULT_THERMAL_C = (85.0, 90.0, 95.0)  # max operating, slowdown, shutdown where the catalog has none (judgement)
@@ -130,6 +131,7 @@ class SimulatedCollector:
         self._last_t = np.zeros(0)  # NaN: never sampled
         self._dbe = np.zeros(0, dtype=np.int64)
         self._mem_frac = np.zeros(0)
+        self._cooling = np.zeros(0)  # per-GPU factor on the model's thermal resistance
         self._model_id: dict[str, int] = {}
         self._table = np.zeros((0, len(fields(_Model))))  # one row of `_Model` per model seen
         self._faults_before: dict[tuple[str, int], set[Fault]] = {}  # faults passed at each GPU's last sample
@@ -151,6 +153,7 @@ class SimulatedCollector:
             self._last_t = np.concatenate([self._last_t, np.full(new, np.nan)])
             self._dbe = np.concatenate([self._dbe, np.zeros(new, dtype=np.int64)])
             self._mem_frac = np.concatenate([self._mem_frac, self._rng.uniform(*MEM_BUSY, new)])
+            self._cooling = np.concatenate([self._cooling, self._rng.uniform(*COOLING_SPREAD, new)])
         return idx
 
     def _model_ids(self, gpus: Sequence[SimGpu]) -> np.ndarray:
@@ -174,6 +177,7 @@ class SimulatedCollector:
 
         model_ids = self._model_ids(gpus)  # before reading `_table`: it may add rows
         tdp, idle_w, r_th, max_op, slowdown, cap, boost, idle_clock, mem_total = self._table[model_ids].T
+        r_th = r_th * self._cooling[idx]
         busy, compute, allocated = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
         for i, g in enumerate(gpus):
             load = loads.get((g.node, g.gpu))

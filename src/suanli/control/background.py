@@ -95,6 +95,7 @@ class WorkloadLoop:
         lease_s = max(15.0, 10 * self.settings.schedule_interval_s)
         self.leader = leases.acquire(self.db, self.LEASE, self.owner, now, lease_s, self.info())
         if not self.leader:
+            self._last_tick, self.live = None, LiveWaste()  # time as a follower is not this leader's to count
             return
         sched = self.scheduling.run(self.db, now)
         sup = self.supervisor.run(self.db, utcnow())

@@ -47,29 +47,35 @@ def apply(s: Session, findings: Sequence[Finding], now: datetime) -> HealthRepor
     fatal = [f for f in findings if f.fatal]
     if not fatal:
         return report
-    nodes = {n.name: n for n in s.scalars(select(Node).where(Node.name.in_({f.node for f in fatal})))}
+    q = select(Node).where(Node.name.in_({f.node for f in fatal})).with_for_update()
+    nodes = {n.name: n for n in s.scalars(q)}
     changed = False
     for f in fatal:
         node = nodes.get(f.node)
         if node is None:
             continue
+        new = node.state == "ready"  # a node-level finding is news only on a node still taking work
         if f.gpu is not None:
-            gpu = s.scalar(select(Gpu).where(Gpu.node_id == node.id, Gpu.index == f.gpu))
-            if gpu is None or not gpu.healthy:
+            gpu = s.scalar(select(Gpu).where(Gpu.node_id == node.id, Gpu.index == f.gpu).with_for_update())
+            if gpu is None:
                 continue
-            gpu.healthy, gpu.health_reason, gpu.health_since = False, f.reason[:1000], now
+            if gpu.healthy:
+                gpu.healthy, gpu.health_reason, gpu.health_since = False, f.reason[:1000], now
+                report.gpus_marked += 1
+                new = True
+        if new:
             note(s, node.id, f.gpu, f.rule, f.reason, now)
-            report.gpus_marked += 1
-        elif node.state != "ready":
-            continue
-        else:
-            note(s, node.id, None, f.rule, f.reason, now)
+            changed = True
         if node.state == "ready":
             node.state, node.state_reason = "draining", f"health: {f.reason}"[:1000]
             note(s, node.id, None, "drained", f"no new work: {f.reason}", now)
             report.nodes_drained += 1
-        changed = True
-        report.workloads_stopped += _stop_holders(s, node.name, f.gpu, f.reason, now)
+        # Every time, not only when the rule first fires: work placed on the failed hardware since (a placement
+        # racing the finding) is stopped too. Workloads already stopping are left alone.
+        stopped = _stop_holders(s, node.name, f.gpu, f.reason, now)
+        if stopped and not new:
+            note(s, node.id, f.gpu, f.rule, f"{f.reason}; stopped {', '.join(stopped)}", now)
+        report.workloads_stopped += stopped
     if changed:
         inventory.bump_version(s, fleet=True)
     return report

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -22,13 +22,21 @@ from suanli.telemetry import exposition
 TEMP_BANDS = (40, 50, 60, 70, 80, 85, 90, 95)  # °C upper bounds of the summary's temperature histogram
 
 
+def _utc(t: datetime | None) -> datetime | None:
+    """A time without a zone is UTC (the API's convention)."""
+    return t.replace(tzinfo=UTC) if t is not None and t.tzinfo is None else t
+
+
 def _range(
     since: datetime | None, until: datetime | None, now: datetime, default: timedelta
 ) -> tuple[datetime, datetime]:
+    since, until = _utc(since), _utc(until)
     until = min(until or now, now)
-    since = since or until - default
+    if until.year < 1971:
+        raise Invalid("until: must be after 1970")
+    since = max(since or until - default, datetime(1970, 1, 1, tzinfo=UTC))
     if since >= until:
-        raise Invalid("since: must be before until")
+        raise Invalid("since: must be before until (and before now)")
     return since, until
 
 
@@ -75,7 +83,8 @@ def workload_metrics(s: Session, w: Workload, since: datetime | None, until: dat
                     held.append((node, int(g), uuid, gid, a_lo, a_hi))
     pts = {}
     for node, g, _, gid, a_lo, a_hi in held:
-        pts[(node, g, a_lo)] = telemetry.series(s, [(gid, telemetry.ms(a_lo), telemetry.ms(a_hi))], res).get(gid, [])
+        window = [(gid, telemetry.ms(a_lo), telemetry.ms(a_hi))]
+        pts[(node, g, a_lo)] = telemetry.series(s, window, res, workload=w.id).get(gid, [])
     return {"workload": w.id, "name": w.name, "since": lo, "until": hi, "resolution": res,
             "gpus": [{"node": node, "gpu": g, "uuid": uuid, "from": a_lo, "to": a_hi, "points": pts[(node, g, a_lo)]}
                      for node, g, uuid, _, a_lo, a_hi in held]}  # fmt: skip

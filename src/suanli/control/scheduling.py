@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -187,8 +187,10 @@ class SchedulingPass:
             elif r.id not in pending:
                 pending[r.id] = (_unmatched_reason(r, views), 0)
         report.cycle_s = time.perf_counter() - t1
-        placed_ids = {p[0] for p in placements}
-        report.live = live_waste(states.values(), [r for r in left if r.id not in placed_ids], queue)
+        placed_ids, placed_gpus = {p[0] for p in placements}, Counter[str]()
+        for _, view, where, _ in placements:
+            placed_gpus[view.row_id] += sum(len(g) for g in where.values())
+        report.live = live_waste(states, placed_gpus, [r for r in left if r.id not in placed_ids])
         self._persist(db, now, placements, preempts, pending, report)
         report.total_s = time.perf_counter() - t0
         return report

@@ -309,9 +309,12 @@ class Supervisor:
             w.attained_gpu_s += held * alloc.gpus * alloc.milli / 1000
         w.exit_code = status.exit_code
         asked = w.stop_requested
+        fault = bool(asked and asked.startswith(health.NODE_FAILURE))
+        if fault and status.state == "exited" and status.exit_code == 0:
+            asked = None  # it ended on its own before the fault was noticed: it succeeded
         if asked and asked.startswith("preempted"):
             state, cause, reason = "preempted", "preemption", asked
-        elif asked and asked.startswith(health.NODE_FAILURE):
+        elif asked and fault:
             state, cause, reason = "failed", "node-failure", asked
             if alloc is not None:
                 health.credit_fault(s, w, alloc, now)

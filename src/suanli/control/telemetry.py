@@ -80,6 +80,7 @@ class FleetIndex:
 @dataclass
 class IngestReport:
     stored: int = 0
+    late: int = 0  # stored after their minute was rolled up: in raw series only, not in the 1m/1h ones
     unknown: list[str] = field(default_factory=list)  # "node/gpu" of samples for GPUs nobody registered
 
 
@@ -108,10 +109,14 @@ def ingest(s: Session, samples: Sequence[GpuSample], index: FleetIndex) -> tuple
     if rows:
         s.execute(_insert_ignoring_duplicates(s).on_conflict_do_nothing(), rows)
         report.stored = len(rows)
+        rolled = _kv(s, ROLLED[60])
+        if rolled is not None:
+            report.late = sum(1 for r in rows if r["t_ms"] < rolled)
     if seen:
         t = Node.__table__.c
+        newer = (t.last_seen_at.is_(None)) | (t.last_seen_at < bindparam("seen"))  # an old batch moves nothing back
         s.execute(
-            update(Node.__table__).where(t.id == bindparam("nid")).values(last_seen_at=bindparam("seen")),
+            update(Node.__table__).where(t.id == bindparam("nid"), newer).values(last_seen_at=bindparam("seen")),
             [{"nid": index.node_ids[n], "seen": at(ms(x))} for n, x in seen.items() if n in index.node_ids],
         )
     return report, tagged
@@ -129,17 +134,20 @@ def _set_kv(s: Session, key: str, value: int) -> None:
 
 
 def _roll_raw(s: Session, start: int, end: int) -> None:
+    """Minute buckets of raw samples; an unreadable sample (error set) counts in `errors`, not in the readings."""
     r = GpuSampleRow
     bucket = (r.t_ms // MINUTE_MS) * MINUTE_MS
     ok = r.error == ""
+
+    def agg(fn: Any, col: Any) -> Any:
+        return func.coalesce(fn(case((ok, col))), 0.0)
+
     q = (
         select(r.gpu_id, 60, bucket, func.count(),
-               func.coalesce(func.min(r.util), 0.0), func.coalesce(func.avg(r.util), 0.0),
-               func.coalesce(func.max(r.util), 0.0), func.coalesce(func.min(r.temp_c), 0.0),
-               func.coalesce(func.avg(r.temp_c), 0.0), func.coalesce(func.max(r.temp_c), 0.0),
-               func.coalesce(func.min(r.power_w), 0.0), func.coalesce(func.avg(r.power_w), 0.0),
-               func.coalesce(func.max(r.power_w), 0.0), func.coalesce(func.min(r.mem_used_mib), 0),
-               func.coalesce(func.avg(r.mem_used_mib), 0.0), func.coalesce(func.max(r.mem_used_mib), 0),
+               agg(func.min, r.util), agg(func.avg, r.util), agg(func.max, r.util),
+               agg(func.min, r.temp_c), agg(func.avg, r.temp_c), agg(func.max, r.temp_c),
+               agg(func.min, r.power_w), agg(func.avg, r.power_w), agg(func.max, r.power_w),
+               agg(func.min, r.mem_used_mib), agg(func.avg, r.mem_used_mib), agg(func.max, r.mem_used_mib),
                func.max(r.xid), func.sum(case((ok, 0), else_=1)), func.max(r.workload))
         .where(r.t_ms >= start, r.t_ms < end)
         .group_by(r.gpu_id, bucket)
@@ -223,28 +231,34 @@ def resolution_for(since: datetime, until: datetime, keep: Retention, now: datet
 Window = tuple[int, int, int]  # (gpus.id, from ms, to ms)
 
 
-def series(s: Session, windows: Iterable[Window], resolution: str) -> dict[int, list[dict[str, Any]]]:
-    """Points per GPU row inside each window, oldest first: raw readings, or min/avg/max of a bucket."""
+def series(
+    s: Session, windows: Iterable[Window], resolution: str, workload: str | None = None
+) -> dict[int, list[dict[str, Any]]]:
+    """Points per GPU row inside each window, oldest first (the newest MAX_POINTS): raw readings, or min/avg/max
+    of a bucket. With `workload` (a tenant's view), raw samples are the ones tagged with it and buckets only those
+    wholly inside the window, so nothing another holder of the GPU did shows."""
     out: dict[int, list[dict[str, Any]]] = {}
     for gid, lo, hi in windows:
         if resolution == "raw":
             r = GpuSampleRow
-            rows = s.execute(
-                select(r.t_ms, r.util, r.temp_c, r.power_w, r.mem_used_mib, r.sm_clock_mhz, r.xid, r.error, r.workload)
-                .where(r.gpu_id == gid, r.t_ms >= lo, r.t_ms <= hi).order_by(r.t_ms).limit(MAX_POINTS)
-            )  # fmt: skip
+            q = select(r.t_ms, r.util, r.temp_c, r.power_w, r.mem_used_mib, r.sm_clock_mhz, r.xid, r.error, r.workload)
+            q = q.where(r.gpu_id == gid, r.t_ms >= lo, r.t_ms <= hi)
+            if workload is not None:
+                q = q.where(r.workload == workload)
+            rows = list(s.execute(q.order_by(r.t_ms.desc()).limit(MAX_POINTS)))[::-1]
             pts = [{"t": at(t), "util": u, "temp_c": tc, "power_w": p, "mem_used_mib": m, "sm_clock_mhz": c,
                     "xid": x, "error": e, "workload": w} for t, u, tc, p, m, c, x, e, w in rows]  # fmt: skip
         else:
-            g = GpuRollup
-            rows = s.execute(
-                select(g).where(g.gpu_id == gid, g.res_s == RESOLUTIONS[resolution], g.t_ms >= lo // 1000 * 1000,
-                                g.t_ms <= hi).order_by(g.t_ms).limit(MAX_POINTS)
-            ).scalars()  # fmt: skip
+            g, res_ms = GpuRollup, RESOLUTIONS[resolution] * 1000
+            q = select(g).where(g.gpu_id == gid, g.res_s == RESOLUTIONS[resolution])
+            q = q.where(g.t_ms >= lo, g.t_ms + res_ms <= hi) if workload is not None else q.where(
+                g.t_ms > lo - res_ms, g.t_ms <= hi)  # fmt: skip
+            rows = list(s.execute(q.order_by(g.t_ms.desc()).limit(MAX_POINTS)).scalars())[::-1]
             pts = [{"t": at(x.t_ms), "n": x.n, "util": x.util_avg, "util_min": x.util_min, "util_max": x.util_max,
                     "temp_c": x.temp_avg, "temp_min": x.temp_min, "temp_max": x.temp_max, "power_w": x.power_avg,
                     "power_min": x.power_min, "power_max": x.power_max, "mem_used_mib": x.mem_avg,
-                    "xid": x.xid_max, "errors": x.errors, "workload": x.workload} for x in rows]  # fmt: skip
+                    "xid": x.xid_max, "errors": x.errors, "workload": workload if workload is not None else x.workload}
+                   for x in rows]  # fmt: skip
         out.setdefault(gid, []).extend(pts)
     return out
 

@@ -115,18 +115,11 @@ class TelemetryTicker:
             one_shot = []  # reported when the virtual fleet is next sampled
         samples += self._local(now)
         report.sampled = len(samples)
-        for i in range(0, max(len(samples), 1), INGEST_CHUNK):  # short write transactions: requests wait less
+        findings, acted = self._act(samples, one_shot, now)  # first: a finding must not wait on storing samples
+        for i in range(0, len(samples), INGEST_CHUNK):  # short write transactions: requests wait less
             with self.db.write() as s, s.begin():
                 stored, _ = telemetry.ingest(s, samples[i : i + INGEST_CHUNK], self.index.refresh(s))
                 report.stored += stored.stored
-        with self.db.write() as s, s.begin():
-            index = self.index.refresh(s)
-            if one_shot:
-                s.execute(update(InjectedFault).where(InjectedFault.id.in_(one_shot)).values(cleared_at=now))
-            models = {key: model for key, (_, model) in index.gpus.items()}
-            findings = self.judge.judge(samples, models)
-            findings += self._heartbeats(s, now)
-            acted = health.apply(s, findings, now)
         report.findings = [f"{f.node}/{f.gpu}: {f.reason}" for f in findings if f.fatal]
         report.stopped = acted.workloads_stopped
         for f in findings:
@@ -139,16 +132,38 @@ class TelemetryTicker:
         self.last = report
         return report
 
-    def _heartbeats(self, s: Session, now: datetime) -> list[Finding]:
-        """Ready nodes that stopped reporting; only once this leader has run long enough for all to report."""
+    def _act(self, samples: list[GpuSample], one_shot: list[int], now: datetime) -> tuple[list[Finding], Any]:
+        """Judge the samples and act, in one transaction with marking one-shot faults reported. If it fails, the
+        judge and the simulator forget this tick, so the next one finds the same faults again."""
+        memory = self.judge.memory()
+        try:
+            with self.db.write() as s, s.begin():
+                index = self.index.refresh(s)
+                if one_shot:
+                    s.execute(update(InjectedFault).where(InjectedFault.id.in_(one_shot)).values(cleared_at=now))
+                findings = self.judge.judge(samples, {key: model for key, (_, model) in index.gpus.items()})
+                findings += self._heartbeats(s, now, samples)
+                return findings, health.apply(s, findings, now)
+        except Exception:
+            self.judge.restore(memory)
+            self.sim.rearm()
+            raise
+
+    def _heartbeats(self, s: Session, now: datetime, samples: list[GpuSample]) -> list[Finding]:
+        """Nodes (not taken down) that stopped reporting; only once this leader has run long enough for all to
+        report. This tick's samples count, though they are stored after."""
         assert self.started is not None
         if (now - self.started).total_seconds() < self.settings.health_heartbeat_s:
             return []
         period = self.sim_period_s()
         slack = 3 * period if period > self.settings.telemetry_interval_s else 0.0  # a stretched period is no loss
-        q = select(Node.name, Node.last_seen_at).where(Node.last_seen_at.is_not(None), Node.state == "ready")
-        seen = {n: t.timestamp() for n, t in s.execute(q) if now.timestamp() - t.timestamp() > slack}
-        return self.judge.heartbeats(seen, now.timestamp())
+        q = select(Node.name, Node.last_seen_at).where(Node.last_seen_at.is_not(None), Node.state != "down")
+        seen = {n: t.timestamp() for n, t in s.execute(q)}
+        for x in samples:
+            if x.node in seen:
+                seen[x.node] = max(seen[x.node], x.t)
+        late = {n: t for n, t in seen.items() if now.timestamp() - t > slack}
+        return self.judge.heartbeats(late, now.timestamp())
 
     def sim_period_s(self) -> float:
         """The sampling period, stretched for a virtual fleet too big to simulate at it (100,000 GPUs are read
@@ -173,6 +188,9 @@ class TelemetryTicker:
                 fleet.local = name
         for row in s.scalars(select(ClusterRow)):
             fleet.topologies[row.id] = self.fleet.topologies.get(row.id) or inventory.cluster_topology(row)
+        for gone in set(self.fleet.where) - set(fleet.where):  # removed nodes: drop what was remembered of them
+            self.sim.forget(gone)
+            self.judge.forget(gone)
         self.fleet = fleet
 
     def _loads(self, s: Session) -> dict[tuple[str, int], Load]:
@@ -234,6 +252,8 @@ class TelemetryTicker:
         if self.fleet.local is None:
             return []
         if self.nvml is None or self.nvml.node != self.fleet.local:
+            if self.nvml is not None:
+                self.nvml.close()
             self.nvml = NvmlSampler(self.fleet.local, self.nvml_module)
         return self.nvml.sample(now.timestamp())
 

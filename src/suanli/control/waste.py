@@ -4,7 +4,7 @@ pass's own snapshot so the operator's dashboard and the simulator count the same
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,16 +31,20 @@ class LiveWaste:
         return self.fragmented / self.gpus if self.gpus and self.queued_by_class else 0.0
 
 
-def live_waste(states: Iterable[ClusterState], left: Sequence[Request], queue: Sequence[Request]) -> LiveWaste:
-    """Per cluster as in a replay: its idle GPUs all count as fragmented when the smallest job still waiting
-    needs more than that."""
+def live_waste(states: Mapping[str, ClusterState], placed: Mapping[str, int], left: Sequence[Request]) -> LiveWaste:
+    """After a pass: each cluster's idle GPUs less the `placed` ones this pass took (by cluster id), against the
+    work `left` waiting. As in a replay, a cluster's idle GPUs all count as fragmented when the smallest job
+    still waiting needs more than that."""
+    waiting = [r for r in left if r.gpus > 0]
+    if not waiting:
+        return LiveWaste()
     gpus = idle = frag = 0
-    smallest = min((r.min_gpus or r.gpus for r in left if r.gpus > 0), default=None)
-    for st in states:
+    smallest = min(r.min_gpus or r.gpus for r in waiting)
+    for cid, st in states.items():
         gpus += int(np.count_nonzero(st.gpu_ok & st.node_ok[st.gpu_node]))
-        n = st.idle_gpus()
+        n = max(0, st.idle_gpus() - placed.get(cid, 0))
         idle += n
-        if smallest is not None and smallest > n:
+        if smallest > n:
             frag += n
-    classes = Counter(r.priority for r in queue)
-    return LiveWaste(gpus, idle if queue else 0, frag if queue else 0, tuple(sorted(classes.items())))
+    classes = Counter(r.priority for r in waiting)
+    return LiveWaste(gpus, idle, frag, tuple(sorted(classes.items())))

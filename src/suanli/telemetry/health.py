@@ -149,6 +149,13 @@ class HealthJudge:
             if now - t > timeout
         ]
 
+    def memory(self) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        """What the judge remembers between calls, to `restore` when acting on its findings failed."""
+        return dict(self._hot), dict(self._dbe)
+
+    def restore(self, memory: tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]) -> None:
+        self._hot, self._dbe = dict(memory[0]), dict(memory[1])
+
     def forget(self, node: str) -> None:
         """Drop the memory kept for a node's GPUs (node removed, or its GPUs reset: counters start again)."""
         for table in (self._hot, self._dbe):

@@ -288,6 +288,11 @@ class SimulatedCollector:
             )
         return out
 
+    def rearm(self) -> None:
+        """Forget which faults were already passed, so one-shot faults fire again on the next call: the caller
+        could not record that they were reported (its transaction failed)."""
+        self._faults_before = {}
+
     def forget(self, node: str) -> None:
         """Reset a node's GPUs (repair, reboot): they start again from idle with zeroed volatile counters."""
         for key, s in self._slot.items():

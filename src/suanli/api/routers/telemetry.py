@@ -14,6 +14,7 @@ from suanli.api.deps import Auth, Caller, Srv, in_thread
 from suanli.api.routers.admin import Admin
 from suanli.api.schemas import In, Out
 from suanli.control import health, inventory, observe, telemetry, workloads
+from suanli.control.errors import Invalid
 from suanli.control.telemetry_loop import retention_of, rules_of
 from suanli.telemetry import exposition
 from suanli.telemetry.health import HealthJudge
@@ -21,6 +22,7 @@ from suanli.telemetry.samples import GpuSample
 
 router = APIRouter(tags=["telemetry"])
 MAX_BATCH = 20_000
+MAX_AHEAD_S = 300  # a sample dated further in the future is a wrong clock, refused
 
 
 Since = Annotated[datetime | None, Query(description="start (ISO 8601); default: 15 minutes before `until`")]
@@ -56,6 +58,7 @@ class SamplesIn(In):
 
 class IngestOut(Out):
     stored: int
+    late: int = Field(description="samples whose minute was already rolled up: in raw series only")
     unknown: list[str] = Field(description="node/gpu of samples for GPUs nobody registered (first 20)")
     findings: list[str] = Field(description="fatal health findings these samples raised")
 
@@ -80,13 +83,18 @@ def ingest(body: SamplesIn, ctx: Admin) -> IngestOut:
     srv = ctx.srv
     if srv.judge is None:
         srv.judge = HealthJudge(rules_of(srv.settings))
+    ahead = next((i for i, x in enumerate(body.samples) if x.t > ctx.now.timestamp() + MAX_AHEAD_S), None)
+    if ahead is not None:
+        raise Invalid(
+            f"samples.{ahead}.t: more than {MAX_AHEAD_S} s ahead of the server's clock; check the agent's clock"
+        )
     samples = [GpuSample(**x.model_dump()) for x in body.samples]
     with ctx.db.write() as s, s.begin():
         index = srv.fleet_index.refresh(s)
         report, _ = telemetry.ingest(s, samples, index)
         findings = srv.judge.judge(samples, {k: m for k, (_, m) in index.gpus.items()})
         health.apply(s, findings, ctx.now)
-    return IngestOut(stored=report.stored, unknown=report.unknown[:20],
+    return IngestOut(stored=report.stored, late=report.late, unknown=report.unknown[:20],
                      findings=[f"{f.node}/{f.gpu}: {f.reason}" for f in findings if f.fatal])  # fmt: skip
 
 

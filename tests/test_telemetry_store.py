@@ -119,3 +119,35 @@ def test_days_of_1000_gpus_stay_bounded(db) -> None:
     day1, day3 = max(counts[24:48]), max(counts[48:])
     assert day3 <= day1  # no growth once every resolution is at its retention
     assert counts[-1] > 0
+
+
+def test_sliced_compaction_rolls_and_drops_exactly_what_one_pass_would(db, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In slices (each its own transaction, as the loop runs it): every minute rolled once, raw kept as retained;
+    then an unsliced pass after one stopped part-way through a minute finishes it without rolling anything twice."""
+    monkeypatch.setattr(telemetry, "GPU_SLICE", 1)  # one GPU row per slice
+    gpus = _register(db, 1, 3)
+    index = FleetIndex()
+    with db.write() as s, s.begin():
+        for k in range(30 * 12):  # 30 minutes at 5 s
+            telemetry.ingest(s, _samples(gpus, T0.timestamp() + 5 * k), index.refresh(s))
+    keep = Retention(raw_s=600, minute_s=86400, hour_s=86400 * 30, late_s=0)
+    now, calls = T0 + timedelta(minutes=30), 0
+    while True:
+        calls += 1
+        with db.write() as s, s.begin():
+            if not telemetry.compact(s, now, keep, slice_s=10).more:
+                break
+    assert calls > 90  # 30 minutes x 3 GPU slices to roll, 20 minutes of raw to drop 10 s at a time
+    with db.read() as s:
+        minutes = s.execute(select(GpuRollup.t_ms, GpuRollup.n).where(GpuRollup.res_s == 60)).all()
+        oldest = s.scalar(select(func.min(GpuSampleRow.t_ms)))
+    assert sorted(minutes) == sorted((telemetry.ms(T0) + 60_000 * m, 12) for m in range(30) for _ in range(3))
+    assert oldest == telemetry.ms(now) - keep.raw_s * 1000
+    with db.write() as s, s.begin():  # the next minute, one slice only; then a plain pass
+        telemetry.ingest(s, _samples(gpus, now.timestamp() + 1), index.refresh(s))
+        assert telemetry.compact(s, now + timedelta(minutes=1, seconds=1), keep, slice_s=10).more
+    with db.write() as s, s.begin():
+        telemetry.compact(s, now + timedelta(minutes=1, seconds=1), keep)
+    with db.read() as s:
+        last = s.execute(select(GpuRollup.n).where(GpuRollup.res_s == 60, GpuRollup.t_ms == telemetry.ms(now))).all()
+    assert sorted(n for (n,) in last) == [1, 1, 1]

@@ -54,7 +54,8 @@ class In(BaseModel):
     @field_validator("*", mode="after")
     @classmethod
     def _no_nul(cls, value: object) -> object:
-        check_strings(value)
+        if type(value) not in (int, float, bool) and value is not None:  # numbers hold no strings (hot: samples)
+            check_strings(value)
         return value
 
 

@@ -37,6 +37,7 @@ DEFAULT_LOAD = Load(busy=0.97, compute=0.8)  # a training job whose model the sp
 STARTING_LOAD = Load(busy=0.05, compute=1.0)  # placed, its processes not running yet
 COMPACT_EVERY_S = 60.0
 INGEST_CHUNK = 5000  # samples per write transaction
+COMPACT_SLICE_S = 10  # seconds of raw samples deleted per compaction transaction
 
 
 def rules_of(settings: Settings) -> HealthRules:
@@ -126,8 +127,10 @@ class TelemetryTicker:
             if f.fatal:
                 log.warning("health: %s GPU %s: %s", f.node, f.gpu, f.reason)
         if self.compacted is None or (now - self.compacted).total_seconds() >= COMPACT_EVERY_S:
-            with self.db.write() as s, s.begin():
-                telemetry.compact(s, now, self.keep)
+            for _ in range(10_000):  # in slices, each its own transaction
+                with self.db.write() as s, s.begin():
+                    if not telemetry.compact(s, now, self.keep, slice_s=COMPACT_SLICE_S).more:
+                        break
             self.compacted = now
         self.last = report
         return report

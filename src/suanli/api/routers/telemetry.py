@@ -57,7 +57,7 @@ class SamplesIn(In):
 
 
 class IngestOut(Out):
-    stored: int
+    stored: int = Field(description="samples accepted (one repeating a stored GPU and millisecond is ignored)")
     late: int = Field(description="samples whose minute was already rolled up: in raw series only")
     unknown: list[str] = Field(description="node/gpu of samples for GPUs nobody registered (first 20)")
     findings: list[str] = Field(description="fatal health findings these samples raised")
@@ -88,7 +88,7 @@ def ingest(body: SamplesIn, ctx: Admin) -> IngestOut:
         raise Invalid(
             f"samples.{ahead}.t: more than {MAX_AHEAD_S} s ahead of the server's clock; check the agent's clock"
         )
-    samples = [GpuSample(**x.model_dump()) for x in body.samples]
+    samples = [GpuSample(**x.__dict__) for x in body.samples]
     with ctx.db.write() as s, s.begin():
         index = srv.fleet_index.refresh(s)
         report, _ = telemetry.ingest(s, samples, index)

@@ -304,28 +304,32 @@ class Latest:
 
 
 def latest(s: Session, now: datetime, window_s: float) -> list[Latest]:
-    """Every registered GPU with its newest sample of the last `window_s` (older ones count as missing)."""
-    r = GpuSampleRow
+    """Every registered GPU with its newest sample of the last `window_s` (older ones count as missing). One
+    index seek per GPU on the samples' key (GPU, time), not a scan of the window: 10,000 GPUs at 1 Hz keep
+    900,000 samples in a 90 s window."""
+    r, g, n = GpuSampleRow.__table__.c, Gpu.__table__.c, Node.__table__.c
     since = ms(now) - int(window_s * 1000)
-    newest = select(r.gpu_id, func.max(r.t_ms).label("t")).where(r.t_ms >= since).group_by(r.gpu_id).subquery()
-    samples = {
-        row.gpu_id: row
-        for row in s.execute(select(r).join(newest, (newest.c.gpu_id == r.gpu_id) & (newest.c.t == r.t_ms))).scalars()
-    }
+    newest = (
+        select(func.max(r.t_ms)).where(r.gpu_id == g.id, r.t_ms >= since).correlate(Gpu.__table__).scalar_subquery()
+    )
+    q = (
+        select(n.name, n.state, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.health_reason, r.t_ms, r.util,
+               r.mem_used_mib, r.temp_c, r.power_w, r.sm_clock_mhz, r.throttle, r.ecc_sbe, r.ecc_dbe, r.xid, r.error,
+               r.workload, r.org)
+        .select_from(Node.__table__.join(Gpu.__table__, g.node_id == n.id)
+                     .outerjoin(GpuSampleRow.__table__, (r.gpu_id == g.id) & (r.t_ms == newest)))
+        .order_by(n.cluster_id, n.index, g.index)
+    )  # fmt: skip
     out = []
-    for node, state, g in s.execute(
-        select(Node.name, Node.state, Gpu).join(Gpu, Gpu.node_id == Node.id).order_by(Node.cluster_id, Node.index,
-                                                                                     Gpu.index)
-    ):  # fmt: skip
-        row = samples.get(g.id)
+    for x in s.execute(q):
         tagged = None
-        if row is not None:
-            x = GpuSample(node=node, gpu=g.index, uuid=g.uuid, t=row.t_ms / 1000, util=row.util,
-                          mem_used_mib=row.mem_used_mib, mem_total_mib=g.memory_mib, temp_c=row.temp_c,
-                          power_w=row.power_w, sm_clock_mhz=row.sm_clock_mhz, throttle=row.throttle,
-                          ecc_sbe=row.ecc_sbe, ecc_dbe=row.ecc_dbe, xid=row.xid, error=row.error)  # fmt: skip
-            tagged = Tagged(x, g.model, row.workload, row.org)
-        out.append(Latest(node, state, g.index, g.uuid, g.model, g.memory_mib, g.healthy, g.health_reason, tagged))
+        if x.t_ms is not None:
+            sample = GpuSample(node=x.name, gpu=x.index, uuid=x.uuid, t=x.t_ms / 1000, util=x.util,
+                               mem_used_mib=x.mem_used_mib, mem_total_mib=x.memory_mib, temp_c=x.temp_c,
+                               power_w=x.power_w, sm_clock_mhz=x.sm_clock_mhz, throttle=x.throttle, ecc_sbe=x.ecc_sbe,
+                               ecc_dbe=x.ecc_dbe, xid=x.xid, error=x.error)  # fmt: skip
+            tagged = Tagged(sample, x.model, x.workload, x.org)
+        out.append(Latest(x.name, x.state, x.index, x.uuid, x.model, x.memory_mib, x.healthy, x.health_reason, tagged))
     return out
 
 

@@ -164,8 +164,8 @@ class Client(TelemetryCalls):
     def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, auth: bool = True
     ) -> httpx.Response:
-        """One call: `path` under /api/v1 (or /healthz); an ApiError unless the server answers 2xx."""
-        url = path if path.startswith(("/api/", "/healthz")) else f"{API}{path}"
+        """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx."""
+        url = path if path.startswith(("/api/", "/healthz", "/metrics")) else f"{API}{path}"
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
         try:
             r = self._http.request(method, url, json=json, params=params, headers=headers)

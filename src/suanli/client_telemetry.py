@@ -32,10 +32,8 @@ class TelemetryCalls:
     """GPU telemetry and health: operators see every node, tenants their own workloads' GPUs."""
 
     if TYPE_CHECKING:  # provided by `Client`
-        server: str
-        token: str | None
-        _http: httpx.Client
 
+        def request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
         def _get(self, path: str, **params: Any) -> Any: ...
         def _post(self, path: str, body: Any = None, *, auth: bool = True) -> Any: ...
 
@@ -85,18 +83,4 @@ class TelemetryCalls:
     # ---- Prometheus ----
     def metrics_text(self) -> str:
         """The Prometheus exposition (`GET /metrics`, an operator token), as text."""
-        from suanli.client import ApiError, _error
-
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        try:
-            r = self._http.get(METRICS_PATH, headers=headers)
-        except httpx.TimeoutException as e:
-            raise ApiError(0, f"suanli server at {self.server} did not answer in time ({type(e).__name__})") from e
-        except httpx.TransportError as e:
-            reason = str(e) or type(e).__name__
-            raise ApiError(
-                0, f"cannot reach suanli server at {self.server}: {reason}; is it running? (suanli server)"
-            ) from e
-        if r.is_error:
-            raise _error(r)
-        return r.text
+        return self.request("GET", METRICS_PATH).text

@@ -21,13 +21,14 @@ from suanli import __version__
 from suanli.api.deps import Server, no_nul
 from suanli.api.routers import admin, auth, market, orgs, plans, telemetry, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
-from suanli.control import accounts, inventory, prices
+from suanli.control import accounts, health, inventory, prices
 from suanli.control.background import BackgroundProcess
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
 from suanli.db.engine import Database, exclusive
 from suanli.db.migrate import migrate
+from suanli.telemetry.health import HealthJudge
 from suanli.topology import presets
 
 API = "/api/v1"
@@ -145,7 +146,7 @@ def bootstrap(db: Database, settings: Settings) -> None:
 
 def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     db = db or Database(settings.db_url)
-    srv = Server(settings, db)
+    srv = Server(settings, db, judge=HealthJudge(health.rules_of(settings)))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -53,7 +53,7 @@ class Server:
     prices: PriceCache = field(default_factory=PriceCache)
     fleet: FleetCache = field(default_factory=FleetCache)
     fleet_index: FleetIndex = field(default_factory=FleetIndex)  # GPU rows and holders, for samples agents post
-    judge: HealthJudge | None = None  # health of posted samples (this process's share of them)
+    judge: HealthJudge = field(default_factory=HealthJudge)  # health of posted samples (this process's share)
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -20,13 +21,25 @@ from sqlalchemy.orm import Session
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.control import inventory, ledger, workloads
 from suanli.control.errors import Invalid
+from suanli.control.settings import Settings
+from suanli.control.telemetry import FleetIndex
 from suanli.db.models import Allocation, Gpu, Node, Workload
 from suanli.db.telemetry import InjectedFault, NodeEvent
-from suanli.telemetry.health import Finding
+from suanli.telemetry.health import Finding, HealthJudge, HealthRules
+from suanli.telemetry.samples import GpuSample
 
 NODE_FAILURE = "node-failure: "  # the prefix of a stop request the supervisor treats as a node failure
 FAULT_KINDS = ("overtemp", "xid", "ecc_dbe", "off_bus", "silent")
 ONE_SHOT = ("xid", "ecc_dbe")  # reported once; the others last until the node is repaired (set ready)
+
+
+def rules_of(settings: Settings) -> HealthRules:
+    extra: dict[str, Any] = {}
+    if settings.health_fatal_xids is not None:
+        extra["fatal_xids"] = tuple(settings.health_fatal_xids)
+    return HealthRules(overtemp_margin_c=settings.health_overtemp_margin_c,
+                       overtemp_samples=settings.health_overtemp_samples,
+                       heartbeat_timeout_s=settings.health_heartbeat_s, **extra)  # fmt: skip
 
 
 @dataclass
@@ -79,6 +92,20 @@ def apply(s: Session, findings: Sequence[Finding], now: datetime) -> HealthRepor
     if changed:
         inventory.bump_version(s, fleet=True)
     return report
+
+
+def judge_and_apply(
+    s: Session,
+    judge: HealthJudge,
+    samples: Sequence[GpuSample],
+    index: FleetIndex,
+    now: datetime,
+    more: Sequence[Finding] = (),
+) -> tuple[list[Finding], HealthReport]:
+    """The health rules over a batch of samples (plus findings of the caller's, e.g. heartbeats), and the
+    actions they call for, in the caller's transaction."""
+    findings = judge.judge(samples, index.models()) + list(more)
+    return findings, apply(s, findings, now)
 
 
 def _stop_holders(s: Session, node: str, gpu: int | None, reason: str, now: datetime) -> list[str]:

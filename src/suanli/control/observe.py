@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from suanli.control import inventory, leases, telemetry
+from suanli.control import inventory, leases, offers, telemetry
 from suanli.control.errors import Invalid
 from suanli.control.telemetry import Latest, Retention
 from suanli.db.engine import Database
@@ -132,19 +132,12 @@ def _revenue(s: Session) -> Decimal:
         Allocation.stopped_at.is_(None))) or Decimal(0)  # fmt: skip
 
 
-def _held(s: Session) -> set[tuple[str, int]]:
-    out = set()
-    for (placement,) in s.execute(select(Allocation.placement).where(Allocation.stopped_at.is_(None))):
-        out.update((node, int(g)) for node, idx in (placement or {}).items() for g in idx)
-    return out
-
-
-def _by_model(latest: list[Latest], held_gpus: set[tuple[str, int]]) -> dict[str, tuple[int, int, int]]:
+def _by_model(latest: list[Latest], used: dict[str, set[int]]) -> dict[str, tuple[int, int, int]]:
     """(allocated, free, unhealthy) GPUs by model; a GPU of a node taken down counts as unhealthy."""
     counts: dict[str, list[int]] = {}
     for x in latest:
         c = counts.setdefault(x.model, [0, 0, 0])
-        held = (x.node, x.gpu) in held_gpus
+        held = x.gpu in used.get(x.node, ())
         if not x.healthy or x.node_state == "down":
             c[2] += 1
         elif held:
@@ -162,7 +155,7 @@ def summary(s: Session, latest: list[Latest], loop: LoopFigures, currency: str) 
     return {
         "gpus": {"total": len(latest), "reporting": len(read),
                  "by_model": [{"model": m, "allocated": a, "free": f, "unhealthy": u}
-                              for m, (a, f, u) in sorted(_by_model(latest, _held(s)).items())]},
+                              for m, (a, f, u) in sorted(_by_model(latest, offers.used_gpus(s)).items())]},
         "utilisation": {"avg": sum(r.util for r in read) / len(read) if read else None,
                         "allocated_avg": _avg([x.sample.sample.util for x in latest
                                                if x.sample and x.sample.workload and not x.sample.sample.error])},
@@ -199,7 +192,7 @@ def exposition_inputs(s: Session, latest: list[Latest], loop: LoopFigures, curre
         total += int(n)
         cumulative.append((float(le), total))
     platform = exposition.Platform(
-        queue_by_class=loop.queued_by_class, gpus_by_model=_by_model(latest, _held(s)),
+        queue_by_class=loop.queued_by_class, gpus_by_model=_by_model(latest, offers.used_gpus(s)),
         waste_fraction=loop.ratio("idle"), fragmentation=loop.ratio("fragmented"),
         waste_gpu_seconds=float(info.get("waste_gpu_s") or 0), queued_capacity_gpu_seconds=float(
             info.get("queued_gpu_s") or 0),

@@ -19,6 +19,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from suanli.control import inventory
+from suanli.control.settings import Settings
 from suanli.db.models import Allocation, Gpu, KeyValue, Node
 from suanli.db.telemetry import GpuRollup, GpuSampleRow
 from suanli.telemetry.samples import GpuSample, Tagged
@@ -43,6 +44,11 @@ class Retention:
     minute_s: int = 7 * 86400
     hour_s: int = 90 * 86400
     late_s: int = 30  # a minute is rolled up this long after it ends: samples still in flight get in
+
+
+def retention_of(settings: Settings) -> Retention:
+    return Retention(raw_s=settings.telemetry_raw_s, minute_s=settings.telemetry_minute_s,
+                     hour_s=settings.telemetry_hour_s)  # fmt: skip
 
 
 @dataclass
@@ -72,6 +78,10 @@ class FleetIndex:
                     holders[(node, int(g))] = (workload, org)
         self.holders, self.version = holders, version
         return self
+
+    def models(self) -> dict[tuple[str, int], str]:
+        """Catalog model of every GPU, by (node name, index): what the health rules' thresholds need."""
+        return {key: model for key, (_, model) in self.gpus.items()}
 
     def tag(self, sample: GpuSample) -> Tagged:
         _, model = self.gpus.get((sample.node, sample.gpu), (0, ""))

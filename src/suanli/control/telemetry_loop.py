@@ -20,11 +20,11 @@ from sqlalchemy.orm import Session
 from suanli.control import health, inventory, leases, telemetry
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
-from suanli.control.telemetry import FleetIndex, Retention
+from suanli.control.telemetry import FleetIndex
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, Node, Workload
 from suanli.db.telemetry import InjectedFault
-from suanli.telemetry.health import Finding, HealthJudge, HealthRules
+from suanli.telemetry.health import Finding, HealthJudge
 from suanli.telemetry.nvml_sampler import NvmlSampler
 from suanli.telemetry.samples import GpuSample
 from suanli.telemetry.simulated import Fault, Load, SimGpu, SimulatedCollector
@@ -38,20 +38,6 @@ STARTING_LOAD = Load(busy=0.05, compute=1.0)  # placed, its processes not runnin
 COMPACT_EVERY_S = 60.0
 INGEST_CHUNK = 5000  # samples per write transaction
 COMPACT_SLICE_S = 10  # seconds of raw samples deleted per compaction transaction
-
-
-def rules_of(settings: Settings) -> HealthRules:
-    extra: dict[str, Any] = {}
-    if settings.health_fatal_xids is not None:
-        extra["fatal_xids"] = tuple(settings.health_fatal_xids)
-    return HealthRules(overtemp_margin_c=settings.health_overtemp_margin_c,
-                       overtemp_samples=settings.health_overtemp_samples,
-                       heartbeat_timeout_s=settings.health_heartbeat_s, **extra)  # fmt: skip
-
-
-def retention_of(settings: Settings) -> Retention:
-    return Retention(raw_s=settings.telemetry_raw_s, minute_s=settings.telemetry_minute_s,
-                     hour_s=settings.telemetry_hour_s)  # fmt: skip
 
 
 @dataclass
@@ -81,8 +67,8 @@ class TelemetryTicker:
     def __init__(self, db: Database, settings: Settings, owner: str, nvml: Any = None) -> None:
         self.db, self.settings, self.owner = db, settings, owner
         self.sim = SimulatedCollector(seed=settings.sim_seed, fault_rate_per_gpu_hour=settings.sim_fault_rate)
-        self.judge = HealthJudge(rules_of(settings))
-        self.keep = retention_of(settings)
+        self.judge = HealthJudge(health.rules_of(settings))
+        self.keep = telemetry.retention_of(settings)
         self.index = FleetIndex()
         self.fleet = Fleet()
         self.nvml_module = nvml
@@ -144,9 +130,7 @@ class TelemetryTicker:
                 index = self.index.refresh(s)
                 if one_shot:
                     s.execute(update(InjectedFault).where(InjectedFault.id.in_(one_shot)).values(cleared_at=now))
-                findings = self.judge.judge(samples, {key: model for key, (_, model) in index.gpus.items()})
-                findings += self._heartbeats(s, now, samples)
-                return findings, health.apply(s, findings, now)
+                return health.judge_and_apply(s, self.judge, samples, index, now, self._heartbeats(s, now, samples))
         except Exception:
             self.judge.restore(memory)
             self.sim.rearm()

@@ -15,9 +15,7 @@ from suanli.api.routers.admin import Admin
 from suanli.api.schemas import In, Out
 from suanli.control import health, inventory, observe, telemetry, workloads
 from suanli.control.errors import Invalid
-from suanli.control.telemetry_loop import retention_of, rules_of
 from suanli.telemetry import exposition
-from suanli.telemetry.health import HealthJudge
 from suanli.telemetry.samples import GpuSample
 
 router = APIRouter(tags=["telemetry"])
@@ -81,8 +79,6 @@ class NodeEventOut(Out):
 def ingest(body: SamplesIn, ctx: Admin) -> IngestOut:
     """Store a node agent's batch of GPU samples (a retried batch stores nothing twice) and act on its health."""
     srv = ctx.srv
-    if srv.judge is None:
-        srv.judge = HealthJudge(rules_of(srv.settings))
     ahead = next((i for i, x in enumerate(body.samples) if x.t > ctx.now.timestamp() + MAX_AHEAD_S), None)
     if ahead is not None:
         raise Invalid(
@@ -92,8 +88,7 @@ def ingest(body: SamplesIn, ctx: Admin) -> IngestOut:
     with ctx.db.write() as s, s.begin():
         index = srv.fleet_index.refresh(s)
         report, _ = telemetry.ingest(s, samples, index)
-        findings = srv.judge.judge(samples, {k: m for k, (_, m) in index.gpus.items()})
-        health.apply(s, findings, ctx.now)
+        findings, _ = health.judge_and_apply(s, srv.judge, samples, index, ctx.now)
     return IngestOut(stored=report.stored, late=report.late, unknown=report.unknown[:20],
                      findings=[f"{f.node}/{f.gpu}: {f.reason}" for f in findings if f.fatal])  # fmt: skip
 
@@ -104,7 +99,9 @@ def node_metrics(node: str, ctx: Admin, since: Since = None, until: Until = None
                  ) -> dict[str, Any]:  # fmt: skip
     """Every GPU of the node over a time range."""
     with ctx.db.read() as s:
-        return observe.node_metrics(s, node, since, until, resolution, ctx.now, retention_of(ctx.srv.settings))
+        return observe.node_metrics(
+            s, node, since, until, resolution, ctx.now, telemetry.retention_of(ctx.srv.settings)
+        )
 
 
 @router.get("/workloads/{ref}/metrics")
@@ -114,7 +111,9 @@ def workload_metrics(ref: str, ctx: Auth, since: Since = None, until: Until = No
     """The GPUs the workload held, each only while it held them (every attempt)."""
     with ctx.db.read() as s:
         w = workloads.get(s, ctx.who, ref)
-        return observe.workload_metrics(s, w, since, until, resolution, ctx.now, retention_of(ctx.srv.settings))
+        return observe.workload_metrics(
+            s, w, since, until, resolution, ctx.now, telemetry.retention_of(ctx.srv.settings)
+        )
 
 
 def _latest(ctx: Caller) -> list[telemetry.Latest]:

@@ -7,6 +7,10 @@ production and several server replicas.
 
 from __future__ import annotations
 
+import functools
+import sqlite3
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,20 +28,83 @@ def normalise_url(url: str) -> str:
     return url
 
 
+BUSY_TIMEOUT_MS = 30_000
+
+
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
     cur.execute("PRAGMA journal_mode=WAL")
     cur.execute("PRAGMA foreign_keys=ON")
-    cur.execute("PRAGMA busy_timeout=30000")
+    cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
 
 
-def _sqlite_begin(conn: Any) -> None:
+# SQLite has one write lock per database. Threads of one process queue for it on a mutex of the file's, and are
+# handed it the moment it is free; only the thread at the head of the queue contends with other processes,
+# polling every fraction of a millisecond. (SQLite's own busy handler sleeps 1, 2, 5, ... 100 ms between tries,
+# so a waiter could sleep long after the lock was freed: requests queued behind a background loop's writes.)
+_WRITERS: dict[str, threading.Lock] = {}
+_WRITERS_LOCK = threading.Lock()
+_HOLDS = "suanli_writer"  # the mutex, in the connection record's info while its transaction holds it
+
+
+def _writer_of(path: str) -> threading.Lock:
+    if not path or path == ":memory:":
+        return threading.Lock()  # a database of its own
+    with _WRITERS_LOCK:
+        return _WRITERS.setdefault(str(Path(path).resolve()), threading.Lock())
+
+
+def _sqlite_begin(writer: threading.Lock, conn: Any) -> None:
     # A writing transaction takes the write lock at BEGIN: a read-then-write (balance check, lease claim)
     # cannot then fail half-way with "database is locked" when another process commits between its read and
     # its write. Read-only sessions begin deferred, so readers never queue behind writers (WAL).
-    conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get("writes") else "BEGIN")
+    if not conn.get_execution_options().get("writes"):
+        conn.exec_driver_sql("BEGIN")
+        return
+    if not writer.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
+        raise TimeoutError(f"no SQLite write lock within {BUSY_TIMEOUT_MS / 1000:.0f} s in this process")
+    conn.info[_HOLDS] = writer
+    try:
+        _begin_immediate(conn)
+    except BaseException:
+        _release_writer(conn.info)
+        raise
+
+
+def _begin_immediate(conn: Any) -> None:
+    """BEGIN IMMEDIATE, retried every 0.2-2 ms while another process holds the write lock."""
+    raw = conn.connection.driver_connection
+    raw.execute("PRAGMA busy_timeout=0")
+    try:
+        deadline, pause = time.monotonic() + BUSY_TIMEOUT_MS / 1000, 0.0002
+        while time.monotonic() < deadline:
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as e:
+                if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
+                    raise
+            time.sleep(pause)
+            pause = min(pause * 1.5, 0.002)
+        conn.exec_driver_sql("BEGIN IMMEDIATE")  # one last try, failing as SQLAlchemy reports it
+    finally:
+        raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+
+
+def _release_writer(info: dict[Any, Any]) -> None:
+    writer = info.pop(_HOLDS, None)
+    if writer is not None:
+        writer.release()
+
+
+def _on_end(conn: Any) -> None:  # commit or rollback of a Connection
+    _release_writer(conn.info)
+
+
+def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin or invalidate: never leak it
+    _release_writer(record.info)
 
 
 class Database:
@@ -53,7 +120,11 @@ class Database:
                 self.url, connect_args={"check_same_thread": False, "isolation_level": None}, pool_size=pool_size
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
-            event.listen(self.engine, "begin", _sqlite_begin)
+            event.listen(self.engine, "begin", functools.partial(_sqlite_begin, _writer_of(path)))
+            for name in ("commit", "rollback"):
+                event.listen(self.engine, name, _on_end)
+            for name in ("checkin", "invalidate"):
+                event.listen(self.engine.pool, name, _on_pool_return)
         else:
             # No pre-ping (a round trip per checkout); connections are recycled instead, and a dead one fails a
             # single request, which the client retries.

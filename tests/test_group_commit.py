@@ -1,0 +1,164 @@
+"""Group commit and SQLite's write lock, on real databases.
+
+`GroupCommit` must commit every item once, share transactions under concurrency, and fail only the bad items of a
+failed batch. The SQLite writer queue (`db.engine`) must hand the write lock over and never leak it: not after a
+commit, a rollback, an exception inside the transaction, nor when another process holds the lock for a while.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from suanli.db.engine import Database
+from suanli.db.group_commit import GroupCommit
+
+META = sa.MetaData()
+ITEMS = sa.Table(
+    "items",
+    META,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("name", sa.String(50), nullable=False),
+)
+
+
+@pytest.fixture
+def plain_db(db_url: str) -> Any:
+    database = Database(db_url)
+    META.create_all(database.engine)
+    yield database
+    database.dispose()
+
+
+def _insert_many(s: Session, items: Sequence[dict[str, Any]]) -> None:
+    s.execute(ITEMS.insert(), list(items))
+
+
+def _names(db: Database) -> list[str]:
+    with db.read() as s:
+        return list(s.scalars(sa.select(ITEMS.c.name).order_by(ITEMS.c.id)))
+
+
+def test_every_item_is_committed_once_and_concurrent_items_share_transactions(plain_db: Database) -> None:
+    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    n_threads, per_thread = 8, 40
+    start = threading.Barrier(n_threads)
+
+    def writer(t: int) -> None:
+        start.wait()
+        for i in range(per_thread):
+            gc.write({"id": t * 1000 + i, "name": f"{t}-{i}"}, timeout=60)
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(n_threads)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    gc.close()
+    names = _names(plain_db)
+    assert sorted(names) == sorted(f"{t}-{i}" for t in range(n_threads) for i in range(per_thread))
+    # Eight writers at once: a transaction carries more than one item (each writer waits for its own commit, so
+    # at most eight can be queued together).
+    assert gc.batches < n_threads * per_thread
+
+
+def test_a_bad_item_fails_only_its_own_caller(plain_db: Database) -> None:
+    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc.write({"id": 1, "name": "first"})
+    results: dict[int, BaseException | None] = {}
+    start = threading.Barrier(6)
+
+    def writer(item_id: int) -> None:
+        start.wait()
+        try:
+            gc.write({"id": item_id, "name": f"n{item_id}"}, timeout=60)  # id 1 exists: a key violation
+            results[item_id] = None
+        except Exception as e:
+            results[item_id] = e
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in (1, 2, 3, 4, 5, 6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    gc.close()
+    assert isinstance(results[1], sa.exc.IntegrityError)
+    assert all(results[i] is None for i in (2, 3, 4, 5, 6))
+    assert sorted(_names(plain_db)) == ["first", "n2", "n3", "n4", "n5", "n6"]
+
+
+def test_close_finishes_what_is_queued_and_a_later_write_starts_again(plain_db: Database) -> None:
+    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc.write({"id": 1, "name": "a"})
+    gc.close()
+    gc.write({"id": 2, "name": "b"})  # a new writer thread
+    gc.close()
+    assert _names(plain_db) == ["a", "b"]
+
+
+def _write_in_thread(db: Database, name: str, timeout: float = 20.0) -> bool:
+    done = threading.Event()
+
+    def work() -> None:
+        with db.write() as s, s.begin():
+            s.execute(ITEMS.insert(), {"name": name})
+        done.set()
+
+    threading.Thread(target=work, daemon=True).start()
+    return done.wait(timeout)
+
+
+def test_sqlite_write_lock_is_released_after_commit_rollback_and_errors(tmp_path: Any) -> None:
+    db = Database(f"sqlite+pysqlite:///{tmp_path}/w.db")
+    META.create_all(db.engine)
+    try:
+        with db.write() as s, s.begin():
+            s.execute(ITEMS.insert(), {"name": "committed"})
+        with db.write() as s:
+            s.execute(ITEMS.insert(), {"name": "rolled back"})
+            s.rollback()
+        with pytest.raises(RuntimeError), db.write() as s, s.begin():
+            s.execute(ITEMS.insert(), {"name": "raised"})
+            raise RuntimeError("boom")
+        with db.write() as s:  # closed without commit or rollback: the pool's return gives the lock back
+            s.execute(ITEMS.insert(), {"name": "abandoned"})
+        # Each of those let go of the write lock: another thread of this process writes at once.
+        assert _write_in_thread(db, "after")
+        assert _names(db) == ["committed", "after"]
+    finally:
+        db.dispose()
+
+
+def test_sqlite_writer_waits_for_another_process_and_then_writes(tmp_path: Any) -> None:
+    """Another process holds the write lock for a second; a writer here waits (no 'database is locked'),
+    then writes as soon as the lock is free."""
+    path = tmp_path / "w.db"
+    db = Database(f"sqlite+pysqlite:///{path}")
+    META.create_all(db.engine)
+    code = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0)\n"
+        "c.execute(\"INSERT INTO items (name) VALUES ('other')\"); c.execute('COMMIT')\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with db.write() as s, s.begin():
+            s.execute(ITEMS.insert(), {"name": "mine"})  # BEGIN IMMEDIATE goes with the first statement
+            waited = time.monotonic() - t0
+        assert holder.wait(30) == 0
+        assert waited > 0.5  # it did wait for the other process's transaction
+        assert _names(db) == ["other", "mine"]
+    finally:
+        holder.kill()
+        db.dispose()

@@ -168,6 +168,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         finally:
             if background:
                 background.stop()
+            srv.submissions.close()
             db.dispose()
 
     app = FastAPI(

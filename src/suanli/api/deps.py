@@ -7,14 +7,14 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from suanli.api.schemas import NUL_MESSAGE
-from suanli.control import accounts
+from suanli.control import accounts, workloads
 from suanli.control.accounts import Principal
 from suanli.control.caches import FleetCache, PriceCache, TokenCache
 from suanli.control.errors import Invalid, Unauthorized
@@ -23,6 +23,7 @@ from suanli.control.offers import OfferCache
 from suanli.control.settings import Settings
 from suanli.control.telemetry import FleetIndex
 from suanli.db.engine import Database
+from suanli.db.group_commit import GroupCommit
 from suanli.telemetry.health import HealthJudge
 
 P = ParamSpec("P")
@@ -54,6 +55,10 @@ class Server:
     fleet: FleetCache = field(default_factory=FleetCache)
     fleet_index: FleetIndex = field(default_factory=FleetIndex)  # GPU rows and holders, for samples agents post
     judge: HealthJudge = field(default_factory=HealthJudge)  # health of posted samples (this process's share)
+    submissions: GroupCommit[dict[str, Any]] = field(init=False)  # admitted workloads, written in batches
+
+    def __post_init__(self) -> None:
+        self.submissions = GroupCommit(self.db, workloads.enqueue_many, name="submissions")
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

@@ -8,6 +8,7 @@ move workloads forward; this module holds what requests do and what every caller
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -191,20 +192,22 @@ _INSERT_WORKLOAD = insert(Workload.__table__)
 _INSERT_EVENT = insert(WorkloadEvent.__table__)
 
 
-def submit(
+def admit(
     s: Session,
     who: Principal,
     spec: WorkloadSpec,
     now: datetime,
     *,
-    home: Path,
     hold_minutes: int,
     fleet: FleetCache,
     prices: PriceCache,
     org_id: str | None = None,
     workdir: Path | None = None,
-) -> Workload:
-    """Queue a workload. The caller's personal org needs no membership check (it owns it by construction)."""
+) -> dict[str, Any]:
+    """Check a submission against the inventory, the price book, the org's quota and balance, and return the row
+    to queue. Only reads, so it runs outside the write transaction: on SQLite a submission then holds the single
+    write lock for two inserts, not for its checks. (The checks are advisory: the scheduler checks quota and
+    balance again when it places the workload.) The caller's personal org needs no membership check."""
     if org_id is not None and org_id != who.personal_org_id:
         org_id = accounts.org_for(s, who, org_id).id
     org_id = org_id or who.personal_org_id
@@ -219,20 +222,33 @@ def submit(
     doc = spec.model_dump(mode="json", exclude_none=True)
     if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
         doc["resources"]["gpu"] = [c.gpu_model for c in candidates]  # the models within the ceiling or the plan
-    row = dict(
+    return dict(
         id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
         queue_position=None, attempt=0, retries=0, allocation_id=None, executor="", handle=None, exit_code=None,
         stop_requested=None, has_workdir=workdir is not None, attained_gpu_s=0.0, created_at=now,
         queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
     )  # fmt: skip
+
+
+def enqueue_many(s: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Queue admitted workloads in the caller's write transaction: two statements however many there are (the
+    API's group commit hands in every submission that arrived while the previous batch was being written)."""
     # Core inserts: the ORM's unit of work costs more than the rest of a submission together.
-    s.execute(_INSERT_WORKLOAD, row)
-    s.execute(_INSERT_EVENT, {"workload_id": row["id"], "at": now, "state": "pending", "reason": "submitted"})
-    w = Workload(**row)  # what the caller shows; not attached to the session
-    if workdir is not None:
-        workdirs.adopt(workdir, workdirs.upload_dir(home, w.id))  # a rename: the upload was unpacked before
-    return w
+    s.execute(_INSERT_WORKLOAD, list(rows))
+    s.execute(_INSERT_EVENT, [{"workload_id": r["id"], "at": r["created_at"], "state": "pending",
+                               "reason": "submitted"} for r in rows])  # fmt: skip
+
+
+def enqueue(s: Session, row: dict[str, Any], *, home: Path, workdir: Path) -> None:
+    """Queue an admitted workload with its uploaded workdir, in the caller's write transaction."""
+    enqueue_many(s, [row])
+    workdirs.adopt(workdir, workdirs.upload_dir(home, row["id"]))  # a rename: the upload was unpacked before
+
+
+def queued(row: dict[str, Any]) -> Workload:
+    """The workload an admitted row describes, for showing (not attached to a session)."""
+    return Workload(**row)
 
 
 def discard_upload(staged: Path | None) -> None:

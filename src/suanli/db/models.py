@@ -27,6 +27,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -199,6 +200,14 @@ class Allocation(Base):
     __table_args__ = (
         Index("ix_allocations_open", "stopped_at", "metered_until_s"),
         Index("ix_allocations_workload", "workload"),
+        # Every submission sums its org's running rate: from this index alone, however long the history.
+        Index(
+            "ix_allocations_org_open",
+            "org_id",
+            "rate_per_hour",
+            sqlite_where=text("stopped_at IS NULL"),
+            postgresql_where=text("stopped_at IS NULL"),
+        ),
     )
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)

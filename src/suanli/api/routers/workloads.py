@@ -144,12 +144,17 @@ def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
     staged = workloads.stage_upload(archive, settings.home) if archive is not None else None
     try:
-        with ctx.db.write() as s, s.begin():
-            w = workloads.submit(s, ctx.who, spec, ctx.now, home=settings.home,
-                                 hold_minutes=settings.admission_hold_minutes, fleet=ctx.srv.fleet,
-                                 prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
+        with ctx.db.read() as s:
+            row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=settings.admission_hold_minutes,
+                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
+        if staged is None:
+            ctx.srv.submissions.write(row)  # committed with whatever else was submitted meanwhile
+        else:  # an upload is adopted in its own transaction (a rename that must not be retried)
+            with ctx.db.write() as s, s.begin():
+                workloads.enqueue(s, row, home=settings.home, workdir=staged)
     finally:
         workloads.discard_upload(staged)
+    w = workloads.queued(row)
     return _out(w, [], ctx.now, settings.currency, [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])
 
 

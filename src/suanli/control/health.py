@@ -94,17 +94,23 @@ def apply(s: Session, findings: Sequence[Finding], now: datetime) -> HealthRepor
     return report
 
 
+def findings_of(
+    judge: HealthJudge, samples: Sequence[GpuSample], index: FleetIndex, more: Sequence[Finding] = ()
+) -> list[Finding]:
+    """The health rules over a batch of samples, plus findings of the caller's (e.g. heartbeats). No I/O: the
+    loop judges outside any write transaction and opens one only when `calls_for_action`."""
+    return judge.judge(samples, index.models()) + list(more)
+
+
+def calls_for_action(findings: Sequence[Finding]) -> bool:
+    return any(f.fatal for f in findings)
+
+
 def judge_and_apply(
-    s: Session,
-    judge: HealthJudge,
-    samples: Sequence[GpuSample],
-    index: FleetIndex,
-    now: datetime,
-    more: Sequence[Finding] = (),
+    s: Session, judge: HealthJudge, samples: Sequence[GpuSample], index: FleetIndex, now: datetime
 ) -> tuple[list[Finding], HealthReport]:
-    """The health rules over a batch of samples (plus findings of the caller's, e.g. heartbeats), and the
-    actions they call for, in the caller's transaction."""
-    findings = judge.judge(samples, index.models()) + list(more)
+    """`findings_of`, then `apply`, in the caller's transaction."""
+    findings = findings_of(judge, samples, index)
     return findings, apply(s, findings, now)
 
 

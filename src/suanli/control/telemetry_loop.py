@@ -36,7 +36,7 @@ log = logging.getLogger("suanli.telemetry")
 DEFAULT_LOAD = Load(busy=0.97, compute=0.8)  # a training job whose model the spec does not name
 STARTING_LOAD = Load(busy=0.05, compute=1.0)  # placed, its processes not running yet
 COMPACT_EVERY_S = 60.0
-INGEST_CHUNK = 5000  # samples per write transaction
+INGEST_CHUNK = 1000  # samples per write transaction (~20 ms on SQLite)
 COMPACT_SLICE_S = 10  # seconds of raw samples deleted per compaction transaction
 
 
@@ -103,9 +103,11 @@ class TelemetryTicker:
         samples += self._local(now)
         report.sampled = len(samples)
         findings, acted = self._act(samples, one_shot, now)  # first: a finding must not wait on storing samples
+        with self.db.read() as s:  # outside the write transactions: on SQLite they hold the only write lock
+            index = self.index.refresh(s)
         for i in range(0, len(samples), INGEST_CHUNK):  # short write transactions: requests wait less
             with self.db.write() as s, s.begin():
-                stored, _ = telemetry.ingest(s, samples[i : i + INGEST_CHUNK], self.index.refresh(s))
+                stored, _ = telemetry.ingest(s, samples[i : i + INGEST_CHUNK], index)
                 report.stored += stored.stored
         report.findings = [f"{f.node}/{f.gpu}: {f.reason}" for f in findings if f.fatal]
         report.stopped = acted.workloads_stopped
@@ -122,15 +124,20 @@ class TelemetryTicker:
         return report
 
     def _act(self, samples: list[GpuSample], one_shot: list[int], now: datetime) -> tuple[list[Finding], Any]:
-        """Judge the samples and act, in one transaction with marking one-shot faults reported. If it fails, the
-        judge and the simulator forget this tick, so the next one finds the same faults again."""
+        """Judge the samples, then act on what is fatal in one transaction with marking one-shot faults reported.
+        Judging only reads, so a tick with nothing to act on takes no write lock. If acting fails, the judge and
+        the simulator forget this tick, so the next one finds the same faults again."""
         memory = self.judge.memory()
         try:
-            with self.db.write() as s, s.begin():
+            with self.db.read() as s:
                 index = self.index.refresh(s)
+                findings = health.findings_of(self.judge, samples, index, self._heartbeats(s, now, samples))
+            if not one_shot and not health.calls_for_action(findings):
+                return findings, health.HealthReport()
+            with self.db.write() as s, s.begin():
                 if one_shot:
                     s.execute(update(InjectedFault).where(InjectedFault.id.in_(one_shot)).values(cleared_at=now))
-                return health.judge_and_apply(s, self.judge, samples, index, now, self._heartbeats(s, now, samples))
+                return findings, health.apply(s, findings, now)
         except Exception:
             self.judge.restore(memory)
             self.sim.rearm()

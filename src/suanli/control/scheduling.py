@@ -262,14 +262,22 @@ class SchedulingPass:
         for i in range(0, len(new), 500):
             rows = s.execute(
                 select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli, Allocation.started_at,
-                       w.spec, w.org_id, w.queued_at)
+                       w.org_id, w.queued_at, w.attempt)
                 .outerjoin(w, w.id == Allocation.workload).where(Allocation.id.in_(new[i : i + 500]))
-            )  # fmt: skip
+            ).all()  # fmt: skip
+            # Most were placed by the last pass: their requests are cached; only the others' specs are read.
+            uncached = [a.workload for a in rows if a.workload and self._cached(a) is None]
+            specs = self._specs(s, uncached) if uncached else {}
             for a in rows:
-                self._reserve(a, where)
+                self._reserve(a, where, specs)
         return self._states
 
-    def _reserve(self, a: Any, where: dict[str, tuple[str, int]]) -> None:
+    def _cached(self, a: Any) -> Request | None:
+        if a.queued_at is None:
+            return None
+        return self.requests.get((a.workload, a.attempt, seconds(a.queued_at)))
+
+    def _reserve(self, a: Any, where: dict[str, tuple[str, int]], specs: dict[str, dict[str, Any]]) -> None:
         gpus: list[int] = []
         cid = None
         for node_name, idx in (a.placement or {}).items():
@@ -280,8 +288,11 @@ class SchedulingPass:
             gpus.extend(base + int(k) for k in idx)
         if cid is None or not gpus:
             return
-        if a.spec is not None:
-            req = WorkloadSpec.model_validate(a.spec).to_request(a.workload, seconds(a.queued_at), a.org_id)
+        cached = self._cached(a)
+        if cached is not None:
+            req = replace(cached, attained=0.0) if cached.attained else cached
+        elif a.workload in specs:
+            req = WorkloadSpec.model_validate(specs[a.workload]).to_request(a.workload, seconds(a.queued_at), a.org_id)
         else:  # an allocation no workload owns (opened through the API directly)
             req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
         est = req.est_runtime

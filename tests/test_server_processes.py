@@ -3,6 +3,7 @@ nodes) happens once, and the processes serve the same state."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -10,9 +11,32 @@ import httpx
 from tests.control_plane import admin_token, bearer, live_server, signup
 
 
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, tmp_path: Path) -> None:
     args = ("--workers", "3", "--virtual", "4x8:H100")
-    with live_server(tmp_path / "home", db_url, args=args) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+    env = {"SUANLI_SCHEDULE_INTERVAL_S": "0.2"}
+    with (
+        live_server(tmp_path / "home", db_url, args=args, env=env) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+    ):
         admin = bearer(admin_token(c))
         users = c.get("/api/v1/admin/users", headers=admin).json()
         assert [u["email"] for u in users] == ["ops@example.com"]
@@ -24,4 +48,17 @@ def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, t
         for _ in range(12):
             r = httpx.get(f"{srv.url}/api/v1/orgs/{t.org_id}/balance", headers=t.headers, timeout=30)
             assert r.status_code == 200 and r.json()["balance"] == "10.00"
+        # The background loops run once, beside the workers: three workers and one loop process.
+        kids = [_cmdline(k) for k in _children(srv.proc.pid)]
+        spawned = [k for k in kids if "multiprocessing" in k and "resource_tracker" not in k]
+        assert len(spawned) == 4, kids
+        # ... and they run: a job submitted through any worker is placed and runs on the virtual nodes.
+        spec = {"name": "w", "command": "train", "duration": 600, "resources": {"gpu": "H100-SXM", "gpus": 1}}
+        r = c.post("/api/v1/workloads", headers=t.headers, json={"spec": spec})
+        assert r.status_code == 201, r.text
+        wid = r.json()["id"]
+        deadline = time.monotonic() + 30
+        while (state := c.get(f"/api/v1/workloads/{wid}", headers=t.headers).json()["state"]) != "running":
+            assert time.monotonic() < deadline, state
+            time.sleep(0.2)
     assert "Traceback" not in srv.log.read_text(errors="replace")

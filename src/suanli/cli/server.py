@@ -40,7 +40,12 @@ def server(
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     workers: Annotated[
         int,
-        typer.Option("--workers", min=1, max=64, help="Server processes sharing the port (and the background work)."),
+        typer.Option(
+            "--workers",
+            min=1,
+            max=64,
+            help="Server processes sharing the port; the background loops run once, beside them.",
+        ),
     ] = 1,
 ) -> None:
     """Run the API server (REST under /api/v1, OpenAPI at /docs); migrates the database on start."""
@@ -57,10 +62,29 @@ def server(
     if workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
         return
-    # Several processes: each builds its app from the resolved settings handed over in the environment.
-    os.environ[SETTINGS_ENV] = settings.model_dump_json()
-    uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
-                workers=workers, log_level=log_level, access_log=False)  # fmt: skip
+    # Several processes: each builds its app from the resolved settings handed over in the environment. The
+    # background loops run once, beside them, not once per worker: a loop needs one process, and idle copies
+    # polling for its lease cost CPU the workers could use.
+    background = None
+    if settings.background:
+        from suanli.api.app import bootstrap
+        from suanli.control.background import BackgroundProcess
+        from suanli.db.engine import Database
+
+        db = Database(settings.db_url)
+        try:
+            bootstrap(db, settings)  # the loops need the schema before any worker has migrated it
+        finally:
+            db.dispose()
+        background = BackgroundProcess(settings)
+        background.start()
+    os.environ[SETTINGS_ENV] = settings.model_copy(update={"background": False}).model_dump_json()
+    try:
+        uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
+                    workers=workers, log_level=log_level, access_log=False)  # fmt: skip
+    finally:
+        if background is not None:
+            background.stop()
 
 
 def up(

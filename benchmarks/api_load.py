@@ -82,8 +82,10 @@ class RawConnection:
         return int(status_line.split()[1])
 
     async def aclose(self) -> None:
+        """Close the connection; a further request opens a new one."""
         if self.writer is not None:
             self.writer.close()
+        self.reader = self.writer = None
 
 
 async def _client_loop(conn: HttpxConnection | RawConnection, method: str, path: str, body: Any, until: float,

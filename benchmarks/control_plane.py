@@ -51,17 +51,22 @@ def job(i: int, rng: random.Random) -> dict[str, Any]:
                      "resources": {"gpu": "H100-SXM", "gpus": gpus, "topology": "leaf" if gpus > 8 else "any"}}}  # fmt: skip
 
 
-def _submitter(args: tuple[str, list[tuple[dict[str, str], list[dict[str, Any]]]]]) -> tuple[list[float], int, float]:
+def _submitter(
+    args: tuple[str, int, list[tuple[dict[str, str], list[dict[str, Any]]]]],
+) -> tuple[list[float], int, float]:
     """One load process: one keep-alive connection per client, each submitting its jobs as one tenant, the next
-    as soon as the answer arrives; latencies, errors and when its last answer came."""
-    url, clients = args
+    as soon as the answer arrives, and opening a new connection every `per_connection` submissions (latency
+    counts the reconnect); latencies, errors and when its last answer came."""
+    url, per_connection, clients = args
     lat: list[float] = []
     errors = 0
 
     async def client(headers: dict[str, str], bodies: list[dict[str, Any]]) -> None:
         nonlocal errors
         conn = RawConnection(url, headers)
-        for body in bodies:
+        for i, body in enumerate(bodies):
+            if per_connection and i and i % per_connection == 0:
+                await conn.aclose()
             t = time.perf_counter()
             status = await conn.request("POST", "/api/v1/workloads", body)
             lat.append(time.perf_counter() - t)
@@ -98,7 +103,7 @@ def bench(name: str, db_url: str, args: argparse.Namespace, loops: bool = True) 
         jobs = [job(i, rng) for i in range(args.jobs)]
         clients = [(tenants[c % len(tenants)], jobs[c :: args.clients]) for c in range(args.clients)]
         procs = max(1, min(args.procs, args.clients))
-        shares = [(url, clients[p::procs]) for p in range(procs)]
+        shares = [(url, args.per_connection, clients[p::procs]) for p in range(procs)]
         samples: list[dict[str, Any]] = []
         stop = threading.Event()
 
@@ -146,7 +151,9 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=10_000)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--procs", type=int, default=2, help="load-generator processes")
-    p.add_argument("--workers", type=int, default=1, help="server processes (`suanli server --workers`)")
+    p.add_argument("--workers", type=int, default=2, help="server processes (`suanli server --workers`)")
+    p.add_argument("--per-connection", type=int, default=50,
+                   help="submissions per client connection before it reconnects (0: one connection throughout)")  # fmt: skip
     p.add_argument("--tenants", type=int, default=20)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--seed", type=int, default=1)
@@ -154,12 +161,15 @@ def main() -> None:
     p.add_argument("--preset", default="synthetic-100k")
     p.add_argument("--backend", action="append", choices=["sqlite", "postgresql"])
     p.add_argument("--pg-url", help="an empty PostgreSQL database (default: a throwaway server)")
+    p.add_argument("--loops", choices=["both", "on", "off"], default="both",
+                   help="run the API alone (off), with the background loops (on), or both one after the other")  # fmt: skip
     args = p.parse_args()
+    modes = {"both": (False, True), "on": (True,), "off": (False,)}[args.loops]
     rows = []
     for backend in args.backend or ["sqlite", "postgresql"]:
         for _ in range(args.repeats):
             if backend == "sqlite":
-                for loops in (False, True):  # the API alone, then with the scheduling loop placing as it goes
+                for loops in modes:  # the API alone, then with the scheduling loop placing as it goes
                     url = f"sqlite+pysqlite:///{tempfile.mkdtemp(prefix='suanli-cp-db-')}/suanli.db"
                     rows.append(bench(backend, url, args, loops))
                 continue
@@ -167,7 +177,7 @@ def main() -> None:
             if admin is None:
                 print(f"postgresql: skipped ({databases.postgres_unavailable_reason()})")
                 break
-            for loops in (False, True):
+            for loops in modes:
                 url = args.pg_url or databases.new_database(admin)
                 rows.append(bench(backend, url, args, loops))
     cols = ["backend", "loops", "jobs", "errors", "submit_per_s", "submit_p50_ms", "submit_p99_ms", "pass_ms_median",

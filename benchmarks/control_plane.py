@@ -84,6 +84,11 @@ def summary(url: str, admin: dict[str, str]) -> dict[str, Any]:
     return dict(httpx.get(f"{url}/api/v1/admin/workloads/summary", headers=admin, timeout=60).json())
 
 
+def _steady_s(samples: list[dict[str, Any]]) -> float:
+    passes = [x["loop"]["pass_ms"] for x in samples if x["loop"].get("pass_ms") is not None]
+    return max(5.0, 2 * max(passes, default=0) / 1000)
+
+
 def bench(name: str, db_url: str, args: argparse.Namespace, loops: bool = True) -> dict[str, Any]:
     home = Path(tempfile.mkdtemp(prefix=f"suanli-cp-{name}-"))
     extra = ["--virtual", args.preset] + ([] if loops else ["--no-background"])
@@ -121,9 +126,9 @@ def bench(name: str, db_url: str, args: argparse.Namespace, loops: bool = True) 
         t_submitted = max(r[2] for r in results)
         lat = sorted(x for r in results for x in r[0])
         errors = sum(r[1] for r in results)
-        # wait until the placed count stops changing for a few passes
+        # wait until the placed count stops changing for a few passes (5 s, or two of the longest pass so far)
         placed_prev, steady_since, t_placed = -1, time.time(), t_submitted
-        while loops and time.time() - steady_since < 5 and time.time() - t0 < args.timeout:
+        while loops and time.time() - steady_since < _steady_s(samples) and time.time() - t0 < args.timeout:
             st = summary(url, admin)["states"]
             placed = sum(v for k, v in st.items() if k != "pending")
             if placed != placed_prev:

@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from suanli.db.engine import Database
-from suanli.db.group_commit import GroupCommit
+from suanli.db.group_commit import Closed, GroupCommit
 
 META = sa.MetaData()
 ITEMS = sa.Table(
@@ -95,13 +95,47 @@ def test_a_bad_item_fails_only_its_own_caller(plain_db: Database) -> None:
     assert sorted(_names(plain_db)) == ["first", "n2", "n3", "n4", "n5", "n6"]
 
 
-def test_close_finishes_what_is_queued_and_a_later_write_starts_again(plain_db: Database) -> None:
+def test_close_finishes_what_is_queued_and_refuses_later_writes(plain_db: Database) -> None:
     gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
     gc.write({"id": 1, "name": "a"})
     gc.close()
-    gc.write({"id": 2, "name": "b"})  # a new writer thread
+    with pytest.raises(Closed):
+        gc.write({"id": 2, "name": "b"})
+    assert _names(plain_db) == ["a"]
+
+
+def test_a_failure_not_of_an_items_data_fails_the_batch_at_once(plain_db: Database) -> None:
+    """The database refusing the transaction itself is not retried item by item: every caller gets the error."""
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def broken(s: Session, items: Sequence[dict[str, Any]]) -> None:
+        calls.append(len(items))
+        gate.wait(5)  # the first call holds the writer while the others queue up behind it
+        raise RuntimeError("database unreachable")
+
+    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, broken, name="test")
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        try:
+            gc.write({"id": i, "name": str(i)}, timeout=30)
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(5)]
+    threads[0].start()
+    while not calls:
+        time.sleep(0.01)
+    for th in threads[1:]:
+        th.start()
+    time.sleep(0.3)
+    gate.set()
+    for th in threads:
+        th.join()
     gc.close()
-    assert _names(plain_db) == ["a", "b"]
+    assert len(errors) == 5 and all(isinstance(e, RuntimeError) for e in errors)
+    assert calls == [1, 4]  # one transaction for the first, one for the four queued behind it: no retries
 
 
 def _write_in_thread(db: Database, name: str, timeout: float = 20.0) -> bool:
@@ -162,3 +196,20 @@ def test_sqlite_writer_waits_for_another_process_and_then_writes(tmp_path: Any) 
     finally:
         holder.kill()
         db.dispose()
+
+
+def test_coroutines_wait_without_threads_and_share_transactions(plain_db: Database) -> None:
+    import asyncio
+
+    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+
+    async def main(items: list[dict[str, Any]]) -> list[BaseException | None]:
+        results = await asyncio.gather(*(gc.write_async(x, timeout=60) for x in items), return_exceptions=True)
+        return list(results)
+
+    assert asyncio.run(main([{"id": i, "name": f"a{i}"} for i in range(50)])) == [None] * 50
+    assert gc.batches < 50  # written together, not one transaction each
+    (again,) = asyncio.run(main([{"id": 7, "name": "again"}]))  # a key violation: its caller gets the error
+    gc.close()
+    assert isinstance(again, sa.exc.IntegrityError)
+    assert sorted(_names(plain_db)) == sorted(f"a{i}" for i in range(50))

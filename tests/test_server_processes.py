@@ -3,6 +3,8 @@ nodes) happens once, and the processes serve the same state."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -30,6 +32,11 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def _spawned(pid: int) -> list[int]:
+    """Children started by multiprocessing (workers, the loop process), not its resource tracker."""
+    return [k for k in _children(pid) if "multiprocessing" in (c := _cmdline(k)) and "resource_tracker" not in c]
+
+
 def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, tmp_path: Path) -> None:
     args = ("--workers", "3", "--virtual", "4x8:H100")
     env = {"SUANLI_SCHEDULE_INTERVAL_S": "0.2"}
@@ -49,9 +56,7 @@ def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, t
             r = httpx.get(f"{srv.url}/api/v1/orgs/{t.org_id}/balance", headers=t.headers, timeout=30)
             assert r.status_code == 200 and r.json()["balance"] == "10.00"
         # The background loops run once, beside the workers: three workers and one loop process.
-        kids = [_cmdline(k) for k in _children(srv.proc.pid)]
-        spawned = [k for k in kids if "multiprocessing" in k and "resource_tracker" not in k]
-        assert len(spawned) == 4, kids
+        assert len(_spawned(srv.proc.pid)) == 4, [_cmdline(k) for k in _children(srv.proc.pid)]
         # ... and they run: a job submitted through any worker is placed and runs on the virtual nodes.
         spec = {"name": "w", "command": "train", "duration": 600, "resources": {"gpu": "H100-SXM", "gpus": 1}}
         r = c.post("/api/v1/workloads", headers=t.headers, json={"spec": spec})
@@ -60,5 +65,15 @@ def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, t
         deadline = time.monotonic() + 30
         while (state := c.get(f"/api/v1/workloads/{wid}", headers=t.headers).json()["state"]) != "running":
             assert time.monotonic() < deadline, state
+            time.sleep(0.2)
+        loop = c.get("/api/v1/admin/workloads/summary", headers=admin).json()["loop"]
+        assert loop["this_process"], loop  # whichever worker answers: the loop is this server's
+        # The loop process is started again when it dies.
+        leader_pid = int(loop["leader"].split("/")[1].split(":")[0])
+        assert leader_pid in _children(srv.proc.pid)
+        os.kill(leader_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while leader_pid in _children(srv.proc.pid) or len(_spawned(srv.proc.pid)) < 4:
+            assert time.monotonic() < deadline, _spawned(srv.proc.pid)
             time.sleep(0.2)
     assert "Traceback" not in srv.log.read_text(errors="replace")

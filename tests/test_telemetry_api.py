@@ -263,3 +263,35 @@ def test_a_silent_node_loses_its_heartbeat_and_is_drained(fleet: Fleet) -> None:
     done = fleet.workload(w["id"])
     assert done["state"] == "failed" and "node-failure" in done["reason"]
     assert "heartbeat" in [e["kind"] for e in fleet.get(f"/admin/nodes/{node}/events")]
+
+
+def test_a_node_set_down_stops_its_work_and_a_cluster_with_work_is_not_removed(fleet: Fleet) -> None:
+    w = _running(fleet, _submit(fleet, "on-a-node", retry=1)["id"])
+    node, alloc = next(iter(w["allocation"]["nodes"])), w["allocation"]["id"]
+    cluster = fleet.get("/admin/clusters")[0]["name"]
+    r = fleet.api.delete(f"{API}/admin/clusters/{cluster}", headers=fleet.admin)
+    assert r.status_code == 409 and w["id"] in r.json()["detail"], r.text
+
+    r = fleet.api.patch(f"{API}/admin/nodes/{node}", json={"state": "down", "reason": "PSU"}, headers=fleet.admin)
+    assert r.status_code == 200, r.text
+    for _ in range(10):
+        fleet.tick()
+        if fleet.workload(w["id"])["attempt"] == 2:
+            break
+    again = fleet.workload(w["id"])
+    reasons = [e["reason"] for e in again["events"]]
+    assert any(r.startswith("retry 1/1 after node-failure") and "PSU" in r for r in reasons), reasons
+    (credit,) = _credits(fleet)
+    assert credit.key == f"fault-credit:{alloc}"
+    assert "stopped" in fleet.get(f"/admin/nodes/{node}/events")[-1]["reason"]
+    again = _running(fleet, w["id"])
+    assert node not in again["allocation"]["nodes"]  # a node that is down takes no work
+
+    r = fleet.api.post(f"{API}/workloads/{w['id']}/stop", headers=fleet.tenant.headers)
+    assert r.status_code == 200, r.text
+    for _ in range(10):
+        fleet.tick()
+        if fleet.workload(w["id"])["state"] == "stopped":
+            break
+    r = fleet.api.delete(f"{API}/admin/clusters/{cluster}", headers=fleet.admin)
+    assert r.status_code == 204, r.text

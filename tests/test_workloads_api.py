@@ -452,3 +452,19 @@ def test_a_preempted_instance_without_retries_is_listed_and_starts_again(platfor
     r = platform.api.post(f"{WL}/{box['id']}/start", headers=platform.tenant.headers)
     assert r.status_code == 200 and r.json()["state"] == "pending", r.text
     platform.until(box["id"], lambda w: w["state"] == "running" and w["attempt"] == 2)
+
+
+def test_elastic_work_grown_past_the_orgs_quota_starts_smaller_not_never(platform: Platform) -> None:
+    """The default policy grows elastic work into idle GPUs as it places it; admission then checks the grown
+    size against the org's quota, and the workload starts at the most the quota admits."""
+    r = platform.api.put(f"/api/v1/admin/orgs/{platform.tenant.org_id}/quota", headers=platform.admin,
+                         json={"gpus": 12})  # fmt: skip
+    assert r.status_code == 200, r.text
+    w = platform.submit({"name": "stretchy", "command": "x", "duration": 600,
+                         "model": {"preset": "llama3.1-8b", "precision": "bf16"},
+                         "resources": {"gpu": "H20", "gpus": {"min": 4, "max": 32}}})  # fmt: skip
+    running = platform.until(w["id"], lambda x: x["state"] == "running")
+    placed = [e["reason"] for e in running["events"] if e["state"] == "scheduled"]
+    assert running["allocation"]["gpus"] == 12, placed  # the most the quota admits: neither 4 nor the grown size
+    assert sum(len(g) for g in running["allocation"]["nodes"].values()) == 12
+    assert any("12 of" in x and "GPUs admitted" in x and "12 GPUs" in x for x in placed), placed

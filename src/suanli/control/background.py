@@ -39,6 +39,12 @@ def owned_by_server(owner: str | None, server_pid: int) -> bool:
     return owner is not None and owner.startswith(f"{socket.gethostname()}:{server_pid}/")
 
 
+def this_server(owner: str | None) -> bool:
+    """Whether a lease holder's loops belong to the server this process serves: its own background process,
+    or, for a worker of `suanli server --workers N`, the one its parent runs for all workers."""
+    return owned_by_server(owner, os.getpid()) or owned_by_server(owner, os.getppid())
+
+
 class MeteringLoop:
     def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
         self.db, self.settings = db, settings
@@ -150,20 +156,41 @@ class WorkloadLoop:
 
 
 class BackgroundProcess:
-    """The metering, workload and telemetry loops in a child process of the server (see the module docstring)."""
+    """The metering, workload and telemetry loops in a child process of the server (see the module docstring),
+    started again if it ever exits on its own: without it nothing is scheduled, metered or watched."""
+
+    RESTART_AFTER_S = 2.0
 
     def __init__(self, settings: Settings) -> None:
+        self.settings_json = settings.model_dump_json()
+        self.process = self._new()
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="suanli-background-watch", daemon=True)
+        self.restarts = 0
+
+    def _new(self) -> Any:
         import multiprocessing as mp
 
-        self.process = mp.get_context("spawn").Process(
-            target=run_background, args=(settings.model_dump_json(), os.getpid()), name="suanli-background",
-            daemon=True,
-        )  # fmt: skip
+        return mp.get_context("spawn").Process(
+            target=run_background, args=(self.settings_json, os.getpid()), name="suanli-background", daemon=True
+        )
 
     def start(self) -> None:
         self.process.start()
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.RESTART_AFTER_S):
+            if not self.process.is_alive() and not self._stopping.is_set():
+                log.warning("background process exited (code %s); starting it again", self.process.exitcode)
+                self.process = self._new()
+                self.process.start()
+                self.restarts += 1
 
     def stop(self) -> None:
+        self._stopping.set()
+        if self._watcher.is_alive():
+            self._watcher.join()
         if self.process.is_alive():
             self.process.terminate()  # SIGTERM: the loops finish their pass and release the lease
             self.process.join(timeout=40)

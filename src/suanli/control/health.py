@@ -159,12 +159,17 @@ def repair(s: Session, node: Node, now: datetime) -> int:
 
 
 def set_state(s: Session, name: str, state: str, reason: str, now: datetime) -> Node:
-    """The operator's drain, down or ready; `ready` after a fault is the repair."""
+    """The operator's drain, down or ready; `ready` after a fault is the repair. `down` takes the node out of
+    service: the work on it stops as a node failure (requeued by its retry policy, the attempt credited)."""
     row = inventory.node(s, name)
     if state == "ready" and row.state != "ready":
         repair(s, row, now)
     elif state != row.state:
         note(s, row.id, None, state, reason or f"set {state} by the operator", now)
+    if state == "down":
+        stopped = _stop_holders(s, row.name, None, reason or "set down by the operator", now)
+        if stopped:
+            note(s, row.id, None, "down", f"stopped {', '.join(stopped)}", now)
     return inventory.set_state(s, name, state, reason)
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from suanli.control.errors import Conflict, Invalid, NotFound
 from suanli.control.ids import new_id
-from suanli.db.models import ClusterRow, Gpu, KeyValue, Node
+from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node
 from suanli.telemetry.nvml import HostInfo, catalog_model
 from suanli.topology import Cluster, presets
 from suanli.topology.spec import SpecError, parse
@@ -177,6 +177,15 @@ def remove_cluster(s: Session, cluster: str) -> None:
     row = s.scalar(select(ClusterRow).where((ClusterRow.id == cluster) | (ClusterRow.name == cluster)))
     if row is None:
         raise NotFound(f"cluster {cluster} not found")
+    names = set(s.scalars(select(Node.name).where(Node.cluster_id == row.id)))
+    holding = sorted({wid or aid for aid, wid, placement in s.execute(
+        select(Allocation.id, Allocation.workload, Allocation.placement).where(Allocation.stopped_at.is_(None))
+    ) if names & set(placement or {})})  # fmt: skip
+    if holding:
+        raise Conflict(
+            f"cluster {row.name}: {len(holding)} workload(s) still hold its GPUs ({', '.join(holding[:5])}"
+            f"{', ...' if len(holding) > 5 else ''}); set its nodes down (which stops them) or wait for them to end"
+        )
     node_ids = select(Node.id).where(Node.cluster_id == row.id)
     s.execute(delete(Gpu).where(Gpu.node_id.in_(node_ids)))
     s.execute(delete(Node).where(Node.cluster_id == row.id))

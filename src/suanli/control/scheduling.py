@@ -86,6 +86,7 @@ class SchedulingPass:
     _states: dict[str, ClusterState] = field(default_factory=dict)  # by cluster row id, open allocations reserved
     _held: dict[str, tuple[str, str]] = field(default_factory=dict)  # allocation row id -> (cluster, sched id)
     _rank: dict[str, int] = field(default_factory=dict)  # workload id -> its spec's priority rank
+    _parsed: dict[str, WorkloadSpec] = field(default_factory=dict)  # workload id -> its spec (specs never change)
     _said: dict[str, tuple[str, int]] = field(default_factory=dict)
     scheduler: Scheduler | None = None
 
@@ -151,6 +152,7 @@ class SchedulingPass:
             live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
             self.requests = {k: v for k, v in self.requests.items() if k in live}
             self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
+            self._parsed = {k[0]: self._parsed[k[0]] for k in live if k[0] in self._parsed}
         queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
         queue = self._by_priority(queue)
         names = {r.id: r.name for r in queue_rows}
@@ -204,6 +206,7 @@ class SchedulingPass:
             req = spec.to_request(wid, key[2], org_id, attained=attained)
             self.requests[key] = req
             self._rank[wid] = spec.priority_rank()
+            self._parsed[wid] = spec
         return req
 
     def _by_priority(self, queue: list[Request]) -> list[Request]:
@@ -322,10 +325,12 @@ class SchedulingPass:
         with db.write() as s, s.begin():
             for wid, reason in preempts:
                 w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
-                if w is None or w.state not in ("scheduled", "starting", "running") or w.stop_requested:
+                if w is None or w.state not in ("scheduled", "starting", "running"):
                     continue
                 if w.allocation_id is not None:  # billing ends when the scheduler takes the GPUs back
-                    metering.close_allocation(s, w.allocation_id, now)
+                    metering.close_allocation(s, w.allocation_id, now)  # (a victim already stopping, too)
+                if w.stop_requested:  # already stopping for another reason, which stands
+                    continue
                 w.stop_requested = reason
                 workloads.event(s, w, f"preemption: {reason}", now)
                 report.preempted += 1
@@ -374,12 +379,14 @@ class SchedulingPass:
         statements for the whole chunk. Admission is checked per placement against each org's load, read once
         under its row lock; a refused placement writes nothing and stays pending with the reason."""
         w = Workload
-        q = select(w.id, w.state, w.stop_requested, w.spec, w.attempt, w.org_id, w.user_id).where(
+        q = select(w.id, w.state, w.stop_requested, w.attempt, w.org_id, w.user_id).where(
             w.id.in_([wid for wid, *_ in items])
         )
         if s.get_bind().dialect.name == "postgresql":
             q = q.with_for_update(of=w.__table__)
         rows = {r.id: r for r in s.execute(q)}
+        misses = [wid for wid in rows if wid not in self._parsed]  # parsed when queued; read only what is not
+        parsed = {wid: WorkloadSpec.model_validate(doc) for wid, doc in self._specs(s, misses).items()}
         _, book = prices.current(s)
         loads: dict[str, metering.OrgLoad] = {}
         allocs: list[dict[str, Any]] = []
@@ -391,7 +398,7 @@ class SchedulingPass:
             r = rows.get(wid)
             if r is None or r.state != "pending" or r.stop_requested:
                 continue
-            spec = WorkloadSpec.model_validate(r.spec)
+            spec = self._parsed.get(wid) or parsed[wid]
             first = view.index[next(iter(placement))]
             gpus = sum(len(v) for v in placement.values())
             gpu_model = view.topology.group_of(first).gpu.name if gpus and view.topology is not None else None
@@ -403,15 +410,28 @@ class SchedulingPass:
                 if why is not None:
                     refused[wid] = (why, 0)
                     continue
-            try:
-                alloc = metering.admitted_row(
-                    s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=gpus,
-                    placement=placement, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
-                    mode=f"plan:{plan}" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
-                    rate=ZERO if plan else None, load=loads[r.org_id], book=book,
-                )  # fmt: skip
-            except ServiceError as e:
-                refused[wid] = (f"cannot start yet: {e.message}", 0)
+            elastic = spec.gpu_range()
+            alloc, refusal = None, ""
+            # Elastic work grown into idle GPUs at placement (the `elastic` plugin) but over what the org may hold
+            # or afford starts smaller, down to its minimum: the first GPUs of the placement keep its shape.
+            for size in range(gpus, (min(elastic[0], gpus) if elastic and not plan else gpus) - 1, -1):
+                part = _first_gpus(placement, size) if size < gpus else placement
+                try:
+                    alloc = metering.admitted_row(
+                        s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=size,
+                        placement=part, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
+                        mode=f"plan:{plan}" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
+                        rate=ZERO if plan else None, load=loads[r.org_id], book=book,
+                    )  # fmt: skip
+                except ServiceError as e:
+                    refusal = refusal or e.message
+                    continue
+                if size < gpus:
+                    reason = f"{reason + '; ' if reason else ''}{size} of {gpus} GPUs admitted: {refusal}"
+                placement, gpus = part, size
+                break
+            if alloc is None:
+                refused[wid] = (f"cannot start yet: {refusal}", 0)
                 continue
             where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
             more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
@@ -454,6 +474,15 @@ def _fits_models(r: Request, models: frozenset[str]) -> bool:
         return True
     wanted = {r.gpu_type} if isinstance(r.gpu_type, str) else set(r.gpu_type)
     return bool(wanted & models)
+
+
+def _first_gpus(placement: dict[str, list[int]], n: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for node, gpus in placement.items():
+        if n <= 0:
+            break
+        out[node], n = gpus[:n], n - len(gpus[:n])
+    return out
 
 
 def _global_gpus(view: ClusterView, placement: dict[str, list[int]]) -> list[int]:

@@ -99,8 +99,28 @@ def _release_writer(info: dict[Any, Any]) -> None:
         writer.release()
 
 
-def _on_end(conn: Any) -> None:  # commit or rollback of a Connection
+def _end(conn: Any, statement: str) -> None:
+    """The commit or rollback event fires before SQLAlchemy ends the transaction: end it here, on the driver's
+    connection, so that the next writer is handed a lock that is really free (SQLAlchemy's own call then finds
+    no transaction open and does nothing). A COMMIT that fails keeps the mutex for the rollback that follows."""
+    if conn.invalidated or _HOLDS not in conn.info:
+        return
+    raw = conn.connection.driver_connection
+    if raw.in_transaction:
+        try:
+            raw.execute(statement)
+        except sqlite3.Error:
+            if statement == "COMMIT":
+                raise
     _release_writer(conn.info)
+
+
+def _on_commit(conn: Any) -> None:
+    _end(conn, "COMMIT")
+
+
+def _on_rollback(conn: Any) -> None:
+    _end(conn, "ROLLBACK")
 
 
 def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin or invalidate: never leak it
@@ -121,8 +141,8 @@ class Database:
             )
             event.listen(self.engine, "connect", _sqlite_pragmas)
             event.listen(self.engine, "begin", functools.partial(_sqlite_begin, _writer_of(path)))
-            for name in ("commit", "rollback"):
-                event.listen(self.engine, name, _on_end)
+            event.listen(self.engine, "commit", _on_commit)
+            event.listen(self.engine, "rollback", _on_rollback)
             for name in ("checkin", "invalidate"):
                 event.listen(self.engine.pool, name, _on_pool_return)
         else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -32,7 +31,7 @@ from suanli.api.schemas import (
 )
 from suanli.billing.money import ZERO
 from suanli.control import accounts, health, inventory, leases, ledger, prices, workloads
-from suanli.control.background import WorkloadLoop, owned_by_server
+from suanli.control.background import WorkloadLoop, this_server
 from suanli.control.ids import new_id
 from suanli.db.models import ClusterRow
 from suanli.telemetry import nvml
@@ -221,6 +220,4 @@ def workload_summary(ctx: Admin) -> WorkloadSummaryOut:
         states = workloads.state_counts(s)
     leader, info = leases.holder(ctx.db, WorkloadLoop.LEASE, ctx.now)
     known = {k: v for k, v in info.items() if k in LoopOut.model_fields}
-    return WorkloadSummaryOut(
-        states=states, loop=LoopOut(leader=leader, this_process=owned_by_server(leader, os.getpid()), **known)
-    )
+    return WorkloadSummaryOut(states=states, loop=LoopOut(leader=leader, this_process=this_server(leader), **known))

@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ConfigDict, Field, model_validator
 from sqlalchemy.orm import Session
 
@@ -128,10 +129,20 @@ def _full(s: Session, w: Workload, ctx: Caller) -> WorkloadOut:
 
 
 @router.post("/workloads", status_code=201)
-@in_thread
-def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
+async def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
     the admission hold (402); the scheduler places it on its next pass."""
+    row, written = await run_in_threadpool(_admit, body, ctx)
+    if not written:  # committed with whatever else was submitted meanwhile; no thread waits for it
+        await ctx.srv.submissions.write_async(row)
+    w = workloads.queued(row)
+    return _out(w, [], ctx.now, ctx.srv.settings.currency,
+                [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])  # fmt: skip
+
+
+def _admit(body: WorkloadIn, ctx: Caller) -> tuple[dict[str, Any], bool]:
+    """Parse and check a submission; the row to queue, and whether it is written already (a workdir upload is
+    adopted and queued here, in a transaction of its own: a rename that must not be retried in a batch)."""
     spec = workloads.parse(body.spec if body.spec is not None else body.spec_yaml or "")
     archive = None
     if body.workdir_archive is not None:
@@ -147,15 +158,12 @@ def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
         with ctx.db.read() as s:
             row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=settings.admission_hold_minutes,
                                   fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
-        if staged is None:
-            ctx.srv.submissions.write(row)  # committed with whatever else was submitted meanwhile
-        else:  # an upload is adopted in its own transaction (a rename that must not be retried)
+        if staged is not None:
             with ctx.db.write() as s, s.begin():
                 workloads.enqueue(s, row, home=settings.home, workdir=staged)
     finally:
         workloads.discard_upload(staged)
-    w = workloads.queued(row)
-    return _out(w, [], ctx.now, settings.currency, [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])
+    return row, staged is not None
 
 
 @router.get("/workloads")

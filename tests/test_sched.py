@@ -250,6 +250,61 @@ def test_zero_gpus_is_an_empty_placement() -> None:
         assert res.gpus is not None and res.gpus.size == 0
 
 
+@pytest.mark.parametrize("placer", [topology_aware, first_fit])
+def test_nodes_gives_exactly_that_many_nodes_with_equal_shares(placer) -> None:
+    s = ClusterState(two_leaves())
+    occupy(s, "a", node_gpus(0, 5))  # node 0: 3 free (too few for a share of 4)
+    occupy(s, "b", node_gpus(1, 3))  # node 1: 5 free
+    unconstrained = nodes_of(s, ok(placer(s, Request("x", 8, 0.0), 8)))
+    assert unconstrained == ({0, 1} if placer is first_fit else {2})  # node 0's 3 free + node 1's 5, or a whole node
+    gpus = ok(placer(s, Request("x", 8, 0.0, nodes=2), 8))
+    per_node = np.bincount(s.cluster.gpu_node[gpus], minlength=8)
+    assert sorted(per_node[per_node > 0].tolist()) == [4, 4]
+    assert per_node[0] == 0 and np.all(s.free[gpus] == FULL)
+    assert s.cluster.span(gpus)["leaf"] == 1
+    if placer is topology_aware:  # the tightest leaf, its fullest eligible node first
+        assert nodes_of(s, gpus) == {1, 2}
+
+
+@pytest.mark.parametrize("placer", [topology_aware, first_fit])
+@pytest.mark.parametrize(
+    ("k", "nodes", "topology", "why"),
+    [(9, 2, "any", "do not split evenly"), (72, 9, "any", "needs 9 nodes"), (40, 5, "leaf", "leaf")],
+)
+def test_nodes_that_cannot_be_had_say_why(placer, k: int, nodes: int, topology: str, why: str) -> None:
+    s = ClusterState(two_leaves())
+    res = placer(s, Request("x", k, 0.0, nodes=nodes, topology=topology), k)
+    assert res.gpus is None and why in res.reason, res.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    busy=st.lists(st.integers(0, GPN), min_size=8, max_size=8),
+    nodes=st.integers(1, 8),
+    per=st.integers(1, GPN),
+    topology=st.sampled_from(["any", "leaf"]),
+)
+def test_nodes_constraint_holds_whenever_it_places(busy: list[int], nodes: int, per: int, topology: str) -> None:
+    s = ClusterState(two_leaves())
+    for n, used in enumerate(busy):
+        if used:
+            occupy(s, f"a{n}", node_gpus(n, used))
+    eligible = sum(1 for used in busy if GPN - used >= per)
+    for placer in (topology_aware, first_fit):
+        res = placer(s, Request("x", nodes * per, 0.0, nodes=nodes, topology=topology), nodes * per)
+        if res.gpus is None:
+            assert res.reason
+            if topology == "any":  # only too few eligible nodes can stop it
+                assert eligible < nodes
+            continue
+        gpus = ok(res)
+        per_node = np.bincount(s.cluster.gpu_node[gpus], minlength=8)
+        assert sorted(per_node[per_node > 0].tolist()) == [per] * nodes
+        assert np.all(s.free[gpus] == FULL)
+        if topology == "leaf":
+            assert s.cluster.span(gpus)["leaf"] == 1
+
+
 # --- placement: first-fit ----------------------------------------------------------------------------
 
 

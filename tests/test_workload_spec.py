@@ -412,7 +412,7 @@ def test_to_request_example() -> None:
     r = parse_spec(EXAMPLE).to_request("wl-1", 12.5, "org-1", attained=3.0)
     assert r == Request(
         id="wl-1", gpus=16, submit_time=12.5, tenant="org-1", gpu_type=("H100-SXM",), milli=FULL, topology="leaf",
-        priority="on-demand", attained=3.0, model=r.model,
+        priority="on-demand", attained=3.0, model=r.model, nodes=2,
     )  # fmt: skip
     assert r.model is not None and (r.model.preset, r.model.precision) == ("llama3.1-8b", "bf16")
 
@@ -464,6 +464,7 @@ def test_to_request_invariants(gpus: Any, nodes: int | None, billing: str, durat
         assert r.min_gpus is r.max_gpus is None and r.gpus == gpus
     assert r.priority == {"on-demand": "on-demand", "spot": "spot", "plan:x": "reserved"}[billing]
     assert r.est_runtime == duration and r.milli == FULL
+    assert r.nodes == (nodes if s.gpu_count() > 0 else None)  # a hard constraint for the placement
     assert r.gpu_type == (None if gpu == "any" else s.gpu_preference())
     n = s.nodes_for(8)
     assert n == (nodes or max(1, -(-s.gpu_count() // 8)))

@@ -468,3 +468,39 @@ def test_elastic_work_grown_past_the_orgs_quota_starts_smaller_not_never(platfor
     assert running["allocation"]["gpus"] == 12, placed  # the most the quota admits: neither 4 nor the grown size
     assert sum(len(g) for g in running["allocation"]["nodes"].values()) == 12
     assert any("12 of" in x and "GPUs admitted" in x and "12 GPUs" in x for x in placed), placed
+
+
+def test_nodes_is_a_hard_constraint_of_the_placement(platform: Platform) -> None:
+    """Eight GPUs fit on one H20 node; asked for on two nodes they get four on each (one node-rank per node)."""
+    one = platform.submit({"name": "one-node", "command": "x", "duration": 600,
+                           "resources": {"gpu": "H20", "gpus": 8}})  # fmt: skip
+    two = platform.submit({"name": "two-nodes", "command": "x", "duration": 600,
+                           "resources": {"gpu": "H20", "gpus": 8, "nodes": 2}})  # fmt: skip
+    one = platform.until(one["id"], lambda x: x["state"] == "running")
+    two = platform.until(two["id"], lambda x: x["state"] == "running")
+    assert [len(g) for g in one["allocation"]["nodes"].values()] == [8]
+    assert [len(g) for g in two["allocation"]["nodes"].values()] == [4, 4]
+    assert two["nodes"] == 2
+
+
+def test_preempting_a_victim_already_stopping_gives_its_gpus_back_at_once(platform: Platform) -> None:
+    """A victim that is stopping for another reason (its grace period running) still has its GPUs taken back
+    when it is preempted: its allocation closes in that pass, so no GPU is held twice."""
+    from suanli.db.models import Allocation, Workload
+
+    box = platform.submit({"name": "spot-box", "kind": "instance", "billing": "spot",
+                           "resources": {"gpu": "H20", "gpus": 128}})  # fmt: skip
+    box = platform.until(box["id"], lambda w: w["state"] == "running")
+    with platform.db.write() as s, s.begin():  # its owner asked it to stop; the supervisor has not finished it yet
+        s.get(Workload, box["id"]).stop_requested = "stopped by its owner"
+    urgent = platform.submit({"name": "urgent", "command": "x", "duration": 60,
+                              "resources": {"gpu": "H20", "gpus": 64}})  # fmt: skip
+    platform.sched.run(platform.db, utcnow())  # the pass that preempts (no supervisor step in between)
+    with platform.db.read() as s:
+        assert s.get(Workload, box["id"]).stop_requested == "stopped by its owner"  # that reason stands
+        assert s.get(Allocation, box["allocation"]["id"]).stopped_at is not None
+        held: list[tuple[str, int]] = []
+        for a in s.query(Allocation).filter(Allocation.stopped_at.is_(None)):
+            held += [(node, g) for node, gpus in a.placement.items() for g in gpus]
+        assert len(held) == len(set(held))  # no GPU in two open allocations
+    assert platform.get(urgent["id"])["state"] in ("scheduled", "starting", "running")

@@ -315,7 +315,7 @@ def register(
 def remove_cluster(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Cluster name or id.")], server: ServerOpt = None
 ) -> None:
-    """Remove a cluster and its nodes from the inventory."""
+    """Remove a cluster and its nodes from the inventory (refused while work holds its GPUs)."""
     with cred.api(server) as c:
         c.admin_remove_cluster(name)
     console.print(f"removed cluster {name}")
@@ -403,7 +403,7 @@ def undrain(name: NodeArg, server: ServerOpt = None) -> None:
 
 @app.command("down")
 def down(name: NodeArg, reason: ReasonOpt = "", server: ServerOpt = None) -> None:
-    """Take a node out of service (it no longer counts as capacity)."""
+    """Take a node out of service: it no longer counts as capacity, and its work stops as a node failure."""
     _set_state(name, "down", reason, server)
 
 

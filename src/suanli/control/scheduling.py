@@ -414,7 +414,8 @@ class SchedulingPass:
             alloc, refusal = None, ""
             # Elastic work grown into idle GPUs at placement (the `elastic` plugin) but over what the org may hold
             # or afford starts smaller, down to its minimum: the first GPUs of the placement keep its shape.
-            for size in range(gpus, (min(elastic[0], gpus) if elastic and not plan else gpus) - 1, -1):
+            shrinks = elastic and not plan and spec.resources.nodes is None  # a fixed node count keeps its shape
+            for size in range(gpus, (min(elastic[0], gpus) if shrinks else gpus) - 1, -1):
                 part = _first_gpus(placement, size) if size < gpus else placement
                 try:
                     alloc = metering.admitted_row(

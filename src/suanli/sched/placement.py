@@ -69,12 +69,53 @@ def _best_cell(cell_of_node: NDArray[np.int64], nw: NDArray[np.int32], k: int, n
     return int(fits[np.argmin(free[fits])]), largest
 
 
+def _per_node(req: Request, k: int) -> tuple[int, str]:
+    """GPUs on each of `req.nodes` nodes, or a reason why k GPUs cannot be split so."""
+    assert req.nodes is not None
+    if k % req.nodes:
+        return 0, f"{k} GPUs do not split evenly over {req.nodes} nodes"
+    return k // req.nodes, ""
+
+
+def _take_each(state: ClusterState, nodes: NDArray[np.int64], per: int) -> NDArray[np.int64]:
+    return np.concatenate([_take(state, np.array([n]), per) for n in nodes])
+
+
+def _on_nodes(state: ClusterState, req: Request, k: int, nw: NDArray[np.int32]) -> PlacementResult:
+    """Exactly `req.nodes` nodes with k/nodes GPUs each, in the tightest cell that has enough such nodes
+    (NVLink domain, leaf, spine group, then anywhere), fullest nodes first so emptier ones stay whole."""
+    assert req.nodes is not None
+    per, why = _per_node(req, k)
+    if why:
+        return PlacementResult(None, why)
+    eligible = np.flatnonzero(nw >= per)
+    if eligible.size < req.nodes:
+        return PlacementResult(None, f"needs {req.nodes} nodes with {_what(req, per)} free each; {eligible.size} have")
+    c = state.cluster
+    tiers = (("nvlink", state.node_domain, int(state.node_domain[-1]) + 1), ("leaf", state.node_leaf, c.n_leaves),
+             ("spine", state.node_spine, c.n_spines))  # fmt: skip
+    for tier, cell_of, n_cells in tiers:
+        counts = np.bincount(cell_of[eligible], minlength=n_cells)
+        fits = np.flatnonzero(counts >= req.nodes)
+        if fits.size:
+            cell = fits[int(np.argmin(counts[fits]))]
+            mine = eligible[cell_of[eligible] == cell]
+            return PlacementResult(_take_each(state, mine[np.argsort(nw[mine], kind="stable")][: req.nodes], per))
+        if req.topology == tier:
+            most = int(counts.max()) if counts.size else 0
+            return PlacementResult(None, f"needs {req.nodes} nodes with {per} free GPUs each in one {tier} cell; "
+                                         f"the most any has is {most}")  # fmt: skip
+    return PlacementResult(_take_each(state, eligible[np.argsort(nw[eligible], kind="stable")][: req.nodes], per))
+
+
 def topology_aware(state: ClusterState, req: Request, k: int) -> PlacementResult:
     if k == 0:
         return PlacementResult(np.empty(0, np.int64))
     if req.milli < FULL:
         return place_slice(state, req)
     nw = _node_free(state, req)
+    if req.nodes is not None:
+        return _on_nodes(state, req, k, nw)
     total = int(nw.sum())
     if total < k:
         return PlacementResult(None, f"needs {_what(req, k)}; {total} free")
@@ -123,17 +164,30 @@ def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
     if req.milli < FULL:
         return place_slice(state, req, best_fit=False)
     nw = _node_free(state, req)
+    if req.nodes is not None:
+        per, why = _per_node(req, k)
+        if why:
+            return PlacementResult(None, why)
+        eligible = np.flatnonzero(nw >= per)
+        if eligible.size < req.nodes:
+            return PlacementResult(None, f"needs {req.nodes} nodes with {per} free GPUs each; {eligible.size} have")
+        gpus = _take_each(state, eligible[: req.nodes], per)
+        return _within(state, req, k, gpus, "first fit")
     nodes = np.flatnonzero(nw > 0)
     cum = np.cumsum(nw[nodes])
     if cum.size == 0 or cum[-1] < k:
         return PlacementResult(None, f"needs {_what(req, k)}; {int(cum[-1]) if cum.size else 0} free")
     cut = int(np.searchsorted(cum, k)) + 1
-    gpus = _take(state, nodes[:cut], k)
+    return _within(state, req, k, _take(state, nodes[:cut], k), "first fit")
+
+
+def _within(state: ClusterState, req: Request, k: int, gpus: NDArray[np.int64], how: str) -> PlacementResult:
+    """The placement, if it keeps the request's hard topology constraint."""
     if req.topology != "any":
         span = state.cluster.span(gpus)
         tier = "nvlink" if req.topology == "nvlink" else "leaf"
         if span[tier] > 1:
-            return PlacementResult(None, f"needs {_what(req, k)} in one {tier} cell; first fit spans {span[tier]}")
+            return PlacementResult(None, f"needs {_what(req, k)} in one {tier} cell; {how} spans {span[tier]}")
     return PlacementResult(gpus)
 
 

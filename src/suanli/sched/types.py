@@ -43,6 +43,7 @@ class Request:
     max_gpus: int | None = None
     topology: Topology = "any"
     exclusive: bool = False  # whole nodes only
+    nodes: int | None = None  # exactly this many nodes, the same number of GPUs on each (None: any)
     priority: PriorityClass = "on-demand"
     est_runtime: float | None = None  # declared or estimated seconds on a compact placement
     attained: float = 0.0  # GPU-seconds already received (LAS)
@@ -61,6 +62,8 @@ class Request:
             and not (1 <= self.min_gpus <= self.gpus <= self.max_gpus)
         ):
             raise ValueError(f"{self.id}: elastic range must satisfy 1 <= min <= gpus <= max")
+        if self.nodes is not None and (self.nodes < 1 or self.milli < FULL):
+            raise ValueError(f"{self.id}: nodes must be >= 1, and a GPU slice takes no nodes")
 
     @property
     def elastic(self) -> bool:

@@ -381,6 +381,7 @@ class WorkloadSpec(BaseModel):
             max_gpus=lo_hi[1],
             topology=self.resources.topology,
             exclusive=self.resources.exclusive,
+            nodes=self.resources.nodes if self.milli() == FULL and self.gpu_count() > 0 else None,
             priority=self.priority_class(),
             est_runtime=self.duration,
             attained=attained,

@@ -3,8 +3,7 @@ per cluster; persist what it decided.
 
 The decisions come from the same pure `Scheduler` that `suanli sim` runs. This module only translates: node rows
 and allocation rows into a `ClusterState`, pending workloads into `Request`s, and `Place`/`Preempt`/`Pending`
-back into allocation rows (admission checked again, under the org's row lock) and workload transitions. One
-placement that fails admission (balance, quota) rolls back alone, in its own savepoint.
+back into allocation rows and workload transitions (`control.placing`, which checks admission again).
 """
 
 from __future__ import annotations
@@ -16,20 +15,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, func, insert, select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from suanli.billing.money import ZERO
-from suanli.control import inventory, metering, prices, workloads
-from suanli.control.errors import ServiceError
+from suanli.control import inventory, placing
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Plan, Workload, WorkloadEvent
+from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
 from suanli.sched import Allocation as SchedAllocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from suanli.topology import Cluster
-from suanli.workloads.runtime import predicted_runtime
-from suanli.workloads.spec import WorkloadSpec, format_duration
+from suanli.workloads.spec import WorkloadSpec
 
 log = logging.getLogger("suanli.scheduling")
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -146,7 +142,7 @@ class SchedulingPass:
                 return report
             self._signature, self._last_run = signature, now
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
-            specs = self._specs(s, unknown)
+            specs = placing.specs_of(s, unknown)
             states = self._snapshot(s, views)
         if len(self.requests) > 2 * len(queue_rows) + 1000:
             live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
@@ -156,7 +152,7 @@ class SchedulingPass:
         queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
         queue = self._by_priority(queue)
         names = {r.id: r.name for r in queue_rows}
-        placements: list[tuple[str, ClusterView, dict[str, list[int]], str]] = []
+        placements: list[placing.Placement] = []
         preempts: list[tuple[str, str]] = []
         pending: dict[str, tuple[str, int]] = {}
         left = list(queue)
@@ -227,17 +223,6 @@ class SchedulingPass:
                     swap[r.id] = replace(r, submit_time=slot)
         return [swap.get(r.id, r) for r in queue] if swap else queue
 
-    @staticmethod
-    def _specs(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
-        """Specs of workloads whose requests are not cached yet (a spec is read once per attempt, not per pass)."""
-        out: dict[str, dict[str, Any]] = {}
-        for i in range(0, len(ids), 500):
-            out.update(
-                (wid, spec)
-                for wid, spec in s.execute(select(Workload.id, Workload.spec).where(Workload.id.in_(ids[i : i + 500])))
-            )
-        return out
-
     def _snapshot(self, s: Session, views: list[ClusterView]) -> dict[str, ClusterState]:
         """Each cluster's state with every open allocation reserved, kept between passes and brought up to date
         from the difference in open allocations: a pass reads the ids of open allocations, and the rows of only
@@ -270,7 +255,7 @@ class SchedulingPass:
             ).all()  # fmt: skip
             # Most were placed by the last pass: their requests are cached; only the others' specs are read.
             uncached = [a.workload for a in rows if a.workload and self._cached(a) is None]
-            specs = self._specs(s, uncached) if uncached else {}
+            specs = placing.specs_of(s, uncached) if uncached else {}
             for a in rows:
                 self._reserve(a, where, specs)
         return self._states
@@ -314,7 +299,7 @@ class SchedulingPass:
         self,
         db: Database,
         now: datetime,
-        placements: list[tuple[str, ClusterView, dict[str, list[int]], str]],
+        placements: list[placing.Placement],
         preempts: list[tuple[str, str]],
         pending: dict[str, tuple[str, int]],
         report: PassReport,
@@ -323,20 +308,11 @@ class SchedulingPass:
         chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
         not for a whole pass of thousands."""
         with db.write() as s, s.begin():
-            for wid, reason in preempts:
-                w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
-                if w is None or w.state not in ("scheduled", "starting", "running"):
-                    continue
-                if w.allocation_id is not None:  # billing ends when the scheduler takes the GPUs back
-                    metering.close_allocation(s, w.allocation_id, now)  # (a victim already stopping, too)
-                if w.stop_requested:  # already stopping for another reason, which stands
-                    continue
-                w.stop_requested = reason
-                workloads.event(s, w, f"preemption: {reason}", now)
-                report.preempted += 1
+            report.preempted += placing.preempt(s, preempts, now)
         for i in range(0, len(placements), self.chunk):
             with db.write() as s, s.begin():
-                placed, refused = self._place_chunk(s, placements[i : i + self.chunk], now)
+                placed, refused = placing.place_chunk(s, placements[i : i + self.chunk], now,
+                                                      hold_minutes=self.hold_minutes, cache=self._parsed)  # fmt: skip
                 if placed:
                     inventory.bump_version(s)
             report.placed += placed
@@ -356,111 +332,6 @@ class SchedulingPass:
                     changed,
                 )
 
-    @staticmethod
-    def _plan_refusal(s: Session, plan_id: str, gpus: int, now: datetime, use: dict[str, int]) -> str | None:
-        """Why a plan's GPUs cannot take this placement now (ended, or all in use), or None. Called under the org's
-        row lock, so two placements cannot both take the plan's last GPUs."""
-        plan = s.get(Plan, plan_id)
-        if plan is None or not plan.starts_at <= now < plan.ends_at:
-            return f"cannot start: plan {plan_id} is not active; resubmit with other billing"
-        if plan_id not in use:
-            use[plan_id] = int(s.scalar(
-                select(func.coalesce(func.sum(Allocation.gpus), 0))
-                .where(Allocation.billing_mode == f"plan:{plan_id}", Allocation.stopped_at.is_(None))
-            ) or 0)  # fmt: skip
-        if use[plan_id] + gpus > plan.gpus:
-            return f"waits for plan {plan_id}: its {plan.gpus} GPUs, {use[plan_id]} in use by other workloads"
-        return None
-
-    def _place_chunk(
-        self, s: Session, items: list[tuple[str, ClusterView, dict[str, list[int]], str]], now: datetime
-    ) -> tuple[int, dict[str, tuple[str, int]]]:
-        """Open the allocations of a chunk of placements and mark their workloads scheduled: a handful of
-        statements for the whole chunk. Admission is checked per placement against each org's load, read once
-        under its row lock; a refused placement writes nothing and stays pending with the reason."""
-        w = Workload
-        q = select(w.id, w.state, w.stop_requested, w.attempt, w.org_id, w.user_id).where(
-            w.id.in_([wid for wid, *_ in items])
-        )
-        if s.get_bind().dialect.name == "postgresql":
-            q = q.with_for_update(of=w.__table__)
-        rows = {r.id: r for r in s.execute(q)}
-        misses = [wid for wid in rows if wid not in self._parsed]  # parsed when queued; read only what is not
-        parsed = {wid: WorkloadSpec.model_validate(doc) for wid, doc in self._specs(s, misses).items()}
-        _, book = prices.current(s)
-        loads: dict[str, metering.OrgLoad] = {}
-        allocs: list[dict[str, Any]] = []
-        updates: list[dict[str, Any]] = []
-        events: list[dict[str, Any]] = []
-        refused: dict[str, tuple[str, int]] = {}
-        plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
-        for wid, view, placement, reason in items:
-            r = rows.get(wid)
-            if r is None or r.state != "pending" or r.stop_requested:
-                continue
-            spec = self._parsed.get(wid) or parsed[wid]
-            first = view.index[next(iter(placement))]
-            gpus = sum(len(v) for v in placement.values())
-            gpu_model = view.topology.group_of(first).gpu.name if gpus and view.topology is not None else None
-            plan = spec.plan_id()
-            if r.org_id not in loads:
-                loads[r.org_id] = metering.org_load(s, r.org_id)
-            if plan is not None:
-                why = self._plan_refusal(s, plan, gpus, now, plan_use)
-                if why is not None:
-                    refused[wid] = (why, 0)
-                    continue
-            elastic = spec.gpu_range()
-            alloc, refusal = None, ""
-            # Elastic work grown into idle GPUs at placement (the `elastic` plugin) but over what the org may hold
-            # or afford starts smaller, down to its minimum: the first GPUs of the placement keep its shape.
-            shrinks = elastic and not plan and spec.resources.nodes is None  # a fixed node count keeps its shape
-            for size in range(gpus, (min(elastic[0], gpus) if shrinks else gpus) - 1, -1):
-                part = _first_gpus(placement, size) if size < gpus else placement
-                try:
-                    alloc = metering.admitted_row(
-                        s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=size,
-                        placement=part, now=now, hold_minutes=self.hold_minutes, milli=spec.milli(),
-                        mode=f"plan:{plan}" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
-                        rate=ZERO if plan else None, load=loads[r.org_id], book=book,
-                    )  # fmt: skip
-                except ServiceError as e:
-                    refusal = refusal or e.message
-                    continue
-                if size < gpus:
-                    reason = f"{reason + '; ' if reason else ''}{size} of {gpus} GPUs admitted: {refusal}"
-                placement, gpus = part, size
-                break
-            if alloc is None:
-                refused[wid] = (f"cannot start yet: {refusal}", 0)
-                continue
-            where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
-            more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
-            what = f"{gpus} x {gpu_model}" if gpu_model else "no GPUs"
-            predicted = None
-            if spec.duration is None and view.topology is not None and gpus:
-                predicted = predicted_runtime(spec, view.topology, _global_gpus(view, placement))
-            told = f"; the performance model predicts {format_duration(predicted)} here" if predicted else ""
-            text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else "") + told)[:2000]
-            if plan is not None:
-                plan_use[plan] += gpus
-            allocs.append(alloc)
-            updates.append({"wid": wid, "why": text, "n": r.attempt + 1, "aid": alloc["id"],
-                            "ex": view.nodes[first][1], "p": predicted})  # fmt: skip
-            events.append({"workload_id": wid, "at": now, "state": "scheduled", "reason": text})
-        if allocs:
-            t = w.__table__.c
-            s.execute(insert(Allocation.__table__), allocs)
-            s.execute(
-                update(w.__table__).where(t.id == bindparam("wid"))
-                .values(state="scheduled", reason=bindparam("why"), pending_reason="", queue_position=None,
-                        attempt=bindparam("n"), allocation_id=bindparam("aid"), executor=bindparam("ex"),
-                        predicted_s=bindparam("p")),
-                updates,
-            )  # fmt: skip
-            s.execute(insert(WorkloadEvent.__table__), events)
-        return len(allocs), refused
-
 
 def _named(reason: str, names: dict[str, str]) -> str:
     """`preempted for wl_…` → `preempted for train-70b (wl_…)`: the victim's owner sees what took its GPUs."""
@@ -475,20 +346,6 @@ def _fits_models(r: Request, models: frozenset[str]) -> bool:
         return True
     wanted = {r.gpu_type} if isinstance(r.gpu_type, str) else set(r.gpu_type)
     return bool(wanted & models)
-
-
-def _first_gpus(placement: dict[str, list[int]], n: int) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for node, gpus in placement.items():
-        if n <= 0:
-            break
-        out[node], n = gpus[:n], n - len(gpus[:n])
-    return out
-
-
-def _global_gpus(view: ClusterView, placement: dict[str, list[int]]) -> list[int]:
-    assert view.topology is not None
-    return [view.topology.gpus_of_node(view.index[n]).start + g for n, gs in placement.items() for g in gs]
 
 
 def _placement(view: ClusterView, gpus: tuple[int, ...]) -> dict[str, list[int]]:

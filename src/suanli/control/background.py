@@ -166,7 +166,6 @@ class BackgroundProcess:
         self.process = self._new()
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="suanli-background-watch", daemon=True)
-        self.restarts = 0
 
     def _new(self) -> Any:
         import multiprocessing as mp
@@ -185,7 +184,6 @@ class BackgroundProcess:
                 log.warning("background process exited (code %s); starting it again", self.process.exitcode)
                 self.process = self._new()
                 self.process.start()
-                self.restarts += 1
 
     def stop(self) -> None:
         self._stopping.set()

@@ -102,9 +102,9 @@ class TelemetryTicker:
             one_shot = []  # reported when the virtual fleet is next sampled
         samples += self._local(now)
         report.sampled = len(samples)
-        findings, acted = self._act(samples, one_shot, now)  # first: a finding must not wait on storing samples
         with self.db.read() as s:  # outside the write transactions: on SQLite they hold the only write lock
             index = self.index.refresh(s)
+        findings, acted = self._act(samples, one_shot, now, index)  # before storing: findings never wait
         for i in range(0, len(samples), INGEST_CHUNK):  # short write transactions: requests wait less
             with self.db.write() as s, s.begin():
                 stored, _ = telemetry.ingest(s, samples[i : i + INGEST_CHUNK], index)
@@ -123,14 +123,15 @@ class TelemetryTicker:
         self.last = report
         return report
 
-    def _act(self, samples: list[GpuSample], one_shot: list[int], now: datetime) -> tuple[list[Finding], Any]:
+    def _act(
+        self, samples: list[GpuSample], one_shot: list[int], now: datetime, index: FleetIndex
+    ) -> tuple[list[Finding], Any]:
         """Judge the samples, then act on what is fatal in one transaction with marking one-shot faults reported.
         Judging only reads, so a tick with nothing to act on takes no write lock. If acting fails, the judge and
         the simulator forget this tick, so the next one finds the same faults again."""
         memory = self.judge.memory()
         try:
             with self.db.read() as s:
-                index = self.index.refresh(s)
                 findings = health.findings_of(self.judge, samples, index, self._heartbeats(s, now, samples))
             if not one_shot and not health.calls_for_action(findings):
                 return findings, health.HealthReport()

@@ -69,12 +69,17 @@ def _best_cell(cell_of_node: NDArray[np.int64], nw: NDArray[np.int32], k: int, n
     return int(fits[np.argmin(free[fits])]), largest
 
 
-def _per_node(req: Request, k: int) -> tuple[int, str]:
-    """GPUs on each of `req.nodes` nodes, or a reason why k GPUs cannot be split so."""
+def _eligible(req: Request, k: int, nw: NDArray[np.int32]) -> tuple[int, NDArray[np.int64], str]:
+    """For `req.nodes`: the share of k GPUs on each node, and the nodes with that many free (or a reason why
+    the placement cannot be had)."""
     assert req.nodes is not None
     if k % req.nodes:
-        return 0, f"{k} GPUs do not split evenly over {req.nodes} nodes"
-    return k // req.nodes, ""
+        return 0, np.empty(0, np.int64), f"{k} GPUs do not split evenly over {req.nodes} nodes"
+    per = k // req.nodes
+    eligible = np.flatnonzero(nw >= per)
+    if eligible.size < req.nodes:
+        return per, eligible, f"needs {req.nodes} nodes with {_what(req, per)} free each; {eligible.size} have"
+    return per, eligible, ""
 
 
 def _take_each(state: ClusterState, nodes: NDArray[np.int64], per: int) -> NDArray[np.int64]:
@@ -85,12 +90,9 @@ def _on_nodes(state: ClusterState, req: Request, k: int, nw: NDArray[np.int32]) 
     """Exactly `req.nodes` nodes with k/nodes GPUs each, in the tightest cell that has enough such nodes
     (NVLink domain, leaf, spine group, then anywhere), fullest nodes first so emptier ones stay whole."""
     assert req.nodes is not None
-    per, why = _per_node(req, k)
+    per, eligible, why = _eligible(req, k, nw)
     if why:
         return PlacementResult(None, why)
-    eligible = np.flatnonzero(nw >= per)
-    if eligible.size < req.nodes:
-        return PlacementResult(None, f"needs {req.nodes} nodes with {_what(req, per)} free each; {eligible.size} have")
     c = state.cluster
     tiers = (("nvlink", state.node_domain, int(state.node_domain[-1]) + 1), ("leaf", state.node_leaf, c.n_leaves),
              ("spine", state.node_spine, c.n_spines))  # fmt: skip
@@ -165,14 +167,10 @@ def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
         return place_slice(state, req, best_fit=False)
     nw = _node_free(state, req)
     if req.nodes is not None:
-        per, why = _per_node(req, k)
+        per, eligible, why = _eligible(req, k, nw)
         if why:
             return PlacementResult(None, why)
-        eligible = np.flatnonzero(nw >= per)
-        if eligible.size < req.nodes:
-            return PlacementResult(None, f"needs {req.nodes} nodes with {per} free GPUs each; {eligible.size} have")
-        gpus = _take_each(state, eligible[: req.nodes], per)
-        return _within(state, req, k, gpus, "first fit")
+        return _within(state, req, k, _take_each(state, eligible[: req.nodes], per), "first fit")
     nodes = np.flatnonzero(nw > 0)
     cum = np.cumsum(nw[nodes])
     if cum.size == 0 or cum[-1] < k:

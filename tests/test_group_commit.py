@@ -7,6 +7,7 @@ commit, a rollback, an exception inside the transaction, nor when another proces
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import threading
@@ -48,7 +49,7 @@ def _names(db: Database) -> list[str]:
 
 
 def test_every_item_is_committed_once_and_concurrent_items_share_transactions(plain_db: Database) -> None:
-    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
     n_threads, per_thread = 8, 40
     start = threading.Barrier(n_threads)
 
@@ -71,7 +72,7 @@ def test_every_item_is_committed_once_and_concurrent_items_share_transactions(pl
 
 
 def test_a_bad_item_fails_only_its_own_caller(plain_db: Database) -> None:
-    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
     gc.write({"id": 1, "name": "first"})
     results: dict[int, BaseException | None] = {}
     start = threading.Barrier(6)
@@ -96,7 +97,7 @@ def test_a_bad_item_fails_only_its_own_caller(plain_db: Database) -> None:
 
 
 def test_close_finishes_what_is_queued_and_refuses_later_writes(plain_db: Database) -> None:
-    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
     gc.write({"id": 1, "name": "a"})
     gc.close()
     with pytest.raises(Closed):
@@ -114,7 +115,7 @@ def test_a_failure_not_of_an_items_data_fails_the_batch_at_once(plain_db: Databa
         gate.wait(5)  # the first call holds the writer while the others queue up behind it
         raise RuntimeError("database unreachable")
 
-    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, broken, name="test")
+    gc: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(plain_db, broken, name="test")
     errors: list[BaseException] = []
 
     def writer(i: int) -> None:
@@ -201,15 +202,78 @@ def test_sqlite_writer_waits_for_another_process_and_then_writes(tmp_path: Any) 
 def test_coroutines_wait_without_threads_and_share_transactions(plain_db: Database) -> None:
     import asyncio
 
-    gc: GroupCommit[dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
+    gc: GroupCommit[dict[str, Any], dict[str, Any]] = GroupCommit(plain_db, _insert_many, name="test")
 
     async def main(items: list[dict[str, Any]]) -> list[BaseException | None]:
         results = await asyncio.gather(*(gc.write_async(x, timeout=60) for x in items), return_exceptions=True)
         return list(results)
 
-    assert asyncio.run(main([{"id": i, "name": f"a{i}"} for i in range(50)])) == [None] * 50
+    items = [{"id": i, "name": f"a{i}"} for i in range(50)]
+    assert asyncio.run(main(items)) == items  # each caller gets what was written for it
     assert gc.batches < 50  # written together, not one transaction each
     (again,) = asyncio.run(main([{"id": 7, "name": "again"}]))  # a key violation: its caller gets the error
     gc.close()
     assert isinstance(again, sa.exc.IntegrityError)
     assert sorted(_names(plain_db)) == sorted(f"a{i}" for i in range(50))
+
+
+def test_a_prepare_step_refuses_items_alone_and_hands_back_what_was_written(plain_db: Database) -> None:
+    """The writer thread prepares each item (in one read session for the batch) before the batch's transaction:
+    an item it refuses fails only its own caller, and each caller gets its own prepared row back."""
+    seen_rows: list[int] = []
+
+    def prepare(s: Session, item: int) -> dict[str, Any]:
+        seen_rows.append(len(s.execute(sa.select(ITEMS.c.id)).all()))  # a read session works here
+        if item % 3 == 0:
+            raise ValueError(f"{item}: refused")
+        return {"id": item, "name": f"p{item}"}
+
+    gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
+    results: dict[int, Any] = {}
+    start = threading.Barrier(6)
+
+    def caller(k: int) -> None:
+        start.wait()
+        for item in range(k * 10, k * 10 + 10):
+            try:
+                results[item] = gc.write(item, timeout=60)
+            except ValueError as e:
+                results[item] = e
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    gc.close()
+    for item in range(60):
+        if item % 3 == 0:
+            assert isinstance(results[item], ValueError) and str(results[item]) == f"{item}: refused"
+        else:
+            assert results[item] == {"id": item, "name": f"p{item}"}
+    assert _names(plain_db) == [f"p{i}" for i in range(60) if i % 3]
+    assert len(seen_rows) == 60
+
+
+def test_a_statement_failing_in_the_prepare_step_fails_only_its_item(plain_db: Database) -> None:
+    """A failed statement for one item (PostgreSQL then refuses the rest of the transaction) fails only that item."""
+
+    def prepare(s: Session, item: int) -> dict[str, Any]:
+        if item % 2:
+            s.execute(sa.text("SELECT * FROM no_such_table"))
+        s.execute(sa.select(ITEMS.c.id)).all()
+        return {"id": item, "name": str(item)}
+
+    gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
+
+    async def main() -> list[Any]:
+        return list(await asyncio.gather(*(gc.write_async(i, timeout=30) for i in range(20)), return_exceptions=True))
+
+    results = asyncio.run(main())
+    gc.close()
+    for item, result in enumerate(results):
+        if item % 2:
+            assert isinstance(result, sa.exc.DBAPIError)
+        else:
+            assert result == {"id": item, "name": str(item)}
+    assert _names(plain_db) == [str(i) for i in range(0, 20, 2)]

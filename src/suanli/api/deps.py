@@ -55,10 +55,12 @@ class Server:
     fleet: FleetCache = field(default_factory=FleetCache)
     fleet_index: FleetIndex = field(default_factory=FleetIndex)  # GPU rows and holders, for samples agents post
     judge: HealthJudge = field(default_factory=HealthJudge)  # health of posted samples (this process's share)
-    submissions: GroupCommit[dict[str, Any]] = field(init=False)  # admitted workloads, written in batches
+    submissions: GroupCommit[workloads.Submission, dict[str, Any]] = field(init=False)  # checked and written
+    # in batches by one thread
 
     def __post_init__(self) -> None:
-        self.submissions = GroupCommit(self.db, workloads.enqueue_many, name="submissions")
+        admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices)
+        self.submissions = GroupCommit(self.db, workloads.enqueue_many, prepare=admission, name="submissions")
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

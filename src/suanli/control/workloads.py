@@ -231,6 +231,29 @@ def admit(
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Submission:
+    """A parsed submission waiting for its checks and its insert (by the API's group commit)."""
+
+    who: Principal
+    spec: WorkloadSpec
+    now: datetime
+    org_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How a process admits submissions: its settings and caches (`admit` in a group commit's prepare step)."""
+
+    hold_minutes: int
+    fleet: FleetCache
+    prices: PriceCache
+
+    def __call__(self, s: Session, sub: Submission) -> dict[str, Any]:
+        return admit(s, sub.who, sub.spec, sub.now, hold_minutes=self.hold_minutes, fleet=self.fleet,
+                     prices=self.prices, org_id=sub.org_id)  # fmt: skip
+
+
 def enqueue_many(s: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Queue admitted workloads in the caller's write transaction: two statements however many there are (the
     API's group commit hands in every submission that arrived while the previous batch was being written)."""
@@ -244,11 +267,6 @@ def enqueue(s: Session, row: dict[str, Any], *, home: Path, workdir: Path) -> No
     """Queue an admitted workload with its uploaded workdir, in the caller's write transaction."""
     enqueue_many(s, [row])
     workdirs.adopt(workdir, workdirs.upload_dir(home, row["id"]))  # a rename: the upload was unpacked before
-
-
-def queued(row: dict[str, Any]) -> Workload:
-    """The workload an admitted row describes, for showing (not attached to a session)."""
-    return Workload(**row)
 
 
 def discard_upload(staged: Path | None) -> None:

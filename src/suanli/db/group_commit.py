@@ -6,6 +6,11 @@ their items to one writer thread, which writes everything queued so far in one t
 then wakes each caller with its own outcome. Under load a transaction carries tens of items; alone, an item
 is written at once.
 
+With a `prepare` step, each item is first turned into what is written (a submission's checks, for example)
+by the writer thread in one read session for the batch, before its transaction opens: a caller whose item
+is refused there gets that error, the rest are written. The caller then hands its item over once, rather than
+running its checks in a thread of its own and handing the result over again.
+
 A batch that fails on an item's own data (a key or a value the database refuses) is retried item by item, so
 one bad item fails only its own caller; any other failure (the database unreachable, a lock not granted)
 fails the whole batch with that error, at once, rather than retrying each item into the same wall.
@@ -19,17 +24,20 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from suanli.db.engine import Database
 
-T = TypeVar("T")
+Item = TypeVar("Item")  # what callers hand in
+T = TypeVar("T")  # what is written (the item itself, without a prepare step)
 
 WriteMany = Callable[[Session, Sequence[T]], None]
-Settle = Callable[[BaseException | None], None]  # tells one caller its item's outcome (None: committed)
+Prepare = Callable[[Session, Item], T]
+Settle = Callable[[BaseException | None, T | None], None]  # tells one caller its outcome: (error, or None and
+# what was written)
 ITEM_ERRORS = (IntegrityError, DataError)  # what one item's data can cause: worth retrying the others alone
 WRITE_TIMEOUT_S = 120.0  # a caller never waits longer than this for its commit
 
@@ -40,50 +48,62 @@ class Closed(RuntimeError):
     """The group commit was closed (the server is shutting down)."""
 
 
-class GroupCommit(Generic[T]):
-    """Write items in shared transactions; `write` returns once the caller's item is committed."""
+def _same(s: Session, item: Any) -> Any:
+    return item
 
-    def __init__(self, db: Database, write_many: WriteMany[T], *, max_batch: int = 256, name: str = "writer") -> None:
-        self.db, self.write_many, self.max_batch, self.name = db, write_many, max_batch, name
-        self._queue: queue.SimpleQueue[tuple[T, Settle] | None] = queue.SimpleQueue()
+
+class GroupCommit(Generic[Item, T]):
+    """Write items in shared transactions; `write` returns what was written once it is committed."""
+
+    def __init__(
+        self,
+        db: Database,
+        write_many: WriteMany[T],
+        *,
+        prepare: Prepare[Item, T] = _same,
+        max_batch: int = 256,
+        name: str = "writer",
+    ) -> None:
+        self.db, self.write_many, self.prepare, self.max_batch, self.name = db, write_many, prepare, max_batch, name
+        self._queue: queue.SimpleQueue[tuple[Item, Settle[T]] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # guards _thread and _closed
         self._closed = False
         self.batches = 0  # transactions committed (for tests and figures)
 
-    def write(self, item: T, timeout: float | None = WRITE_TIMEOUT_S) -> None:
-        """Commit `item` (raising what writing it raised, if it failed)."""
-        done: Future[None] = Future()
+    def write(self, item: Item, timeout: float | None = WRITE_TIMEOUT_S) -> T:
+        """Commit `item`; what was written (raising what preparing or writing it raised, if it failed)."""
+        done: Future[T] = Future()
 
-        def settle(error: BaseException | None) -> None:
+        def settle(error: BaseException | None, written: T | None) -> None:
             if done.done():  # settled already (a writer failing half-way through settling its batch)
                 return
             if error is None:
-                done.set_result(None)
+                done.set_result(written)  # type: ignore[arg-type]
             else:
                 done.set_exception(error)
 
         self._put(item, settle)
-        done.result(timeout)
+        return done.result(timeout)
 
-    async def write_async(self, item: T, timeout: float | None = WRITE_TIMEOUT_S) -> None:
+    async def write_async(self, item: Item, timeout: float | None = WRITE_TIMEOUT_S) -> T:
         """`write` for a coroutine: the event loop is woken when the item's transaction ends (once for all the
         items of a batch it waits on), and no thread is held meanwhile."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
+        done: asyncio.Future[T] = loop.create_future()
 
-        def resolve(error: BaseException | None) -> None:
+        def resolve(error: BaseException | None, written: T | None) -> None:
             if done.done():  # the caller gave up (cancelled): its item was written all the same
                 return
             if error is None:
-                done.set_result(None)
+                done.set_result(written)  # type: ignore[arg-type]
             else:
                 done.set_exception(error)
 
-        self._put(item, lambda error: loop.call_soon_threadsafe(resolve, error))
-        await asyncio.wait_for(done, timeout)
+        self._put(item, lambda error, written: loop.call_soon_threadsafe(resolve, error, written))
+        return await asyncio.wait_for(done, timeout)
 
-    def _put(self, item: T, settle: Settle) -> None:
+    def _put(self, item: Item, settle: Settle[T]) -> None:
         with self._lock:
             if self._closed:
                 raise Closed(f"{self.name}: closed")
@@ -102,7 +122,7 @@ class GroupCommit(Generic[T]):
             thread.join(timeout)
 
     def _run(self) -> None:
-        batch: list[tuple[T, Settle]] = []
+        batch: list[tuple[Item, Settle[T]]] = []
         try:
             while True:
                 first = self._queue.get()
@@ -126,7 +146,7 @@ class GroupCommit(Generic[T]):
         except BaseException as e:  # never leave a caller waiting on a writer that is gone
             log.exception("%s: writer thread failed", self.name)
             for _, settle in batch:
-                settle(e)
+                settle(e, None)
             raise
         finally:
             self._fail_queued()
@@ -139,29 +159,52 @@ class GroupCommit(Generic[T]):
             except queue.Empty:
                 return
             if left is not None:
-                left[1](Closed(f"{self.name}: closed before this item was written"))
+                left[1](Closed(f"{self.name}: closed before this item was written"), None)
 
-    def _commit(self, batch: list[tuple[T, Settle]]) -> None:
+    def _prepared(self, batch: list[tuple[Item, Settle[T]]]) -> list[tuple[T, Settle[T]]]:
+        """What to write for each item; an item its step refuses is settled with that error here."""
+        if self.prepare is _same:
+            return batch  # type: ignore[return-value]
+        out: list[tuple[T, Settle[T]]] = []
+        with self.db.read() as s:
+            for item, settle in batch:
+                try:
+                    out.append((self.prepare(s, item), settle))
+                except Exception as e:
+                    settle(e, None)
+                    if isinstance(e, DBAPIError):  # PostgreSQL refuses further reads in a failed transaction
+                        s.rollback()
+        return out
+
+    def _commit(self, queued: list[tuple[Item, Settle[T]]]) -> None:
         try:
-            self._transaction([item for item, _ in batch])
+            batch = self._prepared(queued)
+        except Exception as e:  # the read session itself failed (the database unreachable)
+            for _, settle in queued:
+                settle(e, None)
+            return
+        if not batch:
+            return
+        try:
+            self._transaction([row for row, _ in batch])
         except ITEM_ERRORS as e:
             if len(batch) == 1:
-                batch[0][1](e)
+                batch[0][1](e, None)
                 return
-            for item, settle in batch:  # each alone: only the bad ones fail
+            for row, settle in batch:  # each alone: only the bad ones fail
                 try:
-                    self._transaction([item])
+                    self._transaction([row])
                 except Exception as e1:
-                    settle(e1)
+                    settle(e1, None)
                 else:
-                    settle(None)
+                    settle(None, row)
             return
         except Exception as e:
             for _, settle in batch:
-                settle(e)
+                settle(e, None)
             return
-        for _, settle in batch:
-            settle(None)
+        for row, settle in batch:
+            settle(None, row)
 
     def _transaction(self, items: list[T]) -> None:
         with self.db.write() as s, s.begin():

@@ -19,6 +19,7 @@ from suanli.control import logs as workload_logs
 from suanli.control import workloads
 from suanli.control.errors import Invalid
 from suanli.db.models import Allocation, Workload, WorkloadEvent
+from suanli.workloads.spec import WorkloadSpec
 
 router = APIRouter(tags=["workloads"])
 MAX_SPEC_CHARS = 256 * 1024
@@ -132,38 +133,52 @@ def _full(s: Session, w: Workload, ctx: Caller) -> WorkloadOut:
 async def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
     the admission hold (402); the scheduler places it on its next pass."""
-    row, written = await run_in_threadpool(_admit, body, ctx)
-    if not written:  # committed with whatever else was submitted meanwhile; no thread waits for it
-        await ctx.srv.submissions.write_async(row)
-    w = workloads.queued(row)
-    return _out(w, [], ctx.now, ctx.srv.settings.currency,
-                [WorkloadEvent(at=ctx.now, state="pending", reason="submitted")])  # fmt: skip
+    if body.spec is not None:  # a JSON spec is validated here; YAML text may be long to parse: in a thread
+        spec = workloads.parse(body.spec)
+    else:
+        spec = await run_in_threadpool(workloads.parse, body.spec_yaml or "")
+    if body.workdir_archive is None:  # checked and written with whatever else was submitted meanwhile
+        row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
+    else:
+        row = await run_in_threadpool(_admit_upload, body.workdir_archive, spec, body.org, ctx)
+    return _submitted(row, spec, ctx)
 
 
-def _admit(body: WorkloadIn, ctx: Caller) -> tuple[dict[str, Any], bool]:
-    """Parse and check a submission; the row to queue, and whether it is written already (a workdir upload is
-    adopted and queued here, in a transaction of its own: a rename that must not be retried in a batch)."""
-    spec = workloads.parse(body.spec if body.spec is not None else body.spec_yaml or "")
-    archive = None
-    if body.workdir_archive is not None:
-        try:
-            archive = base64.b64decode(body.workdir_archive, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise Invalid("workdir_archive: not valid base64") from e
-    settings = ctx.srv.settings
-    if archive is not None and spec.kind != "job":
+def _submitted(row: dict[str, Any], spec: WorkloadSpec, ctx: Caller) -> WorkloadOut:
+    """What `describe` would show of a workload just queued (built from its row: no session, no spec parse)."""
+    res = row["spec"].get("resources", {})
+    gpu = res.get("gpu")
+    return WorkloadOut(
+        id=row["id"], name=row["name"], kind=row["kind"], org_id=row["org_id"], user_id=row["user_id"],
+        state=row["state"], reason=row["reason"], created_at=row["created_at"], started_at=None, finished_at=None,
+        gpu=gpu if isinstance(gpu, str) else ",".join(gpu) if gpu else None, gpus=spec.gpu_count(),
+        nodes=int(res.get("nodes") or 0), attempt=row["attempt"], exit_code=None,
+        pending=PendingOut(reason=row["pending_reason"], position=row["queue_position"]), allocation=None,
+        cost=money(ZERO), rate_per_hour=money(ZERO), currency=ctx.srv.settings.currency,
+        events=[EventOut(at=row["created_at"], state="pending", reason="submitted")], spec=row["spec"],
+    )  # fmt: skip
+
+
+def _admit_upload(archive_b64: str, spec: WorkloadSpec, org: str | None, ctx: Caller) -> dict[str, Any]:
+    """Check a submission with an uploaded workdir and queue it in a transaction of its own (adopting the
+    upload is a rename that must not be retried in a batch)."""
+    try:
+        archive = base64.b64decode(archive_b64, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise Invalid("workdir_archive: not valid base64") from e
+    if spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
-    staged = workloads.stage_upload(archive, settings.home) if archive is not None else None
+    settings = ctx.srv.settings
+    staged = workloads.stage_upload(archive, settings.home)
     try:
         with ctx.db.read() as s:
             row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=settings.admission_hold_minutes,
-                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
-        if staged is not None:
-            with ctx.db.write() as s, s.begin():
-                workloads.enqueue(s, row, home=settings.home, workdir=staged)
+                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=org, workdir=staged)  # fmt: skip
+        with ctx.db.write() as s, s.begin():
+            workloads.enqueue(s, row, home=settings.home, workdir=staged)
     finally:
         workloads.discard_upload(staged)
-    return row, staged is not None
+    return row
 
 
 @router.get("/workloads")

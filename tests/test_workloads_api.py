@@ -165,6 +165,23 @@ def test_instance_stops_releasing_its_gpus_and_starts_again(platform: Platform) 
     assert [x["id"] for x in listed] == [w["id"]]  # a stopped instance is still listed: it can start again
 
 
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"name": "one", "command": "x", "resources": {"gpu": "H20", "gpus": 8, "nodes": 1, "topology": "leaf"}},
+        {"name": "cap", "kind": "instance", "command": "x", "max_price_per_hour": 1000, "resources": {"gpus": 2}},
+        {"name": "cpu", "command": "x", "resources": {"gpus": 0}},
+    ],
+    ids=["gang", "price-ceiling", "cpu"],
+)
+def test_the_answer_to_a_submission_is_what_describe_shows_of_it(platform: Platform, spec: dict[str, Any]) -> None:
+    """The 201 body is built from the queued row, not read back: it must agree with a fresh `describe`."""
+    submitted = platform.submit(spec)
+    described = platform.get(submitted["id"])
+    assert submitted == described
+    assert submitted["state"] == "pending" and Decimal(submitted["cost"]) == 0 and submitted["events"][0]["reason"]
+
+
 def test_pending_work_says_why_and_where_it_is_in_the_queue(platform: Platform) -> None:
     big = platform.submit({"name": "big", "command": "x", "duration": 60, "resources": {"gpu": "H20", "gpus": 128}})
     platform.until(big["id"], lambda w: w["state"] == "running")

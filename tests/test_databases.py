@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import sqlalchemy as sa
 
@@ -55,3 +57,45 @@ def test_databases_are_isolated(db_url: str, tmp_path, request: pytest.FixtureRe
         second.dispose()
         if backend == "postgresql":
             databases.drop_database(request.getfixturevalue("postgres_admin_url"), other_url)
+
+
+def test_a_postgresql_server_that_never_answers_fails_a_connection_in_seconds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server that accepts the TCP connection and then says nothing (a hung host, a half-open proxy) must not
+    hold a request, or the submission writer, for the OS's TCP timeout: `connect_timeout` bounds it."""
+    import socket
+    import threading
+    import time
+
+    from suanli.db import engine as engine_module
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: [held.append(listener.accept()[0]) for _ in range(8)], daemon=True).start()
+    monkeypatch.setattr(engine_module, "CONNECT_TIMEOUT_S", 2)
+    db = engine_module.Database(f"postgresql+psycopg://u:p@127.0.0.1:{listener.getsockname()[1]}/x")
+
+    def connect(session: Any, out: list[BaseException]) -> None:
+        try:
+            with session() as s:
+                s.execute(sa.text("SELECT 1"))
+        except BaseException as e:
+            out.append(e)
+
+    try:
+        for session in (db.read, db.write):
+            t0, errors = time.monotonic(), []
+            attempt = threading.Thread(target=connect, args=(session, errors), daemon=True)
+            attempt.start()
+            attempt.join(15)
+            assert not attempt.is_alive(), "still connecting: no connect_timeout"
+            assert errors and isinstance(errors[0], sa.exc.OperationalError), errors
+            assert time.monotonic() - t0 < 10
+    finally:
+        db.dispose()
+        for conn in held:
+            conn.close()
+        listener.close()

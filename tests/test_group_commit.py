@@ -255,25 +255,67 @@ def test_a_prepare_step_refuses_items_alone_and_hands_back_what_was_written(plai
     assert len(seen_rows) == 60
 
 
-def test_a_statement_failing_in_the_prepare_step_fails_only_its_item(plain_db: Database) -> None:
-    """A failed statement for one item (PostgreSQL then refuses the rest of the transaction) fails only that item."""
+def test_a_database_error_in_the_prepare_step_fails_the_batch_at_once_and_writes_none_of_it(
+    plain_db: Database,
+) -> None:
+    """The prepare step's statements are fixed: if the database fails one, it would fail the others too (it is
+    down), so the whole batch is told at once, nothing of it is written, and the writer goes on with the next."""
+    calls: list[int] = []
+    release = threading.Event()
 
     def prepare(s: Session, item: int) -> dict[str, Any]:
-        if item % 2:
+        calls.append(item)
+        if item == 0:
+            release.wait(30)  # items 1-20 queue up meanwhile: the next batch is all of them
+        if item == 7:
             s.execute(sa.text("SELECT * FROM no_such_table"))
         s.execute(sa.select(ITEMS.c.id)).all()
         return {"id": item, "name": str(item)}
 
     gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
+    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
+    first.start()
+    while not calls:
+        time.sleep(0.01)
 
     async def main() -> list[Any]:
-        return list(await asyncio.gather(*(gc.write_async(i, timeout=30) for i in range(20)), return_exceptions=True))
+        waits = [asyncio.ensure_future(gc.write_async(i, timeout=30)) for i in range(1, 21)]
+        await asyncio.sleep(0.2)  # all queued
+        release.set()
+        return list(await asyncio.gather(*waits, return_exceptions=True))
 
     results = asyncio.run(main())
+    first.join(30)
+    assert all(isinstance(r, sa.exc.DBAPIError) for r in results), results
+    assert calls == list(range(8))  # not tried item by item past the failure
+    assert gc.write(100, timeout=30) == {"id": 100, "name": "100"}  # the writer goes on
     gc.close()
-    for item, result in enumerate(results):
-        if item % 2:
-            assert isinstance(result, sa.exc.DBAPIError)
-        else:
-            assert result == {"id": item, "name": str(item)}
-    assert _names(plain_db) == [str(i) for i in range(0, 20, 2)]
+    assert _names(plain_db) == ["0", "100"]  # nothing of the failed batch
+
+
+def test_an_item_whose_caller_gave_up_is_not_written(plain_db: Database) -> None:
+    """A caller told its write timed out must not find it written later (it may retry: a duplicate)."""
+    release = threading.Event()
+
+    def prepare(s: Session, item: int) -> dict[str, Any]:
+        if item == 0:
+            release.wait(30)  # the writer is busy with the first item while the second caller gives up
+        return {"id": item, "name": str(item)}
+
+    gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
+    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
+    first.start()
+    time.sleep(0.2)
+    with pytest.raises(TimeoutError):
+        gc.write(1, timeout=0.2)
+
+    async def gives_up() -> None:
+        with pytest.raises(TimeoutError):
+            await gc.write_async(2, timeout=0.2)
+
+    asyncio.run(gives_up())
+    release.set()
+    first.join(30)
+    assert gc.write(3, timeout=30) == {"id": 3, "name": "3"}
+    gc.close()
+    assert _names(plain_db) == ["0", "3"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -296,6 +297,22 @@ def test_every_error_is_reported_and_joined() -> None:
 def test_messages_do_not_echo_huge_values() -> None:
     errs = errors_of(spec(name="x" * 200_000, billing="y" * 100_000, **{"z" * 1000: 1}))
     assert len(str(SpecError(errs))) < 2000
+
+
+def test_a_spec_of_many_unknown_keys_reports_a_bounded_list_quickly() -> None:
+    """Each unknown key is an error with a did-you-mean hint: a spec of 10⁵ of them must still be answered at
+    once (the first MAX_ERRORS, then how many more), not after minutes of comparing every pair."""
+    from suanli.workloads.spec import MAX_ERRORS
+
+    doc = spec(**{f"k{i:06d}": 1 for i in range(100_000)})
+    doc["resources"] = {**doc.get("resources", {}), **{f"r{i:05d}": 1 for i in range(10_000)}}
+    t0 = time.process_time()
+    errs = errors_of(doc)
+    assert time.process_time() - t0 < 5.0  # quadratic de-duplication took minutes here
+    assert len(errs) == MAX_ERRORS + 1
+    assert all(e["field"][0] == "k" or e["field"].startswith("resources.r") for e in errs[:-1]), errs[:3]
+    assert all("unknown field" in e["message"] for e in errs[:-1])
+    assert errs[-1] == {"field": "spec", "message": f"…and up to {110_000 - MAX_ERRORS} more errors"}
 
 
 # ---- text-level errors and YAML pitfalls --------------------------------------------------------------------------

@@ -127,6 +127,9 @@ def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin 
     _release_writer(record.info)
 
 
+CONNECT_TIMEOUT_S = 10
+
+
 class Database:
     """An engine and its session factory."""
 
@@ -148,15 +151,21 @@ class Database:
         else:
             # No pre-ping (a round trip per checkout); connections are recycled instead, and a dead one fails a
             # single request, which the client retries.
-            self.engine = create_engine(self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800)
+            # A database that cannot be reached fails a connection in seconds, not after the OS's TCP timeout
+            # (minutes), during which requests would queue behind it (unless the URL sets its own).
+            connect = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_TIMEOUT_S}
+            self.engine = create_engine(
+                self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, connect_args=connect
+            )
         # Reads on PostgreSQL run on their own autocommit pool: each statement sees a consistent snapshot, and
         # neither BEGIN/ROLLBACK nor a per-checkout isolation switch costs a round trip. (SQLite reads are local
         # calls; their deferred BEGIN costs nothing.)
         self.read_engine = self.engine
         if self.engine.dialect.name != "sqlite":
             self.read_engine = create_engine(
-                self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, isolation_level="AUTOCOMMIT"
-            )
+                self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, isolation_level="AUTOCOMMIT",
+                connect_args=connect,
+            )  # fmt: skip
         reads = self.read_engine
         self.reads = sessionmaker(reads, expire_on_commit=False)
         self.writes = sessionmaker(self.engine.execution_options(writes=True), expire_on_commit=False)

@@ -12,8 +12,10 @@ is refused there gets that error, the rest are written. The caller then hands it
 running its checks in a thread of its own and handing the result over again.
 
 A batch that fails on an item's own data (a key or a value the database refuses) is retried item by item, so
-one bad item fails only its own caller; any other failure (the database unreachable, a lock not granted)
-fails the whole batch with that error, at once, rather than retrying each item into the same wall.
+one bad item fails only its own caller; any other database failure (the database unreachable, a lock not
+granted), in the prepare step or the write, fails the whole batch with that error at once, rather than trying
+each item into the same wall. An item whose caller stopped waiting (timed out, cancelled) is dropped
+unwritten if the writer has not reached it yet: a caller told of a failure must not find its item written.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError
@@ -36,8 +39,7 @@ T = TypeVar("T")  # what is written (the item itself, without a prepare step)
 
 WriteMany = Callable[[Session, Sequence[T]], None]
 Prepare = Callable[[Session, Item], T]
-Settle = Callable[[BaseException | None, T | None], None]  # tells one caller its outcome: (error, or None and
-# what was written)
+Settle = Callable[[BaseException | None, T | None], None]  # one caller's outcome: an error, or what was written
 ITEM_ERRORS = (IntegrityError, DataError)  # what one item's data can cause: worth retrying the others alone
 WRITE_TIMEOUT_S = 120.0  # a caller never waits longer than this for its commit
 
@@ -50,6 +52,19 @@ class Closed(RuntimeError):
 
 def _same(s: Session, item: Any) -> Any:
     return item
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiter(Generic[Item, T]):
+    item: Item
+    settle: Settle[T]
+    gone: Callable[[], bool]  # the caller stopped waiting
+
+    def tell(self, error: BaseException | None, written: T | None = None) -> None:
+        try:
+            self.settle(error, written)
+        except Exception:  # (its event loop closed): the other callers of the batch must still be told
+            log.exception("telling a caller its outcome failed")
 
 
 class GroupCommit(Generic[Item, T]):
@@ -65,7 +80,7 @@ class GroupCommit(Generic[Item, T]):
         name: str = "writer",
     ) -> None:
         self.db, self.write_many, self.prepare, self.max_batch, self.name = db, write_many, prepare, max_batch, name
-        self._queue: queue.SimpleQueue[tuple[Item, Settle[T]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Waiter[Item, T] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # guards _thread and _closed
         self._closed = False
@@ -76,15 +91,19 @@ class GroupCommit(Generic[Item, T]):
         done: Future[T] = Future()
 
         def settle(error: BaseException | None, written: T | None) -> None:
-            if done.done():  # settled already (a writer failing half-way through settling its batch)
+            if done.done():  # settled already, or the caller gave up
                 return
             if error is None:
                 done.set_result(written)  # type: ignore[arg-type]
             else:
                 done.set_exception(error)
 
-        self._put(item, settle)
-        return done.result(timeout)
+        self._put(_Waiter(item, settle, done.done))
+        try:
+            return done.result(timeout)
+        except TimeoutError:
+            done.cancel()  # not written if the writer has not reached it yet
+            raise
 
     async def write_async(self, item: Item, timeout: float | None = WRITE_TIMEOUT_S) -> T:
         """`write` for a coroutine: the event loop is woken when the item's transaction ends (once for all the
@@ -93,24 +112,24 @@ class GroupCommit(Generic[Item, T]):
         done: asyncio.Future[T] = loop.create_future()
 
         def resolve(error: BaseException | None, written: T | None) -> None:
-            if done.done():  # the caller gave up (cancelled): its item was written all the same
+            if done.done():  # the caller gave up (timed out, cancelled)
                 return
             if error is None:
                 done.set_result(written)  # type: ignore[arg-type]
             else:
                 done.set_exception(error)
 
-        self._put(item, lambda error, written: loop.call_soon_threadsafe(resolve, error, written))
+        self._put(_Waiter(item, lambda error, written: loop.call_soon_threadsafe(resolve, error, written), done.done))
         return await asyncio.wait_for(done, timeout)
 
-    def _put(self, item: Item, settle: Settle[T]) -> None:
+    def _put(self, waiter: _Waiter[Item, T]) -> None:
         with self._lock:
             if self._closed:
                 raise Closed(f"{self.name}: closed")
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=f"group-commit-{self.name}", daemon=True)
                 self._thread.start()
-            self._queue.put((item, settle))
+            self._queue.put(waiter)
 
     def close(self, timeout: float = 60.0) -> None:
         """Finish what is queued and stop the writer thread; later writes raise `Closed`."""
@@ -122,7 +141,7 @@ class GroupCommit(Generic[Item, T]):
             thread.join(timeout)
 
     def _run(self) -> None:
-        batch: list[tuple[Item, Settle[T]]] = []
+        batch: list[_Waiter[Item, T]] = []
         try:
             while True:
                 first = self._queue.get()
@@ -145,8 +164,8 @@ class GroupCommit(Generic[Item, T]):
                     return
         except BaseException as e:  # never leave a caller waiting on a writer that is gone
             log.exception("%s: writer thread failed", self.name)
-            for _, settle in batch:
-                settle(e, None)
+            for waiter in batch:
+                waiter.tell(e)
             raise
         finally:
             self._fail_queued()
@@ -159,52 +178,61 @@ class GroupCommit(Generic[Item, T]):
             except queue.Empty:
                 return
             if left is not None:
-                left[1](Closed(f"{self.name}: closed before this item was written"), None)
+                left.tell(Closed(f"{self.name}: closed before this item was written"))
 
-    def _prepared(self, batch: list[tuple[Item, Settle[T]]]) -> list[tuple[T, Settle[T]]]:
-        """What to write for each item; an item its step refuses is settled with that error here."""
+    def _prepared(self, batch: list[_Waiter[Item, T]]) -> list[tuple[T, _Waiter[Item, T]]]:
+        """What to write for each item still waited for; an item its step refuses is told so here, and a
+        database error fails the whole batch at once."""
+        waiting = [w for w in batch if not w.gone()]
         if self.prepare is _same:
-            return batch  # type: ignore[return-value]
-        out: list[tuple[T, Settle[T]]] = []
+            return [(w.item, w) for w in waiting]  # type: ignore[misc]
+        out: list[tuple[T, _Waiter[Item, T]]] = []
         with self.db.read() as s:
-            for item, settle in batch:
+            for i, waiter in enumerate(waiting):
                 try:
-                    out.append((self.prepare(s, item), settle))
-                except Exception as e:
-                    settle(e, None)
-                    if isinstance(e, DBAPIError):  # PostgreSQL refuses further reads in a failed transaction
-                        s.rollback()
+                    out.append((self.prepare(s, waiter.item), waiter))
+                except ITEM_ERRORS as e:
+                    waiter.tell(e)
+                except DBAPIError as e:  # the checks are fixed statements: the database, not the item, failed
+                    for _, done in out:
+                        done.tell(e)
+                    for rest in waiting[i:]:
+                        rest.tell(e)
+                    return []
+                except Exception as e:  # the item refused (a 4xx), or a bug that concerns it alone
+                    waiter.tell(e)
         return out
 
-    def _commit(self, queued: list[tuple[Item, Settle[T]]]) -> None:
+    def _commit(self, queued: list[_Waiter[Item, T]]) -> None:
         try:
-            batch = self._prepared(queued)
-        except Exception as e:  # the read session itself failed (the database unreachable)
-            for _, settle in queued:
-                settle(e, None)
+            prepared = self._prepared(queued)
+        except Exception as e:  # the read session itself failed
+            for waiter in queued:
+                waiter.tell(e)
             return
+        batch = [(row, w) for row, w in prepared if not w.gone()]
         if not batch:
             return
         try:
             self._transaction([row for row, _ in batch])
         except ITEM_ERRORS as e:
             if len(batch) == 1:
-                batch[0][1](e, None)
+                batch[0][1].tell(e)
                 return
-            for row, settle in batch:  # each alone: only the bad ones fail
+            for row, waiter in batch:  # each alone: only the bad ones fail
                 try:
                     self._transaction([row])
                 except Exception as e1:
-                    settle(e1, None)
+                    waiter.tell(e1)
                 else:
-                    settle(None, row)
+                    waiter.tell(None, row)
             return
         except Exception as e:
-            for _, settle in batch:
-                settle(e, None)
+            for _, waiter in batch:
+                waiter.tell(e)
             return
-        for row, settle in batch:
-            settle(None, row)
+        for row, waiter in batch:
+            waiter.tell(None, row)
 
     def _transaction(self, items: list[T]) -> None:
         with self.db.write() as s, s.begin():

@@ -150,10 +150,18 @@ def parse_spec(source: str | bytes | Mapping[str, Any]) -> WorkloadSpec:
         raise SpecError(spec_errors(e)) from None
 
 
+MAX_ERRORS = 20  # reported per spec: enough to fix a spec by, and bounded for a spec of 10⁵ unknown keys
+
+
 def spec_errors(exc: ValidationError) -> list[dict[str, str]]:
-    """Pydantic's errors as {"field": "resources.gpus", "message": "…"}, worded for people writing specs."""
+    """Pydantic's errors as {"field": "resources.gpus", "message": "…"}, worded for people writing specs (the
+    first `MAX_ERRORS` different ones, then how many more there were)."""
     out: list[dict[str, str]] = []
-    for err in exc.errors(include_url=False):
+    errors = exc.errors(include_url=False)
+    for n, err in enumerate(errors):
+        if len(out) == MAX_ERRORS:
+            out.append({"field": "spec", "message": f"…and up to {len(errors) - n} more errors"})
+            break
         loc = tuple(x[:59] + "…" if isinstance(x, str) and len(x) > 60 else str(x) for x in err.get("loc", ()))
         cause = (err.get("ctx") or {}).get("error")
         kind = err.get("type", "")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ConfigDict, Field, model_validator
 from sqlalchemy.orm import Session
@@ -23,6 +24,7 @@ from suanli.workloads.spec import WorkloadSpec
 
 router = APIRouter(tags=["workloads"])
 MAX_SPEC_CHARS = 256 * 1024
+ON_LOOP_BYTES = 64 * 1024  # a JSON spec in a request this small is checked on the event loop (no thread hop)
 
 
 class WorkloadIn(In):
@@ -130,18 +132,34 @@ def _full(s: Session, w: Workload, ctx: Caller) -> WorkloadOut:
 
 
 @router.post("/workloads", status_code=201)
-async def submit(body: WorkloadIn, ctx: Auth) -> WorkloadOut:
+async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
     the admission hold (402); the scheduler places it on its next pass."""
-    if body.spec is not None:  # a JSON spec is validated here; YAML text may be long to parse: in a thread
+    if body.spec is not None and _length(request) <= ON_LOOP_BYTES:
         spec = workloads.parse(body.spec)
-    else:
-        spec = await run_in_threadpool(workloads.parse, body.spec_yaml or "")
+    else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
+        spec = await run_in_threadpool(_parse, body)
     if body.workdir_archive is None:  # checked and written with whatever else was submitted meanwhile
         row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
     else:
         row = await run_in_threadpool(_admit_upload, body.workdir_archive, spec, body.org, ctx)
     return _submitted(row, spec, ctx)
+
+
+def _length(request: Request) -> int:
+    try:
+        return int(request.headers["content-length"])
+    except (KeyError, ValueError):
+        return ON_LOOP_BYTES + 1  # chunked: could be anything
+
+
+def _parse(body: WorkloadIn) -> WorkloadSpec:
+    if body.spec is None:
+        return workloads.parse(body.spec_yaml or "")
+    size = len(json.dumps(body.spec, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_CHARS:
+        raise Invalid(f"spec: is {size} bytes as JSON; the limit is {MAX_SPEC_CHARS // 1024} KiB")
+    return workloads.parse(body.spec)
 
 
 def _submitted(row: dict[str, Any], spec: WorkloadSpec, ctx: Caller) -> WorkloadOut:

@@ -521,3 +521,30 @@ def test_preempting_a_victim_already_stopping_gives_its_gpus_back_at_once(platfo
             held += [(node, g) for node, gpus in a.placement.items() for g in gpus]
         assert len(held) == len(set(held))  # no GPU in two open allocations
     assert platform.get(urgent["id"])["state"] in ("scheduled", "starting", "running")
+
+
+def test_no_gpu_is_given_to_waiting_work_while_a_grown_elastic_job_still_holds_it(platform: Platform) -> None:
+    """The cycle may shrink a grown elastic job to make room for waiting work. The server runs work at the size
+    it was placed with, so it must not hand those GPUs to anyone else: no GPU in two open allocations."""
+    grown = platform.submit({"name": "stretchy", "command": "x", "duration": 3600,
+                             "model": {"preset": "llama3.1-8b", "precision": "bf16"},
+                             "resources": {"gpu": "H20", "gpus": {"min": 8, "max": 128}}})  # fmt: skip
+    running = platform.until(grown["id"], lambda x: x["state"] == "running")
+    size = running["allocation"]["gpus"]
+    assert size > 8, "the test needs a job grown past its minimum"
+    free = 128 - size
+    waiting = platform.submit({"name": "big", "command": "x", "duration": 60,
+                               "resources": {"gpu": "H20", "gpus": free + 8}})  # fmt: skip
+    for _ in range(3):
+        platform.tick()
+    held: dict[tuple[str, int], str] = {}
+    for w in platform.api.get(WL, headers=platform.tenant.headers).json():
+        alloc = w["allocation"]
+        if alloc is None or alloc["stopped_at"] is not None:
+            continue
+        for node, gpus in alloc["nodes"].items():
+            for g in gpus:
+                assert (node, g) not in held, f"{node}[{g}] held by {held[(node, g)]} and {w['name']}"
+                held[(node, g)] = w["name"]
+    assert platform.get(grown["id"])["allocation"]["gpus"] == size  # still at the size it runs at
+    assert platform.get(waiting["id"])["state"] == "pending"

@@ -283,6 +283,10 @@ class SchedulingPass:
             req = WorkloadSpec.model_validate(specs[a.workload]).to_request(a.workload, seconds(a.queued_at), a.org_id)
         else:  # an allocation no workload owns (opened through the API directly)
             req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
+        if req.elastic or req.gpus != len(gpus):
+            # Running work keeps the size it was placed with (resizing it needs a restart the server does not
+            # do yet): the cycle must neither grow it nor shrink it and hand the GPUs it still holds to others.
+            req = replace(req, gpus=len(gpus), min_gpus=None, max_gpus=None)
         est = req.est_runtime
         sched_id = a.workload or a.id
         alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,

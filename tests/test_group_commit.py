@@ -319,3 +319,42 @@ def test_an_item_whose_caller_gave_up_is_not_written(plain_db: Database) -> None
     assert gc.write(3, timeout=30) == {"id": 3, "name": "3"}
     gc.close()
     assert _names(plain_db) == ["0", "3"]
+
+
+def test_a_dead_pooled_connection_in_the_prepare_step_is_retried_once_on_a_fresh_one(plain_db: Database) -> None:
+    """A stale connection (the database restarted) must not fail a whole batch of submissions: the rest of the
+    batch is prepared once more on a fresh connection; a second failure fails the batch."""
+    dead = {3: 1, 9: 2, 20: 1}  # item → how many times its check meets a dead connection
+    release = threading.Event()
+    calls: list[int] = []
+
+    def prepare(s: Session, item: int) -> dict[str, Any]:
+        calls.append(item)
+        if item == 0:
+            release.wait(30)  # items 1-12 queue up meanwhile: the next batch is all of them
+        if dead.get(item, 0) > 0:
+            dead[item] -= 1
+            raise sa.exc.OperationalError("SELECT 1", {}, Exception("server closed the connection"),
+                                          connection_invalidated=True)  # fmt: skip
+        return {"id": item, "name": str(item)}
+
+    gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
+    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+
+    async def main(items: range) -> list[Any]:
+        waits = [asyncio.ensure_future(gc.write_async(i, timeout=30)) for i in items]
+        await asyncio.sleep(0.2)
+        release.set()
+        return list(await asyncio.gather(*waits, return_exceptions=True))
+
+    results = asyncio.run(main(range(1, 13)))
+    first.join(30)
+    # item 3 met a dead connection once: retried, fine; item 9 twice: the batch (1-12) fails at the second
+    assert all(isinstance(r, sa.exc.OperationalError) for r in results), results
+    assert calls == [0, *range(1, 4), *range(3, 10)]
+    assert gc.write(20, timeout=30) == {"id": 20, "name": "20"}  # one dead connection alone: retried, written
+    gc.close()
+    assert _names(plain_db) == ["0", "20"]

@@ -149,8 +149,8 @@ class Database:
             for name in ("checkin", "invalidate"):
                 event.listen(self.engine.pool, name, _on_pool_return)
         else:
-            # No pre-ping (a round trip per checkout); connections are recycled instead, and a dead one fails a
-            # single request, which the client retries.
+            # No pre-ping (a round trip per checkout); connections are recycled instead, and a dead one fails the
+            # request (or the batch of submissions) that meets it, which clients retry.
             # A database that cannot be reached fails a connection in seconds, not after the OS's TCP timeout
             # (minutes), during which requests would queue behind it (unless the URL sets its own).
             connect = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_TIMEOUT_S}

@@ -102,8 +102,9 @@ class GroupCommit(Generic[Item, T]):
         try:
             return done.result(timeout)
         except TimeoutError:
-            done.cancel()  # not written if the writer has not reached it yet
-            raise
+            if not done.cancel():  # answered in the meantime: that answer stands
+                return done.result()
+            raise  # and it is not written if the writer has not reached it yet
 
     async def write_async(self, item: Item, timeout: float | None = WRITE_TIMEOUT_S) -> T:
         """`write` for a coroutine: the event loop is woken when the item's transaction ends (once for all the
@@ -182,25 +183,35 @@ class GroupCommit(Generic[Item, T]):
 
     def _prepared(self, batch: list[_Waiter[Item, T]]) -> list[tuple[T, _Waiter[Item, T]]]:
         """What to write for each item still waited for; an item its step refuses is told so here, and a
-        database error fails the whole batch at once."""
+        database error fails the whole batch at once (after one more try on a fresh connection, if the one it
+        failed on was dead)."""
         waiting = [w for w in batch if not w.gone()]
         if self.prepare is _same:
             return [(w.item, w) for w in waiting]  # type: ignore[misc]
         out: list[tuple[T, _Waiter[Item, T]]] = []
-        with self.db.read() as s:
-            for i, waiter in enumerate(waiting):
-                try:
-                    out.append((self.prepare(s, waiter.item), waiter))
-                except ITEM_ERRORS as e:
-                    waiter.tell(e)
-                except DBAPIError as e:  # the checks are fixed statements: the database, not the item, failed
-                    for _, done in out:
-                        done.tell(e)
-                    for rest in waiting[i:]:
-                        rest.tell(e)
-                    return []
-                except Exception as e:  # the item refused (a 4xx), or a bug that concerns it alone
-                    waiter.tell(e)
+        i, retried = 0, False
+        while i < len(waiting):
+            try:
+                with self.db.read() as s:
+                    for waiter in waiting[i:]:
+                        try:
+                            out.append((self.prepare(s, waiter.item), waiter))
+                        except ITEM_ERRORS as e:
+                            waiter.tell(e)
+                        except DBAPIError:
+                            raise
+                        except Exception as e:  # the item refused (a 4xx), or a bug that concerns it alone
+                            waiter.tell(e)
+                        i += 1
+            except DBAPIError as e:  # the checks are fixed statements: the database, not the item, failed
+                if e.connection_invalidated and not retried:  # a stale pooled connection (the server restarted)
+                    retried = True  # the rest once more, on a fresh one
+                    continue
+                for _, done in out:
+                    done.tell(e)
+                for rest in waiting[i:]:
+                    rest.tell(e)
+                return []
         return out
 
     def _commit(self, queued: list[_Waiter[Item, T]]) -> None:
@@ -220,6 +231,8 @@ class GroupCommit(Generic[Item, T]):
                 batch[0][1].tell(e)
                 return
             for row, waiter in batch:  # each alone: only the bad ones fail
+                if waiter.gone():
+                    continue
                 try:
                     self._transaction([row])
                 except Exception as e1:

@@ -156,7 +156,7 @@ def _length(request: Request) -> int:
 def _parse(body: WorkloadIn) -> WorkloadSpec:
     if body.spec is None:
         return workloads.parse(body.spec_yaml or "")
-    size = len(json.dumps(body.spec, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    size = len(json.dumps(body.spec, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
     if size > MAX_SPEC_CHARS:
         raise Invalid(f"spec: is {size} bytes as JSON; the limit is {MAX_SPEC_CHARS // 1024} KiB")
     return workloads.parse(body.spec)

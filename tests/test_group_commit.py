@@ -255,6 +255,25 @@ def test_a_prepare_step_refuses_items_alone_and_hands_back_what_was_written(plai
     assert len(seen_rows) == 60
 
 
+def _one_batch(gc: GroupCommit[int, Any], release: threading.Event, calls: list[int], items: range) -> list[Any]:
+    """Write item 0 (whose prepare step waits for `release`), queue `items` behind it, release: the writer then
+    takes all of `items` as one batch. Their outcomes, in order."""
+    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+
+    async def main() -> list[Any]:
+        waits = [asyncio.ensure_future(gc.write_async(i, timeout=30)) for i in items]
+        await asyncio.sleep(0.2)  # all queued
+        release.set()
+        return list(await asyncio.gather(*waits, return_exceptions=True))
+
+    results = asyncio.run(main())
+    first.join(30)
+    return results
+
+
 def test_a_database_error_in_the_prepare_step_fails_the_batch_at_once_and_writes_none_of_it(
     plain_db: Database,
 ) -> None:
@@ -273,19 +292,7 @@ def test_a_database_error_in_the_prepare_step_fails_the_batch_at_once_and_writes
         return {"id": item, "name": str(item)}
 
     gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
-    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
-    first.start()
-    while not calls:
-        time.sleep(0.01)
-
-    async def main() -> list[Any]:
-        waits = [asyncio.ensure_future(gc.write_async(i, timeout=30)) for i in range(1, 21)]
-        await asyncio.sleep(0.2)  # all queued
-        release.set()
-        return list(await asyncio.gather(*waits, return_exceptions=True))
-
-    results = asyncio.run(main())
-    first.join(30)
+    results = _one_batch(gc, release, calls, range(1, 21))
     assert all(isinstance(r, sa.exc.DBAPIError) for r in results), results
     assert calls == list(range(8))  # not tried item by item past the failure
     assert gc.write(100, timeout=30) == {"id": 100, "name": "100"}  # the writer goes on
@@ -339,19 +346,7 @@ def test_a_dead_pooled_connection_in_the_prepare_step_is_retried_once_on_a_fresh
         return {"id": item, "name": str(item)}
 
     gc: GroupCommit[int, dict[str, Any]] = GroupCommit(plain_db, _insert_many, prepare=prepare, name="test")
-    first = threading.Thread(target=gc.write, args=(0,), kwargs={"timeout": 60})
-    first.start()
-    while not calls:
-        time.sleep(0.01)
-
-    async def main(items: range) -> list[Any]:
-        waits = [asyncio.ensure_future(gc.write_async(i, timeout=30)) for i in items]
-        await asyncio.sleep(0.2)
-        release.set()
-        return list(await asyncio.gather(*waits, return_exceptions=True))
-
-    results = asyncio.run(main(range(1, 13)))
-    first.join(30)
+    results = _one_batch(gc, release, calls, range(1, 13))
     # item 3 met a dead connection once: retried, fine; item 9 twice: the batch (1-12) fails at the second
     assert all(isinstance(r, sa.exc.OperationalError) for r in results), results
     assert calls == [0, *range(1, 4), *range(3, 10)]

@@ -20,7 +20,7 @@ from suanli.control import logs as workload_logs
 from suanli.control import workloads
 from suanli.control.errors import Invalid
 from suanli.db.models import Allocation, Workload, WorkloadEvent
-from suanli.workloads.spec import WorkloadSpec
+from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
 router = APIRouter(tags=["workloads"])
 MAX_SPEC_CHARS = 256 * 1024
@@ -157,8 +157,8 @@ def _parse(body: WorkloadIn) -> WorkloadSpec:
     if body.spec is None:
         return workloads.parse(body.spec_yaml or "")
     size = len(json.dumps(body.spec, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
-    if size > MAX_SPEC_CHARS:
-        raise Invalid(f"spec: is {size} bytes as JSON; the limit is {MAX_SPEC_CHARS // 1024} KiB")
+    if size > MAX_SPEC_BYTES:  # the limit of a YAML spec, too
+        raise Invalid(f"spec: is {size} bytes as JSON; the limit is {MAX_SPEC_BYTES // 1024} KiB")
     return workloads.parse(body.spec)
 
 

@@ -174,6 +174,11 @@ class Database:
     def dialect(self) -> str:
         return self.engine.dialect.name
 
+    @property
+    def embedded(self) -> bool:
+        """A statement is a call into this process (SQLite), not a network round trip."""
+        return self.engine.dialect.name == "sqlite"
+
     def read(self) -> Session:
         """A session for a request that only reads."""
         return self.reads()

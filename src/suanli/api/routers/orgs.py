@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
 
-from suanli.api.deps import Auth, in_thread
+from suanli.api.deps import Auth, in_thread, short_read
 from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
 from suanli.billing.money import shown
 from suanli.control import accounts, ledger, metering
@@ -63,7 +63,7 @@ def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
 
 
 @router.get("/orgs/{org_id}/balance")
-@in_thread
+@short_read
 def balance(org_id: str, ctx: Auth) -> BalanceOut:
     with ctx.db.read_connection() as s:
         view = ledger.balance_view(s, org_id, ctx.who.user_id)

@@ -42,25 +42,6 @@ def in_thread(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
     return route
 
 
-def short_read(fn: Callable[P, R]) -> Callable[P, Awaitable[R]]:
-    """A route that makes one short read (`ctx: Auth` among its parameters): on an embedded database it runs on the
-    event loop, since the statement is a local call of tens of microseconds and the thread hop around it costs
-    more (a GIL hand-off each way); on a database across the network it runs in the thread pool, as `in_thread`."""
-    if "ctx" not in inspect.signature(fn).parameters:
-        raise TypeError(f"{fn.__name__}: a short_read route takes `ctx: Auth`")
-
-    @functools.wraps(fn)
-    async def route(*args: P.args, **kwargs: P.kwargs) -> R:
-        ctx = kwargs["ctx"]
-        assert isinstance(ctx, Caller)
-        if ctx.db.embedded:
-            return fn(*args, **kwargs)
-        return await run_in_threadpool(fn, *args, **kwargs)
-
-    route.__signature__ = inspect.signature(fn, eval_str=True)  # type: ignore[attr-defined]
-    return route
-
-
 bearer = HTTPBearer(auto_error=False, description="an API token (`suanli login` or `suanli tokens create`)")
 
 

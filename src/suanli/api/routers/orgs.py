@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
 
-from suanli.api.deps import Auth, in_thread, short_read
+from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
 from suanli.billing.money import shown
 from suanli.control import accounts, ledger, metering
 from suanli.control.errors import NotFound
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
 
 router = APIRouter(tags=["organisations"])
 
@@ -63,13 +66,14 @@ def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
 
 
 @router.get("/orgs/{org_id}/balance")
-@short_read
-def balance(org_id: str, ctx: Auth) -> BalanceOut:
-    with ctx.db.read_connection() as s:
-        view = ledger.balance_view(s, org_id, ctx.who.user_id)
-        if not view.member and not (ctx.who.is_admin and view.org_exists):
-            raise NotFound(f"organisation {org_id} not found")
-        currency = ctx.srv.prices.book(s, view.price_version).currency
+async def balance(org_id: str, ctx: Auth) -> BalanceOut:
+    def read(c: Connection) -> tuple[ledger.BalanceView, str]:
+        view = ledger.balance_view(c, org_id, ctx.who.user_id)
+        return view, ctx.srv.prices.book(c, view.price_version).currency
+
+    view, currency = await ctx.db.short_read(read)
+    if not view.member and not (ctx.who.is_admin and view.org_exists):
+        raise NotFound(f"organisation {org_id} not found")
     bal = view.balance
     return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=currency,
                       held_per_hour=shown(view.held_per_hour))  # fmt: skip

@@ -7,7 +7,7 @@ properties run one cycle per example for every policy over random running alloca
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -667,6 +667,10 @@ def test_default_reserves_for_starving_work_only() -> None:
     res, _ = run("default", _blocked_head_cluster(), queue, 100.0, starvation_s=50.0)
     assert placed_ids(res) == {"short"}
     assert "reservation" in pending_reason(res, "long")
+    # the same head put back in the queue 30 s ago (preempted: it had service) is not starving yet
+    queue = [replace(r, queued_since=70.0) if r.id == "head" else r for r in queue]
+    res, _ = run("default", _blocked_head_cluster(), queue, 100.0, starvation_s=50.0)
+    assert placed_ids(res) == {"short", "long"}
 
 
 # --- Scheduler: priority ---------------------------------------------------------------------------------

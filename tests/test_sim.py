@@ -267,6 +267,11 @@ def test_failures_are_survived(policy: str) -> None:
     if policy == "fifo":
         assert r.preemptions == 0  # fifo never preempts, however many nodes fail
     assert not sim.state.allocations
+    for req, rec in zip(sim.requests, sim.records, strict=True):  # waiting counts from the last time it was put back
+        if rec.failures or rec.preemptions:
+            assert req.queued_since is not None and req.queued_since >= rec.first_start
+        else:
+            assert req.queued_since is None
 
 
 def test_failures_slow_the_workload_down() -> None:

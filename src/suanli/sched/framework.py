@@ -163,7 +163,7 @@ class Scheduler:
     def _wants_reservation(self, req: Request, now: float) -> bool:
         if self.policy.backfill == "easy":
             return True
-        return self.policy.starvation_guard and now - req.submit_time >= self.config.starvation_s
+        return self.policy.starvation_guard and now - req.waiting_since >= self.config.starvation_s
 
     @staticmethod
     def _reserve_for(work: ClusterState, req: Request, now: float) -> _Reservation:

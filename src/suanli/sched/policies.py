@@ -8,7 +8,7 @@
 | fair-share | below-quota tenants first, then weighted DRF share | topology | greedy | borrowed (over-quota) work, for tenants below quota |
 | las | 2D-LAS level (attained GPU-time), then submit | first-fit | greedy | higher LAS levels (Tiresias) |
 | elastic | class, LAS level, submit | topology | greedy, shrinking grown elastic jobs | spot work |
-| default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s`; elastic jobs grow by goodput | spot work, and higher LAS levels (bounded collateral) |
+| default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` since it last joined the queue; elastic jobs grow by goodput | spot work, and higher LAS levels (bounded collateral) |
 
 Why this default (measured in `benchmarks/sched_quality.py`, see docs/scheduling.md): LAS ordering with
 preemption gives short jobs a fast start without knowing durations (Tiresias); topology-aware placement
@@ -40,7 +40,7 @@ class SchedulerConfig:
     placement: str | None = None  # override the policy's placement plugin
     backfill_depth: int = 256  # how far down the queue one cycle looks once the head is blocked
     las_thresholds: tuple[float, ...] = (3_600.0, 36_000.0, 360_000.0)  # GPU-seconds between LAS levels
-    starvation_s: float = 48 * 3_600.0  # default policy: reserve for work that waited this long
+    starvation_s: float = 48 * 3_600.0  # default policy: reserve for work waiting this long since (re)queued
     min_runtime_s: float = 600.0  # no LAS preemption of work that started less than this ago
     quotas: Mapping[str, float] = field(default_factory=dict)  # tenant → guaranteed GPUs
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)

@@ -48,6 +48,12 @@ class Request:
     est_runtime: float | None = None  # declared or estimated seconds on a compact placement
     attained: float = 0.0  # GPU-seconds already received (LAS)
     model: ModelHint | None = None
+    queued_since: float | None = None  # when it last joined the queue (a preemption or failure puts it back); None:
+    # at submit_time. Starvation is waiting since then: work that was preempted has had service.
+
+    @property
+    def waiting_since(self) -> float:
+        return self.submit_time if self.queued_since is None else self.queued_since
 
     def __post_init__(self) -> None:
         if self.gpus < 0:

@@ -199,7 +199,7 @@ class Simulation:
         self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
         if preempted:
             self.records[i].preemptions += 1
-        self.requests[i] = replace(self.requests[i], attained=self.attained[i])
+        self.requests[i] = replace(self.requests[i], attained=self.attained[i], queued_since=t)
         self.queue[i] = self.requests[i]
 
     def _finish(self, i: int, t: float) -> None:

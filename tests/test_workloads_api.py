@@ -22,6 +22,7 @@ from suanli.control import metering
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
 from suanli.control.supervisor import Supervisor
+from suanli.sched import Request
 from tests.control_plane import Tenant, admin_token, bearer, signup
 
 WL = "/api/v1/workloads"
@@ -394,6 +395,17 @@ def test_a_virtual_job_runs_as_long_as_the_performance_model_predicts_on_its_pla
     a = done["allocation"]
     held = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()
     assert predicted <= held < predicted + 2.0  # ends by the model's clock (plus at most a pass of lag before launch)
+
+
+def test_a_priority_swap_moves_the_queue_place_not_the_time_waited() -> None:
+    """A high-priority workload takes its org's oldest queue slot, but not the waiting time that slot's workload
+    has built up (which earns a starvation reservation); that one keeps its own."""
+    sp = SchedulingPass()
+    old, new = Request("old", 1, 100.0, tenant="org"), Request("new", 1, 5_000.0, tenant="org")
+    sp._rank.update(old=1, new=2)
+    swapped = {r.id: r for r in sp._by_priority([old, new])}
+    assert (swapped["new"].submit_time, swapped["old"].submit_time) == (100.0, 5_000.0)
+    assert (swapped["new"].waiting_since, swapped["old"].waiting_since) == (5_000.0, 100.0)
 
 
 def test_priority_reorders_an_orgs_own_queue_and_never_jumps_another_org(platform: Platform) -> None:

@@ -219,8 +219,8 @@ class SchedulingPass:
             slots = sorted(r.submit_time for r in reqs)
             ordered = sorted(reqs, key=lambda r: (-self._rank.get(r.id, 1), r.submit_time, r.id))
             for slot, r in zip(slots, ordered, strict=True):
-                if r.submit_time != slot:
-                    swap[r.id] = replace(r, submit_time=slot)
+                if r.submit_time != slot:  # the place in the queue moves; how long it has waited does not
+                    swap[r.id] = replace(r, submit_time=slot, queued_since=r.waiting_since)
         return [swap.get(r.id, r) for r in queue] if swap else queue
 
     def _snapshot(self, s: Session, views: list[ClusterView]) -> dict[str, ClusterState]:

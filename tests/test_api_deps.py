@@ -39,3 +39,47 @@ def test_short_reads_on_a_network_database_leave_the_loop_free(db: Any) -> None:
         return time.perf_counter() - t0
 
     assert asyncio.run(main()) < 1.2  # in turn: >= 1.5 s
+
+
+def test_read_one_returns_the_row_on_both_databases(db: Any) -> None:
+    """The hottest reads skip SQLAlchemy's result layer on PostgreSQL: the row must still be the same values."""
+    from decimal import Decimal
+
+    from sqlalchemy import bindparam, literal, select
+
+    statement = select(bindparam("a") + 1, literal(Decimal("1.50000000")), bindparam("b"))
+
+    async def main() -> tuple[Any, ...]:
+        try:
+            first = await db.read_one(statement, {"a": 41, "b": "x"})
+            assert await db.read_one(statement, {"a": 1, "b": None}) == (2, Decimal("1.5"), None)
+            return first
+        finally:
+            await db.aclose()
+
+    assert asyncio.run(main()) == (42, Decimal("1.5"), "x")
+
+
+def test_read_one_survives_the_server_closing_its_connections(db: Any) -> None:
+    """A kept connection that PostgreSQL closed (restart, idle timeout) costs a retry, not a failed request."""
+    if db.embedded:
+        pytest.skip("SQLite has no server to close connections")
+    one = select_one()
+
+    async def main() -> None:
+        try:
+            assert await db.read_one(one, {}) == (1,)
+            with db.engine.connect() as c:  # end every other backend of this database, as a restart would
+                c.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                               "WHERE datname = current_database() AND pid <> pg_backend_pid()"))  # fmt: skip
+            assert await db.read_one(one, {}) == (1,)
+        finally:
+            await db.aclose()
+
+    asyncio.run(main())
+
+
+def select_one() -> Any:
+    from sqlalchemy import literal, select
+
+    return select(literal(1))

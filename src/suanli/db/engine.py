@@ -21,6 +21,8 @@ import anyio.to_thread
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from suanli.db.async_reads import AsyncReads
+
 T = TypeVar("T")
 
 
@@ -133,72 +135,6 @@ def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin 
     _release_writer(record.info)
 
 
-class _AsyncReads:
-    """psycopg asyncio connections (autocommit) of one event loop, reused, at most `size` at once. No background
-    tasks, so nothing outlives the requests that use it. A connection that failed is closed, not reused; one idle
-    for longer than `recycle_s` is replaced, as the sync pools recycle theirs."""
-
-    def __init__(self, params: dict[str, Any], size: int, recycle_s: float = 1800.0) -> None:
-        self.params, self.recycle_s = params, recycle_s
-        self.slots = asyncio.Semaphore(size)
-        self.idle: list[tuple[Any, float]] = []  # (connection, when it was last given back)
-        self.closed = False
-
-    async def fetch_one(self, sql: str, params: dict[str, Any]) -> Any:
-        import psycopg
-
-        async with self.slots:
-            conn, reused = await self._checkout()
-            try:
-                row = await (await conn.execute(sql, params)).fetchone()
-            except psycopg.OperationalError:
-                stale = reused and conn.broken  # the server closed it while idle (a restart): likely all of them
-                await conn.close()
-                if not stale:
-                    raise
-                await self._drop_idle()
-                conn = await self._connect()
-                try:
-                    row = await (await conn.execute(sql, params)).fetchone()
-                except BaseException:
-                    await conn.close()
-                    raise
-            except BaseException:
-                await conn.close()
-                raise
-            await self._give_back(conn)
-            return row
-
-    async def _checkout(self) -> tuple[Any, bool]:
-        now = time.monotonic()
-        while self.idle:
-            conn, since = self.idle.pop()
-            if now - since < self.recycle_s and not conn.closed:
-                return conn, True
-            await conn.close()
-        return await self._connect(), False
-
-    async def _connect(self) -> Any:
-        import psycopg
-
-        return await psycopg.AsyncConnection.connect(**self.params, autocommit=True)
-
-    async def _give_back(self, conn: Any) -> None:
-        if self.closed or conn.closed:
-            await conn.close()
-        else:
-            self.idle.append((conn, time.monotonic()))
-
-    async def _drop_idle(self) -> None:
-        idle, self.idle = self.idle, []
-        for conn, _ in idle:
-            await conn.close()
-
-    async def close(self) -> None:
-        self.closed = True  # connections in use now are closed when given back
-        await self._drop_idle()
-
-
 CONNECT_TIMEOUT_S = 10
 
 
@@ -241,7 +177,7 @@ class Database:
         self._pool_size = pool_size
         self._connect_args: dict[str, Any] = {} if self.embedded else connect
         self._compiled: dict[int, tuple[Any, str, dict[str, Any]]] = {}
-        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _AsyncReads] = (
+        self._async_pools: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncReads] = (
             weakref.WeakKeyDictionary()
         )
         reads = self.read_engine
@@ -290,8 +226,7 @@ class Database:
         compiled once; results come back as the driver gives them (no SQLAlchemy result processing: plain
         columns and numerics only)."""
         if self.embedded:
-            with self.read_engine.connect() as c:
-                return tuple(c.execute(statement, params).one())
+            return self._read_with(lambda c: tuple(c.execute(statement, params).one()))
         hit = self._compiled.get(id(statement))
         if hit is None or hit[0] is not statement:
             compiled = statement.compile(dialect=self.engine.dialect)
@@ -304,12 +239,12 @@ class Database:
             raise LookupError("the statement returned no row")
         return tuple(row)
 
-    async def _async_pool(self) -> _AsyncReads:
+    async def _async_pool(self) -> AsyncReads:
         loop = asyncio.get_running_loop()
         pool = self._async_pools.get(loop)
         if pool is None:
             _, params = self.engine.dialect.create_connect_args(self.engine.url)  # as the sync pools connect
-            pool = self._async_pools[loop] = _AsyncReads({**params, **self._connect_args}, self._pool_size)
+            pool = self._async_pools[loop] = AsyncReads({**params, **self._connect_args}, self._pool_size)
         return pool
 
     async def aclose(self) -> None:

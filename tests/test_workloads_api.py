@@ -301,6 +301,30 @@ def test_spot_work_is_preempted_for_on_demand_work_and_requeued_by_its_retry_pol
     assert states[-2:] == ["preempted", "pending"], states
 
 
+def test_a_retried_workload_keeps_its_place_in_the_queue_and_waits_from_its_requeue(platform: Platform) -> None:
+    """As in `suanli sim`: a preempted workload retried by its policy queues ahead of work submitted after it (its
+    place is `submitted_at`), while its wait for a starvation reservation counts from the requeue (`queued_at`)."""
+    from suanli.db.models import Workload
+
+    retry = {"on": ["preemption"], "limit": 1}
+    first = platform.submit({"name": "first", "kind": "instance", "billing": "spot", "retry": retry,
+                             "resources": {"gpu": "H20", "gpus": 128}})  # fmt: skip
+    platform.until(first["id"], lambda w: w["state"] == "running")
+    later = platform.submit({"name": "later", "kind": "instance", "billing": "spot",
+                             "resources": {"gpu": "H20", "gpus": 128}})  # fmt: skip
+    blocker = platform.submit({"name": "urgent", "kind": "instance", "resources": {"gpu": "H20", "gpus": 64}})
+    platform.until(blocker["id"], lambda w: w["state"] == "running")
+    platform.until(first["id"], lambda w: w["state"] == "pending" and w["attempt"] == 1)
+    platform.tick()
+    position = {w: platform.get(w)["pending"]["position"] for w in (first["id"], later["id"])}
+    assert position[first["id"]] < position[later["id"]], position
+    with platform.db.read() as s:
+        row = s.get(Workload, first["id"])
+        assert row.submitted_at == row.created_at < row.queued_at
+    req = next(r for k, r in platform.sched.requests.items() if k[:2] == (first["id"], 1))  # the retry's request
+    assert req.waiting_since > req.submit_time
+
+
 def test_a_workload_stops_when_its_org_runs_out_of_money(platform: Platform) -> None:
     from suanli.billing.ledger import REVENUE, org_account, transfer
     from suanli.control import ledger

@@ -129,7 +129,7 @@ class SchedulingPass:
             views = self._views
             version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
             queue_rows = list(s.execute(
-                select(w.id, w.name, w.org_id, w.attempt, w.queued_at, w.attained_gpu_s)
+                select(w.id, w.name, w.org_id, w.attempt, w.submitted_at, w.queued_at, w.attained_gpu_s)
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
@@ -149,7 +149,8 @@ class SchedulingPass:
             self.requests = {k: v for k, v in self.requests.items() if k in live}
             self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
             self._parsed = {k[0]: self._parsed[k[0]] for k in live if k[0] in self._parsed}
-        queue = [self._request(r.id, r.attempt, r.queued_at, specs, r.org_id, r.attained_gpu_s) for r in queue_rows]
+        queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
+                 for r in queue_rows]  # fmt: skip
         queue = self._by_priority(queue)
         names = {r.id: r.name for r in queue_rows}
         placements: list[placing.Placement] = []
@@ -193,13 +194,13 @@ class SchedulingPass:
         report.total_s = time.perf_counter() - t0
         return report
 
-    def _request(self, wid: str, attempt: int, queued_at: datetime, specs: dict[str, dict[str, Any]], org_id: str,
-                 attained: float) -> Request:  # fmt: skip
+    def _request(self, wid: str, attempt: int, submitted_at: datetime, queued_at: datetime,
+                 specs: dict[str, dict[str, Any]], org_id: str, attained: float) -> Request:  # fmt: skip
         key = (wid, attempt, seconds(queued_at))
         req = self.requests.get(key)
         if req is None:
             spec = WorkloadSpec.model_validate(specs[wid])
-            req = spec.to_request(wid, key[2], org_id, attained=attained)
+            req = spec.to_request(wid, seconds(submitted_at), org_id, attained=attained, queued_since=key[2])
             self.requests[key] = req
             self._rank[wid] = spec.priority_rank()
             self._parsed[wid] = spec
@@ -250,7 +251,7 @@ class SchedulingPass:
         for i in range(0, len(new), 500):
             rows = s.execute(
                 select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli, Allocation.started_at,
-                       w.org_id, w.queued_at, w.attempt)
+                       w.org_id, w.submitted_at, w.queued_at, w.attempt)
                 .outerjoin(w, w.id == Allocation.workload).where(Allocation.id.in_(new[i : i + 500]))
             ).all()  # fmt: skip
             # Most were placed by the last pass: their requests are cached; only the others' specs are read.
@@ -280,7 +281,8 @@ class SchedulingPass:
         if cached is not None:
             req = replace(cached, attained=0.0) if cached.attained else cached
         elif a.workload in specs:
-            req = WorkloadSpec.model_validate(specs[a.workload]).to_request(a.workload, seconds(a.queued_at), a.org_id)
+            spec = WorkloadSpec.model_validate(specs[a.workload])
+            req = spec.to_request(a.workload, seconds(a.submitted_at), a.org_id, queued_since=seconds(a.queued_at))
         else:  # an allocation no workload owns (opened through the API directly)
             req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
         if req.elastic or req.gpus != len(gpus):

@@ -227,7 +227,7 @@ def admit(
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
         queue_position=None, attempt=0, retries=0, allocation_id=None, executor="", handle=None, exit_code=None,
         stop_requested=None, has_workdir=workdir is not None, attained_gpu_s=0.0, created_at=now,
-        queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
+        submitted_at=now, queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
     )  # fmt: skip
 
 
@@ -362,11 +362,13 @@ def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:
         return w
+    w.submitted_at = now  # its owner starts it again: a new place at the back of the queue
     requeue(s, w, f"started by {who.email}", now)
     return w
 
 
 def requeue(s: Session, w: Workload, reason: str, now: datetime) -> None:
+    """Back into the queue. It keeps its place (`submitted_at`); its wait counts from now."""
     w.queued_at, w.finished_at, w.stop_requested, w.exit_code = now, None, None, None
     w.allocation_id, w.handle, w.executor, w.started_at = None, None, "", None
     w.deadline_at = w.ends_at = w.predicted_s = None

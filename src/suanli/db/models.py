@@ -281,7 +281,10 @@ class Workload(Base):
     attained_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)  # GPU-seconds of earlier attempts (LAS)
     has_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime]
-    queued_at: Mapped[datetime]  # when it (re-)entered the queue: queue order
+    # Its place in the queue: when its owner last submitted it (created it, or started a stopped instance again).
+    # A retry after a preemption or a failure keeps that place, as in `suanli sim`.
+    submitted_at: Mapped[datetime]
+    queued_at: Mapped[datetime]  # when it last entered the queue, retries included: how long it has waited
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # of the current attempt
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     # When the supervisor must look at a running workload again without being asked: its max_duration is up,

@@ -366,8 +366,11 @@ class WorkloadSpec(BaseModel):
         count = self.gpu_count() if gpus is None else gpus
         return max(1, math.ceil(count / gpus_per_node))
 
-    def to_request(self, id: str, submit_time: float, tenant: str, attained: float = 0.0) -> Request:
-        """The scheduler's view of this workload."""
+    def to_request(
+        self, id: str, submit_time: float, tenant: str, attained: float = 0.0, queued_since: float | None = None
+    ) -> Request:
+        """The scheduler's view of this workload: `submit_time` is its place in the queue, `queued_since` (when it
+        differs) when it last joined the queue."""
         g = self.resources.gpus
         lo_hi = (g.min, g.max) if isinstance(g, GpuRange) else (None, None)
         return Request(
@@ -385,5 +388,6 @@ class WorkloadSpec(BaseModel):
             priority=self.priority_class(),
             est_runtime=self.duration,
             attained=attained,
+            queued_since=queued_since if queued_since != submit_time else None,
             model=ModelHint(preset=self.model.preset, precision=self.model.precision) if self.model else None,
         )

@@ -10,6 +10,11 @@ from typing import Any
 import pytest
 from sqlalchemy import literal, select, text
 
+# Checks of a database across a network: PostgreSQL only (SQLite reads are local calls, and it has no server).
+ONLY_POSTGRES = pytest.mark.parametrize(
+    "db_url", [pytest.param("postgresql", marks=pytest.mark.postgres)], indirect=True
+)
+
 
 def test_a_short_read_runs_inline_only_on_an_embedded_database(db: Any) -> None:
     def read(c: Any) -> tuple[int, int]:
@@ -28,10 +33,9 @@ def test_short_reads_work_from_a_second_event_loop(db: Any) -> None:
         assert asyncio.run(db.short_read(lambda c: c.execute(text("SELECT 1")).scalar_one())) == 1
 
 
+@ONLY_POSTGRES
 def test_short_reads_on_a_network_database_leave_the_loop_free(db: Any) -> None:
     """While PostgreSQL works on one read the loop serves others: five 0.3 s reads end together, not in turn."""
-    if db.embedded:
-        pytest.skip("SQLite reads are local calls and run inline, one after another")
 
     async def main() -> float:
         t0 = time.perf_counter()
@@ -60,10 +64,9 @@ def test_read_one_returns_the_row_on_both_databases(db: Any) -> None:
     assert asyncio.run(main()) == (42, Decimal("1.5"), "x")
 
 
+@ONLY_POSTGRES
 def test_read_one_survives_the_server_closing_its_connections(db: Any) -> None:
     """Kept connections that PostgreSQL closed (a restart) cost one retry on a new one, not a failed request."""
-    if db.embedded:
-        pytest.skip("SQLite has no server to close connections")
     one = SELECT_ONE
 
     async def main() -> None:
@@ -80,3 +83,57 @@ def test_read_one_survives_the_server_closing_its_connections(db: Any) -> None:
 
 
 SELECT_ONE = select(literal(1))
+
+
+@ONLY_POSTGRES
+def test_a_read_that_hangs_fails_in_its_time_and_frees_its_connection(db: Any) -> None:
+    """A read that does not answer in time raises `DatabaseUnavailable` (503 for the caller) instead of holding the
+    request and its slot until TCP gives up; its connection is closed, and the next read works."""
+    from sqlalchemy import func
+
+    from suanli.db.engine import DatabaseUnavailable
+
+    async def main() -> float:
+        try:
+            pool = await db._async_pool()
+            pool.timeout_s = 0.3
+            t0 = time.perf_counter()
+            with pytest.raises(DatabaseUnavailable, match=r"no answer within 0\.3 s"):
+                await db.read_one(select(func.pg_sleep(5)), {})
+            took = time.perf_counter() - t0
+            assert pool.idle == []  # the connection that timed out was not kept
+            assert await db.read_one(SELECT_ONE, {}) == (1,)
+            return took
+        finally:
+            await db.aclose()
+
+    assert asyncio.run(main()) < 2.0  # not the 5 s the statement asked for
+
+
+@ONLY_POSTGRES
+def test_requests_get_503_while_the_database_refuses_connections_and_work_again_after(
+    api: Any, db_url: str, request: pytest.FixtureRequest
+) -> None:
+    """A database restarting (here: refusing new connections, every open one ended) is a 503 with Retry-After for
+    the async balance read and for a sync route alike, not a 500; once it is back, the same requests succeed."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    from tests.control_plane import signup
+    from tests.databases import _libpq_url
+
+    tenant = signup(api, "restart@example.com")
+    paths = [f"/api/v1/orgs/{tenant.org_id}/balance", "/api/v1/workloads"]
+    assert [api.get(p, headers=tenant.headers).status_code for p in paths] == [200, 200]
+    name = make_url(db_url).database
+    with psycopg.connect(_libpq_url(request.getfixturevalue("postgres_admin_url")), autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        try:
+            for p in paths:
+                r = api.get(p, headers=tenant.headers)
+                assert (r.status_code, r.headers.get("retry-after")) == (503, "1"), (p, r.text)
+                assert r.json()["detail"] == "the database is unavailable right now; try again"
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    assert [api.get(p, headers=tenant.headers).status_code for p in paths] == [200, 200]

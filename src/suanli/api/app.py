@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,7 +14,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DataError, IntegrityError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,10 +27,12 @@ from suanli.control.background import BackgroundProcess
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
-from suanli.db.engine import Database, exclusive
+from suanli.db.engine import Database, DatabaseUnavailable, exclusive
 from suanli.db.migrate import migrate
 from suanli.telemetry.health import HealthJudge
 from suanli.topology import presets
+
+log = logging.getLogger("suanli.api")
 
 API = "/api/v1"
 SAMPLES_BODY_BYTES = 16 << 20  # a node agent's batch: up to 20,000 samples
@@ -43,6 +46,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorOut, "description": "conflicts with what exists"},
     413: {"model": ErrorOut, "description": "request body too large"},
     422: {"model": ValidationErrorOut, "description": "invalid input; `detail` names the field"},
+    503: {"model": ErrorOut, "description": "the database is unavailable right now; retry after `Retry-After`"},
 }
 SETTINGS_ENV = "SUANLI_RESOLVED_SETTINGS"
 BOOTSTRAP_LOCK = 0x5A4E_4253
@@ -203,6 +207,15 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     @app.exception_handler(IntegrityError)
     async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
         return JSONResponse({"detail": f"conflicts with existing data: {_db_message(exc)}"}, status_code=409)
+
+    # The database is down, restarting or unreachable (or SQLite is locked past its busy timeout): the request
+    # did nothing and may be sent again. The cause goes to the log, not to the caller.
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(DatabaseUnavailable)
+    async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
+        return JSONResponse({"detail": "the database is unavailable right now; try again"}, status_code=503,
+                            headers={"Retry-After": "1"})  # fmt: skip
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

@@ -10,15 +10,21 @@ from typing import Any
 class AsyncReads:
     """psycopg asyncio connections (autocommit) of one event loop, reused, at most `size` at once. No background
     tasks, so nothing outlives the requests that use it. A connection that failed is closed, not reused; one idle
-    for longer than `recycle_s` is replaced, as the sync pools recycle theirs."""
+    for longer than `recycle_s` is replaced, as the sync pools recycle theirs. A read that takes longer than
+    `timeout_s` (waiting for a slot included) raises TimeoutError and closes its connection: a hung database or
+    network fails the request in seconds instead of holding it, and its slot, until TCP gives up."""
 
-    def __init__(self, params: dict[str, Any], size: int, recycle_s: float = 1800.0) -> None:
-        self.params, self.recycle_s = params, recycle_s
+    def __init__(self, params: dict[str, Any], size: int, recycle_s: float = 1800.0, timeout_s: float = 10.0) -> None:
+        self.params, self.recycle_s, self.timeout_s = params, recycle_s, timeout_s
         self.slots = asyncio.Semaphore(size)
         self.idle: list[tuple[Any, float]] = []  # (connection, when it was last given back)
         self.closed = False
 
     async def fetch_one(self, sql: str, params: dict[str, Any]) -> Any:
+        async with asyncio.timeout(self.timeout_s):
+            return await self._fetch_one(sql, params)
+
+    async def _fetch_one(self, sql: str, params: dict[str, Any]) -> Any:
         import psycopg
 
         async with self.slots:

@@ -138,6 +138,13 @@ def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin 
 CONNECT_TIMEOUT_S = 10
 
 
+class DatabaseUnavailable(RuntimeError):
+    """The database could not be reached, or did not answer in time: the request may be retried."""
+
+
+KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
+
+
 class Database:
     """An engine and its session factory."""
 
@@ -162,6 +169,9 @@ class Database:
             # A database that cannot be reached fails a connection in seconds, not after the OS's TCP timeout
             # (minutes), during which requests would queue behind it (unless the URL sets its own).
             connect = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_TIMEOUT_S}
+            # A peer that vanished without closing (a network cut) is noticed in about a minute, not hours.
+            if "keepalives" not in self.url:
+                connect.update(KEEPALIVES)
             self.engine = create_engine(
                 self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, connect_args=connect
             )
@@ -234,7 +244,15 @@ class Database:
                 raise ValueError("read_one takes statements whose SQL does not depend on their values (no IN lists)")
             hit = self._compiled[id(statement)] = (statement, str(compiled), dict(compiled.params))
         _, sql, defaults = hit  # defaults: the values of the statement's own literals
-        row = await (await self._async_pool()).fetch_one(sql, {**defaults, **params})
+        import psycopg
+
+        pool = await self._async_pool()
+        try:
+            row = await pool.fetch_one(sql, {**defaults, **params})
+        except TimeoutError:
+            raise DatabaseUnavailable(f"no answer within {pool.timeout_s:g} s") from None
+        except psycopg.OperationalError as e:
+            raise DatabaseUnavailable(str(e)) from e
         if row is None:
             raise LookupError("the statement returned no row")
         return tuple(row)

@@ -8,9 +8,12 @@ demand arrives. This script does the same with suanli's placement plugins on the
 (6,212 GPUs, node groups per GPU model, `gpu_spec` model constraints honoured) and prints the unallocated
 GPU share next to FGD's six policies from `fgd-expected-results/` (mean over their 10 seeds).
 
-Differences to keep in mind: suanli places GPUs only (the FGD simulator also checks each node's CPU and
-memory, which can refuse a pod that would fit on GPUs), and pods are sampled the way FGD's "tune" does:
-the pod list shuffled per seed and repeated until demand reaches 130%.
+Like the FGD simulator, the replay tracks each node's CPU and memory (a pod whose node lacks them is refused,
+however many GPUs are free) and places CPU-only pods too, which take CPU and memory from GPU nodes
+(with `topology` on the node with the fewest free GPUs, then best fit on CPU; with `first-fit` on the first
+node that has room; see `place_cpu_only`). `--gpus-only` replays as
+if hosts had no limits, and without CPU-only pods, for comparison. Pods are sampled the way FGD's "tune"
+does: the pod list shuffled per seed and repeated until demand reaches 130%.
 """
 
 from __future__ import annotations
@@ -34,44 +37,67 @@ POINTS = (50, 80, 90, 100, 110, 120, 130)
 
 
 def build_cluster(node_csv: Path):
-    groups: dict[tuple[str, int], int] = defaultdict(int)
+    """The GPU nodes as a cluster (a node group per model and GPU count), its group → model map, and each
+    node's (CPU milli-cores, memory MiB) in the cluster's node order."""
+    groups: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     with node_csv.open() as f:
         for row in csv.DictReader(f):
             if int(row["gpu"]) > 0:
-                groups[(row["model"], int(row["gpu"]))] += 1
+                groups[(row["model"], int(row["gpu"]))].append((int(row["cpu_milli"]), int(row["memory_mib"])))
     spec = {
         "name": "openb",
         # GPU models G2/G3 are undisclosed and P100/A10 are not in the catalog: every group uses the T4 record
         # (placement only counts GPUs); the group name carries the real model for gpu_spec constraints.
         "node_groups": [
-            {"name": f"{model}-{gpn}", "count": n, "gpu": "T4", "gpus_per_node": gpn, "nics": 1}
-            for (model, gpn), n in sorted(groups.items())
+            {"name": f"{model}-{gpn}", "count": len(hosts), "gpu": "T4", "gpus_per_node": gpn, "nics": 1}
+            for (model, gpn), hosts in sorted(groups.items())
         ],
         "fabric": "eth-25",
         "nodes_per_leaf": 64,
     }
     cluster = parse(spec)
     models = {g.name: g.name.rsplit("-", 1)[0] for g in cluster.groups}
-    return cluster, models
+    hosts = [h for _, group in sorted(groups.items()) for h in group]  # parse numbers nodes group by group
+    return cluster, models, (np.array([c for c, _ in hosts]), np.array([m for _, m in hosts]))
 
 
-def read_pods(pod_csv: Path) -> list[tuple[int, int, tuple[str, ...]]]:
+Pod = tuple[int, int, tuple[str, ...], int, int]  # GPUs, milli-GPU, GPU models allowed, CPU milli, memory MiB
+
+
+def read_pods(pod_csv: Path) -> list[Pod]:
     pods = []
     with pod_csv.open() as f:
         for row in csv.DictReader(f):
             n = int(row["num_gpu"])
-            if n == 0:
-                continue
             milli = int(row["gpu_milli"]) if n == 1 else FULL
             spec = tuple(s for s in row["gpu_spec"].split("|") if s)
-            pods.append((n, min(FULL, max(1, milli)), spec))
+            pods.append((n, min(FULL, max(1, milli)), spec, int(row["cpu_milli"]), int(row["memory_mib"])))
     return pods
 
 
-def replay(cluster, models, pods, placer, seed: int) -> dict[int, float]:
-    """Allocation ratio (%) after arrived demand reaches each POINT % of capacity."""
+def place_cpu_only(state: ClusterState, cpu: int, mem: int, best_fit: bool) -> bool:
+    """A CPU-only pod takes host capacity that GPU pods then lack. suanli itself runs CPU-only work on CPU nodes,
+    so this replay's rule stands in for a scheduler that puts it on GPU nodes: with `best_fit`, the node with the
+    fewest free GPU-milli (whose CPU GPU pods need least), then the least CPU left; else the first with room."""
+    assert state.cpu_free is not None and state.mem_free is not None
+    fits = np.flatnonzero((state.cpu_free >= cpu) & (state.mem_free >= mem) & state.node_ok)
+    if fits.size == 0:
+        return False
+    if best_fit:
+        gpu_free = np.bincount(state.gpu_node, weights=state.free, minlength=state.cluster.n_nodes)[fits]
+        node = fits[np.lexsort((state.cpu_free[fits], gpu_free))[0]]
+    else:
+        node = fits[0]
+    state.cpu_free[node] -= cpu
+    state.mem_free[node] -= mem
+    return True
+
+
+def replay(cluster, models, pods: list[Pod], placer, seed: int, hosts=None) -> dict[int, float]:
+    """Allocation ratio (%) after arrived demand reaches each POINT % of capacity. `hosts`: each node's (CPU,
+    memory) to track, and CPU-only pods placed; None: GPUs only."""
     rng = np.random.default_rng(seed)
-    state = ClusterState(cluster)
+    state = ClusterState(cluster, host=hosts)
     capacity = cluster.n_gpus * FULL
     groups_for: dict[tuple[str, ...], tuple[str, ...] | None] = {}
     arrived = 0
@@ -81,11 +107,16 @@ def replay(cluster, models, pods, placer, seed: int) -> dict[int, float]:
     while targets:
         order = rng.permutation(len(pods))
         for idx in order:
-            n, milli, spec = pods[idx]
+            n, milli, spec, cpu, mem = pods[idx]
+            if n == 0:
+                if hosts is not None:
+                    place_cpu_only(state, cpu, mem, placer is topology_aware)
+                continue
             arrived += n * milli
             if spec not in groups_for:
                 groups_for[spec] = tuple(g for g, m in models.items() if m in spec) if spec else None
-            req = Request(f"p{i}", n, 0.0, gpu_type=groups_for[spec], milli=milli)
+            host = {"cpu_milli": cpu, "memory_mib": mem} if hosts is not None else {}
+            req = Request(f"p{i}", n, 0.0, gpu_type=groups_for[spec], milli=milli, **host)
             res = placer(state, req, n)
             if res.gpus is not None:
                 state.reserve(Allocation(req.id, req, tuple(int(g) for g in res.gpus), 0.0, milli))
@@ -113,14 +144,17 @@ def main() -> int:
     ap.add_argument("--traces", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--workload", default="default")
     ap.add_argument("--seeds", type=int, default=10)
+    ap.add_argument("--gpus-only", action="store_true", help="also replay without CPU and memory (and CPU-only pods)")
     args = ap.parse_args()
     root = args.traces
-    cluster, models = build_cluster(root / "csv" / "openb_node_list_gpu_node.csv")
+    cluster, models, hosts = build_cluster(root / "csv" / "openb_node_list_gpu_node.csv")
     pods = read_pods(root / "csv" / f"openb_pod_list_{args.workload}.csv")
     ours = {}
-    for name, placer in (("suanli topology (best-fit)", topology_aware), ("suanli first-fit", first_fit)):
-        runs = [replay(cluster, models, pods, placer, seed) for seed in range(args.seeds)]
-        ours[name] = {k: statistics.mean(r[k] for r in runs) for k in POINTS}
+    variants = [("", hosts), *([(", GPUs only", None)] if args.gpus_only else [])]
+    for suffix, host in variants:
+        for name, placer in (("suanli topology (best-fit)", topology_aware), ("suanli first-fit", first_fit)):
+            runs = [replay(cluster, models, pods, placer, seed, host) for seed in range(args.seeds)]
+            ours[name + suffix] = {k: statistics.mean(r[k] for r in runs) for k in POINTS}
     ref = fgd_expected(
         root / "fgd-expected-results" / "analysis_allo_discrete.csv.gz", f"openb_pod_list_{args.workload}"
     )

@@ -232,8 +232,10 @@ class Scheduler:
             nodes = np.unique(scratch.gpu_node[np.asarray(placed.gpus, dtype=np.int64)])
             used = {g for n in nodes for g in scratch.cluster.gpus_of_node(int(n))}
         evicted = []
-        for v in freed:  # give back what the placement does not use
-            if used.isdisjoint(v.gpus):
+        if scratch.tracks_host:  # the placement's CPU and memory count as taken when victims are given back
+            scratch.reserve(Allocation(req.id, req, tuple(int(g) for g in placed.gpus), ctx.now, req.milli))
+        for v in freed:  # give back what the placement does not use (nor the CPU and memory beside it)
+            if used.isdisjoint(v.gpus) and scratch.host_fits(v):
                 scratch.reserve(v, restore=True)
             else:
                 evicted.append(v)
@@ -244,6 +246,8 @@ class Scheduler:
                 f"needs {k} GPUs; preemption would evict {lost} GPUs of gangs (limit "
                 f"{self.config.preempt_collateral:g}x the request)",
             )
+        if scratch.tracks_host:
+            scratch.unreserve(req.id)  # the caller commits the placement
         # commit the statement
         work.__dict__.update(scratch.__dict__)
         for v in evicted:

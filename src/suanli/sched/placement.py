@@ -34,21 +34,43 @@ def _what(req: Request, k: int) -> str:
 
 
 def _node_free(state: ClusterState, req: Request) -> NDArray[np.int32]:
-    """Whole free GPUs per node this request may use (0 elsewhere)."""
+    """Whole free GPUs per node this request may use (0 elsewhere), as many as the node's free CPU and memory carry
+    when the state tracks them."""
     nw = np.where(state.usable_nodes(req.gpu_type), state.node_whole, 0)
     if req.exclusive:
         nw = np.where(nw == state.gpn, nw, 0)
+    room = state.host_room(req)
+    if room is not None:
+        nw = np.minimum(nw, room).astype(nw.dtype)
     return nw
 
 
-def _take(state: ClusterState, nodes: NDArray[np.int64], k: int) -> NDArray[np.int64]:
-    """The first k whole free GPUs of `nodes`, in the given node order."""
+def _too_few(state: ClusterState, req: Request, k: int, free: int) -> str:
+    """Why k GPUs cannot be had when only `free` of them are usable: the GPUs, or the CPU and memory beside them."""
+    if state.host_room(req) is not None:
+        req_gpus_only = np.where(state.usable_nodes(req.gpu_type), state.node_whole, 0)
+        if int(req_gpus_only.sum()) >= k:
+            return (f"needs {_what(req, k)} with {req.cpu_milli / 1000:g} CPUs and {req.memory_mib} MiB; "
+                    f"only {free} free GPUs are on nodes with that CPU and memory free")  # fmt: skip
+    return f"needs {_what(req, k)}; {free} free"
+
+
+def _take(
+    state: ClusterState, nodes: NDArray[np.int64], k: int, nw: NDArray[np.int32] | None = None
+) -> NDArray[np.int64]:
+    """The first k whole free GPUs of `nodes`, in the given node order; at most `nw[n]` from node n when the
+    state tracks host CPU and memory (which may carry fewer GPUs than a node has free)."""
     first = state.cluster.node_first_gpu[nodes]
     counts = state.gpn[nodes]
     offsets = np.repeat(first - np.concatenate(([0], np.cumsum(counts)[:-1])), counts)
     gpus = np.arange(int(counts.sum()), dtype=np.int64) + offsets
-    ok = (state.free[gpus] == FULL) & state.gpu_ok[gpus]
-    return gpus[ok][:k]
+    gpus = gpus[(state.free[gpus] == FULL) & state.gpu_ok[gpus]]
+    if nw is not None and state.tracks_host and gpus.size:
+        owner = state.gpu_node[gpus]  # grouped by node, in order
+        starts = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+        rank = np.arange(owner.size) - np.repeat(starts, np.diff(np.append(starts, owner.size)))
+        gpus = gpus[rank < nw[owner]]
+    return gpus[:k]
 
 
 def _fill(state: ClusterState, nodes: NDArray[np.int64], nw: NDArray[np.int32], k: int) -> NDArray[np.int64]:
@@ -56,7 +78,7 @@ def _fill(state: ClusterState, nodes: NDArray[np.int64], nw: NDArray[np.int32], 
     order = nodes[np.argsort(-nw[nodes], kind="stable")]
     cum = np.cumsum(nw[order])
     cut = int(np.searchsorted(cum, k)) + 1
-    return _take(state, order[:cut], k)
+    return _take(state, order[:cut], k, nw)
 
 
 def _best_cell(cell_of_node: NDArray[np.int64], nw: NDArray[np.int32], k: int, n_cells: int) -> tuple[int, int]:
@@ -120,7 +142,7 @@ def topology_aware(state: ClusterState, req: Request, k: int) -> PlacementResult
         return _on_nodes(state, req, k, nw)
     total = int(nw.sum())
     if total < k:
-        return PlacementResult(None, f"needs {_what(req, k)}; {total} free")
+        return PlacementResult(None, _too_few(state, req, k, total))
     c = state.cluster
     leaf_of = state.node_leaf
     # 1. one node: best fit, in the busiest leaf
@@ -157,7 +179,7 @@ def topology_aware(state: ClusterState, req: Request, k: int) -> PlacementResult
     order = candidates[np.argsort(key, kind="stable")]
     cum = np.cumsum(nw[order])
     cut = int(np.searchsorted(cum, k)) + 1
-    return PlacementResult(_take(state, order[:cut], k))
+    return PlacementResult(_take(state, order[:cut], k, nw))
 
 
 def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
@@ -174,9 +196,9 @@ def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
     nodes = np.flatnonzero(nw > 0)
     cum = np.cumsum(nw[nodes])
     if cum.size == 0 or cum[-1] < k:
-        return PlacementResult(None, f"needs {_what(req, k)}; {int(cum[-1]) if cum.size else 0} free")
+        return PlacementResult(None, _too_few(state, req, k, int(cum[-1]) if cum.size else 0))
     cut = int(np.searchsorted(cum, k)) + 1
-    return _within(state, req, k, _take(state, nodes[:cut], k), "first fit")
+    return _within(state, req, k, _take(state, nodes[:cut], k, nw), "first fit")
 
 
 def _within(state: ClusterState, req: Request, k: int, gpus: NDArray[np.int64], how: str) -> PlacementResult:
@@ -191,10 +213,17 @@ def _within(state: ClusterState, req: Request, k: int, gpus: NDArray[np.int64], 
 
 def place_slice(state: ClusterState, req: Request, best_fit: bool = True) -> PlacementResult:
     """One GPU slice of `req.milli`: best fit on shared GPUs (keeps whole GPUs whole), or first fit."""
-    usable = state.usable_nodes(req.gpu_type)[state.gpu_node]
+    usable_nodes = state.usable_nodes(req.gpu_type)
+    room = state.host_room(req)
+    if room is not None:
+        usable_nodes = usable_nodes & (room >= 1)
+    usable = usable_nodes[state.gpu_node]
     cand = np.flatnonzero(usable & state.gpu_ok & (state.free >= req.milli))
     if cand.size == 0:
-        return PlacementResult(None, f"needs a {req.milli / FULL:g}-GPU slice; no GPU has that much free")
+        why = "no GPU has that much free"
+        if room is not None:
+            why += " on a node with its CPU and memory free"
+        return PlacementResult(None, f"needs a {req.milli / FULL:g}-GPU slice; {why}")
     if not best_fit:
         return PlacementResult(cand[:1])
     left = (state.free[cand] - req.milli).astype(np.int64)

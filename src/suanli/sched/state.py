@@ -4,6 +4,10 @@
 copy, reserving and unreserving GPUs as plugins decide, and returns the decisions. Free capacity is kept
 in milli-GPUs per GPU (1000 = a whole free GPU) with a per-node count of whole free GPUs
 maintained incrementally, so placement queries stay O(nodes) NumPy scans even at 100,000 GPUs.
+
+A state may also track each node's host CPU and memory (`host=`): then a request's `cpu_milli` and
+`memory_mib` are taken from the nodes its GPUs are on, and placement skips nodes that lack them (a node
+with free GPUs but no free cores cannot run another pod). Untracked, they cost nothing.
 """
 
 from __future__ import annotations
@@ -11,17 +15,27 @@ from __future__ import annotations
 from functools import cached_property
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
-from suanli.sched.types import FULL, Allocation
+from suanli.sched.types import FULL, Allocation, Request
 from suanli.topology.model import Cluster
 
 
 class ClusterState:
     """Free capacity, health and allocations of one cluster."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, host: tuple[ArrayLike, ArrayLike] | None = None) -> None:
+        """`host`: each node's CPU (milli-cores) and memory (MiB) to track, in node order; None: not tracked."""
         self.cluster = cluster
+        self.cpu_free: NDArray[np.int64] | None = None  # free milli-cores per node, when tracked
+        self.mem_free: NDArray[np.int64] | None = None  # free MiB per node, when tracked
+        if host is not None:
+            cpu, mem = (np.array(a, dtype=np.int64) for a in host)
+            if cpu.shape != (cluster.n_nodes,) or mem.shape != (cluster.n_nodes,):
+                raise ValueError(f"host: one CPU and one memory figure per node ({cluster.n_nodes} nodes)")
+            if (cpu < 0).any() or (mem < 0).any():
+                raise ValueError("host: CPU and memory must be >= 0")
+            self.cpu_free, self.mem_free = cpu, mem
         self.free = np.full(cluster.n_gpus, FULL, dtype=np.int32)  # free milli-GPUs per GPU
         self.gpu_ok = np.ones(cluster.n_gpus, dtype=bool)
         self.node_ok = np.ones(cluster.n_nodes, dtype=bool)  # False: draining or down, no new work
@@ -37,6 +51,8 @@ class ClusterState:
         new.gpu_ok = self.gpu_ok.copy()
         new.node_ok = self.node_ok.copy()
         new.node_exclusive = self.node_exclusive.copy()
+        new.cpu_free = None if self.cpu_free is None else self.cpu_free.copy()
+        new.mem_free = None if self.mem_free is None else self.mem_free.copy()
         new.allocations = dict(self.allocations)
         new.node_whole = self.node_whole.copy()
         new.whole_total = self.whole_total
@@ -98,6 +114,44 @@ class ClusterState:
         """GPUs held, counting slices by their fraction."""
         return float((FULL - self.free[self.gpu_ok]).sum()) / FULL
 
+    @property
+    def tracks_host(self) -> bool:
+        return self.cpu_free is not None
+
+    def host_room(self, req: Request) -> NDArray[np.int64] | None:
+        """How many of `req`'s GPUs each node's free CPU and memory can carry (None: no limit)."""
+        if self.cpu_free is None or self.mem_free is None or not (req.cpu_milli or req.memory_mib):
+            return None
+        k = max(1, req.gpus)
+        room = np.full(self.cluster.n_nodes, k, dtype=np.int64)
+        for free, need in ((self.cpu_free, req.cpu_milli), (self.mem_free, req.memory_mib)):
+            if need:  # ceil(need * j / k) <= free  <=>  j <= free * k / need
+                room = np.minimum(room, free * k // need)
+        return room
+
+    def _host_charge(self, alloc: Allocation) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+        """(nodes, CPU, memory) the allocation takes from each node its GPUs are on."""
+        req = alloc.request
+        gpus = np.asarray(alloc.gpus, dtype=np.int64)
+        nodes, per = np.unique(self.gpu_node[gpus], return_counts=True)
+        k = gpus.size
+        return nodes, -(-req.cpu_milli * per // k), -(-req.memory_mib * per // k)
+
+    def host_fits(self, alloc: Allocation) -> bool:
+        """Whether the nodes of `alloc`'s GPUs have the CPU and memory it takes free (always, untracked)."""
+        host = self._host_of(alloc)
+        if host is None:
+            return True
+        assert self.cpu_free is not None and self.mem_free is not None
+        nodes, cpu, mem = host
+        return bool(np.all(self.cpu_free[nodes] >= cpu) and np.all(self.mem_free[nodes] >= mem))
+
+    def _host_of(self, alloc: Allocation) -> tuple[NDArray[np.int64], ...] | None:
+        req = alloc.request
+        if self.cpu_free is None or not (req.cpu_milli or req.memory_mib) or not alloc.gpus:
+            return None
+        return self._host_charge(alloc)
+
     def _counted(self, nodes: NDArray[np.int64]) -> NDArray[np.bool_]:
         return self.node_ok[nodes] & ~self.node_exclusive[nodes]
 
@@ -116,6 +170,14 @@ class ClusterState:
             raise ValueError(f"allocation {alloc.id}: GPUs {alloc.gpus} are not healthy")
         if not restore and gpus.size and np.any(self.node_exclusive[self.gpu_node[gpus]]):
             raise ValueError(f"allocation {alloc.id}: a node it asks for is held by an exclusive workload")
+        host = self._host_of(alloc)
+        if host is not None:
+            assert self.cpu_free is not None and self.mem_free is not None
+            nodes, cpu, mem = host
+            if not restore and not self.host_fits(alloc):
+                raise ValueError(f"allocation {alloc.id}: its nodes lack the CPU or memory it asks for")
+            self.cpu_free[nodes] -= cpu
+            self.mem_free[nodes] -= mem
         was_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self.free[gpus] -= alloc.milli
         self._adjust(gpus[was_whole], -1)
@@ -134,6 +196,12 @@ class ClusterState:
             nodes = nodes[self.node_exclusive[nodes]]
             self.node_exclusive[nodes] = False
             self.whole_total += int(self.node_whole[nodes][self.node_ok[nodes]].sum())
+        host = self._host_of(alloc)
+        if host is not None:
+            assert self.cpu_free is not None and self.mem_free is not None
+            nodes, cpu, mem = host
+            self.cpu_free[nodes] += cpu
+            self.mem_free[nodes] += mem
         self.free[gpus] += alloc.milli
         now_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self._adjust(gpus[now_whole], +1)

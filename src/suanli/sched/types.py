@@ -50,6 +50,8 @@ class Request:
     model: ModelHint | None = None
     queued_since: float | None = None  # when it last joined the queue (a preemption or failure puts it back); None:
     # at submit_time. Starvation is waiting since then: work that was preempted has had service.
+    cpu_milli: int = 0  # host CPU (1000 = one core) and memory for the whole request, spread over its nodes in
+    memory_mib: int = 0  # proportion to its GPUs there; counted only where the state tracks the nodes' hosts
 
     @property
     def waiting_since(self) -> float:
@@ -68,6 +70,8 @@ class Request:
             and not (1 <= self.min_gpus <= self.gpus <= self.max_gpus)
         ):
             raise ValueError(f"{self.id}: elastic range must satisfy 1 <= min <= gpus <= max")
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError(f"{self.id}: cpu_milli and memory_mib must be >= 0")
         if self.nodes is not None and (self.nodes < 1 or self.milli < FULL):
             raise ValueError(f"{self.id}: nodes must be >= 1, and a GPU slice takes no nodes")
 

@@ -54,3 +54,47 @@ def test_processes_starting_together_migrate_once(db_url: str) -> None:
             assert compare_metadata(MigrationContext.configure(conn), Base.metadata) == []
     finally:
         db.dispose()
+
+
+def test_adding_submitted_at_keeps_every_workload_and_its_events(db_url: str) -> None:
+    """0006 upgrades a database with work in it: each workload's place is its `queued_at`, and no event is lost
+    (a table copy on SQLite would have deleted them through the events' ON DELETE CASCADE). Down and up again
+    keeps them too."""
+    from alembic import command
+    from sqlalchemy import text
+
+    from suanli.db.migrate import alembic_config
+
+    db = Database(db_url)
+    try:
+        migrate(db.engine, "0005")
+        with db.engine.begin() as c:
+            c.execute(text("INSERT INTO orgs (id, name, personal, created_at) VALUES ('o', 'o', true, :t)"),
+                      {"t": "2026-01-01 00:00:00"})  # fmt: skip
+            c.execute(text("INSERT INTO users (id, email, password_hash, is_admin, personal_org_id, created_at) "
+                           "VALUES ('u', 'u@example.com', 'x', false, 'o', :t)"), {"t": "2026-01-01 00:00:00"})  # fmt: skip
+            c.execute(
+                text("INSERT INTO workloads (id, org_id, user_id, name, kind, spec, state, reason, pending_reason, "
+                     "attempt, retries, executor, attained_gpu_s, has_workdir, created_at, queued_at) VALUES "
+                     "('w', 'o', 'u', 'w', 'job', '{}', 'pending', '', '', 1, 1, '', 0, false, :c, :q)"),
+                {"c": "2026-01-01 00:00:00", "q": "2026-01-02 03:04:05"},
+            )  # fmt: skip
+            c.execute(text("INSERT INTO workload_events (workload_id, at, state, reason) VALUES "
+                           "('w', :t, 'pending', 'submitted'), ('w', :t, 'pending', 'retry 1/1')"),
+                      {"t": "2026-01-01 00:00:00"})  # fmt: skip
+        migrate(db.engine)
+
+        def rows() -> tuple[object, object, int]:
+            with db.engine.connect() as c:
+                sub, queued = c.execute(text("SELECT submitted_at, queued_at FROM workloads")).one()
+                return sub, queued, c.execute(text("SELECT count(*) FROM workload_events")).scalar_one()
+
+        sub, queued, events = rows()
+        assert (str(sub), events) == (str(queued), 2)
+        command.downgrade(alembic_config(db.engine), "0005")
+        with db.engine.connect() as c:
+            assert c.execute(text("SELECT count(*) FROM workload_events")).scalar_one() == 2
+        migrate(db.engine)
+        assert rows()[2] == 2
+    finally:
+        db.dispose()

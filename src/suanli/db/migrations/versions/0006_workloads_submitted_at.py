@@ -19,15 +19,20 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    """Upgrade schema."""
-    with op.batch_alter_table("workloads", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("submitted_at", sa.DateTime(), nullable=True))
+    """Upgrade schema.
+
+    No batch (table-copying) operations: on SQLite, copying `workloads` drops the old table, and with foreign keys
+    on that deletes every `workload_events` row through its ON DELETE CASCADE. A NOT NULL column with a constant
+    default is a plain ADD COLUMN on both databases; every row then takes its `queued_at`.
+    """
+    op.add_column(
+        "workloads", sa.Column("submitted_at", sa.DateTime(), nullable=False, server_default="1970-01-01 00:00:00")
+    )
     op.execute("UPDATE workloads SET submitted_at = queued_at")
-    with op.batch_alter_table("workloads", schema=None) as batch_op:
-        batch_op.alter_column("submitted_at", existing_type=sa.DateTime(), nullable=False)
+    if op.get_bind().dialect.name != "sqlite":  # SQLite cannot drop a default without copying the table
+        op.alter_column("workloads", "submitted_at", server_default=None)
 
 
 def downgrade() -> None:
-    """Downgrade schema."""
-    with op.batch_alter_table("workloads", schema=None) as batch_op:
-        batch_op.drop_column("submitted_at")
+    """Downgrade schema (a plain DROP COLUMN, SQLite 3.35+: no table copy, see `upgrade`)."""
+    op.execute("ALTER TABLE workloads DROP COLUMN submitted_at")

@@ -103,6 +103,42 @@ def test_an_untracked_state_ignores_cpu_and_memory() -> None:
     assert s.cpu_free is None and s.free_whole_gpus() == 0
 
 
+@pytest.mark.parametrize("policy", ["fifo", "default"])
+def test_elastic_work_placed_at_its_minimum_takes_its_share_per_gpu(policy: str) -> None:
+    """8 GPUs with 8 cores is one core a GPU: at its minimum of 4 the request takes 4 cores, which node 0 has."""
+    s = state([4_000, 64_000])
+    s.reserve(Allocation("busy", Request("busy", 8, 0.0), tuple(range(8, 16)), 0.0))  # node 1's GPUs
+    req = Request("e", 8, 0.0, min_gpus=4, max_gpus=8, cpu_milli=8_000)
+    result, after = Scheduler(SchedulerConfig(policy=policy)).cycle(s, [req], 0.0)
+    assert [len(p.gpus) for p in result.placed] == [4]
+    assert after.cpu_free is not None and after.cpu_free.tolist() == [0, 64_000]
+
+
+def test_tracking_hosts_with_cpu_to_spare_places_as_untracked_does() -> None:
+    """Host limits only remove nodes that lack CPU or memory; among the rest, best fit is unchanged."""
+    cluster = homogeneous_cluster(nodes=2, gpn=GPN)
+    picks = []
+    for host in (None, ([64_000, 64_000], [1 << 20, 1 << 20])):
+        s = ClusterState(cluster, host=host)
+        s.reserve(Allocation("busy", Request("busy", 7, 0.0), tuple(range(8, 15)), 0.0))  # node 1: 1 GPU free
+        res = PLACEMENTS["topology"](s, Request("r", 1, 0.0, cpu_milli=1_000, memory_mib=1_024), 1)
+        assert res.gpus is not None
+        grown, _ = Scheduler(SchedulerConfig(policy="elastic")).cycle(
+            ClusterState(homogeneous_cluster(nodes=4, gpn=GPN), host=None if host is None else ([64_000] * 4,
+                         [1 << 20] * 4)),
+            [Request("g", 2, 0.0, min_gpus=1, max_gpus=8, cpu_milli=2_000, model=None)], 0.0)  # fmt: skip
+        picks.append((nodes_of(s, res.gpus), sorted(grown.placed[0].gpus)))
+    assert picks[0] == picks[1] and picks[0][0] == [1]
+
+
+def test_a_node_left_over_its_cpu_does_not_hide_the_others() -> None:
+    s = state([4_000, 64_000])
+    s.reserve(Allocation("old", Request("old", 1, 0.0, cpu_milli=8_000), (0,), 0.0), restore=True)  # over, held
+    assert s.cpu_free is not None and s.cpu_free[0] < 0
+    res = PLACEMENTS["topology"](s, Request("r", 8, 0.0, cpu_milli=8_000), 8)
+    assert res.gpus is not None and nodes_of(s, res.gpus) == [1]
+
+
 def test_bad_host_figures_are_refused() -> None:
     cluster = homogeneous_cluster(nodes=2, gpn=GPN)
     with pytest.raises(ValueError, match="one CPU and one memory figure per node"):
@@ -118,7 +154,15 @@ _REQ = st.tuples(
     st.sampled_from([FULL, FULL, 250, 500]),
     st.integers(0, 40_000),
     st.integers(0, 300_000),
+    st.booleans(),  # elastic: [gpus // 2, 2 * gpus], for whole GPUs
 )
+
+
+def _request(i: int, item: tuple[int, int, int, int, bool], tag: str = "r", **kw: object) -> Request:
+    k, milli, c, m, elastic = item
+    span = {"min_gpus": max(1, k // 2), "max_gpus": 2 * k} if elastic and milli == FULL and k > 1 else {}
+    return Request(f"{tag}{i}", 1 if milli < FULL else k, float(i), milli=milli, cpu_milli=c, memory_mib=m,
+                   **span, **kw)  # type: ignore[arg-type]  # fmt: skip
 
 
 @settings(max_examples=60, deadline=None)
@@ -126,16 +170,13 @@ _REQ = st.tuples(
     cpu=st.lists(st.integers(0, 64_000), min_size=3, max_size=3),
     mem=st.lists(st.integers(0, 512_000), min_size=3, max_size=3),
     reqs=st.lists(_REQ, min_size=1, max_size=25),
-    policy=st.sampled_from(["default", "fifo", "las", "fair-share"]),
+    policy=st.sampled_from(["default", "fifo", "las", "fair-share", "elastic"]),
 )
 def test_a_cycle_never_puts_a_node_over_its_cpu_or_memory(
-    cpu: list[int], mem: list[int], reqs: list[tuple[int, int, int, int]], policy: str
+    cpu: list[int], mem: list[int], reqs: list[tuple[int, int, int, int, bool]], policy: str
 ) -> None:
     s = ClusterState(homogeneous_cluster(nodes=3, gpn=GPN), host=(cpu, mem))
-    queue = [
-        Request(f"r{i}", 1 if milli < FULL else k, float(i), milli=milli, cpu_milli=c, memory_mib=m)
-        for i, (k, milli, c, m) in enumerate(reqs)
-    ]
+    queue = [_request(i, item) for i, item in enumerate(reqs)]
     result, after = Scheduler(SchedulerConfig(policy=policy)).cycle(s, queue, 0.0)
     assert after.cpu_free is not None and after.mem_free is not None
     assert (after.cpu_free >= 0).all() and (after.mem_free >= 0).all()
@@ -156,10 +197,13 @@ def test_a_cycle_never_puts_a_node_over_its_cpu_or_memory(
     cpu=st.lists(st.integers(8_000, 64_000), min_size=3, max_size=3),
     running=st.lists(_REQ, min_size=1, max_size=12),
     waiting=st.lists(_REQ, min_size=1, max_size=8),
-    policy=st.sampled_from(["default", "priority", "las"]),
+    policy=st.sampled_from(["default", "priority", "las", "elastic"]),
 )
 def test_preemption_gives_back_no_victim_whose_cores_the_placement_took(
-    cpu: list[int], running: list[tuple[int, int, int, int]], waiting: list[tuple[int, int, int, int]], policy: str
+    cpu: list[int],
+    running: list[tuple[int, int, int, int, bool]],
+    waiting: list[tuple[int, int, int, int, bool]],
+    policy: str,
 ) -> None:
     """Victims the placement does not need go back onto their GPUs only if their nodes' CPU and memory are
     still free beside the placement; otherwise they stay evicted."""
@@ -167,10 +211,9 @@ def test_preemption_gives_back_no_victim_whose_cores_the_placement_took(
     s = ClusterState(homogeneous_cluster(nodes=3, gpn=GPN), host=(cpu, mem))
     sched = Scheduler(SchedulerConfig(policy=policy))
 
-    def reqs(items: list[tuple[int, int, int, int]], tag: str, priority: str, t: float) -> list[Request]:
-        return [Request(f"{tag}{i}", 1 if milli < FULL else k, t, milli=milli, cpu_milli=c, priority=priority,
-                        attained=10**7 if tag == "old" else 0.0)
-                for i, (k, milli, c, _) in enumerate(items)]  # fmt: skip
+    def reqs(items: list[tuple[int, int, int, int, bool]], tag: str, priority: str, t: float) -> list[Request]:
+        return [_request(i, (k, milli, c, 0, el), tag, priority=priority, attained=10**7 if tag == "old" else 0.0)
+                for i, (k, milli, c, _, el) in enumerate(items)]  # fmt: skip
 
     _, s = sched.cycle(s, reqs(running, "old", "spot", 0.0), 0.0)
     result, after = sched.cycle(s, reqs(waiting, "new", "on-demand", 10_000.0), 10_000.0)

@@ -29,6 +29,9 @@ class _Reservation:
     extra: int  # GPUs free at shadow_time beyond what the head needs
 
 
+_SCRATCH = "\0placing:"  # no real allocation id starts with a NUL
+
+
 def _alloc_id(req: Request) -> str:
     return req.id
 
@@ -233,7 +236,7 @@ class Scheduler:
             used = {g for n in nodes for g in scratch.cluster.gpus_of_node(int(n))}
         evicted = []
         if scratch.tracks_host:  # the placement's CPU and memory count as taken when victims are given back
-            scratch.reserve(Allocation(req.id, req, tuple(int(g) for g in placed.gpus), ctx.now, req.milli))
+            scratch.reserve(Allocation(_SCRATCH + req.id, req, tuple(int(g) for g in placed.gpus), ctx.now, req.milli))
         for v in freed:  # give back what the placement does not use (nor the CPU and memory beside it)
             if used.isdisjoint(v.gpus) and scratch.host_fits(v):
                 scratch.reserve(v, restore=True)
@@ -247,7 +250,7 @@ class Scheduler:
                 f"{self.config.preempt_collateral:g}x the request)",
             )
         if scratch.tracks_host:
-            scratch.unreserve(req.id)  # the caller commits the placement
+            scratch.unreserve(_SCRATCH + req.id)  # the caller commits the placement
         # commit the statement
         work.__dict__.update(scratch.__dict__)
         for v in evicted:

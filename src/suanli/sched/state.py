@@ -119,22 +119,24 @@ class ClusterState:
         return self.cpu_free is not None
 
     def host_room(self, req: Request) -> NDArray[np.int64] | None:
-        """How many of `req`'s GPUs each node's free CPU and memory can carry (None: no limit)."""
+        """How many GPUs of `req` each node's free CPU and memory can carry (None: no limit). A request's CPU and
+        memory are per `req.gpus` GPUs: placed on fewer or more (elastic), it takes its share per GPU."""
         if self.cpu_free is None or self.mem_free is None or not (req.cpu_milli or req.memory_mib):
             return None
         k = max(1, req.gpus)
-        room = np.full(self.cluster.n_nodes, k, dtype=np.int64)
+        room = self.gpn.astype(np.int64)
         for free, need in ((self.cpu_free, req.cpu_milli), (self.mem_free, req.memory_mib)):
             if need:  # ceil(need * j / k) <= free  <=>  j <= free * k / need
                 room = np.minimum(room, free * k // need)
-        return room
+        return np.maximum(room, 0)  # a restored allocation may have left a node over its capacity
 
     def _host_charge(self, alloc: Allocation) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-        """(nodes, CPU, memory) the allocation takes from each node its GPUs are on."""
+        """(nodes, CPU, memory) the allocation takes from each node its GPUs are on: the request's share per GPU
+        (its totals over `req.gpus`), rounded up per node."""
         req = alloc.request
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
         nodes, per = np.unique(self.gpu_node[gpus], return_counts=True)
-        k = gpus.size
+        k = max(1, req.gpus)
         return nodes, -(-req.cpu_milli * per // k), -(-req.memory_mib * per // k)
 
     def host_fits(self, alloc: Allocation) -> bool:

@@ -50,8 +50,8 @@ class Request:
     model: ModelHint | None = None
     queued_since: float | None = None  # when it last joined the queue (a preemption or failure puts it back); None:
     # at submit_time. Starvation is waiting since then: work that was preempted has had service.
-    cpu_milli: int = 0  # host CPU (1000 = one core) and memory for the whole request, spread over its nodes in
-    memory_mib: int = 0  # proportion to its GPUs there; counted only where the state tracks the nodes' hosts
+    cpu_milli: int = 0  # host CPU (1000 = one core) and memory for `gpus` GPUs, taken per GPU from the nodes its
+    memory_mib: int = 0  # GPUs are on; counted only where the state tracks the nodes' hosts
 
     @property
     def waiting_since(self) -> float:

@@ -137,3 +137,50 @@ def test_requests_get_503_while_the_database_refuses_connections_and_work_again_
         finally:
             admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
     assert [api.get(p, headers=tenant.headers).status_code for p in paths] == [200, 200]
+
+
+def test_only_errors_that_say_the_database_is_unavailable_count_as_transient(tmp_path: Any) -> None:
+    """503-and-retry is for a database that cannot serve right now (busy, locked, unreachable); a missing table
+    or another fault of the code or the install is not, and must surface as a 500."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    from sqlalchemy import create_engine
+
+    from suanli.db.engine import DatabaseUnavailable, transient
+
+    path = tmp_path / "t.db"
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN IMMEDIATE")  # holds the write lock
+    engine = create_engine(f"sqlite:///{path}", connect_args={"timeout": 0})
+    try:
+        with engine.connect() as c, pytest.raises(sqlalchemy.exc.OperationalError) as busy:
+            c.exec_driver_sql("INSERT INTO t VALUES (1)")
+        with engine.connect() as c, pytest.raises(sqlalchemy.exc.OperationalError) as missing:
+            c.exec_driver_sql("SELECT * FROM nope")
+    finally:
+        holder.execute("ROLLBACK")
+        engine.dispose()
+    refused = create_engine("postgresql+psycopg://u:p@127.0.0.1:1/x", connect_args={"connect_timeout": 2})
+    with pytest.raises(sqlalchemy.exc.OperationalError) as unreachable:
+        refused.connect()
+    assert transient(busy.value) and transient(unreachable.value) and transient(DatabaseUnavailable("x"))
+    assert not transient(missing.value) and not transient(ValueError("x"))
+
+
+def test_a_fault_that_is_not_unavailability_stays_a_500(api: Any, db_url: str) -> None:
+    import sqlalchemy.exc
+    from sqlalchemy import create_engine
+
+    from tests.control_plane import signup
+
+    tenant = signup(api, "broken@example.com")
+    engine = create_engine(db_url)
+    try:
+        with engine.begin() as c:
+            c.execute(text("ALTER TABLE workloads RENAME TO workloads_gone"))
+        with pytest.raises(sqlalchemy.exc.DBAPIError):  # the test client re-raises what a server answers 500 to
+            api.get("/api/v1/workloads", headers=tenant.headers)
+    finally:
+        engine.dispose()

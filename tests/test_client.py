@@ -206,6 +206,30 @@ def test_unreachable_server_and_error_bodies() -> None:
     assert suanli.Client is Client and suanli.ApiError is ApiError
 
 
+def test_reads_answered_503_are_tried_again_and_writes_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 503 says the server's database cannot serve right now: a read is sent again after Retry-After (at most
+    READ_RETRIES times); a write is not, since it may have been applied before the connection broke."""
+    from suanli import client as client_module
+
+    slept: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    seen: list[str] = []
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        seen.append(request.method)
+        if len(seen) <= 2 or request.method == "POST":
+            return httpx.Response(503, json={"detail": "the database is unavailable right now; try again"},
+                                  headers={"Retry-After": "2"})  # fmt: skip
+        return httpx.Response(200, json={"status": "ok"})
+
+    with Client("example.invalid:8000", transport=httpx.MockTransport(flaky)) as c:
+        assert c.call("GET", "/healthz") == {"status": "ok"}
+        assert (seen, slept) == (["GET"] * 3, [2.0, 2.0])
+        seen.clear()
+        err = _status(lambda: c.call("POST", "/workloads", {}))
+    assert (err.status, seen) == (503, ["POST"]) and "try again" in err.message
+
+
 def test_client_imports_no_server_code() -> None:
     """The SDK is an interface peer of the API: it must not pull in FastAPI, the services or the database."""
     code = "import sys, suanli; suanli.Client; print(sorted(m for m in sys.modules if m.split('.')[0] in " \

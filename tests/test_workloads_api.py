@@ -325,6 +325,25 @@ def test_a_retried_workload_keeps_its_place_in_the_queue_and_waits_from_its_requ
     assert req.waiting_since > req.submit_time
 
 
+def test_the_pass_after_a_placement_reuses_the_request_it_placed(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass reads the specs of newly opened allocations only when it did not place them itself: the request it
+    queued is found again although the placement counted the attempt up."""
+    from suanli.control import placing
+
+    held = platform.submit({"name": "held", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
+    platform.until(held["id"], lambda w: w["state"] == "running")
+    first = platform.submit({"name": "first", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
+    read: list[list[str]] = []
+    real = placing.specs_of
+    monkeypatch.setattr(placing, "specs_of", lambda s, ids: read.append(list(ids)) or real(s, ids))
+    platform.tick()  # places `first`
+    platform.submit({"name": "second", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
+    platform.tick()  # snapshots `first`'s new allocation, then queues `second`
+    assert first["id"] not in [wid for ids in read[1:] for wid in ids], read
+
+
 def test_a_workload_stops_when_its_org_runs_out_of_money(platform: Platform) -> None:
     from suanli.billing.ledger import REVENUE, org_account, transfer
     from suanli.control import ledger

@@ -96,6 +96,17 @@ SERVER_ENV = "SUANLI_SERVER"
 API = "/api/v1"
 
 
+READ_RETRIES = 3
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """The server's Retry-After in seconds (1 when missing or a date), at most 5."""
+    try:
+        return min(5.0, max(0.0, float(r.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
 class ApiError(Exception):
     """A failed call: `status` is the HTTP status (0: no answer), `message` the server's `detail`."""
 
@@ -164,11 +175,26 @@ class Client(TelemetryCalls):
     def request(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, auth: bool = True
     ) -> httpx.Response:
-        """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx."""
+        """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx. A
+        read the server answers 503 (its database cannot serve right now) is tried again after its Retry-After, up
+        to `READ_RETRIES` times; a write is not, as it may have been applied."""
         url = path if path.startswith(("/api/", "/healthz", "/metrics")) else f"{API}{path}"
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        r = self._send(method, url, json, params, headers)
+        for _ in range(READ_RETRIES if method in ("GET", "HEAD") else 0):
+            if r.status_code != 503:
+                break
+            time.sleep(_retry_after(r))
+            r = self._send(method, url, json, params, headers)
+        if r.is_error:
+            raise _error(r)
+        return r
+
+    def _send(
+        self, method: str, url: str, json: Any, params: dict[str, Any] | None, headers: dict[str, str]
+    ) -> httpx.Response:
         try:
-            r = self._http.request(method, url, json=json, params=params, headers=headers)
+            return self._http.request(method, url, json=json, params=params, headers=headers)
         except httpx.TimeoutException as e:
             raise ApiError(0, f"suanli server at {self.server} did not answer in time ({type(e).__name__})") from e
         except httpx.TransportError as e:
@@ -176,9 +202,6 @@ class Client(TelemetryCalls):
             raise ApiError(
                 0, f"cannot reach suanli server at {self.server}: {reason}; is it running? (suanli server)"
             ) from e
-        if r.is_error:
-            raise _error(r)
-        return r
 
     def call(
         self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None, auth: bool = True

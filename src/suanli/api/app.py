@@ -27,7 +27,7 @@ from suanli.control.background import BackgroundProcess
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
-from suanli.db.engine import Database, DatabaseUnavailable, exclusive
+from suanli.db.engine import Database, DatabaseUnavailable, exclusive, transient
 from suanli.db.migrate import migrate
 from suanli.telemetry.health import HealthJudge
 from suanli.topology import presets
@@ -208,11 +208,13 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
         return JSONResponse({"detail": f"conflicts with existing data: {_db_message(exc)}"}, status_code=409)
 
-    # The database is down, restarting or unreachable (or SQLite is locked past its busy timeout): the request
-    # did nothing and may be sent again. The cause goes to the log, not to the caller.
+    # The database is down, restarting or unreachable, or SQLite stayed locked: 503, try again. The cause goes to
+    # the log, not to the caller. Other operational errors (a missing table, a read-only file) stay 500s.
     @app.exception_handler(OperationalError)
     @app.exception_handler(DatabaseUnavailable)
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
+        if not transient(exc):
+            raise exc
         log.warning("%s %s: database unavailable: %s", request.method, request.url.path, exc)
         return JSONResponse({"detail": "the database is unavailable right now; try again"}, status_code=503,
                             headers={"Retry-After": "1"})  # fmt: skip

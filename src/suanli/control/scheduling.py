@@ -262,9 +262,11 @@ class SchedulingPass:
         return self._states
 
     def _cached(self, a: Any) -> Request | None:
+        """The request a pass queued this allocation's workload as: keyed by the attempt before its placement
+        (placing counts the attempt up)."""
         if a.queued_at is None:
             return None
-        return self.requests.get((a.workload, a.attempt, seconds(a.queued_at)))
+        return self.requests.get((a.workload, a.attempt - 1, seconds(a.queued_at)))
 
     def _reserve(self, a: Any, where: dict[str, tuple[str, int]], specs: dict[str, dict[str, Any]]) -> None:
         gpus: list[int] = []

@@ -11,8 +11,9 @@ class AsyncReads:
     """psycopg asyncio connections (autocommit) of one event loop, reused, at most `size` at once. No background
     tasks, so nothing outlives the requests that use it. A connection that failed is closed, not reused; one idle
     for longer than `recycle_s` is replaced, as the sync pools recycle theirs. A read that takes longer than
-    `timeout_s` (waiting for a slot included) raises TimeoutError and closes its connection: a hung database or
-    network fails the request in seconds instead of holding it, and its slot, until TCP gives up."""
+    `timeout_s` (waiting for a slot included) is cancelled, raises TimeoutError and closes its connection: a hung
+    database or network fails the request in seconds instead of holding it, and its slot, until TCP gives up.
+    (psycopg first asks the server to cancel the query, which against a hung network takes up to ~10 s more.)"""
 
     def __init__(self, params: dict[str, Any], size: int, recycle_s: float = 1800.0, timeout_s: float = 10.0) -> None:
         self.params, self.recycle_s, self.timeout_s = params, recycle_s, timeout_s

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio.to_thread
-from sqlalchemy import Connection, Engine, create_engine, event, text
+import sqlalchemy.exc
+from sqlalchemy import Connection, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from suanli.db.async_reads import AsyncReads
@@ -52,6 +53,33 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
 # handed it the moment it is free; only the thread at the head of the queue contends with other processes,
 # polling every fraction of a millisecond. (SQLite's own busy handler sleeps 1, 2, 5, ... 100 ms between tries,
 # so a waiter could sleep long after the lock was freed: requests queued behind a background loop's writes.)
+class DatabaseUnavailable(RuntimeError):
+    """The database could not be reached, or did not answer in time: the request may be retried."""
+
+
+# PostgreSQL error classes that say the server or the connection is (for now) unable to serve: connection
+# exceptions, insufficient resources (too many connections), operator intervention (shutdown, restart).
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57")
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a database error means "unavailable right now, try again" rather than a fault of the request or of
+    the code: no connection could be made or it was lost, PostgreSQL is shutting down or out of connections,
+    SQLite stayed busy or locked, or a read did not answer in time. Anything else (a missing table, a syntax error,
+    a read-only or broken file) is a bug or a broken install and must not be retried."""
+    if isinstance(exc, DatabaseUnavailable):
+        return True
+    if not isinstance(exc, sqlalchemy.exc.OperationalError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    if isinstance(orig, sqlite3.OperationalError):
+        return orig.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    state = getattr(orig, "sqlstate", "")
+    return state is None or str(state)[:2] in _TRANSIENT_SQLSTATE_CLASSES  # None: failed on the client's side
+
+
 _WRITERS: dict[str, threading.Lock] = {}
 _WRITERS_LOCK = threading.Lock()
 _HOLDS = "suanli_writer"  # the mutex, in the connection record's info while its transaction holds it
@@ -72,7 +100,7 @@ def _sqlite_begin(writer: threading.Lock, conn: Any) -> None:
         conn.exec_driver_sql("BEGIN")
         return
     if not writer.acquire(timeout=BUSY_TIMEOUT_MS / 1000):
-        raise TimeoutError(f"no SQLite write lock within {BUSY_TIMEOUT_MS / 1000:.0f} s in this process")
+        raise DatabaseUnavailable(f"no SQLite write lock within {BUSY_TIMEOUT_MS / 1000:.0f} s in this process")
     conn.info[_HOLDS] = writer
     try:
         _begin_immediate(conn)
@@ -138,10 +166,6 @@ def _on_pool_return(_dbapi_conn: Any, record: Any, *_: Any) -> None:  # checkin 
 CONNECT_TIMEOUT_S = 10
 
 
-class DatabaseUnavailable(RuntimeError):
-    """The database could not be reached, or did not answer in time: the request may be retried."""
-
-
 KEEPALIVES = {"keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10, "keepalives_count": 3}
 
 
@@ -168,9 +192,10 @@ class Database:
             # request (or the batch of submissions) that meets it, which clients retry.
             # A database that cannot be reached fails a connection in seconds, not after the OS's TCP timeout
             # (minutes), during which requests would queue behind it (unless the URL sets its own).
-            connect = {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_TIMEOUT_S}
+            given = make_url(self.url).query
+            connect: dict[str, Any] = {} if "connect_timeout" in given else {"connect_timeout": CONNECT_TIMEOUT_S}
             # A peer that vanished without closing (a network cut) is noticed in about a minute, not hours.
-            if "keepalives" not in self.url:
+            if not any(k.startswith("keepalives") for k in given):
                 connect.update(KEEPALIVES)
             self.engine = create_engine(
                 self.url, pool_size=pool_size, max_overflow=20, pool_recycle=1800, connect_args=connect

@@ -371,3 +371,16 @@ def test_elastic_jobs_use_idle_gpus() -> None:
     assert grown.finished == 1
     assert grown.avg_jct_s < fixed.avg_jct_s
     assert sim.records[0].slowdowns  # started (and restarted on resizes) with recorded slowdowns
+
+
+def test_jobs_wait_for_host_cores_on_a_cluster_that_states_them() -> None:
+    """One node of 8 GPUs and 32 cores: two 2-GPU jobs asking 24 cores each run one after the other although
+    their GPUs would fit together; on the same cluster without stated cores they run together."""
+    jobs = [TraceJob(f"j{i}", 0.0, 2, 100.0, cpu_milli=24_000, memory_mib=1024) for i in range(2)]
+    spec = {"name": "box", "node_groups": [{"name": "g", "count": 1, "gpu": "H100-SXM", "gpus_per_node": 8,
+                                            "cpus": 32, "memory_gib": 64}]}  # fmt: skip
+    stated = simulate(jobs, parse(spec), config("default"))
+    del spec["node_groups"][0]["cpus"], spec["node_groups"][0]["memory_gib"]
+    unstated = simulate(jobs, parse(spec), config("default"))
+    assert stated.finished == unstated.finished == 2
+    assert stated.makespan_s == pytest.approx(200.0) and unstated.makespan_s == pytest.approx(100.0)

@@ -170,12 +170,19 @@ def test_generic_fixture_fields() -> None:
         ("submit_time_s,num_gpus,duration_s\n0,1,5,9\n", "line 2: expected 3 fields, got 4"),
         ("job_id,submit_time_s,num_gpus,duration_s\na,0,1,5\n\na,1,1,5\n", "line 4: job_id: duplicate job id 'a'"),
         ("submit_time_s,num_gpus\n0,1\n", "line 1: missing required column(s) duration_s"),
+        ("submit_time_s,num_gpus,duration_s,cpu_milli\n0,1,5,-1\n", "line 2: cpu_milli: must be an integer >= 0"),
     ],
 )
 def test_generic_errors_name_line_and_column(text: str, message: str) -> None:
     with pytest.raises(TraceError) as e:
         read_csv(_lines(text))
     assert str(e.value).startswith(message)
+
+
+def test_generic_host_columns_are_optional() -> None:
+    text = "submit_time_s,num_gpus,duration_s,cpu_milli,memory_mib\n0,2,60,16000,65536\n5,1,60,,\n"
+    jobs = read_trace_result("csv:mem.csv", lambda _: io.StringIO(text)).jobs
+    assert [(j.cpu_milli, j.memory_mib) for j in jobs] == [(16000, 65536), (0, 0)]
 
 
 def test_generic_unknown_column_lists_the_allowed_ones() -> None:
@@ -269,6 +276,7 @@ def test_openb_fixture() -> None:
     }
     assert all(jobs[k].num_gpus == 1 for k in fractional)
     assert jobs["synth-pod-0004"].gpu_seconds == pytest.approx(0.25 * 590)
+    assert (jobs["synth-pod-0001"].cpu_milli, jobs["synth-pod-0001"].memory_mib) == (4000, 8192)  # its host ask
 
 
 def test_openb_untimed_variant_needs_a_duration() -> None:

@@ -76,7 +76,12 @@ def finished(w: dict[str, Any]) -> bool:
 
 
 @pytest.fixture
-def platform(api: TestClient, tmp_path: Path) -> Platform:
+def platform(api: TestClient) -> Platform:
+    return make_platform(api)
+
+
+def make_platform(api: TestClient) -> Platform:
+    """128 virtual H20 GPUs and this host, a tenant with ¥5,000, and the passes driven by the test."""
     admin = bearer(admin_token(api))
     for body in ({"preset": "h20-roce800-128"}, {"local": True, "name": "this-host"}):
         r = api.post("/api/v1/admin/clusters", json=body, headers=admin)

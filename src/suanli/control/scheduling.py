@@ -23,7 +23,7 @@ from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
 from suanli.sched import Allocation as SchedAllocation
-from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity
 from suanli.topology import Cluster
 from suanli.workloads.spec import WorkloadSpec
 
@@ -44,6 +44,7 @@ class ClusterView:
     models: frozenset[str]
     index: dict[str, int] = field(default_factory=dict)  # node name -> spec index
     unhealthy: list[tuple[str, int]] = field(default_factory=list)  # (node name, GPU index) health rules marked
+    host: tuple[Any, Any] | None = None  # per node (milli-cores, MiB) to count requests' CPU and memory against
 
     def __post_init__(self) -> None:
         self.index = {name: i for i, (name, _, _) in enumerate(self.nodes)}
@@ -91,11 +92,12 @@ class SchedulingPass:
 
     # ---- snapshot ----------------------------------------------------------------------------------------
     def _clusters(self, s: Session) -> list[ClusterView]:
-        nodes: dict[str, list[tuple[int, str, str, str, str | None]]] = defaultdict(list)
-        for cid, idx, name, kind, state, model in s.execute(
-            select(Node.cluster_id, Node.index, Node.name, Node.kind, Node.state, Node.gpu_model)
-        ):
-            nodes[cid].append((idx, name, kind, state, model))
+        nodes: dict[str, list[tuple[int, str, str, str, str | None, int, int]]] = defaultdict(list)
+        for cid, idx, name, kind, state, model, cpus, mem in s.execute(
+            select(Node.cluster_id, Node.index, Node.name, Node.kind, Node.state, Node.gpu_model, Node.cpu_count,
+                   Node.memory_mib)
+        ):  # fmt: skip
+            nodes[cid].append((idx, name, kind, state, model, cpus, mem))
         unhealthy: dict[str, list[tuple[str, int]]] = defaultdict(list)
         for cid, name, gpu in s.execute(
             select(Node.cluster_id, Node.name, Gpu.index)
@@ -108,10 +110,13 @@ class SchedulingPass:
             if row.id not in self.topologies:
                 self.topologies[row.id] = inventory.cluster_topology(row)
             rows = sorted(nodes.get(row.id, []))
-            models = frozenset(m for *_, m in rows if m)
+            models = frozenset(r[4] for r in rows if r[4])
+            topo = self.topologies[row.id]
+            fits = topo is not None and len(rows) == topo.n_nodes
+            host = host_capacity([r[5] for r in rows], [r[6] for r in rows]) if fits else None
             views.append(ClusterView(row.id, row.name, self.topologies[row.id],
-                                     [(n, k, st) for _, n, k, st, _ in rows], models,
-                                     unhealthy=unhealthy.get(row.id, [])))  # fmt: skip
+                                     [(r[1], r[2], r[3]) for r in rows], models,
+                                     unhealthy=unhealthy.get(row.id, []), host=host))  # fmt: skip
         return views
 
     # ---- the pass ------------------------------------------------------------------------------------------
@@ -232,7 +237,7 @@ class SchedulingPass:
             for v in views:
                 if v.topology is None:
                     continue
-                st = ClusterState(v.topology)
+                st = ClusterState(v.topology, host=v.host)
                 for i, (_, _, state) in enumerate(v.nodes):
                     if state != "ready":
                         st.set_node_ok(i, False)

@@ -3,7 +3,7 @@
 from suanli.sched.framework import Scheduler
 from suanli.sched.placement import PLACEMENTS, PlacementResult, first_fit, place_slice, topology_aware
 from suanli.sched.policies import POLICIES, Policy, SchedulerConfig, policy
-from suanli.sched.state import ClusterState
+from suanli.sched.state import ClusterState, cluster_host, host_capacity
 from suanli.sched.types import (
     CLASS_RANK,
     FULL,
@@ -38,7 +38,9 @@ __all__ = [
     "Resize",
     "Scheduler",
     "SchedulerConfig",
+    "cluster_host",
     "first_fit",
+    "host_capacity",
     "mig_milli",
     "place_slice",
     "policy",

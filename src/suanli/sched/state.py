@@ -20,6 +20,24 @@ from numpy.typing import ArrayLike, NDArray
 from suanli.sched.types import FULL, Allocation, Request
 from suanli.topology.model import Cluster
 
+UNLIMITED = 1 << 40  # the CPU or memory of a node nobody stated: never the limit
+
+
+def host_capacity(cpus: ArrayLike, memory_mib: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """`ClusterState(host=...)` from each node's stated cores and MiB (0: not stated, so not a limit); None when
+    no node states either (nothing to track)."""
+    cpu, mem = np.asarray(cpus, dtype=np.int64), np.asarray(memory_mib, dtype=np.int64)
+    if not (cpu > 0).any() and not (mem > 0).any():
+        return None
+    return np.where(cpu > 0, cpu * 1000, UNLIMITED), np.where(mem > 0, mem, UNLIMITED)
+
+
+def cluster_host(cluster: Cluster) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
+    """The host capacity a cluster spec states per node group (`cpus`, `memory_gib`), for `ClusterState(host=)`."""
+    cpus = np.array([g.cpus or 0 for g in cluster.groups], dtype=np.int64)[cluster.node_group]
+    mem = np.array([round((g.memory_gib or 0) * 1024) for g in cluster.groups], dtype=np.int64)[cluster.node_group]
+    return host_capacity(cpus, mem)
+
 
 class ClusterState:
     """Free capacity, health and allocations of one cluster."""

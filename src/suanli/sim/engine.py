@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, cluster_host
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
@@ -51,7 +51,7 @@ class Simulation:
         self.cluster = cluster
         self.config = config or SimConfig()
         self.scheduler = Scheduler(self.config.scheduler)
-        self.state = ClusterState(cluster)
+        self.state = ClusterState(cluster, host=cluster_host(cluster))
         self.runtime = RuntimeModel(cluster)
         self.scaling = ScalingModel(cluster)
         types = {g.gpu.name for g in cluster.groups} | {g.name for g in cluster.groups}
@@ -87,6 +87,8 @@ class Simulation:
             priority=j.priority,
             est_runtime=j.duration_s if self.config.use_estimates else None,
             model=ModelHint(preset=j.model) if j.model else None,
+            cpu_milli=j.cpu_milli,
+            memory_mib=j.memory_mib,
         )
 
     def _push(self, t: float, kind: int, a: int, b: int = 0) -> None:

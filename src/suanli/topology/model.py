@@ -29,6 +29,8 @@ class NodeGroup:
     nics: int
     nic_Gbps: float
     nvlink_domain_nodes: int = 1  # nodes per NVLink domain: 1 on HGX boards, 18 on an NVL72 rack
+    cpus: int | None = None  # host CPU cores per node, when the operator states them (placement then counts them)
+    memory_gib: float | None = None  # host memory per node
 
     @property
     def has_nvlink_domain(self) -> bool:

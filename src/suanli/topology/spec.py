@@ -5,6 +5,7 @@ Parsing takes text or a mapping; reading the file is the caller's business (the 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import yaml
@@ -29,6 +30,8 @@ class NodeGroupSpec(BaseModel):
     nics: int = Field(1, ge=0, le=64)
     nic_gbps: float | None = Field(None, gt=0, le=12_800)
     nvlink_domain_nodes: int = Field(1, ge=1, le=72)
+    cpus: int | None = Field(None, ge=1, le=4096, description="host CPU cores per node; unset: not counted")
+    memory_gib: float | None = Field(None, gt=0, le=1 << 20, description="host memory per node; unset: not counted")
 
 
 class FabricSpecIn(BaseModel):
@@ -84,9 +87,8 @@ def build(spec: ClusterSpec) -> Cluster:
             gpu = catalog.gpu(g.gpu)
             intra = catalog.link(g.intra) if g.intra else default_intra(gpu, g.gpus_per_node)
             nic_gbps = g.nic_gbps or (fab.port_Gbps if fab else 0.0)
-            groups.append(
-                NodeGroup(g.name, g.count, gpu, g.gpus_per_node, intra, g.nics, nic_gbps, g.nvlink_domain_nodes)
-            )
+            group = NodeGroup(g.name, g.count, gpu, g.gpus_per_node, intra, g.nics, nic_gbps, g.nvlink_domain_nodes)
+            groups.append(replace(group, cpus=g.cpus, memory_gib=g.memory_gib))
     except catalog.CatalogError as e:
         raise SpecError(str(e)) from e
     if sum(g.count for g in groups) > 1 and fab is None:

@@ -113,5 +113,8 @@ def read_alibaba_openb(
             "priority": priority,
             "gpu_fraction": fraction,
         }
+        for name in ("cpu_milli", "memory_mib"):  # the pod's host request (counted on clusters that state hosts)
+            if name in col and row[col[name]].strip():
+                fields[name] = parse_int(row[col[name]], line, name, minimum=0)
         raw.append(RawJob(submit, line, fields))
     return finish(raw, skipped, notes)

@@ -3,8 +3,9 @@
 Header row, then one job per row. Required columns: ``submit_time_s, num_gpus, duration_s``. Optional:
 ``job_id`` (default ``job-000001`` … by row), ``tenant`` (``default``), ``gpu_type``, ``priority``
 (``reserved | on-demand | spot``; also ``high`` → reserved, ``normal`` → on-demand, ``low``/``best-effort`` → spot;
-default on-demand), ``model``, ``min_gpus``, ``max_gpus`` (elastic jobs) and ``gpu_fraction`` (``(0, 1]``, only
-with ``num_gpus = 1``). Empty optional cells take the default. Unknown columns are rejected. Rows asking for 0
+default on-demand), ``model``, ``min_gpus``, ``max_gpus`` (elastic jobs), ``gpu_fraction`` (``(0, 1]``, only
+with ``num_gpus = 1``), and ``cpu_milli``, ``memory_mib`` (host CPU, 1000 = a core, and memory; counted on
+clusters whose spec states node cores and memory). Empty optional cells take the default. Unknown columns are rejected. Rows asking for 0
 GPUs are skipped and counted (``zero_gpus``).
 """
 
@@ -27,7 +28,8 @@ from suanli.traces.common import (
 )
 
 REQUIRED_COLUMNS = ("submit_time_s", "num_gpus", "duration_s")
-OPTIONAL_COLUMNS = ("job_id", "tenant", "gpu_type", "priority", "model", "min_gpus", "max_gpus", "gpu_fraction")
+OPTIONAL_COLUMNS = ("job_id", "tenant", "gpu_type", "priority", "model", "min_gpus", "max_gpus", "gpu_fraction",
+                    "cpu_milli", "memory_mib")  # fmt: skip
 ALLOWED_COLUMNS = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
 
 PRIORITY_ALIASES: dict[str, str] = {
@@ -97,6 +99,9 @@ def read_csv(lines: Iterable[str]) -> TraceReadResult:
         for name in ("min_gpus", "max_gpus"):
             if cell.get(name, "").strip():
                 fields[name] = parse_int(cell[name], line, name, minimum=1)
+        for name in ("cpu_milli", "memory_mib"):
+            if cell.get(name, "").strip():
+                fields[name] = parse_int(cell[name], line, name, minimum=0)
         if fields.get("min_gpus") is not None and fields["min_gpus"] > num_gpus:
             raise fail(line, "min_gpus", f"must be <= num_gpus ({num_gpus}), got {fields['min_gpus']}")
         if fields.get("max_gpus") is not None and fields["max_gpus"] < num_gpus:

@@ -94,6 +94,25 @@ class GpuRange(BaseModel):
         return self
 
 
+MAX_CPUS = 4096
+_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(i?)B?\s*$")
+_MEMORY_MAX_MIB = 1 << 30  # 1 PiB
+
+
+def parse_memory_mib(v: object) -> int:
+    """A memory size with a unit (Ki, Mi, Gi, Ti binary; K, M, G, T decimal; a trailing B allowed) in MiB, rounded
+    up."""
+    m = _MEMORY.match(v) if isinstance(v, str) else None
+    if m is None:
+        raise ValueError("must be a size with a unit, like 64Gi, 512Mi or 1.5Ti")
+    number, unit, binary = float(m.group(1)), "KMGT".index(m.group(2)) + 1, m.group(3) == "i"
+    size = number * (1024**unit if binary else 1000**unit)
+    mib = math.ceil(size / 2**20)
+    if not 0 < mib <= _MEMORY_MAX_MIB:
+        raise ValueError(f"must be more than 0 and at most 1Pi (got {v})")
+    return mib
+
+
 class Resources(BaseModel):
     model_config = _CFG
 
@@ -103,6 +122,33 @@ class Resources(BaseModel):
     nodes: StrictInt | None = Field(None, ge=1, le=MAX_NODES)
     topology: Literal["nvlink", "leaf", "any"] = "any"
     exclusive: StrictBool = False
+    cpus: float | None = None  # host CPU cores; unset: not counted (a node's cores are then not a limit)
+    memory: str | None = None  # host memory, e.g. 64Gi or 512Mi; unset: not counted
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _cpus(cls, v: object) -> object:
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= MAX_CPUS:
+            raise ValueError(f"must be a number of CPU cores, more than 0 and at most {MAX_CPUS} (e.g. 16 or 0.5)")
+        if round(v * 1000) < 1:
+            raise ValueError("must be at least 0.001 cores")
+        return float(v)
+
+    @field_validator("memory", mode="before")
+    @classmethod
+    def _memory(cls, v: object) -> object:
+        if v is None:
+            return None
+        mib = parse_memory_mib(v)
+        return f"{mib // 1024}Gi" if mib % 1024 == 0 else f"{mib}Mi"
+
+    def cpu_milli(self) -> int:
+        return 0 if self.cpus is None else round(self.cpus * 1000)
+
+    def memory_mib(self) -> int:
+        return 0 if self.memory is None else parse_memory_mib(self.memory)
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -388,6 +434,8 @@ class WorkloadSpec(BaseModel):
             priority=self.priority_class(),
             est_runtime=self.duration,
             attained=attained,
+            cpu_milli=self.resources.cpu_milli(),
+            memory_mib=self.resources.memory_mib(),
             queued_since=queued_since if queued_since != submit_time else None,
             model=ModelHint(preset=self.model.preset, precision=self.model.precision) if self.model else None,
         )

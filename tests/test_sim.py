@@ -384,3 +384,11 @@ def test_jobs_wait_for_host_cores_on_a_cluster_that_states_them() -> None:
     unstated = simulate(jobs, parse(spec), config("default"))
     assert stated.finished == unstated.finished == 2
     assert stated.makespan_s == pytest.approx(200.0) and unstated.makespan_s == pytest.approx(100.0)
+
+
+def test_a_job_no_node_has_the_cores_for_is_unschedulable_not_stuck() -> None:
+    spec = {"name": "box", "node_groups": [{"name": "g", "count": 2, "gpu": "H100-SXM", "gpus_per_node": 8,
+                                            "cpus": 32}], "fabric": "ib-ndr"}  # fmt: skip
+    jobs = [TraceJob("big", 0.0, 1, 100.0, cpu_milli=40_000), TraceJob("ok", 0.0, 2, 100.0, cpu_milli=40_000)]
+    res = simulate(jobs, parse(spec), config("default"))
+    assert (res.unschedulable, res.finished, res.queued) == (1, 1, 0)  # 2 GPUs with 40 cores: 20 on each node

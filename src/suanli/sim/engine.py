@@ -107,6 +107,10 @@ class Simulation:
                 usable = self.state.usable_nodes(req.gpu_type)
                 rooms[req.gpu_type] = int(self.state.gpn[usable].sum())
             room = rooms[req.gpu_type]
+            host_room = self.state.host_room(req)  # the GPUs the nodes' cores and memory could carry, all free
+            if host_room is not None:
+                usable = self.state.usable_nodes(req.gpu_type)
+                room = min(room, int(host_room[usable].sum()))
             if (req.min_gpus or j.num_gpus) > room:
                 self.records[i].unschedulable = True
                 continue

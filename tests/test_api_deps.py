@@ -184,3 +184,16 @@ def test_a_fault_that_is_not_unavailability_stays_a_500(api: Any, db_url: str) -
             api.get("/api/v1/workloads", headers=tenant.headers)
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("sqlstate", "transient"),
+    [(None, True), ("08006", True), ("57P01", True), ("53300", True), ("40P01", True), ("40001", True),
+     ("55P03", True), ("54000", False), ("42P01", False), ("55000", False), ("", False)],
+)  # fmt: skip
+def test_postgresql_errors_that_mean_not_now(sqlstate: str | None, transient: bool) -> None:
+    """Connection trouble, shutdown, too many connections, a rolled-back deadlock or serialization failure and a
+    lock not had are worth a retry; a statement too big or a missing table is not."""
+    from suanli.db.engine import _transient_sqlstate
+
+    assert _transient_sqlstate(sqlstate) is transient

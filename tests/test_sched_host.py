@@ -44,8 +44,12 @@ def test_memory_limits_as_cpu_does(placer) -> None:
 def test_no_node_with_the_cpu_says_so(placer) -> None:
     s = state([8_000, 8_000])
     res = placer(s, Request("r", 1, 0.0, cpu_milli=16_000), 1)
-    assert res.gpus is None
-    assert "16 CPUs" in res.reason and "0 free GPUs are on nodes with that CPU and memory free" in res.reason
+    assert res.gpus is None  # never, not now: no node has 16 cores
+    assert "16 CPUs" in res.reason and "for at most 0 of them, even when idle" in res.reason
+    s = state([8_000, 64_000])
+    s.reserve(Allocation("busy", Request("busy", 1, 0.0, cpu_milli=60_000), (8,), 0.0))  # node 1's cores, now
+    res = placer(s, Request("r", 1, 0.0, cpu_milli=16_000), 1)
+    assert res.gpus is None and "only 0 free GPUs are on nodes with that CPU and memory free" in res.reason
 
 
 def test_a_gang_spread_over_nodes_takes_cpu_in_proportion_to_its_gpus_there() -> None:

@@ -171,6 +171,10 @@ def test_generic_fixture_fields() -> None:
         ("job_id,submit_time_s,num_gpus,duration_s\na,0,1,5\n\na,1,1,5\n", "line 4: job_id: duplicate job id 'a'"),
         ("submit_time_s,num_gpus\n0,1\n", "line 1: missing required column(s) duration_s"),
         ("submit_time_s,num_gpus,duration_s,cpu_milli\n0,1,5,-1\n", "line 2: cpu_milli: must be an integer >= 0"),
+        (
+            "submit_time_s,num_gpus,duration_s,memory_mib\n0,1,5,1e30\n",
+            "line 2: memory_mib: must be an integer >= 0 and",
+        ),
     ],
 )
 def test_generic_errors_name_line_and_column(text: str, message: str) -> None:

@@ -67,6 +67,30 @@ def test_memory_is_a_limit_as_cores_are(platform: Platform) -> None:
     platform.tick()
     w = platform.get(big["id"])
     assert w["state"] == "pending" and "307200 MiB" in w["pending"]["reason"], w["pending"]
+    assert "at most 0 of them, even when idle" in w["pending"]["reason"]  # waiting will not help
+
+
+def test_cpus_or_memory_on_cpu_only_work_is_refused_by_name() -> None:
+    for extra, field in (({"cpus": 4}, "resources.cpus"), ({"memory": "8Gi"}, "resources.memory")):
+        with pytest.raises(SpecError, match=f"{field}: counts only for work with GPUs"):
+            parse_spec({"name": "x", "command": "c", "resources": {"gpus": 0, **extra}})
+
+
+def test_grown_elastic_work_keeps_its_cores_per_gpu_across_a_new_pass(platform: Platform) -> None:
+    """Elastic work asking 4 cores for its 1 GPU and grown to more takes 4 cores a GPU; a new server's pass rebuilds
+    that from the open allocation, so a 24-core job does not land beside it on a 32-core node."""
+    from suanli.control.scheduling import SchedulingPass
+
+    boxes(platform)
+    grown = platform.submit({"name": "grown", "command": "x", "duration": 600, "model": {"preset": "llama3.1-8b"},
+                             "resources": {"gpu": "L40S", "gpus": {"min": 1, "max": 4}, "cpus": 4}})  # fmt: skip
+    g = platform.until(grown["id"], lambda w: w["state"] == "running")
+    size = g["allocation"]["gpus"]
+    assert size > 2, g["allocation"]  # it grew (the cluster is idle): 4 cores a GPU leave under 24 on its node
+    platform.sched = SchedulingPass()
+    other = platform.submit(job("other", 2, cpus=24))
+    o = platform.until(other["id"], lambda w: w["state"] == "running")
+    assert nodes_of(o) != nodes_of(g)
 
 
 def test_running_work_keeps_its_cores_across_a_new_scheduling_pass(platform: Platform) -> None:
@@ -93,6 +117,8 @@ def test_running_work_keeps_its_cores_across_a_new_scheduling_pass(platform: Pla
         ({"memory": 64}, "resources.memory", "with a unit"),
         ({"memory": "0Gi"}, "resources.memory", "more than 0"),
         ({"memory": "2Pi"}, "resources.memory", "with a unit"),
+        ({"memory": "9" * 400 + "Gi"}, "resources.memory", "with a unit"),
+        ({"memory": "4194304Ti"}, "resources.memory", "at most 1Pi"),
     ],
 )
 def test_bad_cpus_or_memory_name_the_field(resources: dict[str, object], field: str, why: str) -> None:

@@ -295,7 +295,10 @@ class SchedulingPass:
         if req.elastic or req.gpus != len(gpus):
             # Running work keeps the size it was placed with (resizing it needs a restart the server does not
             # do yet): the cycle must neither grow it nor shrink it and hand the GPUs it still holds to others.
-            req = replace(req, gpus=len(gpus), min_gpus=None, max_gpus=None)
+            # Its CPU and memory are per GPU of its ask (see `Request`): they scale with the GPUs it holds.
+            n, k = len(gpus), max(1, req.gpus)
+            req = replace(req, gpus=n, min_gpus=None, max_gpus=None, cpu_milli=-(-req.cpu_milli * n // k),
+                          memory_mib=-(-req.memory_mib * n // k))  # fmt: skip
         est = req.est_runtime
         sched_id = a.workload or a.id
         alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,

@@ -57,9 +57,15 @@ class DatabaseUnavailable(RuntimeError):
     """The database could not be reached, or did not answer in time: the request may be retried."""
 
 
-# PostgreSQL error classes that say the server or the connection is (for now) unable to serve: connection
-# exceptions, insufficient resources (too many connections), operator intervention (shutdown, restart).
-_TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57")
+# PostgreSQL errors that say "not now": connection exceptions, insufficient resources (too many connections),
+# operator intervention (shutdown, restart), a rolled-back deadlock or serialization failure, a lock not had.
+_TRANSIENT_SQLSTATE_CLASSES = ("08", "53", "57", "40")
+_TRANSIENT_SQLSTATES = ("55P03",)
+
+
+def _transient_sqlstate(state: str | None) -> bool:
+    """None: the error arose on the client's side (no connection, a lost one)."""
+    return state is None or state[:2] in _TRANSIENT_SQLSTATE_CLASSES or state in _TRANSIENT_SQLSTATES
 
 
 def transient(exc: BaseException) -> bool:
@@ -75,9 +81,8 @@ def transient(exc: BaseException) -> bool:
         return True
     orig = exc.orig
     if isinstance(orig, sqlite3.OperationalError):
-        return orig.sqlite_errorcode & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    state = getattr(orig, "sqlstate", "")
-    return state is None or str(state)[:2] in _TRANSIENT_SQLSTATE_CLASSES  # None: failed on the client's side
+        return getattr(orig, "sqlite_errorcode", 0) & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return _transient_sqlstate(getattr(orig, "sqlstate", ""))
 
 
 _WRITERS: dict[str, threading.Lock] = {}
@@ -277,6 +282,8 @@ class Database:
         except TimeoutError:
             raise DatabaseUnavailable(f"no answer within {pool.timeout_s:g} s") from None
         except psycopg.OperationalError as e:
+            if not _transient_sqlstate(e.sqlstate):
+                raise
             raise DatabaseUnavailable(str(e)) from e
         if row is None:
             raise LookupError("the statement returned no row")

@@ -47,7 +47,12 @@ def _node_free(state: ClusterState, req: Request) -> NDArray[np.int32]:
 
 def _too_few(state: ClusterState, req: Request, k: int, free: int) -> str:
     """Why k GPUs cannot be had when only `free` of them are usable: the GPUs, or the CPU and memory beside them."""
-    if state.host_room(req) is not None:
+    empty = state.host_room(req, empty=True)
+    if empty is not None:
+        most = int(empty[state.usable_nodes(req.gpu_type)].sum())
+        if most < k:
+            return (f"needs {_what(req, k)} with {req.cpu_milli / 1000:g} CPUs and {req.memory_mib} MiB; the nodes "
+                    f"with these GPUs have the CPU and memory for at most {most} of them, even when idle")  # fmt: skip
         req_gpus_only = np.where(state.usable_nodes(req.gpu_type), state.node_whole, 0)
         if int(req_gpus_only.sum()) >= k:
             return (f"needs {_what(req, k)} with {req.cpu_milli / 1000:g} CPUs and {req.memory_mib} MiB; "

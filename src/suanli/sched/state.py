@@ -47,6 +47,7 @@ class ClusterState:
         self.cluster = cluster
         self.cpu_free: NDArray[np.int64] | None = None  # free milli-cores per node, when tracked
         self.mem_free: NDArray[np.int64] | None = None  # free MiB per node, when tracked
+        self.host_total: tuple[NDArray[np.int64], NDArray[np.int64]] | None = None  # what the nodes have in all
         if host is not None:
             cpu, mem = (np.array(a, dtype=np.int64) for a in host)
             if cpu.shape != (cluster.n_nodes,) or mem.shape != (cluster.n_nodes,):
@@ -54,6 +55,7 @@ class ClusterState:
             if (cpu < 0).any() or (mem < 0).any():
                 raise ValueError("host: CPU and memory must be >= 0")
             self.cpu_free, self.mem_free = cpu, mem
+            self.host_total = (cpu.copy(), mem.copy())
         self.free = np.full(cluster.n_gpus, FULL, dtype=np.int32)  # free milli-GPUs per GPU
         self.gpu_ok = np.ones(cluster.n_gpus, dtype=bool)
         self.node_ok = np.ones(cluster.n_nodes, dtype=bool)  # False: draining or down, no new work
@@ -71,6 +73,7 @@ class ClusterState:
         new.node_exclusive = self.node_exclusive.copy()
         new.cpu_free = None if self.cpu_free is None else self.cpu_free.copy()
         new.mem_free = None if self.mem_free is None else self.mem_free.copy()
+        new.host_total = self.host_total
         new.allocations = dict(self.allocations)
         new.node_whole = self.node_whole.copy()
         new.whole_total = self.whole_total
@@ -136,14 +139,16 @@ class ClusterState:
     def tracks_host(self) -> bool:
         return self.cpu_free is not None
 
-    def host_room(self, req: Request) -> NDArray[np.int64] | None:
-        """How many GPUs of `req` each node's free CPU and memory can carry (None: no limit). A request's CPU and
-        memory are per `req.gpus` GPUs: placed on fewer or more (elastic), it takes its share per GPU."""
+    def host_room(self, req: Request, *, empty: bool = False) -> NDArray[np.int64] | None:
+        """How many GPUs of `req` each node's free CPU and memory can carry (None: no limit); `empty`: all of it, as
+        if nothing ran. A request's CPU and memory are per `req.gpus` GPUs: placed on fewer or more (elastic), it
+        takes its share per GPU."""
         if self.cpu_free is None or self.mem_free is None or not (req.cpu_milli or req.memory_mib):
             return None
+        cpu, mem = self.host_total if empty and self.host_total is not None else (self.cpu_free, self.mem_free)
         k = max(1, req.gpus)
         room = self.gpn.astype(np.int64)
-        for free, need in ((self.cpu_free, req.cpu_milli), (self.mem_free, req.memory_mib)):
+        for free, need in ((cpu, req.cpu_milli), (mem, req.memory_mib)):
             if need:  # ceil(need * j / k) <= free  <=>  j <= free * k / need
                 room = np.minimum(room, free * k // need)
         return np.maximum(room, 0)  # a restored allocation may have left a node over its capacity

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Iterable
 
 from suanli.traces.common import (
+    HOST_MAX,
     RawJob,
     TraceError,
     TraceReadResult,
@@ -115,6 +116,6 @@ def read_alibaba_openb(
         }
         for name in ("cpu_milli", "memory_mib"):  # the pod's host request (counted on clusters that state hosts)
             if name in col and row[col[name]].strip():
-                fields[name] = parse_int(row[col[name]], line, name, minimum=0)
+                fields[name] = parse_int(row[col[name]], line, name, minimum=0, maximum=HOST_MAX)
         raw.append(RawJob(submit, line, fields))
     return finish(raw, skipped, notes)

@@ -49,6 +49,9 @@ class RawJob:
     fields: dict[str, Any]
 
 
+HOST_MAX = 1 << 40  # the most CPU (milli-cores) or memory (MiB) a trace row may ask for
+
+
 def fail(line: int, column: str | None, message: str) -> TraceError:
     where = f"line {line}: {column}: " if column else f"line {line}: "
     return TraceError(where + message)
@@ -72,15 +75,22 @@ def parse_float(value: str, line: int, column: str, *, minimum: float | None = N
     return x
 
 
-def parse_int(value: str, line: int, column: str, *, minimum: int | None = None) -> int:
-    """An integer (``"4"`` or ``"4.0"``); `minimum` is inclusive. Errors name line and column."""
+def parse_int(value: str, line: int, column: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """An integer (``"4"`` or ``"4.0"``); `minimum` and `maximum` are inclusive. Errors name line and column."""
     text = value.strip()
     want = "an integer" if minimum is None else f"an integer >= {minimum}"
+    if maximum is not None:
+        want += f" and <= {maximum}"
     try:
         x = float(text)
     except ValueError:
         raise fail(line, column, f"must be {want}, got {value!r}") from None
-    if not math.isfinite(x) or x != int(x) or (minimum is not None and x < minimum):
+    if (
+        not math.isfinite(x)
+        or x != int(x)
+        or (minimum is not None and x < minimum)
+        or (maximum is not None and x > maximum)
+    ):
         raise fail(line, column, f"must be {want}, got {value!r}")
     return int(x)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from suanli.traces.common import (
+    HOST_MAX,
     RawJob,
     TraceReadResult,
     check_width,
@@ -101,7 +102,7 @@ def read_csv(lines: Iterable[str]) -> TraceReadResult:
                 fields[name] = parse_int(cell[name], line, name, minimum=1)
         for name in ("cpu_milli", "memory_mib"):
             if cell.get(name, "").strip():
-                fields[name] = parse_int(cell[name], line, name, minimum=0)
+                fields[name] = parse_int(cell[name], line, name, minimum=0, maximum=HOST_MAX)
         if fields.get("min_gpus") is not None and fields["min_gpus"] > num_gpus:
             raise fail(line, "min_gpus", f"must be <= num_gpus ({num_gpus}), got {fields['min_gpus']}")
         if fields.get("max_gpus") is not None and fields["max_gpus"] < num_gpus:

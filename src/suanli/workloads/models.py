@@ -95,7 +95,7 @@ class GpuRange(BaseModel):
 
 
 MAX_CPUS = 4096
-_MEMORY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(i?)B?\s*$")
+_MEMORY = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,6})?)\s*([KMGT])(i?)B?\s*$")
 _MEMORY_MAX_MIB = 1 << 30  # 1 PiB
 
 
@@ -207,6 +207,10 @@ class Resources(BaseModel):
                     raise FieldError("gpu", f"{name} does not support MIG slices (slice: {self.slice})")
                 if self.slice not in profiles:
                     raise FieldError("slice", f"{name} offers {', '.join(profiles)}, not {self.slice}")
+        if (self.cpus is not None or self.memory is not None) and self.gpus == 0:
+            field = "cpus" if self.cpus is not None else "memory"
+            raise FieldError(field, "counts only for work with GPUs (it is taken from the nodes its GPUs are on); "
+                                    "CPU-only work runs on a CPU node as it is")  # fmt: skip
         if self.nodes is not None:
             counts = (self.gpus.min, self.gpus.max) if isinstance(self.gpus, GpuRange) else (self.gpus,)
             for what, n in zip(("min", "max") if len(counts) == 2 else ("gpus",), counts, strict=True):

@@ -61,13 +61,18 @@ def test_work_goes_only_where_its_cores_and_memory_are_free(platform: Platform) 
     assert platform.until(small["id"], lambda w: w["state"] == "running")["state"] == "running"
 
 
-def test_memory_is_a_limit_as_cores_are(platform: Platform) -> None:
+def test_what_no_node_could_ever_carry_is_refused_at_submission(platform: Platform) -> None:
+    """Like more GPUs than a model has: a 422 naming the field, rather than a workload that waits forever."""
     boxes(platform)
-    big = platform.submit(job("big", 1, memory="300Gi"))  # more than any node has
-    platform.tick()
-    w = platform.get(big["id"])
-    assert w["state"] == "pending" and "307200 MiB" in w["pending"]["reason"], w["pending"]
-    assert "at most 0 of them, even when idle" in w["pending"]["reason"]  # waiting will not help
+    for extra, field, most in (({"memory": "300Gi"}, "resources.memory", 0), ({"cpus": 40}, "resources.cpus", 0),
+                               ({"cpus": 100}, "resources.cpus", 4)):  # fmt: skip
+        gpus = 8 if extra.get("cpus") == 100 else 1  # 100 cores for 8 GPUs: 12.5 a GPU, 2 GPUs a 32-core node
+        r = platform.api.post("/api/v1/workloads", headers=platform.tenant.headers,
+                              json={"spec": job("never", gpus, **extra)})  # fmt: skip
+        assert r.status_code == 422 and r.json()["detail"].startswith(f"{field}: the nodes with L40S"), r.text
+        assert f"at most {most} of its {gpus} GPUs" in r.json()["detail"], r.text
+    fits = platform.submit(job("fits", 4, cpus=50))  # 12.5 cores a GPU: 2 GPUs on each node
+    assert platform.until(fits["id"], lambda w: w["state"] == "running")["allocation"]["gpus"] == 4
 
 
 def test_cpus_or_memory_on_cpu_only_work_is_refused_by_name() -> None:

@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from threading import Lock
@@ -82,6 +82,20 @@ class ModelCapacity:
     per_node: int  # the most on one node
     per_nvlink: int  # the most in one NVLink domain (of one cluster)
     per_leaf: int  # the most under one leaf switch
+    hosts: tuple[tuple[int, int, int, int], ...] = ()  # (GPUs, cores, MiB, how many nodes) per kind of node
+
+    def carries(self, gpus: int, cpu_milli: int, memory_mib: int) -> int:
+        """How many GPUs of a request asking `cpu_milli` and `memory_mib` for `gpus` GPUs (taken per GPU) these
+        nodes could carry with nothing else running: a node's unstated cores or memory are no limit."""
+        k, total = max(1, gpus), 0
+        for n, cores, mib, count in self.hosts:
+            room = n
+            if cpu_milli and cores:
+                room = min(room, cores * 1000 * k // cpu_milli)
+            if memory_mib and mib:
+                room = min(room, mib * k // memory_mib)
+            total += room * count
+        return total
 
 
 @dataclass
@@ -97,14 +111,15 @@ class FleetCache:
         """For a fleet version the caller already read."""
         if version != self._version:
             totals: dict[str, list[int]] = {}
+            hosts: dict[str, Counter[tuple[int, int, int]]] = defaultdict(Counter)
             domains: dict[tuple[str, str, int], int] = defaultdict(int)
             leaves: dict[tuple[str, str, int], int] = defaultdict(int)
             rows = s.execute(
-                select(Node.gpu_model, Node.cluster_id, Node.nvlink_domain, Node.leaf, Node.gpu_count).where(
-                    Node.gpu_model.is_not(None), Node.state != "down"
-                )
-            )
-            for m, cid, dom, leaf, n in rows:
+                select(Node.gpu_model, Node.cluster_id, Node.nvlink_domain, Node.leaf, Node.gpu_count, Node.cpu_count,
+                       Node.memory_mib).where(Node.gpu_model.is_not(None), Node.state != "down")
+            )  # fmt: skip
+            for m, cid, dom, leaf, n, cores, mib in rows:
+                hosts[m][(n, cores, mib)] += 1
                 t = totals.setdefault(m, [0, 0])
                 t[0], t[1] = t[0] + n, max(t[1], n)
                 domains[(m, cid, dom)] += n
@@ -112,7 +127,8 @@ class FleetCache:
             models = {
                 m: ModelCapacity(total, per,
                                  max(v for (mm, _, _), v in domains.items() if mm == m),
-                                 max(v for (mm, _, _), v in leaves.items() if mm == m))
+                                 max(v for (mm, _, _), v in leaves.items() if mm == m),
+                                 tuple((*kind, c) for kind, c in sorted(hosts[m].items())))
                 for m, (total, per) in totals.items()
             }  # fmt: skip
             with self._lock:

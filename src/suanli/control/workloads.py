@@ -77,6 +77,16 @@ def _candidates(
     if want > biggest:
         raise Invalid(f"resources.gpus: needs {want} GPUs; the most any matching GPU model has is {biggest}")
     models = [m for m in models if registered[m][0] >= want]
+    cpu, mem = spec.resources.cpu_milli(), spec.resources.memory_mib()
+    if cpu or mem:
+        least = want  # the count, or an elastic range's minimum
+        carried = {m: fleet[m].carries(want, cpu, mem) for m in models}
+        if max(carried.values()) < least:
+            field = "cpus" if cpu else "memory"
+            raise Invalid(f"resources.{field}: the nodes with {' or '.join(models)} have the CPU and memory for at "
+                          f"most {max(carried.values())} of its {least} GPUs ({spec.resources.cpus or 0:g} cores and "
+                          f"{mem} MiB for {want}), even when idle")  # fmt: skip
+        models = [m for m in models if carried[m] >= least]
     topology = spec.resources.topology
     if topology != "any":
         per = {m: fleet[m].per_nvlink if topology == "nvlink" else fleet[m].per_leaf for m in models}

@@ -73,28 +73,32 @@ def test_adding_submitted_at_keeps_every_workload_and_its_events(db_url: str) ->
                       {"t": "2026-01-01 00:00:00"})  # fmt: skip
             c.execute(text("INSERT INTO users (id, email, password_hash, is_admin, personal_org_id, created_at) "
                            "VALUES ('u', 'u@example.com', 'x', false, 'o', :t)"), {"t": "2026-01-01 00:00:00"})  # fmt: skip
-            c.execute(
-                text("INSERT INTO workloads (id, org_id, user_id, name, kind, spec, state, reason, pending_reason, "
-                     "attempt, retries, executor, attained_gpu_s, has_workdir, created_at, queued_at) VALUES "
-                     "('w', 'o', 'u', 'w', 'job', '{}', 'pending', '', '', 1, 1, '', 0, false, :c, :q)"),
-                {"c": "2026-01-01 00:00:00", "q": "2026-01-02 03:04:05"},
-            )  # fmt: skip
+            for wid, kind in (("w", "job"), ("i", "instance")):
+                c.execute(
+                    text("INSERT INTO workloads (id, org_id, user_id, name, kind, spec, state, reason, pending_reason, "
+                         "attempt, retries, executor, attained_gpu_s, has_workdir, created_at, queued_at) VALUES "
+                         "(:w, 'o', 'u', :w, :k, '{}', 'pending', '', '', 1, 1, '', 0, false, :c, :q)"),
+                    {"w": wid, "k": kind, "c": "2026-01-01 00:00:00", "q": "2026-01-02 03:04:05"},
+                )  # fmt: skip
             c.execute(text("INSERT INTO workload_events (workload_id, at, state, reason) VALUES "
                            "('w', :t, 'pending', 'submitted'), ('w', :t, 'pending', 'retry 1/1')"),
                       {"t": "2026-01-01 00:00:00"})  # fmt: skip
         migrate(db.engine)
 
-        def rows() -> tuple[object, object, int]:
+        def rows() -> tuple[dict[str, tuple[str, str, str]], int]:
             with db.engine.connect() as c:
-                sub, queued = c.execute(text("SELECT submitted_at, queued_at FROM workloads")).one()
-                return sub, queued, c.execute(text("SELECT count(*) FROM workload_events")).scalar_one()
+                times = c.execute(text("SELECT id, submitted_at, created_at, queued_at FROM workloads")).all()
+                events = c.execute(text("SELECT count(*) FROM workload_events")).scalar_one()
+                return {w: (str(s), str(cr), str(q)) for w, s, cr, q in times}, events
 
-        sub, queued, events = rows()
-        assert (str(sub), events) == (str(queued), 2)
+        times, events = rows()
+        assert events == 2
+        assert times["w"][0] == times["w"][1]  # a job was submitted when it was created (retries since kept it)
+        assert times["i"][0] == times["i"][2]  # an instance may have been started again: its queued_at
         command.downgrade(alembic_config(db.engine), "0005")
         with db.engine.connect() as c:
             assert c.execute(text("SELECT count(*) FROM workload_events")).scalar_one() == 2
         migrate(db.engine)
-        assert rows()[2] == 2
+        assert rows()[1] == 2
     finally:
         db.dispose()

@@ -50,6 +50,10 @@ def test_no_node_with_the_cpu_says_so(placer) -> None:
     s.reserve(Allocation("busy", Request("busy", 1, 0.0, cpu_milli=60_000), (8,), 0.0))  # node 1's cores, now
     res = placer(s, Request("r", 1, 0.0, cpu_milli=16_000), 1)
     assert res.gpus is None and "only 0 free GPUs are on nodes with that CPU and memory free" in res.reason
+    s = state([8_000, 64_000])
+    s.set_node_ok(1, False)  # drained: it may come back, so this is not "never"
+    res = placer(s, Request("r", 1, 0.0, cpu_milli=16_000), 1)
+    assert res.gpus is None and "even when idle" not in res.reason
 
 
 def test_a_gang_spread_over_nodes_takes_cpu_in_proportion_to_its_gpus_there() -> None:

@@ -65,7 +65,8 @@ def test_what_no_node_could_ever_carry_is_refused_at_submission(platform: Platfo
     """Like more GPUs than a model has: a 422 naming the field, rather than a workload that waits forever."""
     boxes(platform)
     for extra, field, most in (({"memory": "300Gi"}, "resources.memory", 0), ({"cpus": 40}, "resources.cpus", 0),
-                               ({"cpus": 100}, "resources.cpus", 4)):  # fmt: skip
+                               ({"cpus": 100}, "resources.cpus", 4),
+                               ({"cpus": 1, "memory": "300Gi"}, "resources.memory", 0)):  # fmt: skip
         gpus = 8 if extra.get("cpus") == 100 else 1  # 100 cores for 8 GPUs: 12.5 a GPU, 2 GPUs a 32-core node
         r = platform.api.post("/api/v1/workloads", headers=platform.tenant.headers,
                               json={"spec": job("never", gpus, **extra)})  # fmt: skip
@@ -135,10 +136,19 @@ def test_bad_cpus_or_memory_name_the_field(resources: dict[str, object], field: 
 @pytest.mark.parametrize(
     ("memory", "canonical", "mib"),
     [("64Gi", "64Gi", 65536), ("512Mi", "512Mi", 512), ("1.5Ti", "1536Gi", 1572864), ("1GB", "954Mi", 954),
-     ("2048MiB", "2Gi", 2048), ("1Ki", "1Mi", 1)],
+     ("2048MiB", "2Gi", 2048), ("1Ki", "1Mi", 1), ("1100T", "1049041749Mi", 1049041749), ("1024Ti", "1048576Gi", 1 << 30)],
 )  # fmt: skip
 def test_memory_sizes_are_read_with_their_units(memory: str, canonical: str, mib: int) -> None:
     spec = parse_spec({"name": "x", "command": "c", "resources": {"gpus": 1, "memory": memory, "cpus": 0.5}})
     assert (spec.resources.memory, spec.resources.memory_mib()) == (canonical, mib)
+    assert type(spec).model_validate(spec.model_dump(mode="json")) == spec  # the stored form parses back
     req = spec.to_request("w", 0.0, "org")
     assert (req.cpu_milli, req.memory_mib) == (500, mib)
+
+
+def test_a_model_whose_hosts_nobody_described_carries_every_gpu() -> None:
+    from suanli.control.caches import ModelCapacity
+
+    assert ModelCapacity(16, 8, 8, 16).carries(8, 64_000, 1 << 20) == 16
+    described = ModelCapacity(16, 8, 8, 16, hosts=((8, 32, 0, 2),))  # two 8-GPU nodes of 32 cores, memory unstated
+    assert described.carries(8, 64_000, 1 << 20) == 8  # 8 cores a GPU: 4 GPUs on each node

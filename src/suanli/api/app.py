@@ -208,8 +208,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
         return JSONResponse({"detail": f"conflicts with existing data: {_db_message(exc)}"}, status_code=409)
 
-    # The database is down, restarting or unreachable, or SQLite stayed locked: 503, try again. The cause goes to
-    # the log, not to the caller. Other operational errors (a missing table, a read-only file) stay 500s.
+    # The database cannot serve now (see `transient`: down, unreachable, a rolled-back deadlock, SQLite locked):
+    # 503, try again. The cause goes to the log, not to the caller. Other errors (a missing table) stay 500s.
     @app.exception_handler(OperationalError)
     @app.exception_handler(DatabaseUnavailable)
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:

@@ -87,6 +87,8 @@ class ModelCapacity:
     def carries(self, gpus: int, cpu_milli: int, memory_mib: int) -> int:
         """How many GPUs of a request asking `cpu_milli` and `memory_mib` for `gpus` GPUs (taken per GPU) these
         nodes could carry with nothing else running: a node's unstated cores or memory are no limit."""
+        if not self.hosts:  # nothing known of the hosts: no limit
+            return self.gpus
         k, total = max(1, gpus), 0
         for n, cores, mib, count in self.hosts:
             room = n

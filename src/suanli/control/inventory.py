@@ -85,7 +85,7 @@ def register_spec(
             dict(id=node_id, cluster_id=row.id, index=i, name=node_name, kind="virtual", state="ready",
                  state_reason="", gpu_model=g.gpu.name, gpu_count=g.gpus_per_node, nvlink_domain=domain[i],
                  leaf=leaf[i], spine=spine[i], cpu_count=g.cpus or 0,
-                 memory_mib=round(g.memory_gib * 1024) if g.memory_gib else 0, labels={}, created_at=now)
+                 memory_mib=g.memory_mib, labels={}, created_at=now)
         )  # fmt: skip
         mem = int(g.gpu.memory_GB * 1000**3 / 2**20)
         for k in range(g.gpus_per_node):

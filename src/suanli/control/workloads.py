@@ -82,7 +82,8 @@ def _candidates(
         least = want  # the count, or an elastic range's minimum
         carried = {m: fleet[m].carries(want, cpu, mem) for m in models}
         if max(carried.values()) < least:
-            field = "cpus" if cpu else "memory"
+            cpu_alone = max(fleet[m].carries(want, cpu, 0) for m in models)
+            field = "cpus" if cpu and cpu_alone < least else "memory"
             raise Invalid(f"resources.{field}: the nodes with {' or '.join(models)} have the CPU and memory for at "
                           f"most {max(carried.values())} of its {least} GPUs ({spec.resources.cpus or 0:g} cores and "
                           f"{mem} MiB for {want}), even when idle")  # fmt: skip

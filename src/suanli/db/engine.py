@@ -70,8 +70,9 @@ def _transient_sqlstate(state: str | None) -> bool:
 
 def transient(exc: BaseException) -> bool:
     """Whether a database error means "unavailable right now, try again" rather than a fault of the request or of
-    the code: no connection could be made or it was lost, PostgreSQL is shutting down or out of connections,
-    SQLite stayed busy or locked, or a read did not answer in time. Anything else (a missing table, a syntax error,
+    the code: no connection could be made or it was lost, PostgreSQL is shutting down or out of connections, or
+    rolled the transaction back (deadlock, serialization failure, a lock not had), SQLite stayed busy or locked,
+    or a read did not answer in time. Anything else (a missing table, a syntax error,
     a read-only or broken file) is a bug or a broken install and must not be retried."""
     if isinstance(exc, DatabaseUnavailable):
         return True

@@ -49,7 +49,7 @@ def _too_few(state: ClusterState, req: Request, k: int, free: int) -> str:
     """Why k GPUs cannot be had when only `free` of them are usable: the GPUs, or the CPU and memory beside them."""
     empty = state.host_room(req, empty=True)
     if empty is not None:
-        most = int(empty[state.usable_nodes(req.gpu_type)].sum())
+        most = int(empty[state.nodes_of_type(req.gpu_type)].sum())  # drained or held exclusively: may come back
         if most < k:
             return (f"needs {_what(req, k)} with {req.cpu_milli / 1000:g} CPUs and {req.memory_mib} MiB; the nodes "
                     f"with these GPUs have the CPU and memory for at most {most} of them, even when idle")  # fmt: skip

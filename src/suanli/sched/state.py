@@ -35,7 +35,7 @@ def host_capacity(cpus: ArrayLike, memory_mib: ArrayLike) -> tuple[NDArray[np.in
 def cluster_host(cluster: Cluster) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
     """The host capacity a cluster spec states per node group (`cpus`, `memory_gib`), for `ClusterState(host=)`."""
     cpus = np.array([g.cpus or 0 for g in cluster.groups], dtype=np.int64)[cluster.node_group]
-    mem = np.array([round((g.memory_gib or 0) * 1024) for g in cluster.groups], dtype=np.int64)[cluster.node_group]
+    mem = np.array([g.memory_mib for g in cluster.groups], dtype=np.int64)[cluster.node_group]
     return host_capacity(cpus, mem)
 
 
@@ -116,12 +116,15 @@ class ClusterState:
 
     def usable_nodes(self, gpu_type: str | tuple[str, ...] | None) -> NDArray[np.bool_]:
         """Nodes that may take new work of this GPU type: a GPU model or a node-group name, or any of several."""
-        ok = self.node_ok & ~self.node_exclusive
+        return self.node_ok & ~self.node_exclusive & self.nodes_of_type(gpu_type)
+
+    def nodes_of_type(self, gpu_type: str | tuple[str, ...] | None) -> NDArray[np.bool_]:
+        """Nodes of this GPU type, whatever their state."""
         if gpu_type is None:
-            return ok
+            return np.ones(self.cluster.n_nodes, dtype=bool)
         wanted = {gpu_type} if isinstance(gpu_type, str) else set(gpu_type)
         allowed = [i for i, g in enumerate(self.cluster.groups) if g.gpu.name in wanted or g.name in wanted]
-        return ok & np.isin(self.cluster.node_group, allowed)
+        return np.isin(self.cluster.node_group, allowed)
 
     def free_whole_gpus(self) -> int:
         """Whole free healthy GPUs on nodes that take new work (not drained, not held exclusively)."""

@@ -33,6 +33,11 @@ class NodeGroup:
     memory_gib: float | None = None  # host memory per node
 
     @property
+    def memory_mib(self) -> int:
+        """Host memory per node in MiB; 0 when not stated."""
+        return round(self.memory_gib * 1024) if self.memory_gib else 0
+
+    @property
     def has_nvlink_domain(self) -> bool:
         return self.intra.kind == "nvlink"
 

@@ -95,7 +95,7 @@ class GpuRange(BaseModel):
 
 
 MAX_CPUS = 4096
-_MEMORY = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,6})?)\s*([KMGT])(i?)B?\s*$")
+_MEMORY = re.compile(r"^\s*(\d{1,10}(?:\.\d{1,6})?)\s*([KMGT])(i?)B?\s*$")  # 1Pi is 1073741824Mi
 _MEMORY_MAX_MIB = 1 << 30  # 1 PiB
 
 

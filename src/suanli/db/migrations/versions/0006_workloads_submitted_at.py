@@ -23,12 +23,13 @@ def upgrade() -> None:
 
     No batch (table-copying) operations: on SQLite, copying `workloads` drops the old table, and with foreign keys
     on that deletes every `workload_events` row through its ON DELETE CASCADE. A NOT NULL column with a constant
-    default is a plain ADD COLUMN on both databases; every row then takes its `queued_at`.
+    default is a plain ADD COLUMN on both databases. A job was submitted when it was created (it never starts
+    again); an instance may have been started again since, which its `queued_at` may or may not say: it takes that.
     """
     op.add_column(
         "workloads", sa.Column("submitted_at", sa.DateTime(), nullable=False, server_default="1970-01-01 00:00:00")
     )
-    op.execute("UPDATE workloads SET submitted_at = queued_at")
+    op.execute("UPDATE workloads SET submitted_at = CASE WHEN kind = 'job' THEN created_at ELSE queued_at END")
     if op.get_bind().dialect.name != "sqlite":  # SQLite cannot drop a default without copying the table
         op.alter_column("workloads", "submitted_at", server_default=None)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -171,3 +172,32 @@ def test_real_pynvml_on_this_host_never_raises() -> None:
     else:  # a real NVIDIA host
         assert host.driver_version
         assert all(g.name and g.uuid.startswith(("GPU-", "MIG-")) and g.memory_mib > 0 for g in host.gpus)
+
+
+@pytest.mark.parametrize(
+    ("files", "cpus", "memory_mib"),
+    [
+        ({"cpu.max": "max 100000", "memory.max": "max"}, None, None),  # cgroup v2, no limits
+        ({"cpu.max": "150000 100000", "memory.max": str(3 << 30)}, 2, 3072),  # 1.5 CPUs round up
+        ({"cpu.max": "50000 100000", "memory.max": str(1 << 20)}, 1, 1),  # half a CPU: one core, at least
+        ({"cpu/cpu.cfs_quota_us": "400000", "cpu/cpu.cfs_period_us": "100000",
+          "memory/memory.limit_in_bytes": str(1 << 30)}, 4, 1024),  # cgroup v1
+        ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000",
+          "memory/memory.limit_in_bytes": "9223372036854771712"}, None, None),  # v1 unlimited
+    ],
+)  # fmt: skip
+def test_a_containers_cpu_quota_and_memory_limit_cap_what_the_host_reports(
+    tmp_path: Path, files: dict[str, str], cpus: int | None, memory_mib: int | None
+) -> None:
+    """`os.cpu_count()` sees the machine; a container may use less. The node registers what it may use."""
+    import os
+
+    from suanli.telemetry.nvml import host_cpus, host_memory_mib
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text + "\n")
+    usable = len(os.sched_getaffinity(0))
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+    assert host_cpus(tmp_path) == (usable if cpus is None else min(usable, cpus))
+    assert host_memory_mib(tmp_path) == (physical if memory_mib is None else min(physical, memory_mib))

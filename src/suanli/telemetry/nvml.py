@@ -11,6 +11,7 @@ import os
 import socket
 from collections import Counter
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol
 
 from suanli import catalog
@@ -77,11 +78,46 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _host_memory_mib() -> int:
+CGROUP = Path("/sys/fs/cgroup")
+
+
+def _read(path: Path) -> str | None:
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def host_cpus(cgroup: Path = CGROUP) -> int:
+    """Cores this process may use: the CPUs it may run on, capped by its cgroup's CPU quota (a container's limit,
+    which `os.cpu_count()` ignores); 0 when unknown."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0)
+    quota = None
+    v2 = _read(cgroup / "cpu.max")  # "max 100000" or "200000 100000"
+    if v2 is not None:
+        parts = v2.split()
+        if len(parts) == 2 and parts[0] != "max":
+            quota = (int(parts[0]), int(parts[1]))
+    else:
+        q, p = _read(cgroup / "cpu" / "cpu.cfs_quota_us"), _read(cgroup / "cpu" / "cpu.cfs_period_us")
+        if q is not None and p is not None and int(q) > 0:
+            quota = (int(q), int(p))
+    if quota is not None and quota[1] > 0:
+        cpus = min(cpus, max(1, -(-quota[0] // quota[1])))
+    return cpus
+
+
+def host_memory_mib(cgroup: Path = CGROUP) -> int:
+    """Memory this process may use: physical memory, capped by its cgroup's limit; 0 when unknown."""
+    try:
+        mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
     except (ValueError, OSError, AttributeError):  # unknown name, or no sysconf at all (Windows)
-        return 0
+        mib = 0
+    limit = _read(cgroup / "memory.max") or _read(cgroup / "memory" / "memory.limit_in_bytes")
+    if limit is not None and limit.isdigit():  # "max" (v2) or a huge number (v1) when unlimited
+        capped = int(limit) // 2**20
+        mib = min(mib, capped) if mib else capped
+    return mib
 
 
 def _cuda_version(nvml: Any) -> str | None:
@@ -121,8 +157,8 @@ def discover(nvml: NvmlLike | None = None) -> HostInfo:
     """Describe this host. Uses `pynvml` unless given a stand-in; never raises for a missing or broken NVML."""
     host = HostInfo(
         hostname=socket.gethostname(),
-        cpu_count=os.cpu_count() or 0,
-        memory_mib=_host_memory_mib(),
+        cpu_count=host_cpus(),
+        memory_mib=host_memory_mib(),
         gpus=(),
         driver_version=None,
         cuda_version=None,

@@ -21,6 +21,7 @@ from suanli.billing.prices import PriceBook, default_price_book
 from suanli.control import prices
 from suanli.control.accounts import Principal
 from suanli.db.models import Node, PriceBookVersion
+from suanli.sched import gpus_carried
 
 
 @dataclass
@@ -89,13 +90,13 @@ class ModelCapacity:
         nodes could carry with nothing else running: a node's unstated cores or memory are no limit."""
         if not self.hosts:  # nothing known of the hosts: no limit
             return self.gpus
-        k, total = max(1, gpus), 0
+        total = 0
         for n, cores, mib, count in self.hosts:
             room = n
             if cpu_milli and cores:
-                room = min(room, cores * 1000 * k // cpu_milli)
+                room = min(room, gpus_carried(cores * 1000, cpu_milli, gpus))
             if memory_mib and mib:
-                room = min(room, mib * k // memory_mib)
+                room = min(room, gpus_carried(mib, memory_mib, gpus))
             total += room * count
         return total
 

@@ -23,7 +23,7 @@ from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
 from suanli.sched import Allocation as SchedAllocation
-from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity, host_share
 from suanli.topology import Cluster
 from suanli.workloads.spec import WorkloadSpec
 
@@ -296,9 +296,9 @@ class SchedulingPass:
             # Running work keeps the size it was placed with (resizing it needs a restart the server does not
             # do yet): the cycle must neither grow it nor shrink it and hand the GPUs it still holds to others.
             # Its CPU and memory are per GPU of its ask (see `Request`): they scale with the GPUs it holds.
-            n, k = len(gpus), max(1, req.gpus)
-            req = replace(req, gpus=n, min_gpus=None, max_gpus=None, cpu_milli=-(-req.cpu_milli * n // k),
-                          memory_mib=-(-req.memory_mib * n // k))  # fmt: skip
+            n = len(gpus)
+            req = replace(req, gpus=n, min_gpus=None, max_gpus=None, cpu_milli=host_share(req.cpu_milli, n, req.gpus),
+                          memory_mib=host_share(req.memory_mib, n, req.gpus))  # fmt: skip
         est = req.est_runtime
         sched_id = a.workload or a.id
         alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,

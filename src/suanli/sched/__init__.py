@@ -3,7 +3,7 @@
 from suanli.sched.framework import Scheduler
 from suanli.sched.placement import PLACEMENTS, PlacementResult, first_fit, place_slice, topology_aware
 from suanli.sched.policies import POLICIES, Policy, SchedulerConfig, policy
-from suanli.sched.state import ClusterState, cluster_host, host_capacity
+from suanli.sched.state import ClusterState, cluster_host, gpus_carried, host_capacity, host_share
 from suanli.sched.types import (
     CLASS_RANK,
     FULL,
@@ -40,7 +40,9 @@ __all__ = [
     "SchedulerConfig",
     "cluster_host",
     "first_fit",
+    "gpus_carried",
     "host_capacity",
+    "host_share",
     "mig_milli",
     "place_slice",
     "policy",

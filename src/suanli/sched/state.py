@@ -13,6 +13,7 @@ with free GPUs but no free cores cannot run another pod). Untracked, they cost n
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -21,6 +22,17 @@ from suanli.sched.types import FULL, Allocation, Request
 from suanli.topology.model import Cluster
 
 UNLIMITED = 1 << 40  # the CPU or memory of a node nobody stated: never the limit
+
+
+# A request's CPU and memory are for its `gpus` GPUs, taken per GPU: the one rule, in two directions.
+def host_share(need: Any, gpus_here: Any, gpus: int) -> Any:
+    """What `gpus_here` of a request's GPUs take of `need` (asked for `gpus` GPUs), rounded up."""
+    return -(-need * gpus_here // max(1, gpus))
+
+
+def gpus_carried(free: Any, need: int, gpus: int) -> Any:
+    """The most of a request's GPUs that `free` carries: the largest j with host_share(need, j, gpus) <= free."""
+    return free * max(1, gpus) // need
 
 
 def host_capacity(cpus: ArrayLike, memory_mib: ArrayLike) -> tuple[NDArray[np.int64], NDArray[np.int64]] | None:
@@ -152,8 +164,8 @@ class ClusterState:
         k = max(1, req.gpus)
         room = self.gpn.astype(np.int64)
         for free, need in ((cpu, req.cpu_milli), (mem, req.memory_mib)):
-            if need:  # ceil(need * j / k) <= free  <=>  j <= free * k / need
-                room = np.minimum(room, free * k // need)
+            if need:
+                room = np.minimum(room, gpus_carried(free, need, k))
         return np.maximum(room, 0)  # a restored allocation may have left a node over its capacity
 
     def _host_charge(self, alloc: Allocation) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
@@ -162,8 +174,7 @@ class ClusterState:
         req = alloc.request
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
         nodes, per = np.unique(self.gpu_node[gpus], return_counts=True)
-        k = max(1, req.gpus)
-        return nodes, -(-req.cpu_milli * per // k), -(-req.memory_mib * per // k)
+        return nodes, host_share(req.cpu_milli, per, req.gpus), host_share(req.memory_mib, per, req.gpus)
 
     def host_fits(self, alloc: Allocation) -> bool:
         """Whether the nodes of `alloc`'s GPUs have the CPU and memory it takes free (always, untracked)."""

@@ -79,7 +79,8 @@ def live_server(
     home.mkdir(parents=True, exist_ok=True)
     log = home / f"server-{port}.log"
     full_env = {**os.environ, "SUANLI_HOME": str(home), "SUANLI_ADMIN_EMAIL": ADMIN_EMAIL,
-                "SUANLI_ADMIN_PASSWORD": ADMIN_PASSWORD, **(env or {})}  # fmt: skip
+                "SUANLI_ADMIN_PASSWORD": ADMIN_PASSWORD, "SUANLI_SSH_PORT": "0", **(env or {})}  # fmt: skip
+    # (no SSH gateway unless a test asks for one: parallel servers would all want port 2222)
     cmd = [sys.executable, "-m", "suanli.cli.main", "server", "--port", str(port), "--db", db_url, *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, env=full_env, stdout=out, stderr=subprocess.STDOUT)

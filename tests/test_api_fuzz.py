@@ -58,7 +58,7 @@ def _roles(api: Any) -> list[Role]:
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
-               "cluster": "scratch", "gpu": "H20", "ref": workload}  # fmt: skip
+               "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000"}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

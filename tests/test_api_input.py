@@ -117,7 +117,46 @@ def _field_cases(c: Ctx) -> list[tuple[str, str, Any, str, bool]]:
         ("POST", "/login", {"email": "x@example.com", "password": "\x00" * 8}, "password", False),
         ("POST", f"/orgs/{org}/members", {"email": "x@example.com", "role": "king"}, "role", False),
         *[("PUT", f"/admin/orgs/{org}/quota", {"gpus": g}, "gpus", adm) for g in (-1, 10**12, "many", 2**63)],
-        ("PUT", f"/admin/orgs/{org}/quota", {}, "gpus", adm),
+        ("PUT", f"/admin/orgs/{org}/quota", {}, "body", adm),  # which quota to set: none named
+        *[
+            ("PUT", f"/admin/orgs/{org}/quota", {q: v}, q, adm)
+            for q in ("cpus", "memory_gib")
+            for v in (-1, 10**12, "many", 2**63, 1.5)
+        ],
+        *[
+            ("PUT", "/admin/prices/host", {f: p}, f, adm)
+            for f in ("cpu_core_hour", "memory_gib_hour")
+            for p in ("-1", "1e6", "0.123456789", "NaN", "cheap", [])
+        ],
+        ("PUT", "/admin/prices/host", {}, "body", adm),
+        *[
+            ("PUT", "/admin/prices", {"gpu_hour": {}, f: p}, f, adm)
+            for f in ("cpu_core_hour", "memory_gib_hour")
+            for p in ("-0.01", "1e30", "x")
+        ],
+        *[("POST", "/quotes", {**QUOTE, "cpus_per_gpu": v}, "cpus_per_gpu", False) for v in (0, -1, 1e9, "x", 0.0001)],
+        *[("POST", "/quotes", {**QUOTE, "memory_per_gpu": v}, "memory_per_gpu", False) for v in ("64", "-1Gi", "9Pi")],
+        *[
+            (
+                "POST",
+                "/quotes/workload",
+                {"spec": {"name": "x", "command": "c", "resources": {"gpus": 0, **r}}},
+                f"resources.{next(iter(r))}",
+                False,
+            )
+            for r in (
+                {"cpus": 0},
+                {"cpus": -2},
+                {"cpus": 10**9},
+                {"cpus": "many"},
+                {"cpus": True},
+                {"memory": "-1Gi"},
+                {"memory": "2Pi"},
+                {"memory": 2048},
+                {"memory": "1e400Gi"},
+            )
+        ],
+        ("POST", "/quotes/workload", {}, "body", False),
         ("PATCH", f"/admin/nodes/{c.node}", {"state": "exploded"}, "state", adm),
         ("PATCH", f"/admin/nodes/{c.node}", {"state": "down", "reason": "r" * 1001}, "reason", adm),
         ("PATCH", f"/admin/nodes/{c.node}", {"state": "down", "reason": "\x00"}, "reason", adm),

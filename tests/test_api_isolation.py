@@ -25,11 +25,14 @@ PASSWORD = "tenant-password"
 GLOBAL = {
     ("POST", "/signup"), ("POST", "/login"), ("POST", "/logout"), ("GET", "/me"), ("GET", "/tokens"),
     ("POST", "/tokens"), ("GET", "/orgs"), ("POST", "/orgs"), ("GET", "/prices"), ("GET", "/offers"),
-    ("POST", "/quotes"), ("GET", "/workloads"), ("POST", "/workloads"),
+    ("POST", "/quotes"), ("POST", "/quotes/workload"), ("GET", "/workloads"), ("POST", "/workloads"), ("GET", "/environments"),
+    ("GET", "/keys"), ("POST", "/keys"), ("GET", "/ssh"),
 }  # fmt: skip
 PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
 UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
 OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
+PROBE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUqxWjtshpF4K1Wi probe"
+VICTIM_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPYgWGKugdE1qhZINwqTdx8vVRu8YjxWU0L7RLCUqHML victim"
 # A valid body per request model: a 422 would hide whether the caller was authorised.
 SAMPLES: dict[str, dict[str, Any]] = {
     "TokenIn": {"name": "probe"},
@@ -37,6 +40,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "MoveIn": {"amount": "1000", "key": "steal"},
     "QuotaIn": {"gpus": 0},
     "PriceGpuIn": {"on_demand": "0.01"},
+    "PriceHostIn": {"cpu_core_hour": "0.01"},
+    "WorkloadQuoteIn": {"spec": {"name": "probe", "command": "x", "resources": {"gpus": 0}}},
     "PriceBookIn": {"gpu_hour": {"H20": "0.01"}},
     "ClusterIn": {"preset": "1x8:H20", "name": "intruder"},
     "NodeStateIn": {"state": "down", "reason": "probe"},
@@ -47,6 +52,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "WorkloadIn": {"spec": {"name": "probe", "kind": "instance", "resources": {"gpus": 0}}},
     "SamplesIn": {"samples": [{"node": "probe", "gpu": 0, "t": 1e9, "xid": 79}]},
     "FaultIn": {"gpu": 0, "kind": "off_bus"},
+    "SshKeyIn": {"public_key": PROBE_KEY},
 }
 
 
@@ -78,17 +84,19 @@ class World:
     node: str
     cluster: str
     workload: str  # the victim's instance in its team
+    ssh_key: str  # the victim's SSH key
 
     def secrets(self) -> list[str]:
         v, c = self.victim, self.colleague
         return [v.email, c.email, v.user_id, c.user_id, v.org_id, self.team, self.team_name, self.token_id,
-                self.allocation, "victim-workload", self.workload, "victim-box"]  # fmt: skip
+                self.allocation, "victim-workload", self.workload, "victim-box", self.ssh_key]  # fmt: skip
 
     def values(self, name: str) -> list[str]:
         table = {
             "org_id": [self.team, self.victim.org_id], "org": [self.team, self.victim.org_id, self.victim.email],
             "token_id": [self.token_id], "user_id": [self.victim.user_id, self.colleague.user_id],
             "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"], "ref": [self.workload, "victim-box"],
+            "key_id": [self.ssh_key],
         }  # fmt: skip
         assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
         return table[name]
@@ -117,10 +125,12 @@ def world(api: Any) -> World:
     spec = {"name": "victim-box", "kind": "instance", "resources": {"gpus": 0}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=victim.headers)
     assert r.status_code == 201, r.text
+    key = api.post(f"{API}/keys", json={"public_key": VICTIM_KEY}, headers=victim.headers)
+    assert key.status_code == 201, key.text
     attacker = signup(api, "mallory@example.com", PASSWORD)
     attacker_team = api.post(f"{API}/orgs", json={"name": "mallory-team"}, headers=attacker.headers).json()["id"]
     return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
-                 node, "shared", r.json()["id"])  # fmt: skip
+                 node, "shared", r.json()["id"], key.json()["id"])  # fmt: skip
 
 
 def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:
@@ -156,6 +166,7 @@ def _snapshot(api: Any, w: World) -> dict[str, Any]:
     return {
         "me": me.json(),
         "tokens": api.get(f"{API}/tokens", headers=h).json(),
+        "keys": api.get(f"{API}/keys", headers=h).json(),
         "orgs": [admin_orgs[o] for o in (w.team, w.victim.org_id)],
         "users": [admin_users[u] for u in (w.victim.user_id, w.colleague.user_id)],
         **{

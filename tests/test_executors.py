@@ -198,10 +198,14 @@ def test_a_stuck_supervisor_is_killed_with_its_job(tmp_path: Path) -> None:
 def test_a_stop_that_races_the_start_runs_nothing(tmp_path: Path) -> None:
     (tmp_path / "stop-requested").write_text("{}")
     rc = tmp_path / "rank-0.rc"
-    cmd = [sys.executable, "-P", "-m", "suanli.executors.rankrun", str(rc), str(tmp_path / "stop-requested"), "1"]
-    subprocess.run([*cmd, "touch ran"], cwd=tmp_path, check=True, capture_output=True, timeout=30)
+    config = {"rc_file": str(rc), "stop_file": str(tmp_path / "stop-requested"), "grace_s": 1, "command": "touch ran",
+              "env": {}, "sandbox": None}  # fmt: skip
+    (tmp_path / "launch.json").write_text(json.dumps(config))
+    cmd = [sys.executable, "-P", "-m", "suanli.executors.rankrun", str(tmp_path / "launch.json")]
+    subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True, timeout=30)
     assert rc.read_text().strip() == "-15"
     assert not (tmp_path / "ran").exists()
+    assert not (tmp_path / "launch.json").exists()  # read and deleted: env values do not stay on disk
 
 
 # -- local: re-attach and lost ranks -------------------------------------------------------------------
@@ -297,7 +301,7 @@ def test_the_rank_supervisor_imports_little() -> None:
     out = subprocess.run([sys.executable, "-P", "-c", code], check=True, capture_output=True, text=True, timeout=30)
     modules = set(out.stdout.split())
     assert "suanli.executors.rankrun" in modules
-    assert not modules & {"typing", "json", "subprocess", "suanli.executors.base", "suanli.executors.local"}
+    assert not modules & {"typing", "subprocess", "suanli.executors.base", "suanli.executors.local", "suanli.sandbox"}
 
 
 def test_registry() -> None:

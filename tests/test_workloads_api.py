@@ -114,7 +114,11 @@ def test_local_job_runs_its_uploaded_workdir_to_completion(platform: Platform) -
     assert done["exit_code"] == 0
     assert [e["state"] for e in done["events"]] == ["pending", "scheduled", "starting", "running", "succeeded"]
     assert done["allocation"]["nodes"] == {"this-host": []}
-    assert Decimal(done["cost"]) == 0
+    a = done["allocation"]  # CPU-only: 1 core and 2 GiB by default, at the shipped host prices (0.10 + 2 x 0.025)
+    assert (a["cpu_milli"], a["memory_mib"], a["rate_per_hour"], a["host_rate_per_hour"]) == (
+        1000, 2048, "0.15000000", "0.15000000")  # fmt: skip
+    ran = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()
+    assert Decimal(done["cost"]) == cost_of(Decimal("0.15"), billable_seconds(ran, stopped=True)) > 0
     logs = platform.api.get(f"{WL}/{w['id']}/logs", headers=platform.tenant.headers).json()
     assert logs["data"] == f"hello from {w['id']} 1\n"
     assert logs["done"] is True
@@ -212,8 +216,9 @@ def test_max_duration_stops_the_workload_with_the_reason(platform: Platform) -> 
 
 
 def test_a_stopped_local_job_is_terminated(platform: Platform, tmp_path: Path) -> None:
-    marker = tmp_path / "started"
-    w = platform.submit({"name": "sleeper", "command": f"touch {marker}; exec sleep 60", "resources": {"gpus": 0}})
+    # The job runs sandboxed: it writes its marker in its own workdir, where the test finds it from outside.
+    w = platform.submit({"name": "sleeper", "command": "touch started; exec sleep 60", "resources": {"gpus": 0}})
+    marker = platform.sup.home / "workloads" / w["id"] / "workdir" / "started"
     platform.until(w["id"], lambda w: w["state"] == "running" and marker.exists())
     platform.api.post(f"{WL}/{w['id']}/stop", headers=platform.tenant.headers)
     done = platform.until(w["id"], finished, timeout=15)
@@ -402,8 +407,8 @@ def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
     from suanli.control import supervisor
     from suanli.control.scheduling import seconds
 
-    launches = tmp_path / "launches"
-    w = platform.submit({"name": "once", "command": f"echo x >> {launches}; sleep 1", "resources": {"gpus": 0}})
+    w = platform.submit({"name": "once", "command": "echo x >> launches; sleep 1", "resources": {"gpus": 0}})
+    launches = platform.sup.home / "workloads" / w["id"] / "workdir" / "launches"  # its own, seen from outside
     platform.sched.run(platform.db, utcnow())
 
     def launch_then_die(self: Supervisor, db: Any, wid: str, launch: Any, now: Any, report: Any) -> None:

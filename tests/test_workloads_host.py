@@ -76,9 +76,15 @@ def test_what_no_node_could_ever_carry_is_refused_at_submission(platform: Platfo
     assert platform.until(fits["id"], lambda w: w["state"] == "running")["allocation"]["gpus"] == 4
 
 
-def test_cpus_or_memory_on_cpu_only_work_is_refused_by_name() -> None:
-    for extra, field in (({"cpus": 4}, "resources.cpus"), ({"memory": "8Gi"}, "resources.memory")):
-        with pytest.raises(SpecError, match=f"{field}: counts only for work with GPUs"):
+def test_cpu_only_work_asks_for_cpus_and_memory_or_gets_one_core_and_2_gib() -> None:
+    """Once refused; now CPU-only work is charged for its cores and memory, so it says how many (or gets the
+    default, written into its spec); hostile values are still refused by name."""
+    asked = parse_spec({"name": "x", "command": "c", "resources": {"gpus": 0, "cpus": 4, "memory": "8Gi"}})
+    assert asked.host_request() == (4000, 8192)
+    default = parse_spec({"name": "x", "command": "c", "resources": {"gpus": 0, "memory": "512Mi"}})
+    assert default.host_request() == (1000, 512)
+    for extra, field in (({"cpus": 0}, "resources.cpus"), ({"memory": "0Gi"}, "resources.memory")):
+        with pytest.raises(SpecError, match=f"{field}: "):
             parse_spec({"name": "x", "command": "c", "resources": {"gpus": 0, **extra}})
 
 

@@ -46,15 +46,19 @@ from suanli.client_models import (
     Quote,
     Session,
     Signup,
+    SshInfo,
+    SshKey,
     Token,
     Transaction,
     User,
     Workload,
     WorkloadAllocation,
     WorkloadEvent,
+    WorkloadQuote,
     jsonable,
     load,
 )
+from suanli.client_ssh import SshCalls
 from suanli.client_telemetry import TelemetryCalls
 from suanli.workdir_upload import WORKDIR_LIMIT, pack_workdir
 
@@ -79,12 +83,15 @@ __all__ = [
     "Quote",
     "Session",
     "Signup",
+    "SshInfo",
+    "SshKey",
     "Token",
     "Transaction",
     "User",
     "Workload",
     "WorkloadAllocation",
     "WorkloadEvent",
+    "WorkloadQuote",
     "jsonable",
     "load",
     "normalise_server",
@@ -137,12 +144,22 @@ def _amount(value: Decimal | int | str) -> str:
     return str(Decimal(str(value)))
 
 
+class Unchanged:
+    """The default of an optional setting left as it is (None has a meaning of its own: no limit)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = Unchanged()
+
+
 def _params(**kw: Any) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls):
+class Client(TelemetryCalls, SshCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(
@@ -345,14 +362,33 @@ class Client(TelemetryCalls):
         billing_mode: str | None = None,
         rank: str | None = None,
         limit: int | None = None,
+        cpus_per_gpu: Decimal | int | str | None = None,
+        memory_per_gpu: str | None = None,
     ) -> list[Quote]:
         """Feasible offers for a training run, best first by `rank`; give exactly one of tokens and steps.
-        Options left as None take the server's defaults."""
+        `cpus_per_gpu`/`memory_per_gpu` (e.g. "64Gi") price host CPU and memory in. Options left as None take the
+        server's defaults."""
         body = _params(
             model=model, tokens=tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
             global_batch=global_batch, billing_mode=billing_mode, rank=rank, limit=limit,
+            cpus_per_gpu=None if cpus_per_gpu is None else _amount(cpus_per_gpu), memory_per_gpu=memory_per_gpu,
         )  # fmt: skip
         return [load(Quote, q) for q in self._post("/quotes", body)]
+
+    def quote_workload(self, spec: str | dict[str, Any] | Path, org_id: str | None = None) -> list[WorkloadQuote]:
+        """What a workload spec (YAML text, a dict, or a Path) would pay on each GPU model that could run it, cheapest
+        first (CPU-only work: one row), and the cost of its duration; nothing is submitted."""
+        if isinstance(spec, os.PathLike):
+            body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
+        elif isinstance(spec, str):
+            body = {"spec_yaml": spec}
+        elif isinstance(spec, dict):
+            body = {"spec": spec}
+        else:
+            raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
+        if org_id:
+            body["org"] = org_id
+        return [load(WorkloadQuote, q) for q in self._post("/quotes/workload", body)]
 
     # ---- workloads ----
     def submit(
@@ -445,9 +481,17 @@ class Client(TelemetryCalls):
     def admin_orgs(self, limit: int | None = None) -> list[Org]:
         return [load(Org, o) for o in self._get("/admin/orgs", limit=limit)]
 
-    def admin_set_quota(self, org: str, gpus: int | None) -> Org:
-        """`org` is an id or a name; `gpus` None removes the limit."""
-        return load(Org, self.call("PUT", f"/admin/orgs/{_seg(org)}/quota", {"gpus": gpus}))
+    def admin_set_quota(
+        self, org: str, gpus: int | Unchanged | None = UNCHANGED, *, cpus: int | Unchanged | None = UNCHANGED,
+        memory_gib: int | Unchanged | None = UNCHANGED,
+    ) -> Org:  # fmt: skip
+        """`org` is an id or a name. Sets the quotas given: GPUs, host CPU cores, host memory GiB held at once (None
+        removes that limit); the others stay as they are."""
+        limits = {k: v for k, v in (("gpus", gpus), ("cpus", cpus), ("memory_gib", memory_gib))
+                  if not isinstance(v, Unchanged)}  # fmt: skip
+        if not limits:
+            raise ValueError("give at least one of gpus, cpus and memory_gib")
+        return load(Org, self.call("PUT", f"/admin/orgs/{_seg(org)}/quota", limits))
 
     def admin_move(
         self, org: str, amount: Decimal | int | str, kind: str = "topup", memo: str = "", key: str | None = None
@@ -463,6 +507,14 @@ class Client(TelemetryCalls):
     def admin_set_prices(self, book: dict[str, Any]) -> dict[str, Any]:
         """Replace the whole price book (the document `prices()` returns; `version` is ignored)."""
         return self.call("PUT", "/admin/prices", book)
+
+    def admin_set_host_prices(
+        self, cpu_core_hour: Decimal | int | str | None = None, memory_gib_hour: Decimal | int | str | None = None
+    ) -> dict[str, Any]:
+        """Set the price of host CPU per core-hour and/or memory per GiB-hour (None: keep it); a new book version."""
+        body = _params(cpu_core_hour=None if cpu_core_hour is None else _amount(cpu_core_hour),
+                       memory_gib_hour=None if memory_gib_hour is None else _amount(memory_gib_hour))  # fmt: skip
+        return self.call("PUT", "/admin/prices/host", body)
 
     def admin_set_gpu_price(
         self, gpu: str, price: Decimal | int | str | None = None, remove: bool = False

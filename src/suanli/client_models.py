@@ -34,6 +34,8 @@ class Org:
     personal: bool
     quota_gpus: int | None
     role: str | None = None
+    quota_cpus: int | None = None  # host CPU cores held at once; None: no limit
+    quota_memory_gib: int | None = None  # host memory held at once, GiB; None: no limit
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,24 @@ class Token:
 @dataclass(frozen=True)
 class NewToken(Token):
     token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True)
+class SshKey:
+    id: str
+    name: str
+    algorithm: str
+    fingerprint: str
+    public_key: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class SshInfo:
+    enabled: bool
+    port: int | None
+    host_key: str | None
+    host_key_fingerprint: str | None
 
 
 @dataclass(frozen=True)
@@ -128,6 +148,8 @@ class Offer:
     spot_per_gpu_hour: Decimal | None
     plans_per_gpu_hour: dict[str, Decimal]
     slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
+    cpu_per_core_hour: Decimal | None = None  # host CPU work asks for (CPU-only work pays only these), on demand
+    memory_per_gib_hour: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -144,6 +166,24 @@ class Quote:
     cost: Decimal
     currency: str
     available_now: bool
+    host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
+
+
+@dataclass(frozen=True)
+class WorkloadQuote:
+    """What a workload spec would pay on one GPU model (`gpu` None: CPU-only work)."""
+
+    gpu: str | None
+    gpus: int
+    cpu_milli: int  # host CPU it gets, 1000 a core
+    memory_mib: int
+    billing_mode: str
+    gpu_rate_per_hour: Decimal
+    host_rate_per_hour: Decimal
+    rate_per_hour: Decimal
+    duration_s: float | None  # the spec's duration, else max_duration
+    cost: Decimal | None  # of duration_s, as metering charges it
+    currency: str
 
 
 @dataclass(frozen=True)
@@ -225,6 +265,9 @@ class WorkloadAllocation:
     billing_mode: str
     started_at: datetime | None = None
     stopped_at: datetime | None = None
+    cpu_milli: int = 0  # host CPU held, 1000 a core (0: not asked for)
+    memory_mib: int = 0
+    host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, market, orgs, plans, telemetry, workloads
+from suanli.api.routers import admin, auth, market, orgs, plans, ssh, telemetry, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, health, inventory, prices
 from suanli.control.background import BackgroundProcess
@@ -166,10 +166,19 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         background = BackgroundProcess(settings) if settings.background else None
         if background:
             background.start()
+        # The SSH gateway enters sandboxes of this host's local executor: it runs where the loops launch them.
+        gateway = None
+        if settings.background and settings.ssh_port:
+            from suanli.control.ssh_gateway import GatewayProcess  # asyncssh: loaded only where it runs
+
+            gateway = GatewayProcess(settings)
+            gateway.start()
         app.state.background = background
         try:
             yield
         finally:
+            if gateway:
+                gateway.stop()
             if background:
                 background.stop()
             srv.submissions.close()
@@ -223,7 +232,9 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    for r in (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router, telemetry.router):
+    routers = (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router, telemetry.router,
+               ssh.router)  # fmt: skip
+    for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     uploads = {f"{API}/workloads": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}

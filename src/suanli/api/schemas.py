@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from suanli.billing.money import INTERNAL
+from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR
+from suanli.workloads.models import parse_memory_mib
 
 Amount = Decimal
 NUL_MESSAGE = "NUL characters (\\u0000) are not allowed"
@@ -97,6 +99,8 @@ class OrgOut(Out):
     name: str
     personal: bool
     quota_gpus: int | None
+    quota_cpus: int | None = Field(None, description="most host CPU cores held at once; null: no limit")
+    quota_memory_gib: int | None = Field(None, description="most host memory (GiB) held at once; null: no limit")
     role: str | None = None
 
 
@@ -134,6 +138,28 @@ class TokenOut(Out):
 
 class NewTokenOut(TokenOut):
     token: str = Field(description="bearer token; shown once, stored only as a hash")
+
+
+class SshKeyIn(In):
+    model_config = ConfigDict(extra="forbid", str_max_length=8192)
+    public_key: str = Field(min_length=1, max_length=8192, description="one OpenSSH public key (the .pub file)")
+    name: str | None = Field(None, min_length=1, max_length=128, description="default: the key's comment")
+
+
+class SshKeyOut(Out):
+    id: str
+    name: str
+    algorithm: str
+    fingerprint: str = Field(description="SHA256, as `ssh-keygen -l` prints it")
+    public_key: str
+    created_at: datetime
+
+
+class SshInfoOut(Out):
+    enabled: bool
+    port: int | None = Field(description="the gateway's port on the server's host; None when it is off")
+    host_key: str | None = Field(description="its public host key (OpenSSH form), for known_hosts")
+    host_key_fingerprint: str | None
 
 
 class OrgIn(In):
@@ -183,7 +209,20 @@ class MoveIn(In):
 
 
 class QuotaIn(In):
-    gpus: int | None = Field(description="most GPUs held at once; null removes the limit", ge=0, le=1_000_000)
+    """Only the quotas named change; null removes that limit."""
+
+    gpus: int | None = Field(None, description="most GPUs held at once", ge=0, le=1_000_000)
+    cpus: int | None = Field(None, description="most host CPU cores held at once", ge=0, le=100_000_000)
+    memory_gib: int | None = Field(None, description="most host memory held at once, GiB", ge=0, le=1_000_000_000)
+
+    @model_validator(mode="after")
+    def _some(self) -> QuotaIn:
+        if not self.model_fields_set:
+            raise ValueError("give at least one of gpus, cpus and memory_gib")
+        return self
+
+    def limits(self) -> dict[str, int | None]:
+        return {k: getattr(self, k) for k in ("gpus", "cpus", "memory_gib") if k in self.model_fields_set}
 
 
 # ---- market -------------------------------------------------------------------------------------------------
@@ -200,6 +239,8 @@ class OfferOut(Out):
     spot_per_gpu_hour: str | None
     plans_per_gpu_hour: dict[str, str]
     slices_per_hour: dict[str, str] = Field(description="one MIG slice, by profile")
+    cpu_per_core_hour: str = Field(description="host CPU asked for, on demand (spot: times the spot factor)")
+    memory_per_gib_hour: str = Field(description="host memory asked for, on demand (spot: times the spot factor)")
 
 
 class QuoteIn(In):
@@ -214,6 +255,20 @@ class QuoteIn(In):
     billing_mode: Literal["on-demand", "spot"] = "on-demand"
     rank: Literal["cheapest", "fastest"] = "cheapest"
     limit: int = Field(10, ge=1, le=100)
+    cpus_per_gpu: Decimal | None = Field(None, gt=0, le=4096, decimal_places=3, description="host CPU cores a GPU")
+    memory_per_gpu: str | None = Field(None, max_length=32, description="host memory a GPU, e.g. 64Gi")
+
+    @field_validator("memory_per_gpu")
+    @classmethod
+    def _memory(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_memory_mib(v)  # ValueError naming the expected shape
+        return v
+
+    def host_per_gpu(self) -> tuple[int, int]:
+        """(milli-cores, MiB) a GPU."""
+        cpu = int(self.cpus_per_gpu * 1000) if self.cpus_per_gpu is not None else 0
+        return cpu, parse_memory_mib(self.memory_per_gpu) if self.memory_per_gpu is not None else 0
 
     @model_validator(mode="after")
     def _one_size(self) -> QuoteIn:
@@ -239,6 +294,36 @@ class QuoteOut(Out):
     cost: str
     currency: str
     available_now: bool
+    host_rate_per_hour: str = Field("0.00000000", description="the host CPU and memory part of rate_per_hour")
+
+
+class WorkloadQuoteIn(In):
+    """A workload spec to price, as `POST /workloads` takes it (without a workdir)."""
+
+    model_config = ConfigDict(extra="forbid", str_max_length=256 * 1024)
+    spec: dict[str, object] | None = Field(None, description="the workload spec as JSON")
+    spec_yaml: str | None = Field(None, max_length=256 * 1024, description="…or as YAML text")
+    org: str | None = Field(None, max_length=64, description="the org that would pay (its plans); default: yours")
+
+    @model_validator(mode="after")
+    def _one_spec(self) -> WorkloadQuoteIn:
+        if (self.spec is None) == (self.spec_yaml is None):
+            raise ValueError("give exactly one of spec (JSON) or spec_yaml (YAML text)")
+        return self
+
+
+class WorkloadQuoteOut(Out):
+    gpu: str | None = Field(description="GPU model; null for CPU-only work")
+    gpus: int
+    cpu_milli: int = Field(description="host CPU it gets, 1000 a core")
+    memory_mib: int = Field(description="host memory it gets")
+    billing_mode: str
+    gpu_rate_per_hour: str
+    host_rate_per_hour: str
+    rate_per_hour: str
+    duration_s: float | None = Field(description="the spec's duration, else max_duration; null: neither")
+    cost: str | None = Field(description="rate x duration_s, as metering charges it (every started second)")
+    currency: str
 
 
 GpuName = Annotated[str, Field(min_length=1, max_length=64)]
@@ -259,12 +344,27 @@ class PriceBookIn(In):
     spot_factor: Amount = Field(Decimal("0.4"), gt=0, le=1, decimal_places=8)
     slice_premium: Amount = Field(Decimal("1.0"), ge=1, le=10, decimal_places=8)
     storage_gb_month: Amount = Field(Decimal("0"), ge=0, le=Decimal("100000"), decimal_places=8)
+    cpu_core_hour: HourlyPrice = Field(DEFAULT_CPU_CORE_HOUR, description="host CPU, per core-hour")
+    memory_gib_hour: HourlyPrice = Field(DEFAULT_MEMORY_GIB_HOUR, description="host memory, per GiB-hour")
     plans: dict[Annotated[str, Field(min_length=1, max_length=32)], PlanPriceIn] = Field(default_factory=dict)
 
 
 class PriceGpuIn(In):
     on_demand: Amount | None = Field(None, ge=0, le=Decimal("100000"), decimal_places=8)
     remove: bool = False
+
+
+class PriceHostIn(In):
+    """Host prices to change (at least one); the other stays as it is."""
+
+    cpu_core_hour: HourlyPrice | None = None
+    memory_gib_hour: HourlyPrice | None = None
+
+    @model_validator(mode="after")
+    def _some(self) -> PriceHostIn:
+        if self.cpu_core_hour is None and self.memory_gib_hour is None:
+            raise ValueError("give cpu_core_hour, memory_gib_hour or both")
+        return self
 
 
 # ---- inventory ----------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The operator's price book: hourly rates by GPU model and billing mode, slices, storage and plans."""
+"""The operator's price book: hourly rates by GPU model and billing mode, slices, host CPU and memory, storage and
+plans."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ BillingMode = Literal["on-demand", "spot"]
 # Amounts leave as fixed-point strings ("0.00000000", never "0E-8").
 Amount = Annotated[Decimal, PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json")]
 FULL_MILLI = 1000
+MIB_PER_GIB = 1024
 MAX_PRICE = Decimal(100_000)
+# Host prices of a book stored before they existed (and the shipped book's): see default_prices.yaml.
+DEFAULT_CPU_CORE_HOUR = exact("0.10")
+DEFAULT_MEMORY_GIB_HOUR = exact("0.025")
 
 
 class PlanPrice(BaseModel):
@@ -36,7 +41,14 @@ class PriceBook(BaseModel):
     spot_factor: Amount = Field(Decimal("0.4"), gt=0, le=1)
     slice_premium: Amount = Field(Decimal("1.0"), ge=1, le=10)
     storage_gb_month: Amount = Field(Decimal("0"), ge=0, le=MAX_PRICE)
+    cpu_core_hour: Amount = Field(DEFAULT_CPU_CORE_HOUR, ge=0, le=MAX_PRICE)
+    memory_gib_hour: Amount = Field(DEFAULT_MEMORY_GIB_HOUR, ge=0, le=MAX_PRICE)
     plans: dict[str, PlanPrice] = Field(default_factory=dict)
+
+    @field_validator("cpu_core_hour", "memory_gib_hour")
+    @classmethod
+    def _to_internal(cls, v: Decimal) -> Decimal:
+        return exact(v)
 
     @field_validator("gpu_hour")
     @classmethod
@@ -63,6 +75,15 @@ class PriceBook(BaseModel):
         if milli < FULL_MILLI:
             return exact(per_gpu * milli / FULL_MILLI * self.slice_premium)
         return exact(per_gpu * gpus)
+
+    def host_rate(self, cpu_milli: int, memory_mib: int, mode: BillingMode = "on-demand") -> Decimal:
+        """Per hour for host CPU (milli-cores) and memory (MiB): cores x cpu_core_hour + GiB x memory_gib_hour,
+        exact (a MiB is 1/1024 GiB, a finite decimal), times the spot factor for spot work."""
+        if cpu_milli < 0 or memory_mib < 0:
+            raise ValueError("cpu_milli and memory_mib must be >= 0")
+        rate = Decimal(cpu_milli) / FULL_MILLI * self.cpu_core_hour
+        rate += Decimal(memory_mib) / MIB_PER_GIB * self.memory_gib_hour
+        return exact(rate * self.spot_factor if mode == "spot" else rate)
 
     def plan_price(self, plan: str, gpu_model: str, gpus: int) -> Decimal:
         """Upfront price of holding `gpus` GPUs for one period of `plan`."""

@@ -43,6 +43,7 @@ class Quote:
     rate_per_hour: Decimal
     cost: Decimal
     available_now: bool
+    host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -56,6 +57,7 @@ class Quote:
             "rate_per_hour": format(self.rate_per_hour, "f"),
             "cost": format(self.cost.quantize(Decimal("0.01")), "f"),
             "available_now": self.available_now,
+            "host_rate_per_hour": format(self.host_rate_per_hour, "f"),
         }
 
 
@@ -83,8 +85,10 @@ def quote(
     mode: BillingMode = "on-demand",
     rank: Rank = "cheapest",
     limit: int = 10,
+    host: tuple[int, int] = (0, 0),
 ) -> list[Quote]:
-    """Feasible quotes, best first. `gpus` fixes the count; otherwise a range of counts is tried."""
+    """Feasible quotes, best first. `gpus` fixes the count; otherwise a range of counts is tried. `host`: the
+    host CPU (milli-cores) and memory (MiB) each GPU asks for, priced with the GPUs."""
     if tokens <= 0:
         raise ValueError("tokens must be positive")
     out: list[Quote] = []
@@ -102,7 +106,8 @@ def quote(
             if not best.fits:
                 continue
             seconds = tokens / best.tokens_per_s
-            rate = prices.rate(offer.gpu, n, mode)
+            host_rate = prices.host_rate(host[0] * n, host[1] * n, mode)
+            rate = exact(prices.rate(offer.gpu, n, mode) + host_rate)
             cost = exact(rate * Decimal(str(seconds)) / 3600)
             plan = {k: getattr(best.plan, k) for k in ("tp", "pp", "cp", "dp", "vp", "mbs", "zero", "recompute")}
             out.append(
@@ -117,6 +122,7 @@ def quote(
                     rate,
                     cost,
                     n <= offer.free_gpus,
+                    host_rate,
                 )
             )
     key = (lambda q: (q.cost, q.total_time_s)) if rank == "cheapest" else (lambda q: (q.total_time_s, q.cost))

@@ -145,12 +145,15 @@ def usage(
         console.print("no usage yet")
         return
     table = Table(title="usage")
-    for col in ("workload", "user", "GPU", "GPUs", "mode", "started", "stopped", "charged", "cost"):
+    from suanli.workloads.host import host_text
+
+    for col in ("workload", "user", "GPU", "GPUs", "host", "mode", "started", "stopped", "charged", "cost"):
         table.add_column(col, justify="right" if col in ("GPUs", "charged", "cost") else "left")
     for r in rows:
         gpus = str(r["gpus"]) if r.get("milli", 1000) == 1000 else f"{r['milli'] / 1000:g}"
         table.add_row(
-            r.get("workload") or r["allocation"], r["user"], r.get("gpu_model") or "-", gpus, r["billing_mode"],
+            r.get("workload") or r["allocation"], r["user"], r.get("gpu_model") or "-", gpus,
+            host_text(int(r.get("cpu_milli") or 0), int(r.get("memory_mib") or 0)), r["billing_mode"],
             when(r["started_at"]), when(r.get("stopped_at")), human_duration(float(r["seconds_charged"])),
             money(r["cost"]),
         )  # fmt: skip
@@ -215,11 +218,12 @@ OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or n
 
 def orgs_table(rows: Any, title: str = "organisations") -> Table:
     table = Table(title=title)
-    for col in ("id", "name", "kind", "role", "GPU quota"):
+    for col in ("id", "name", "kind", "role", "GPU quota", "CPU quota", "memory quota"):
         table.add_column(col)
     for o in rows:
-        quota = "-" if o.quota_gpus is None else str(o.quota_gpus)
-        table.add_row(o.id, o.name, "personal" if o.personal else "team", o.role or "-", quota)
+        quotas = ("-" if q is None else f"{q}{unit}" for q, unit in ((o.quota_gpus, ""), (o.quota_cpus, " cores"),
+                                                                      (o.quota_memory_gib, " GiB")))  # fmt: skip
+        table.add_row(o.id, o.name, "personal" if o.personal else "team", o.role or "-", *quotas)
     return table
 
 

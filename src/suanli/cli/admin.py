@@ -20,7 +20,7 @@ from rich.text import Text
 from suanli.cli import credentials as cred
 from suanli.cli import telemetry
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
-from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, unit_price, when
 from suanli.cli.workloads import span
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
@@ -100,7 +100,7 @@ def create_user(
 
 @app.command("orgs")
 def orgs(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
-    """Every organisation, with its GPU quota."""
+    """Every organisation, with its quotas."""
     from suanli.cli.account import orgs_table
 
     with cred.api(server) as c:
@@ -150,28 +150,55 @@ def credit(
     _move(org, amount, "refund" if refund else "credit", memo, key, server, json_out)
 
 
-quotas_app = typer.Typer(no_args_is_help=True, help="GPU quotas: the most GPUs an organisation holds at once.")
+quotas_app = typer.Typer(
+    no_args_is_help=True, help="Quotas: the most GPUs, host CPU cores and memory an organisation holds at once."
+)
 app.add_typer(quotas_app, name="quotas")
+QUOTA_MAX = {"GPUS": 1_000_000, "--cpus": 100_000_000, "--memory-gib": 1_000_000_000}  # as the API bounds them
+
+
+def _limit(text: str, what: str) -> int | None:
+    """A whole number >= 0, or None for 'none' (no limit)."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if not 0 <= limit <= QUOTA_MAX[what]:
+        fail(f"invalid {what} {text!r}: a whole number from 0 to {QUOTA_MAX[what]:,}, or 'none'")
+    return limit
+
+
+def _quota(value: int | None, unit: str = "") -> str:
+    return "none" if value is None else f"{value}{unit}"
 
 
 @quotas_app.command("set")
 def quota_set(
     org: OrgArg,
-    gpus: Annotated[str, typer.Argument(metavar="GPUS|none", help="GPU count, or 'none' for no limit.")],
+    gpus: Annotated[
+        str | None, typer.Argument(metavar="[GPUS|none]", help="GPU count, or 'none' for no limit.")
+    ] = None,
+    cpus: Annotated[str | None, typer.Option("--cpus", help="Host CPU cores, or 'none' for no limit.")] = None,
+    memory_gib: Annotated[
+        str | None, typer.Option("--memory-gib", help="Host memory in GiB, or 'none' for no limit.")
+    ] = None,
     server: ServerOpt = None,
 ) -> None:
-    """Limit the GPUs an organisation holds at once (or lift the limit)."""
-    limit: int | None = None
-    if gpus.strip().lower() != "none":
-        try:
-            limit = int(gpus)
-        except ValueError:
-            fail(f"invalid GPUS {gpus!r}: a whole number >= 0, or 'none'")
-        if limit < 0:
-            fail(f"invalid GPUS {gpus!r}: a whole number >= 0, or 'none'")
+    """Limit the GPUs, host CPU cores and memory an organisation holds at once (or lift a limit); only the quotas
+    given change."""
+    limits: dict[str, int | None] = {}
+    for key, text, what in (("gpus", gpus, "GPUS"), ("cpus", cpus, "--cpus"), ("memory_gib", memory_gib,
+                                                                                  "--memory-gib")):  # fmt: skip
+        if text is not None:
+            limits[key] = _limit(text, what)
+    if not limits:
+        fail("give GPUS, --cpus or --memory-gib")
     with cred.api(server) as c:
-        o = c.admin_set_quota(org, limit)
-    console.print(f"{o.name}: GPU quota {'none' if o.quota_gpus is None else o.quota_gpus}")
+        o = c.admin_set_quota(org, **limits)
+    console.print(f"{o.name}: GPU quota {_quota(o.quota_gpus)}, CPU quota {_quota(o.quota_cpus, ' cores')}, "
+                  f"memory quota {_quota(o.quota_memory_gib, ' GiB')}")  # fmt: skip
 
 
 @app.command("ledger-check")
@@ -195,7 +222,9 @@ def ledger_check(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
 
 
 # ---- prices -------------------------------------------------------------------------------------------------
-prices_app = typer.Typer(help="The price book: show it, or change a GPU's price, or load a whole book.")
+prices_app = typer.Typer(
+    help="The price book: show it, or change a GPU's price or the host CPU and memory prices, or load a whole book."
+)
 app.add_typer(prices_app, name="prices")
 
 
@@ -210,6 +239,8 @@ def _print_book(book: dict[str, Any]) -> None:
         table.add_row(gpu, money(price), money(Decimal(price) * Decimal(spot)) if spot else "-")
     console.print(table)
     plans = ", ".join(f"{k} {float(p['discount']):.0%} off" for k, p in book.get("plans", {}).items())
+    console.print(f"host: CPU {unit_price(book.get('cpu_core_hour'))}/core-hour, memory "
+                  f"{unit_price(book.get('memory_gib_hour'))}/GiB-hour (CPU-only work, and what GPU work asks for)")  # fmt: skip
     console.print(f"slice premium x{book.get('slice_premium')}; storage {book.get('storage_gb_month')}/GB-month")
     if plans:
         console.print(f"plans: {plans}")
@@ -239,6 +270,29 @@ def prices_set(
     with cred.api(server) as c:
         book = c.admin_set_gpu_price(gpu, value)
     console.print(f"price book v{book['version']}: {gpu} at {money(value)} {book.get('currency', '')}/GPU-hour")
+
+
+@prices_app.command("set-host")
+def prices_set_host(
+    cpu_core_hour: Annotated[
+        str | None, typer.Option("--cpu-core-hour", help="Host CPU price per core-hour, e.g. 0.10.")
+    ] = None,
+    memory_gib_hour: Annotated[
+        str | None, typer.Option("--memory-gib-hour", help="Host memory price per GiB-hour, e.g. 0.025.")
+    ] = None,
+    server: ServerOpt = None,
+) -> None:
+    """Set the host CPU and/or memory price (a new version of the book): what CPU-only work pays, and what GPU work
+    pays for the cores and memory it asks for."""
+    if cpu_core_hour is None and memory_gib_hour is None:
+        fail("give --cpu-core-hour, --memory-gib-hour or both")
+    cpu = cred.parse_amount(cpu_core_hour, "--cpu-core-hour") if cpu_core_hour is not None else None
+    mem = cred.parse_amount(memory_gib_hour, "--memory-gib-hour") if memory_gib_hour is not None else None
+    with cred.api(server) as c:
+        book = c.admin_set_host_prices(cpu, mem)
+    cur = book.get("currency", "")
+    console.print(f"price book v{book['version']}: CPU {unit_price(book['cpu_core_hour'])} {cur}/core-hour, memory "
+                  f"{unit_price(book['memory_gib_hour'])} {cur}/GiB-hour")  # fmt: skip
 
 
 @prices_app.command("remove")

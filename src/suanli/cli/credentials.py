@@ -178,6 +178,14 @@ def money(value: Decimal | str | None) -> str:
     return f"{Decimal(value):,.2f}"
 
 
+def unit_price(value: Decimal | str | None) -> str:
+    """A price per unit exactly, with at least two decimals: 0.10, 0.025; '-' for none."""
+    if value is None:
+        return "-"
+    d = Decimal(value)
+    return f"{d:,.2f}" if d == round(d, 2) else f"{d.normalize():,f}"
+
+
 def when(value: Any) -> str:
     """A timestamp to the second, in UTC as the server gives it; '-' for none."""
     if value is None:

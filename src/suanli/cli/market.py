@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,19 +21,23 @@ from suanli.cli.common import (
     human_duration,
     parse_count,
     pct,
+    user_errors,
 )
-from suanli.cli.credentials import ServerOpt, jsonable, money, org_id
+from suanli.cli.credentials import ServerOpt, jsonable, money, org_id, unit_price
 
 
 def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     """What is for rent: per GPU model, how many, how many free, the largest free NVLink/leaf blocks, prices."""
     with cred.api(server) as c:
         rows = c.offers()
+        book = c.prices() if not rows and not json_out else None
     if json_out:
         emit_json(jsonable(rows))
         return
     if not rows:
-        console.print("nothing on offer yet: an operator registers nodes with 'suanli admin register'")
+        console.print("no GPUs on offer yet: an operator registers nodes with 'suanli admin register'")
+        if book is not None:
+            _host_line(book.get("cpu_core_hour"), book.get("memory_gib_hour"), book.get("currency", ""))
         return
     cur = rows[0].currency
     table = Table(title=f"offers (prices in {cur} per GPU-hour)")
@@ -46,10 +52,21 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
             money(o.plans_per_gpu_hour.get("monthly")),
         )  # fmt: skip
     console.print(table)
+    _host_line(rows[0].cpu_per_core_hour, rows[0].memory_per_gib_hour, cur)
+
+
+def _host_line(cpu: Decimal | str | None, memory: Decimal | str | None, currency: str) -> None:
+    console.print(f"host CPU {unit_price(cpu)} {currency} per core-hour, memory {unit_price(memory)} {currency} per "
+                  "GiB-hour: what CPU-only work pays (1 core and 2 GiB unless it asks for more), and GPU work for "
+                  "the cpus and memory it asks for; spot: times the spot factor")  # fmt: skip
 
 
 def quote(
-    model: Annotated[str, typer.Option("--model", "-m", help="Model preset, e.g. llama3.1-8b.")],
+    model: Annotated[str | None, typer.Option("--model", "-m", help="Model preset, e.g. llama3.1-8b.")] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option("--spec", metavar="FILE.yaml", help="Price a workload spec instead (CPU-only work too)."),
+    ] = None,
     tokens: Annotated[str | None, typer.Option("--tokens", help="Tokens to train on (1e9, 300B, 15T).")] = None,
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps (instead of --tokens).")] = None,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU model, or 'any'.")] = "any",
@@ -62,10 +79,24 @@ def quote(
     spot: Annotated[bool, typer.Option("--spot", help="Price at the spot rate (preemptible).")] = False,
     rank: Annotated[str, typer.Option("--rank", help="cheapest|fastest.")] = "cheapest",
     limit: Annotated[int, typer.Option("--limit", help="Most quotes to show.")] = 10,
+    cpus_per_gpu: Annotated[
+        str | None, typer.Option("--cpus-per-gpu", help="Host CPU cores a GPU asks for (priced in).")
+    ] = None,
+    memory_per_gpu: Annotated[
+        str | None, typer.Option("--memory-per-gpu", help="Host memory a GPU asks for, e.g. 64Gi (priced in).")
+    ] = None,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """What a training run would take and cost on each feasible offer, best first."""
+    """What a training run would take and cost on each feasible offer, best first; or, with --spec, what a workload
+    spec would pay per hour (GPUs and host CPU and memory) on each GPU model that could run it, and for its
+    duration."""
+    if (model is None) == (spec is None):
+        fail("give exactly one of --model (a training run) and --spec (a workload spec)")
+    if spec is not None:
+        _quote_spec(spec, server, json_out)
+        return
+    assert model is not None
     if (tokens is None) == (steps is None):
         fail("give exactly one of --tokens and --steps")
     n_tokens = parse_count(tokens) if tokens is not None else None
@@ -73,12 +104,14 @@ def quote(
                           (global_batch, "--global-batch"), (limit, "--limit")):  # fmt: skip
         check_positive(value, option)
     rank = check_choice(rank, ("cheapest", "fastest"), "--rank")
+    cpus = cred.parse_amount(cpus_per_gpu, "--cpus-per-gpu") if cpus_per_gpu is not None else None
     if precision is not None:
         precision = check_choice(precision, ("bf16", "fp16", "fp8", "fp32"), "--precision")
     with cred.api(server) as c:
         rows = c.quote(
             model, tokens=n_tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
             global_batch=global_batch, billing_mode="spot" if spot else None, rank=rank, limit=limit,
+            cpus_per_gpu=cpus, memory_per_gpu=memory_per_gpu,
         )  # fmt: skip
     if json_out:
         emit_json(jsonable(rows))
@@ -90,13 +123,40 @@ def quote(
 
     size = human_count(n_tokens) + " tokens" if n_tokens is not None else f"{steps:,} steps"
     table = Table(title=f"{model}, {size}, {'spot' if spot else 'on demand'}, {rank} first")
-    for col in ("cluster", "GPU", "GPUs", "plan", "step", "tokens/s", "MFU", "time", "rate/h", "cost", "free now"):
+    host = any(q.host_rate_per_hour for q in rows)
+    cols = ("cluster", "GPU", "GPUs", "plan", "step", "tokens/s", "MFU", "time", "rate/h", *(("host/h",) if host else ()),
+            "cost", "free now")  # fmt: skip
+    for col in cols:
         table.add_column(col, justify="left" if col in ("cluster", "GPU", "plan") else "right", no_wrap=col != "plan")
     for q in rows:
         table.add_row(
             q.cluster, q.gpu, str(q.gpus), plan_label(q.plan), f"{q.step_time_s:.3g} s", human_count(q.tokens_per_s),
-            pct(q.mfu), human_duration(q.total_time_s), money(q.rate_per_hour), f"{money(q.cost)} {q.currency}",
+            pct(q.mfu), human_duration(q.total_time_s), money(q.rate_per_hour),
+            *((unit_price(q.host_rate_per_hour),) if host else ()), f"{money(q.cost)} {q.currency}",
             "yes" if q.available_now else "no",
+        )  # fmt: skip
+    console.print(table)
+
+
+def _quote_spec(file: Path, server: str | None, json_out: bool) -> None:
+    """`suanli quote --spec FILE`: the workload's rate on each GPU model that could run it, and its cost."""
+    from suanli.workloads.host import host_text
+
+    with cred.api(server) as c, user_errors():
+        rows = c.quote_workload(file)
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    cur = rows[0].currency if rows else ""
+    table = Table(title=f"{file.name}: price per hour in {cur}, and for its duration")
+    for col in ("GPU", "GPUs", "host", "billing", "GPUs/h", "host/h", "rate/h", "duration", "cost"):
+        table.add_column(col, justify="left" if col in ("GPU", "host", "billing") else "right")
+    for q in rows:
+        table.add_row(
+            q.gpu or "- (CPU only)", str(q.gpus), host_text(q.cpu_milli, q.memory_mib), q.billing_mode,
+            unit_price(q.gpu_rate_per_hour), unit_price(q.host_rate_per_hour), unit_price(q.rate_per_hour),
+            human_duration(q.duration_s) if q.duration_s is not None else "-",
+            money(q.cost) if q.cost is not None else "- (no duration)",
         )  # fmt: skip
     console.print(table)
 

@@ -18,6 +18,7 @@ from suanli.topology.spec import SpecError
 def server(
     host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default 8000; 0 picks a free one).")] = None,
+    ssh_port: Annotated[int | None, typer.Option("--ssh-port", help="SSH gateway port (default 2222; 0: off).")] = None,
     db: Annotated[
         str | None,
         typer.Option("--db", help="Database URL (postgresql://… or sqlite:///…); default: SQLite in SUANLI_HOME."),
@@ -54,18 +55,20 @@ def server(
     from suanli.api.app import SETTINGS_ENV, create_app
 
     flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None,
-             "virtual": virtual or None}  # fmt: skip
+             "virtual": virtual or None, "ssh_port": ssh_port}  # fmt: skip
     settings = _settings(flags, config)
     typer.echo(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
     )
+    _ssh_note(settings)
+    _sandbox_note(settings)
     if workers == 1:
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
         return
     # Several processes: each builds its app from the resolved settings handed over in the environment. The
     # background loops run once, beside them, not once per worker: a loop needs one process, and idle copies
     # polling for its lease cost CPU the workers could use.
-    background = None
+    background = gateway = None
     if settings.background:
         from suanli.api.app import bootstrap
         from suanli.control.background import BackgroundProcess
@@ -78,11 +81,18 @@ def server(
             db.dispose()
         background = BackgroundProcess(settings)
         background.start()
+        if settings.ssh_port:
+            from suanli.control.ssh_gateway import GatewayProcess
+
+            gateway = GatewayProcess(settings)
+            gateway.start()
     os.environ[SETTINGS_ENV] = settings.model_copy(update={"background": False}).model_dump_json()
     try:
         uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
                     workers=workers, log_level=log_level, access_log=False)  # fmt: skip
     finally:
+        if gateway is not None:
+            gateway.stop()
         if background is not None:
             background.stop()
 
@@ -95,6 +105,7 @@ def up(
     no_local: Annotated[bool, typer.Option("--no-local", help="Do not register this host as a node.")] = False,
     host: Annotated[str | None, typer.Option("--host", help="Address to listen on (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Port (default 8000).")] = None,
+    ssh_port: Annotated[int | None, typer.Option("--ssh-port", help="SSH gateway port (default 2222; 0: off).")] = None,
     db: Annotated[str | None, typer.Option("--db", help="Database URL; default: SQLite in SUANLI_HOME.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML settings file.")] = None,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory (default: SUANLI_HOME).")] = None,
@@ -111,7 +122,7 @@ def up(
     from suanli.control.ids import utcnow
     from suanli.db.engine import Database
 
-    flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None}
+    flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None, "ssh_port": ssh_port}
     settings = _settings(flags, config)
     database = Database(settings.db_url)
     bootstrap(database, settings)
@@ -122,12 +133,14 @@ def up(
             node = row.spec.get("host") or row.name
             typer.echo(f"{'registered' if new else 'node'}: this host ({node})", err=True)
         if not local.token_works(s, credentials.token_for(url), utcnow()):
-            email, token = local.operator_token(s, settings.home, utcnow())
+            email, token = local.operator_token(s, settings.home, utcnow(), settings.trial_credit)
             credentials.save(url, token, email)
             typer.echo(f"logged in as {email} (operator); its password is in {settings.home / local.PASSWORD_FILE}",
                        err=True)  # fmt: skip
     typer.echo(f"suanli up on {url}  (database: {_redact(settings.db_url)}); try: suanli run examples/hello.yaml "
                "--follow", err=True)  # fmt: skip
+    _ssh_note(settings)
+    _sandbox_note(settings)
     uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,
                 access_log=False)  # fmt: skip
 
@@ -145,6 +158,18 @@ def _settings(flags: dict[str, object], config: Path | None) -> Settings:
             fail(f"--virtual: {e}")
     settings.home.mkdir(parents=True, exist_ok=True)
     return settings
+
+
+def _sandbox_note(settings: Settings) -> None:
+    from suanli.control.sandboxes import sandbox_policy
+
+    typer.echo(sandbox_policy(settings).startup_note(), err=True)
+
+
+def _ssh_note(settings: Settings) -> None:
+    if settings.ssh_port and settings.background:
+        typer.echo(f"ssh gateway on {settings.host}:{settings.ssh_port}: suanli keys add ~/.ssh/id_ed25519.pub, then "
+                   f"ssh -p {settings.ssh_port} INSTANCE@{settings.host}  (--ssh-port 0 turns it off)", err=True)  # fmt: skip
 
 
 def _redact(url: str) -> str:

@@ -315,6 +315,11 @@ def describe(ref: RefArg, server: ServerOpt = None, json_out: JsonOpt = False) -
     a = w.allocation
     if a is not None:
         rows.append(("billing", f"{a.billing_mode}, {price(a.rate_per_hour, w.currency)}/h (allocation {a.id})"))
+        if a.cpu_milli or a.memory_mib:
+            from suanli.workloads.host import host_text
+
+            rows.append(("host", f"{host_text(a.cpu_milli, a.memory_mib)}, {price(a.host_rate_per_hour, w.currency)}/h "
+                                  "of the rate"))  # fmt: skip
     rows.append(("cost", price(w.cost, w.currency) + ("" if w.finished else " so far")))
     rows += [(f"spec {k}", v) for k, v in _spec_lines(w.spec or {})]
     for key, value in rows:

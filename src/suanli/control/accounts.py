@@ -282,9 +282,17 @@ def org_by_ref(s: Session, ref: str) -> Org:
     return row
 
 
-def set_quota(s: Session, ref: str, gpus: int | None) -> Org:
+QUOTAS = ("gpus", "cpus", "memory_gib")  # what an org may hold at once: GPUs, host CPU cores, host memory GiB
+
+
+def set_quota(s: Session, ref: str, limits: dict[str, int | None]) -> Org:
+    """Set the org's quotas named in `limits` (None: no limit); the others stay as they were."""
+    unknown = set(limits) - set(QUOTAS)
+    if unknown:
+        raise Invalid(f"quota: unknown {', '.join(sorted(unknown))}; quotas: {', '.join(QUOTAS)}")
     row = org_by_ref(s, ref)
-    row.quota_gpus = gpus
+    for name, limit in limits.items():
+        setattr(row, f"quota_{name}", limit)
     return row
 
 

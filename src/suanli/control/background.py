@@ -17,7 +17,9 @@ from datetime import datetime
 from typing import Any
 
 from suanli.control import leases, metering
+from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
+from suanli.control.sandboxes import sandbox_policy
 from suanli.control.scheduling import PassReport, SchedulingPass
 from suanli.control.settings import Settings
 from suanli.control.supervisor import Supervisor, SupervisorReport
@@ -86,7 +88,8 @@ class WorkloadLoop:
         config = SchedulerConfig(policy=settings.policy)
         self.scheduling = SchedulingPass(config, hold_minutes=settings.admission_hold_minutes)
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
-                                     balance_grace_minutes=settings.balance_grace_minutes)  # fmt: skip
+                                     balance_grace_minutes=settings.balance_grace_minutes,
+                                     sandboxes=sandbox_policy(settings))  # fmt: skip
         self.passes = 0
         self.leader = False
         self.last: tuple[PassReport, SupervisorReport] | None = None
@@ -155,46 +158,12 @@ class WorkloadLoop:
                 log.exception("releasing the workload lease failed")
 
 
-class BackgroundProcess:
+class BackgroundProcess(WatchedProcess):
     """The metering, workload and telemetry loops in a child process of the server (see the module docstring),
     started again if it ever exits on its own: without it nothing is scheduled, metered or watched."""
 
-    RESTART_AFTER_S = 2.0
-
     def __init__(self, settings: Settings) -> None:
-        self.settings_json = settings.model_dump_json()
-        self.process = self._new()
-        self._stopping = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="suanli-background-watch", daemon=True)
-
-    def _new(self) -> Any:
-        import multiprocessing as mp
-
-        return mp.get_context("spawn").Process(
-            target=run_background, args=(self.settings_json, os.getpid()), name="suanli-background", daemon=True
-        )
-
-    def start(self) -> None:
-        self.process.start()
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(self.RESTART_AFTER_S):
-            if not self.process.is_alive() and not self._stopping.is_set():
-                log.warning("background process exited (code %s); starting it again", self.process.exitcode)
-                self.process = self._new()
-                self.process.start()
-
-    def stop(self) -> None:
-        self._stopping.set()
-        if self._watcher.is_alive():
-            self._watcher.join()
-        if self.process.is_alive():
-            self.process.terminate()  # SIGTERM: the loops finish their pass and release the lease
-            self.process.join(timeout=40)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
+        super().__init__(run_background, settings.model_dump_json(), "suanli-background")
 
 
 def _die_with_parent() -> None:

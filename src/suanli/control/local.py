@@ -7,6 +7,7 @@ import os
 import secrets
 import socket
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 
 from sqlalchemy import select
@@ -40,13 +41,14 @@ def token_works(s: Session, token: str | None, now: datetime) -> bool:
     return True
 
 
-def operator_token(s: Session, home: Path, now: datetime) -> tuple[str, str]:
+def operator_token(s: Session, home: Path, now: datetime, credit: Decimal = Decimal(0)) -> tuple[str, str]:
     """(email, a new API token) of the local operator, created on first use with a random password kept in
-    `home/operator-password` (mode 0600) for `suanli login`."""
+    `home/operator-password` (mode 0600) for `suanli login`, and `credit` (the trial credit): CPU-only work is
+    charged too, so the first `suanli run` on a fresh install needs a balance."""
     user = s.scalar(select(User).where(User.email == OPERATOR_EMAIL))
     if user is None:
         password = secrets.token_urlsafe(18)
-        user, _ = accounts.create_user(s, OPERATOR_EMAIL, password, now, admin=True)
+        user, _ = accounts.create_user(s, OPERATOR_EMAIL, password, now, admin=True, trial_credit=credit)
         home.mkdir(parents=True, exist_ok=True)
         fd = os.open(home / PASSWORD_FILE, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -27,6 +27,7 @@ from suanli.control import inventory, ledger, prices
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.db.models import Allocation, Org, User
+from suanli.workloads.host import cores, gib
 
 
 # ---- admission ----------------------------------------------------------------------------------------------
@@ -46,6 +47,8 @@ class OrgLoad:
     rate: Decimal  # per hour, of everything it holds
     gpus: int
     balance: Decimal
+    cpu_milli: int = 0  # host CPU and memory it holds
+    memory_mib: int = 0
 
 
 def org_load(s: Session, org_id: str) -> OrgLoad:
@@ -54,19 +57,38 @@ def org_load(s: Session, org_id: str) -> OrgLoad:
     org = s.get(Org, org_id, with_for_update={"key_share": True}, populate_existing=True)
     if org is None:
         raise NotFound(f"organisation {org_id} not found")
-    rate, gpus = s.execute(
-        select(func.coalesce(func.sum(Allocation.rate_per_hour), 0), func.coalesce(func.sum(Allocation.gpus), 0)).where(
-            Allocation.org_id == org_id, Allocation.stopped_at.is_(None)
-        )
-    ).one()
-    return OrgLoad(org, exact(Decimal(rate)), int(gpus), ledger.org_balance(s, org_id))
+    a = Allocation
+    rate, gpus, cpu, mem = s.execute(
+        select(func.coalesce(func.sum(a.rate_per_hour), 0), func.coalesce(func.sum(a.gpus), 0),
+               func.coalesce(func.sum(a.cpu_milli), 0), func.coalesce(func.sum(a.memory_mib), 0))
+        .where(a.org_id == org_id, a.stopped_at.is_(None))
+    ).one()  # fmt: skip
+    return OrgLoad(org, exact(Decimal(rate)), int(gpus), ledger.org_balance(s, org_id), int(cpu), int(mem))
 
 
-def admit(load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -> None:
-    """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU quota."""
+def quota_refusal(org: Org, gpus: int, cpu_milli: int, memory_mib: int, held: tuple[int, int, int]) -> str | None:
+    """Why holding this on top of `held` (GPUs, milli-cores, MiB) would break one of the org's quotas, or None."""
+    have_gpus, have_cpu, have_mem = held
+    if org.quota_gpus is not None and have_gpus + gpus > org.quota_gpus:
+        return f"{org.name} may hold {org.quota_gpus} GPUs at once; it holds {have_gpus}, asks {gpus}"
+    if org.quota_cpus is not None and cpu_milli and have_cpu + cpu_milli > org.quota_cpus * 1000:
+        return (f"{org.name} may hold {org.quota_cpus} CPU cores at once; it holds {cores(have_cpu)}, "
+                f"asks {cores(cpu_milli)}")  # fmt: skip
+    if org.quota_memory_gib is not None and memory_mib and have_mem + memory_mib > org.quota_memory_gib * 1024:
+        return (f"{org.name} may hold {org.quota_memory_gib} GiB of memory at once; it holds {gib(have_mem)} GiB, "
+                f"asks {gib(memory_mib)} GiB")  # fmt: skip
+    return None
+
+
+def admit(
+    load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int, cpu_milli: int = 0, memory_mib: int = 0
+) -> None:
+    """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU, CPU and memory
+    quotas."""
     org = load.org
-    if org.quota_gpus is not None and load.gpus + gpus > org.quota_gpus:
-        raise Conflict(f"quota: {org.name} may hold {org.quota_gpus} GPUs at once; it holds {load.gpus}, asks {gpus}")
+    why = quota_refusal(org, gpus, cpu_milli, memory_mib, (load.gpus, load.cpu_milli, load.memory_mib))
+    if why is not None:
+        raise Conflict(f"quota: {why}")
     need = exact((load.rate + rate_per_hour) * hold_minutes / 60)
     if load.balance < need:
         raise PaymentRequired(
@@ -75,6 +97,8 @@ def admit(load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int) -
         )
     load.rate += rate_per_hour
     load.gpus += gpus
+    load.cpu_milli += cpu_milli
+    load.memory_mib += memory_mib
 
 
 def admitted_row(
@@ -94,27 +118,37 @@ def admitted_row(
     rate: Decimal | None = None,
     load: OrgLoad | None = None,
     book: PriceBook | None = None,
+    cpu_milli: int = 0,
+    memory_mib: int = 0,
 ) -> dict[str, Any]:
-    """The allocation row to insert, once admission passed (at the price book's rate in force now, or `rate`:
-    zero for GPUs of a prepaid plan). Nothing is written: a refusal leaves nothing to undo."""
-    if gpus < 0 or not 0 < milli <= 1000:
-        raise Invalid("gpus: >= 0; milli: 1..1000")
+    """The allocation row to insert, once admission passed. Its rate is its GPUs' (the price book's in force now,
+    or `rate`: zero for GPUs of a prepaid plan) plus its host CPU and memory at the book's prices (on-demand for a
+    plan, whose prepaid GPUs do not include them). Nothing is written: a refusal leaves nothing to undo."""
+    if gpus < 0 or not 0 < milli <= 1000 or cpu_milli < 0 or memory_mib < 0:
+        raise Invalid("gpus, cpu_milli, memory_mib: >= 0; milli: 1..1000")
     if rate is None and mode.startswith("plan"):
         raise Invalid("billing: a plan's GPUs are prepaid; pass their rate")
+    if book is None and ((rate is None and gpu_model is not None and gpus > 0) or cpu_milli or memory_mib):
+        _, book = prices.current(s)
     if rate is None:
         rate = ZERO
         if gpu_model is not None and gpus > 0:
-            if book is None:
-                _, book = prices.current(s)
+            assert book is not None
             try:
                 rate = book.rate(gpu_model, gpus, mode, milli)  # type: ignore[arg-type]
             except KeyError as e:
                 raise Invalid(f"gpu: {e.args[0]}") from e
-    admit(load if load is not None else org_load(s, org_id), rate, gpus, hold_minutes)
+    host = ZERO
+    if cpu_milli or memory_mib:
+        assert book is not None
+        host = book.host_rate(cpu_milli, memory_mib, "spot" if mode == "spot" else "on-demand")
+    total = exact(rate + host)
+    admit(load if load is not None else org_load(s, org_id), total, gpus, hold_minutes, cpu_milli, memory_mib)
     return dict(
         id=allocation_id or new_id("alloc"), org_id=org_id, user_id=user_id, workload=workload, gpu_model=gpu_model,
-        gpus=gpus, milli=milli, billing_mode=mode, rate_per_hour=rate, placement=placement, started_at=now,
-        stopped_at=None, metered_until_s=0, settled=False, charged=ZERO, lock_owner=None, lock_expires_at=None,
+        gpus=gpus, milli=milli, billing_mode=mode, rate_per_hour=total, cpu_milli=cpu_milli, memory_mib=memory_mib,
+        host_rate_per_hour=host, placement=placement, started_at=now, stopped_at=None, metered_until_s=0,
+        settled=False, charged=ZERO, lock_owner=None, lock_expires_at=None,
     )  # fmt: skip
 
 
@@ -237,7 +271,7 @@ def meter(
 # ---- statements -----------------------------------------------------------------------------------------------
 STATEMENT_FIELDS = (
     "allocation", "workload", "user", "gpu_model", "gpus", "milli", "billing_mode", "rate_per_hour", "started_at",
-    "stopped_at", "seconds_charged", "cost",
+    "stopped_at", "seconds_charged", "cost", "cpu_milli", "memory_mib", "host_rate_per_hour",
 )  # fmt: skip
 
 
@@ -270,6 +304,8 @@ def statement(
                 "started_at": a.started_at.isoformat(),
                 "stopped_at": a.stopped_at.isoformat() if a.stopped_at else None,
                 "seconds_charged": a.metered_until_s, "cost": format(exact(a.charged), "f"),
+                "cpu_milli": a.cpu_milli, "memory_mib": a.memory_mib,
+                "host_rate_per_hour": format(exact(a.host_rate_per_hour), "f"),
             }
         )  # fmt: skip
     return out

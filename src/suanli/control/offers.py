@@ -1,5 +1,6 @@
 """What is on offer (per GPU model: how many, how many free now, the largest free block inside one NVLink
-domain and one leaf, prices by billing mode) and what a workload would take and cost on each offer.
+domain and one leaf, prices by billing mode, and the host CPU and memory prices) and what a training run would
+take and cost on each offer.
 
 Both are computed from one snapshot of the inventory and open allocations, cached per (inventory version,
 price-book version): with thousands of nodes a request reads two small rows, not the whole inventory.
@@ -43,6 +44,8 @@ class GpuOffer:
     spot: Decimal | None
     plans: dict[str, Decimal]  # effective per GPU-hour price of each reserved plan
     slices: dict[str, Decimal]  # per hour of one MIG slice, by profile (MIG-capable GPUs)
+    cpu_core_hour: Decimal  # host CPU and memory work asks for, on demand (CPU-only work pays only these)
+    memory_gib_hour: Decimal
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,8 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
                 spot=book.gpu_rate(model, "spot") if on_demand is not None else None,
                 plans=plans,
                 slices=slices,
+                cpu_core_hour=book.cpu_core_hour,
+                memory_gib_hour=book.memory_gib_hour,
             )
         )
     clusters = {c.id: c for c in s.scalars(select(ClusterRow))}
@@ -177,8 +182,10 @@ def quotes(
     mode: BillingMode = "on-demand",
     rank: Rank = "cheapest",
     limit: int = 10,
+    host_per_gpu: tuple[int, int] = (0, 0),
 ) -> list[dict[str, Any]]:
-    """Feasible (offer, GPU count) choices for the job, best first by `rank`, each with time and cost."""
+    """Feasible (offer, GPU count) choices for the job, best first by `rank`, each with time and cost; with the
+    host CPU (milli-cores) and memory (MiB) a GPU asks for priced in."""
     model_filter = None
     if gpu:
         try:
@@ -186,7 +193,7 @@ def quotes(
         except catalog.CatalogError as e:
             raise Invalid(f"gpu: {e}") from e
     snap = snapshot(s, cache)
-    key = (job, tokens, model_filter, gpus, mode, rank, limit)
+    key = (job, tokens, model_filter, gpus, mode, rank, limit, host_per_gpu)
     with cache.lock:
         if key in cache.quotes:
             cache.quotes.move_to_end(key)
@@ -195,7 +202,7 @@ def quotes(
         with cache.lock:
             if key in cache.quotes:
                 return cache.quotes[key]
-        out = _quote(cache, snap, job, tokens, model_filter, gpus, mode, rank, limit)
+        out = _quote(cache, snap, job, tokens, model_filter, gpus, mode, rank, limit, host_per_gpu)
         with cache.lock:
             cache.quotes[key] = out
             while len(cache.quotes) > 256:
@@ -213,6 +220,7 @@ def _quote(
     mode: BillingMode,
     rank: Rank,
     limit: int,
+    host_per_gpu: tuple[int, int],
 ) -> list[dict[str, Any]]:
     found: list[tuple[Quote, str]] = []
     for (cid, model), free in sorted(snap.free_by_cluster_model.items()):
@@ -221,7 +229,8 @@ def _quote(
         topo = _topology(cache, snap.clusters[cid], model)
         if topo is None or (gpus and gpus > topo.n_gpus):
             continue
-        for q in quote(job, tokens, [QuoteOffer(topo, free)], snap.book, gpus=gpus, mode=mode, rank=rank, limit=limit):
+        offer = [QuoteOffer(topo, free)]
+        for q in quote(job, tokens, offer, snap.book, gpus=gpus, mode=mode, rank=rank, limit=limit, host=host_per_gpu):
             found.append((q, snap.clusters[cid].name))
     order = (
         (lambda t: (t[0].cost, t[0].total_time_s)) if rank == "cheapest" else (lambda t: (t[0].total_time_s, t[0].cost))

@@ -15,6 +15,7 @@ from suanli.billing.money import ZERO
 from suanli.control import metering, prices, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
+from suanli.workloads.host import host_text
 from suanli.workloads.runtime import predicted_runtime
 from suanli.workloads.spec import WorkloadSpec, format_duration
 
@@ -114,12 +115,13 @@ def place_chunk(
         shrinks = elastic and not plan and spec.resources.nodes is None  # a fixed node count keeps its shape
         for size in range(gpus, (min(elastic[0], gpus) if shrinks else gpus) - 1, -1):
             part = _first_gpus(placement, size) if size < gpus else placement
+            cpu, mem = spec.host_held(len(g) for g in part.values())  # per node-rank, as the scheduler counts it
             try:
                 alloc = metering.admitted_row(
                     s, org_id=r.org_id, user_id=r.user_id, workload=wid, gpu_model=gpu_model, gpus=size,
                     placement=part, now=now, hold_minutes=hold_minutes, milli=spec.milli(),
                     mode=f"plan:{plan}" if plan else spec.billing_mode(), allocation_id=f"{wid}.{r.attempt + 1}",
-                    rate=ZERO if plan else None, load=loads[r.org_id], book=book,
+                    rate=ZERO if plan else None, load=loads[r.org_id], book=book, cpu_milli=cpu, memory_mib=mem,
                 )  # fmt: skip
             except ServiceError as e:
                 refusal = refusal or e.message
@@ -134,6 +136,8 @@ def place_chunk(
         where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
         more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
         what = f"{gpus} x {gpu_model}" if gpu_model else "no GPUs"
+        if alloc["cpu_milli"] or alloc["memory_mib"]:
+            what += f" with {host_text(alloc['cpu_milli'], alloc['memory_mib'])}"
         predicted = None
         if spec.duration is None and view.topology is not None and gpus:
             predicted = predicted_runtime(spec, view.topology, _global_gpus(view, placement))

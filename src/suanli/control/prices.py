@@ -78,3 +78,16 @@ def set_gpu_price(
         prices[name] = on_demand
     new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()}})
     return store(s, new, now, by), new
+
+
+def set_host_prices(
+    s: Session, cpu_core_hour: Decimal | None, memory_gib_hour: Decimal | None, now: datetime, by: str | None
+) -> tuple[int, PriceBook]:
+    """Change the host prices (None: keep that one) as a new version of the book."""
+    _, book = current(s)
+    body = book.model_dump(mode="json")
+    for name, value in (("cpu_core_hour", cpu_core_hour), ("memory_gib_hour", memory_gib_hour)):
+        if value is not None:
+            body[name] = str(value)
+    new = validate(body)
+    return store(s, new, now, by), new

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 import yaml
@@ -42,6 +43,8 @@ class Settings(BaseModel):
         5.0, ge=0, le=24 * 60, description="minutes of its rate a workload may run below a zero balance"
     )
     virtual: tuple[str, ...] = Field((), description="topology presets registered as virtual nodes on start")
+    ssh_port: int = Field(2222, ge=0, le=65535, description="port of the SSH gateway into instances; 0: none")
+    ssh_max_connections_per_user: int = Field(32, ge=1, le=10_000, description="SSH connections one user may hold")
     telemetry_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between GPU samples")
     telemetry_stale_s: float = Field(90.0, gt=0, description="a GPU whose newest sample is older shows no reading")
     telemetry_raw_s: int = Field(7200, ge=60, description="seconds samples are kept at full resolution")
@@ -57,6 +60,28 @@ class Settings(BaseModel):
     health_heartbeat_s: float = Field(60.0, gt=0, description="a node silent this long is unhealthy")
     health_fatal_xids: tuple[int, ...] | None = Field(None, description="XIDs that drain a node (default: NVIDIA's)")
 
+    sandbox: Literal["on", "off"] = Field(
+        "on", description="off: the operator's own work runs unsandboxed (tenant work is always sandboxed)"
+    )
+    environments: dict[str, str] = Field(
+        default_factory=dict, description="named environments tenants may use as `image:` (NAME: directory)"
+    )
+    default_environment: str = Field(
+        "server", description="prefix bound into every sandbox: 'server' (this Python), 'none', or a directory"
+    )
+    gpu_dev_root: str = Field("/dev", description="where this host's /dev/nvidia* device nodes are")
+    cgroup_parent: str | None = Field(None, description="a cgroup2 directory delegated to the server for limits")
+
+    @field_validator("environments")
+    @classmethod
+    def _environments(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, path in v.items():
+            if not ENV_NAME.fullmatch(name):
+                raise ValueError(f"environment name {name!r}: 1-63 of a-z, 0-9, '.', '_', '-'")
+            if not path.startswith(("/", "oci:")):
+                raise ValueError(f"environment {name}: {path!r} must be an absolute path or oci:IMAGE")
+        return v
+
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
@@ -69,7 +94,9 @@ class Settings(BaseModel):
         return self.db or f"sqlite+pysqlite:///{self.home / 'suanli.db'}"
 
 
+ENV_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 LISTS = ("virtual", "health_fatal_xids")  # comma-separated in environment variables
+MAPS = ("environments",)
 
 
 def default_home() -> Path:
@@ -97,7 +124,10 @@ def load(
     for name in Settings.model_fields:
         value = environ.get(f"SUANLI_{name.upper()}")
         if value is not None and value != "":
-            merged[name] = [v for v in value.split(",") if v] if name in LISTS else value
+            if name in MAPS:  # NAME=PATH,NAME=PATH
+                merged[name] = dict(item.partition("=")[::2] for item in value.split(",") if item)
+            else:
+                merged[name] = [v for v in value.split(",") if v] if name in LISTS else value
     merged.update({k: v for k, v in (flags or {}).items() if v is not None})
     merged.setdefault("home", default_home())
     try:

@@ -23,10 +23,12 @@ from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from suanli.control import health, ledger, metering, workloads
+from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
+from suanli.db.models import Allocation, Plan, User, Workload, WorkloadEvent
 from suanli.executors import Executor, Launch, NodeRank, Status, executor
+from suanli.sandbox.bwrap import SandboxError
 from suanli.storage import workdirs
 from suanli.workloads.spec import WorkloadSpec, format_duration
 
@@ -56,6 +58,7 @@ class Supervisor:
     balance_grace_minutes: float = 5.0
     executors: dict[str, Executor] = field(default_factory=dict)
     chunk: int = 200  # virtual workloads per transaction
+    sandboxes: SandboxPolicy = field(default_factory=SandboxPolicy)
 
     def executor(self, name: str) -> Executor:
         if name not in self.executors:
@@ -145,7 +148,9 @@ class Supervisor:
             with db.write() as s, s.begin():
                 w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
                 if w is not None and w.state == "starting":
-                    self._finish(s, w, Status("lost", None, f"could not start: {e}"), now, report)
+                    # A sandbox this node cannot build (an image not loaded here) is no node failure to retry.
+                    state = "exited" if isinstance(e, SandboxError) else "lost"
+                    self._finish(s, w, Status(state, None, f"could not start: {e}"), now, report)
             return
         with db.write() as s, s.begin():
             w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
@@ -263,11 +268,15 @@ class Supervisor:
             upload = workdirs.upload_dir(self.home, w.id)
             cwd = upload / spec.workdir if w.has_workdir else upload
         cwd.mkdir(parents=True, exist_ok=True)
+        sandbox = None
+        if w.executor != "virtual":
+            user = s.get(User, w.user_id)
+            sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
         return Launch(
             workload_id=w.id, attempt=w.attempt, command=spec.command or "exec sleep infinity", workdir=cwd,
             env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_port=free_port(), grace_s=self.grace_s,
             duration_s=spec.duration if spec.duration is not None else w.predicted_s,
-            extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind},
+            extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}, sandbox=sandbox,
         )  # fmt: skip
 
     def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:

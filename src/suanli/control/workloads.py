@@ -29,6 +29,7 @@ from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.db.models import MONEY, Allocation, Node, Plan, Workload, WorkloadEvent
 from suanli.storage import workdirs
+from suanli.workloads.host import cores, gib, host_text
 from suanli.workloads.spec import SpecError, WorkloadSpec, parse_spec
 
 ACTIVE = ("pending", "scheduled", "starting", "running")
@@ -53,20 +54,28 @@ def transition(s: Session, w: Workload, state: str, reason: str, now: datetime) 
 # ---- submission ------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Candidate:
-    gpu_model: str
-    rate_per_hour: Decimal
+    gpu_model: str  # "" for CPU-only work
+    rate_per_hour: Decimal  # all of it
+    host_rate_per_hour: Decimal = ZERO  # its host CPU and memory part
 
 
-def _candidates(
+def candidates(
     s: Session, spec: WorkloadSpec, org_id: str, now: datetime, fleet: dict[str, ModelCapacity], book: PriceBook
 ) -> list[Candidate]:
     """GPU models that could run it (registered, enough GPUs, priced, under the price ceiling), cheapest rate
-    first within the spec's preference; a clear 4xx when there are none."""
+    first within the spec's preference, each at its whole hourly rate (GPUs and host CPU and memory); a clear
+    4xx when there are none."""
     want = spec.gpu_count()
+    host_cpu, host_mem = spec.host_request()
+    mode = spec.billing_mode()
+    host = book.host_rate(host_cpu, host_mem, "spot" if mode == "spot" else "on-demand")
     if want == 0:
         if s.scalar(select(Node.id).where(Node.state != "down").limit(1)) is None:
             raise Invalid("resources: no node is registered to run it on")
-        return [Candidate("", ZERO)]
+        if spec.max_price_per_hour is not None and host > spec.max_price_per_hour:
+            raise Invalid(f"max_price_per_hour: {host_text(host_cpu, host_mem)} cost {host:.2f}/h, above the ceiling "
+                          f"{spec.max_price_per_hour}")  # fmt: skip
+        return [Candidate("", host, host)]
     registered = {m: (c.gpus, c.per_node) for m, c in fleet.items()}
     preference = spec.gpu_preference() or tuple(sorted(registered))
     models = [m for m in preference if m in registered]
@@ -101,11 +110,12 @@ def _candidates(
     for m in models:
         if plan is not None:
             if m == plan.gpu_model:
-                out.append(Candidate(m, ZERO))
+                out.append(Candidate(m, host, host))  # the plan prepaid its GPUs, not the host's cores and memory
             continue
         if m not in book.gpu_hour:
             continue
-        out.append(Candidate(m, book.rate(m, want, spec.billing_mode(), spec.milli())))
+        gpu_rate = book.rate(m, want, mode, spec.milli())  # type: ignore[arg-type]
+        out.append(Candidate(m, exact(gpu_rate + host), host))
     if plan is not None and not out:
         raise Invalid(f"billing: plan {plan.id} reserves {plan.gpu_model}, which resources.gpu does not allow")
     if not out:
@@ -115,9 +125,10 @@ def _candidates(
         affordable = [c for c in out if c.rate_per_hour <= ceiling]
         if not affordable:
             cheapest = min(out, key=lambda c: c.rate_per_hour)
+            with_host = f" with {host_text(host_cpu, host_mem)}" if host_cpu or host_mem else ""
             raise Invalid(
-                f"max_price_per_hour: {want} x {cheapest.gpu_model} costs {cheapest.rate_per_hour:.2f}/h, above the "
-                f"ceiling {ceiling}"
+                f"max_price_per_hour: {want} x {cheapest.gpu_model}{with_host} costs {cheapest.rate_per_hour:.2f}/h, "
+                f"above the ceiling {ceiling}"
             )
         out = affordable
     return out
@@ -149,6 +160,8 @@ class SubmitContext:
     quota_gpus: int | None
     balance: Decimal
     open_rate: Decimal
+    quota_cpus: int | None = None
+    quota_memory_gib: int | None = None
 
 
 # One round trip, and plain SQL: building this as an expression on every submission cost more than running it.
@@ -156,7 +169,8 @@ _CONTEXT = text(
     """
     SELECT (SELECT id FROM price_books ORDER BY id DESC LIMIT 1) AS price_version,
            (SELECT value FROM kv WHERE "key" = :fleet_key) AS fleet_version,
-           o.name AS name, o.quota_gpus AS quota_gpus,
+           o.name AS name, o.quota_gpus AS quota_gpus, o.quota_cpus AS quota_cpus,
+           o.quota_memory_gib AS quota_memory_gib,
            (SELECT balance FROM account_balances WHERE account = :account) AS balance,
            (SELECT COALESCE(SUM(rate_per_hour), 0) FROM allocations
              WHERE org_id = :org AND stopped_at IS NULL) AS open_rate
@@ -164,7 +178,8 @@ _CONTEXT = text(
     """
 ).columns(
     column("price_version", Integer), column("fleet_version", BigInteger), column("name", String),
-    column("quota_gpus", Integer), column("balance", MONEY), column("open_rate", MONEY),
+    column("quota_gpus", Integer), column("quota_cpus", Integer), column("quota_memory_gib", Integer),
+    column("balance", MONEY), column("open_rate", MONEY),
 )  # fmt: skip
 
 
@@ -175,15 +190,24 @@ def _context(s: Session, org_id: str) -> SubmitContext:
     if row is None:
         raise NotFound(f"organisation {org_id} not found")
     return SubmitContext(row.price_version or 0, row.fleet_version or 0, row.name, row.quota_gpus,
-                         exact(Decimal(row.balance or 0)), exact(Decimal(row.open_rate or 0)))  # fmt: skip
+                         exact(Decimal(row.balance or 0)), exact(Decimal(row.open_rate or 0)), row.quota_cpus,
+                         row.quota_memory_gib)  # fmt: skip
 
 
 def _precheck_money(ctx: SubmitContext, spec: WorkloadSpec, rate: Decimal, hold_minutes: int) -> None:
-    """Refuse at once what could never start: a gang over the org's quota, or a balance that does not cover the
-    admission hold. (The scheduler checks again when it places the workload: the balance may have changed.)"""
+    """Refuse at once what could never start: a gang over one of the org's quotas (GPUs, host CPU cores, host
+    memory), or a balance that does not cover the admission hold. (The scheduler checks again when it places the
+    workload: the balance may have changed.)"""
     gpus = spec.gpu_count()
     if ctx.quota_gpus is not None and gpus > ctx.quota_gpus:
         raise Conflict(f"resources.gpus: {ctx.org_name} may hold {ctx.quota_gpus} GPUs at once; this asks for {gpus}")
+    cpu, mem = spec.host_request()
+    if ctx.quota_cpus is not None and cpu > ctx.quota_cpus * 1000:
+        raise Conflict(f"resources.cpus: {ctx.org_name} may hold {ctx.quota_cpus} CPU cores at once; this asks for "
+                       f"{cores(cpu)}")  # fmt: skip
+    if ctx.quota_memory_gib is not None and mem > ctx.quota_memory_gib * 1024:
+        raise Conflict(f"resources.memory: {ctx.org_name} may hold {ctx.quota_memory_gib} GiB of memory at once; "
+                       f"this asks for {gib(mem)} GiB")  # fmt: skip
     need = exact((ctx.open_rate + rate) * hold_minutes / 60)
     if rate > 0 and ctx.balance < need:
         raise PaymentRequired(
@@ -224,15 +248,15 @@ def admit(
     org_id = org_id or who.personal_org_id
     ctx = _context(s, org_id)
     book = prices.book(s, ctx.price_version)
-    candidates = _candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
-    _precheck_money(ctx, spec, min(c.rate_per_hour for c in candidates), hold_minutes)
+    found = candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
+    _precheck_money(ctx, spec, min(c.rate_per_hour for c in found), hold_minutes)
     if workdir is not None and spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
     if workdir is not None and not (workdir / spec.workdir).is_dir():
         raise Invalid(f"workdir: {spec.workdir!r} is not a directory of the uploaded files")
     doc = spec.model_dump(mode="json", exclude_none=True)
     if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
-        doc["resources"]["gpu"] = [c.gpu_model for c in candidates]  # the models within the ceiling or the plan
+        doc["resources"]["gpu"] = [c.gpu_model for c in found]  # the models within the ceiling or the plan
     return dict(
         id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",

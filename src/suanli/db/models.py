@@ -73,6 +73,8 @@ class Org(Base):
     name: Mapped[str] = mapped_column(String(128), unique=True)
     personal: Mapped[bool] = mapped_column(Boolean, default=False)
     quota_gpus: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most GPUs held at once; None: no limit
+    quota_cpus: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most host CPU cores held at once
+    quota_memory_gib: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most host memory held, GiB
     created_at: Mapped[datetime]
 
 
@@ -105,6 +107,20 @@ class ApiToken(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime | None]
     revoked_at: Mapped[datetime | None]
+
+
+class SshKey(Base):
+    """A user's SSH public key: the SSH gateway lets it into the instances of every org the user is a member of."""
+
+    __tablename__ = "ssh_keys"
+    __table_args__ = (UniqueConstraint("user_id", "fingerprint"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    algorithm: Mapped[str] = mapped_column(String(64))  # ssh-ed25519 | ecdsa-sha2-nistp256 | ssh-rsa ...
+    public_key: Mapped[str] = mapped_column(Text)  # one OpenSSH line, "ALG BASE64", without its comment
+    fingerprint: Mapped[str] = mapped_column(String(64), index=True)  # "SHA256:..." as ssh-keygen -l prints it
+    created_at: Mapped[datetime]
 
 
 class LedgerTransaction(Base):
@@ -194,7 +210,7 @@ class Gpu(Base):
 
 
 class Allocation(Base):
-    """GPUs held by one workload for a span of time: what metering charges for."""
+    """GPUs (and host CPU and memory) held by one workload for a span of time: what metering charges for."""
 
     __tablename__ = "allocations"
     __table_args__ = (
@@ -217,7 +233,10 @@ class Allocation(Base):
     gpus: Mapped[int] = mapped_column(Integer)
     milli: Mapped[int] = mapped_column(Integer, default=1000)  # < 1000: one slice of a GPU
     billing_mode: Mapped[str] = mapped_column(String(48), default="on-demand")  # on-demand | spot | plan:<id>
-    rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)
+    rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)  # all of it: its GPUs' rate plus host_rate_per_hour
+    cpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host CPU held (1000: a core)
+    memory_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host memory held
+    host_rate_per_hour: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0), server_default="0")  # their part
     placement: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # node name -> GPU indices
     started_at: Mapped[datetime]
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -21,6 +21,30 @@ class NodeRank:
 
 
 @dataclass(frozen=True)
+class SandboxRequest:
+    """How each node-rank is confined (`suanli.sandbox`): limits, network, the environment prefix, extra mounts
+    (source, dest, writable), and the uid/gid to run as when the server is root (None: the server's own).
+
+    `cpu_milli`/`memory_mib` are the workload's (0: no limit); a rank holding some of `gpus_asked` GPUs gets its
+    share per GPU (`sched.host_share`), as the scheduler counted it."""
+
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus_asked: int = 0
+    network: str = "host"  # host | none
+    environment: str | None = None
+    mounts: tuple[tuple[str, str, bool], ...] = ()
+    uid: int | None = None
+    gid: int | None = None
+    dev_root: str = "/dev"
+    cgroup_parent: str | None = None
+
+
+class NotRunning(ValueError):
+    """There is no live sandbox to enter (the rank is not running, or ran unsandboxed on another node)."""
+
+
+@dataclass(frozen=True)
 class Launch:
     """Everything needed to start one attempt of a workload."""
 
@@ -36,6 +60,7 @@ class Launch:
     grace_s: float = 10.0
     duration_s: float | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    sandbox: SandboxRequest | None = None  # None: unsandboxed (the operator's own work, when they opted in)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from suanli.executors.base import Launch, NodeRank, Status, rank_env
+from suanli.executors import sandboxing
+from suanli.executors.base import Launch, NodeRank, NotRunning, Status, rank_env
 from suanli.executors.rankrun import family, proc_stat, session_members, write_atomic
 
 STOP_FILE = "stop-requested"
@@ -119,23 +120,35 @@ class LocalExecutor:
         log_file = launch.log_dir / f"rank-{rank.node_rank}.log"
         rc_file = launch.log_dir / f"rank-{rank.node_rank}.rc"
         # rank_env always sets CUDA_VISIBLE_DEVICES, so the server's own never reaches the job.
-        env = {**launch.env, **launch.extra_env, **rank_env(launch, rank)}
-        items = [f"{k}={v}" for k, v in env.items()]
+        env: dict[str, str | None] = {**launch.env, **launch.extra_env, **rank_env(launch, rank)}
+        config: dict[str, Any] = {
+            "rc_file": str(rc_file),
+            "stop_file": str(launch.log_dir / STOP_FILE),
+            "grace_s": float(launch.grace_s),
+            "command": launch.command,
+            "env": env,
+            "sandbox": None,
+        }
+        cwd = launch.workdir
+        if launch.sandbox is not None:
+            config.update(sandboxing.rank_config(launch, rank, env))
+            cwd = launch.log_dir  # the supervisor's; the job's is /workspace inside the sandbox
+        launch_file = launch.log_dir / f".rank-{rank.node_rank}.launch.json"
+        launch_file.unlink(missing_ok=True)
+        fd = os.open(launch_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(config, f)
         argv = [
             sys.executable,
             "-P",  # the workdir is the cwd: its json.py must not shadow the supervisor's imports
             "-m",
             "suanli.executors.rankrun",
-            str(rc_file),
-            str(launch.log_dir / STOP_FILE),
-            repr(float(launch.grace_s)),
-            launch.command,
-            *items,
+            str(launch_file),
         ]
         with open(log_file, "ab") as out:
             proc = subprocess.Popen(
                 argv,
-                cwd=launch.workdir,
+                cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -144,7 +157,7 @@ class LocalExecutor:
             )
         self._children[proc.pid] = proc
         st = proc_stat(proc.pid)
-        return {
+        record = {
             "node_rank": rank.node_rank,
             "node": rank.node,
             "pid": proc.pid,
@@ -152,6 +165,20 @@ class LocalExecutor:
             "rc_file": str(rc_file),
             "log_file": str(log_file),
         }
+        if launch.sandbox is not None:
+            record["sandbox_file"] = config["sandbox_file"]
+            record["reason_file"] = config["reason_file"]
+        return record
+
+    def enter_argv(self, handle: dict[str, Any], node_rank: int, argv: list[str]) -> list[str]:
+        """The argv that runs `argv` inside the live sandbox of one node-rank (its namespaces, cgroup, uid; cwd
+        /workspace). Raises NotRunning when that rank has no live sandbox."""
+        rank = next((r for r in handle.get("ranks", []) if int(r["node_rank"]) == node_rank), None)
+        if rank is None or not self._alive(handle, rank):
+            raise NotRunning(f"node-rank {node_rank} is not running")
+        if "sandbox_file" not in rank:
+            raise NotRunning(f"node-rank {node_rank} runs unsandboxed; there is no sandbox to enter")
+        return sandboxing.enter_argv(Path(rank["sandbox_file"]), argv)
 
     # -- watching -----------------------------------------------------------------------------------------
 
@@ -231,7 +258,10 @@ class LocalExecutor:
                 except OSError:
                     at = now
                 where = f" (rank {n})" if world > 1 else ""
-                failed.append((at, n, {"state": "exited", "exit_code": code, "reason": describe_exit(code) + where}))
+                why = describe_exit(code)
+                with contextlib.suppress(OSError, KeyError):
+                    why = f"{Path(rank['reason_file']).read_text().strip()} ({why})"
+                failed.append((at, n, {"state": "exited", "exit_code": code, "reason": why + where}))
             elif code is None and not alive[n]:
                 reason = (
                     f"process {rank['pid']} of rank {n} on {rank['node']} vanished without an exit code"

@@ -1,16 +1,21 @@
 """Supervisor of one node-rank: runs the command, turns a stop into SIGTERM → grace → SIGKILL, records the exit code.
 
-    python -P -m suanli.executors.rankrun RC_FILE STOP_FILE GRACE_S COMMAND [KEY=VALUE | KEY]...
+    python -P -m suanli.executors.rankrun LAUNCH_FILE
 
-The local executor starts this in a new session (so it outlives the server). The command runs under
-`/bin/sh -c` in its own process group inside that session, so a forwarded SIGTERM reaches the job's
-foreground processes but not the supervisor. `KEY=VALUE` items are set in the job's environment and bare
-`KEY` items removed from it; the job never sees the server's own settings (`SUANLI_*`, PostgreSQL
-credentials); the supervisor itself keeps the server's environment (a spec's PYTHONHOME must not break it). On Linux the supervisor is a child subreaper, so processes that leave the session
+LAUNCH_FILE is JSON of mode 0600 written by the executor and deleted here at once: the rc, stop, sandbox and reason
+file paths, the grace period, the command, its env (so no env value ever shows in a process's argv) and the
+sandbox (bwrap's command line, limits, uid). The local executor starts this in a new session (so it outlives the
+server). Unsandboxed, the command runs under `/bin/sh -c` in its own process group, so a forwarded SIGTERM reaches
+the job's foreground processes but not the supervisor. Sandboxed, it runs under bwrap (`suanli.sandbox`): its cgroup
+joined and the sandbox's uid taken between fork and exec, a forwarded signal goes to every job process but bwrap's
+own. The job never sees the server's own settings (`SUANLI_*`, PostgreSQL credentials), and a sandboxed job nothing
+of the server's environment but the locale; the supervisor itself keeps the server's environment (a spec's
+PYTHONHOME must not break it). On Linux the supervisor is a child subreaper, so processes that leave the session
 (torchrun starts its workers with setsid) stay its descendants and are killed with the rest.
 
-The exit code goes to RC_FILE atomically, as `subprocess` reports it: negative for a signal. A STOP_FILE
-that exists before the command starts means a stop raced the start: the command is not run.
+The exit code goes to the rc file atomically, as `subprocess` reports it: negative for a signal. A stop file
+that exists before the command starts means a stop raced the start: the command is not run. An OOM kill at the
+cgroup's limit is written, in words, to the reason file.
 
 Only the standard library is imported, and little of it: this runs once per rank start.
 """
@@ -18,6 +23,7 @@ Only the standard library is imported, and little of it: this runs once per rank
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -66,12 +72,17 @@ def family(root: int) -> set[int]:
     for pid, st in stats.items():
         children.setdefault(st[1], []).append(pid)
     found = {pid for pid, st in stats.items() if st[2] == root}
-    stack = [root]
+    # Walk from the root and from every session member: a member's children may have left the session (setsid).
+    stack = [root, *found]
+    walked: set[int] = set()
     while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in found:
-                found.add(child)
-                stack.append(child)
+        pid = stack.pop()
+        if pid in walked:
+            continue
+        walked.add(pid)
+        for child in children.get(pid, ()):
+            found.add(child)
+            stack.append(child)
     found.discard(root)
     return found
 
@@ -144,21 +155,206 @@ def _reap(child: int) -> int | None:
 SERVER_ONLY = ("PGPASSWORD", "PGPASSFILE")  # and every SUANLI_* variable: the server's own settings
 
 
-def _job_env(items: list[str]) -> dict[str, str]:
-    """The server's environment without its own settings (an admin password, a database URL with credentials
-    must never reach a tenant's job), then the items (the spec's env and the executor's variables)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_") and k not in SERVER_ONLY}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if sep:
-            env[key] = value
-        else:
+SANDBOX_BASE_ENV = ("LANG", "LC_ALL", "TZ")  # all a sandboxed job inherits from the server's environment
+
+
+def _job_env(items: dict[str, str | None], sandboxed: bool) -> dict[str, str]:
+    """The job's environment: the server's without its own settings (an admin password, a database URL with
+    credentials must never reach a tenant's job) — or, in a sandbox, nothing of the server's but the locale —
+    then the items (the spec's env and the executor's variables; None removes a variable)."""
+    if sandboxed:
+        env = {k: v for k, v in os.environ.items() if k in SANDBOX_BASE_ENV}
+        env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    else:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_") and k not in SERVER_ONLY}
+    for key, value in items.items():
+        if value is None:
             env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 
-def supervise(rc_file: str, stop_file: str, grace_s: float, command: str, env_items: list[str]) -> int:
-    """Run the command to its end; the job's exit code (also written to `rc_file`)."""
+ENV_FILE = "/run/suanli-env"
+
+
+PRIVATE_BINDS = ("--bind", "--ro-bind")  # the workdir, environments, mounts: the -try forms are system paths
+STAGE = "/run/suanli-binds"
+_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
+_CLONE_NEWNS = 0x00020000
+
+
+def _libc(name: str, *args: object) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if getattr(libc, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+
+
+def _stage_binds(argv: list[str]) -> list[str]:
+    """A root server runs bwrap as the sandbox's uid, which may not traverse the server's data directory (and must
+    not: it is not for tenants). So the supervisor, still root, takes a private mount namespace of its own, mounts
+    a tmpfs at STAGE and binds each private source there; bwrap (its child) binds from those paths. Nothing shows
+    on the host; the mounts go when the supervisor and its job are gone."""
+    if os.geteuid() != 0 or not any(op in PRIVATE_BINDS for op in argv):
+        return argv
+    os.makedirs(STAGE, mode=0o755, exist_ok=True)
+    _libc("unshare", _CLONE_NEWNS)
+    _libc("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
+    _libc("mount", b"tmpfs", STAGE.encode(), b"tmpfs", 0, b"mode=0755,size=64k")
+    out = list(argv)
+    for i, op in enumerate(argv[:-2]):
+        if op in PRIVATE_BINDS and not argv[i + 1].startswith(STAGE):
+            src = argv[i + 1]
+            staged = os.path.join(STAGE, str(i))
+            if os.path.isdir(src):
+                os.mkdir(staged)
+            else:
+                open(staged, "w").close()
+            _libc("mount", src.encode(), staged.encode(), None, _MS_BIND | _MS_REC, None)
+            out[i + 1] = staged
+    return out
+
+
+SANDBOX_USER = "tenant"
+
+
+def _user_files(sandbox: dict, uid: object, gid: object) -> dict[str, int]:
+    """/etc/passwd and /etc/group naming the sandbox's uid and gid (`tenant`, home /workspace): sftp-server,
+    `whoami`, ssh and editors' remote servers ask for the user's name. Built from the sandbox's own /etc (the
+    host's, or a root filesystem's) and bound over it read-only."""
+    uid = int(uid) if uid is not None else os.getuid()  # type: ignore[call-overload]
+    gid = int(gid) if gid is not None else os.getgid()  # type: ignore[call-overload]
+    etc = sandbox.get("etc") or "/etc"
+    fds: dict[str, int] = {}
+    for name, line, index in (
+        ("passwd", f"{SANDBOX_USER}:x:{uid}:{gid}:suanli tenant:/workspace:/bin/sh\n", uid),
+        ("group", f"{SANDBOX_USER}:x:{gid}:\n", gid),
+    ):
+        try:
+            with open(os.path.join(etc, name), encoding="utf-8", errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            continue  # nothing to bind over (a root filesystem without one)
+        if any(_field(x, 2) == str(index) for x in lines):
+            continue  # already named there (a non-root server's own user)
+        text = "".join(x if x.endswith("\n") else x + "\n" for x in lines) + line
+        fd = os.memfd_create(f"suanli-{name}", 0)
+        os.write(fd, text.encode())
+        os.lseek(fd, 0, os.SEEK_SET)
+        fds[name] = fd
+    return fds
+
+
+def _field(line: str, i: int) -> str:
+    parts = line.split(":")
+    return parts[i] if len(parts) > i else ""
+
+
+def _user_args(fds: dict[str, int]) -> list[str]:
+    return [x for name, fd in fds.items() for x in ("--perms", "0644", "--ro-bind-data", str(fd), f"/etc/{name}")]
+
+
+def _env_script(env: dict[str, str]) -> str:
+    """`export KEY='value'` lines for /bin/sh; names that are not shell names are left out."""
+    import re
+    import shlex
+
+    key = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items() if key.fullmatch(k))
+
+
+def _sandboxed_pids(info: dict[str, object]) -> set[int]:
+    """bwrap's own processes (the outer one and the sandbox's init): signals go past them to the job."""
+    return {int(p) for p in info.get("bwrap_pids", [])}  # type: ignore[union-attr]
+
+
+def _spawn(command: str, env: dict[str, str], sandbox: dict | None) -> tuple[int, dict]:
+    """Start the job: plain `/bin/sh -c`, or inside bwrap with its cgroup joined, rlimits set and the sandbox's uid
+    taken between fork and exec. Returns the pid and what the sandbox reported (its init's host pid)."""
+    sigdef = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    if sandbox is None:
+        # Python ignores SIGPIPE and SIGXFSZ; shells and their pipelines expect the defaults.
+        pid = os.posix_spawn("/bin/sh", ["/bin/sh", "-c", command], env, setpgroup=0, setsigmask=(), setsigdef=sigdef)
+        return pid, {}
+    from suanli.sandbox import limits
+
+    cg = sandbox["cgroup"]
+    uid, gid = sandbox.get("uid"), sandbox.get("gid")
+    memory_mib = int(sandbox.get("memory_mib") or 0)
+    r, w = os.pipe()
+
+    def in_child() -> None:
+        for sig in sigdef:
+            signal.signal(sig, signal.SIG_DFL)
+        limits.join(cg)
+        if cg.get("mode") == "rlimit":
+            limits.set_rlimits(memory_mib)
+        if gid is not None:
+            os.setgroups([])
+            os.setgid(int(gid))
+        if uid is not None:
+            os.setuid(int(uid))
+
+    import subprocess
+
+    # bwrap itself runs on the host's filesystem: it gets a clean environment (a tenant's LD_PRELOAD must never
+    # reach it), and the job's variables travel in a file bwrap writes inside the sandbox, which the shell sources.
+    env_fd = os.memfd_create("suanli-env", 0)
+    os.write(env_fd, _env_script(env).encode())
+    os.lseek(env_fd, 0, os.SEEK_SET)
+    user_fds = _user_files(sandbox, uid, gid)
+    argv = [*_stage_binds(sandbox["bwrap"]), *_user_args(user_fds), "--perms", "0400", "--file", str(env_fd), ENV_FILE, "--info-fd", str(w), "--",
+            "/bin/sh", "-c", f'. {ENV_FILE} && exec /bin/sh -c "$0"', command]  # fmt: skip
+    clean = {k: env[k] for k in (*SANDBOX_BASE_ENV, "PATH") if k in env}
+    try:
+        fds = (w, env_fd, *user_fds.values())
+        proc = subprocess.Popen(argv, env=clean, process_group=0, pass_fds=fds, preexec_fn=in_child)
+    finally:
+        for fd in (w, env_fd, *user_fds.values()):
+            os.close(fd)
+    info: dict = {"bwrap_pids": [proc.pid]}
+    data = b""
+    import select
+
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([r], [], [], 0.5)
+        if ready:
+            chunk = os.read(r, 4096)
+            if not chunk:
+                break
+            data += chunk
+            if b"}" in data:
+                break
+        elif proc.poll() is not None:
+            break
+    os.close(r)
+    try:
+        import json
+
+        child = int(json.loads(data.decode())["child-pid"])
+        info["bwrap_pids"].append(child)
+        info["init_pid"] = child
+    except (ValueError, KeyError, TypeError):
+        pass
+    proc.returncode = 0  # reaped by `_reap` below, not by Popen
+    return proc.pid, info
+
+
+def _exit_code(code: int, sandboxed: bool) -> int:
+    """bwrap reports a job killed by signal N as 128+N; the supervisor reports signals as negative codes."""
+    if sandboxed and 128 < code <= 128 + 64:
+        return -(code - 128)
+    return code
+
+
+def supervise(config: dict) -> int:
+    """Run the command to its end; the job's exit code (also written to the rc file)."""
+    rc_file, stop_file, grace_s = config["rc_file"], config["stop_file"], float(config["grace_s"])
+    command, sandbox = config["command"], config.get("sandbox")
     received: list[int] = []
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -172,20 +368,25 @@ def supervise(rc_file: str, stop_file: str, grace_s: float, command: str, env_it
         _say("stop requested before the start; the command was not run")
         write_atomic(rc_file, f"{-signal.SIGTERM}\n")
         return -signal.SIGTERM
+    cg: dict = {}
+    if sandbox is not None:
+        from suanli.sandbox import limits
+
+        cg = limits.create(sandbox["cgroup"], int(sandbox.get("cpu_milli") or 0), int(sandbox.get("memory_mib") or 0))
+        sandbox = {**sandbox, "cgroup": cg}
+        if cg.get("why"):
+            _say(f"limits by rlimit: {cg['why']}")
     try:
-        child = os.posix_spawn(
-            "/bin/sh",
-            ["/bin/sh", "-c", command],
-            _job_env(env_items),
-            setpgroup=0,
-            setsigmask=(),
-            # Python ignores SIGPIPE and SIGXFSZ; shells and their pipelines expect the defaults.
-            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTERM, signal.SIGINT, signal.SIGHUP),
-        )
+        child, info = _spawn(command, _job_env(config["env"], sandbox is not None), sandbox)
     except OSError as e:
-        _say(f"cannot start /bin/sh: {e}")
+        _say(f"cannot start the job: {e}")
         write_atomic(rc_file, "127\n")
         return 127
+    if sandbox is not None and config.get("sandbox_file"):
+        record = {**info, "cgroup": cg, "uid": sandbox.get("uid"), "gid": sandbox.get("gid"),
+                  "network": sandbox.get("network", "host"), "memory_mib": sandbox.get("memory_mib")}  # fmt: skip
+        write_atomic(config["sandbox_file"], json.dumps(record))
+    skip = _sandboxed_pids(info)
     code = None
     term_at: float | None = None
     killed = False
@@ -194,8 +395,13 @@ def supervise(rc_file: str, stop_file: str, grace_s: float, command: str, env_it
             if received and term_at is None:
                 sig = received[0]
                 _say(f"received {signal.Signals(sig).name}; passing it on, SIGKILL in {grace_s:g}s")
-                with contextlib.suppress(OSError):
-                    os.killpg(child, sig)
+                if sandbox is None:
+                    with contextlib.suppress(OSError):
+                        os.killpg(child, sig)
+                else:  # to the job's processes, not to bwrap's (the outer one would die and take the exit code)
+                    for pid in family(os.getpid()) - skip:
+                        with contextlib.suppress(OSError):
+                            os.kill(pid, sig)
                 term_at = time.monotonic()
             elif term_at is not None and not killed and time.monotonic() - term_at >= grace_s:
                 _say("grace period over; sending SIGKILL")
@@ -211,16 +417,29 @@ def supervise(rc_file: str, stop_file: str, grace_s: float, command: str, env_it
                 if not family(os.getpid()):
                     break
                 time.sleep(0.02)
+    code = _exit_code(code, sandbox is not None)
+    if sandbox is not None:
+        from suanli.sandbox import limits
+
+        if code == -signal.SIGKILL and limits.oom_killed(cg) and config.get("reason_file"):
+            write_atomic(
+                config["reason_file"], f"out of memory: killed at its memory limit of {sandbox['memory_mib']} MiB\n"
+            )
+        limits.remove(cg)
     write_atomic(rc_file, f"{code}\n")
     return code
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 4:
-        _say("usage: python -m suanli.executors.rankrun RC_FILE STOP_FILE GRACE_S COMMAND [KEY=VALUE | KEY]...")
+    """One argument: a JSON launch file (mode 0600, read and deleted here), so that env values never show in argv."""
+    if len(argv) != 1:
+        _say("usage: python -m suanli.executors.rankrun LAUNCH_FILE")
         return 2
-    rc_file, stop_file, grace, command, *env_items = argv
-    supervise(rc_file, stop_file, float(grace), command, env_items)
+    with open(argv[0], encoding="utf-8") as f:
+        config = json.load(f)
+    with contextlib.suppress(OSError):
+        os.unlink(argv[0])
+    supervise(config)
     return 0
 
 

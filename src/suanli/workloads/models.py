@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from functools import cache
 from pathlib import PurePosixPath
@@ -26,6 +27,7 @@ from pydantic import (
 
 from suanli import catalog
 from suanli.perf import MODEL_PRESETS
+from suanli.sched.state import host_share
 from suanli.sched.types import FULL, ModelHint, PriorityClass, Request, mig_milli
 from suanli.workloads.durations import brief, format_duration, parse_duration
 
@@ -37,6 +39,7 @@ MAX_ENV_VALUE = 32 * 1024  # bytes of UTF-8
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"})  # fmt: skip
 RESERVED_ENV_PREFIX = "SUANLI_"
 _NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
+_IMAGE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _BILLING = re.compile(r"on-demand|spot|plan:[A-Za-z0-9_-]{1,32}")
 _CFG = ConfigDict(extra="forbid", frozen=True)
@@ -95,6 +98,8 @@ class GpuRange(BaseModel):
 
 
 MAX_CPUS = 4096
+CPU_ONLY_CPUS = 1  # what CPU-only work gets unless it asks: 1 core and 2 GiB
+CPU_ONLY_MEMORY = "2Gi"
 _MEMORY = re.compile(r"^\s*(\d{1,10}(?:\.\d{1,6})?)\s*([KMGT])(i?)B?\s*$")  # 1Pi is 1073741824Mi
 _MEMORY_MAX_MIB = 1 << 30  # 1 PiB
 
@@ -122,8 +127,21 @@ class Resources(BaseModel):
     nodes: StrictInt | None = Field(None, ge=1, le=MAX_NODES)
     topology: Literal["nvlink", "leaf", "any"] = "any"
     exclusive: StrictBool = False
-    cpus: float | None = None  # host CPU cores; unset: not counted (a node's cores are then not a limit)
-    memory: str | None = None  # host memory, e.g. 64Gi or 512Mi; unset: not counted
+    cpus: float | None = None  # host CPU cores; unset on GPU work: not counted (nor charged, nor capped)
+    memory: str | None = None  # host memory, e.g. 64Gi or 512Mi; unset on GPU work: not counted
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cpu_only_defaults(cls, data: object) -> object:
+        """CPU-only work gets 1 core and 2 GiB unless it asks otherwise, written into the spec: the stored spec,
+        `describe`, the bill and the sandbox then all see what it runs with."""
+        if isinstance(data, dict) and type(data.get("gpus")) is int and data["gpus"] == 0:
+            data = dict(data)
+            if data.get("cpus") is None:
+                data["cpus"] = CPU_ONLY_CPUS
+            if data.get("memory") is None:
+                data["memory"] = CPU_ONLY_MEMORY
+        return data
 
     @field_validator("cpus", mode="before")
     @classmethod
@@ -207,10 +225,6 @@ class Resources(BaseModel):
                     raise FieldError("gpu", f"{name} does not support MIG slices (slice: {self.slice})")
                 if self.slice not in profiles:
                     raise FieldError("slice", f"{name} offers {', '.join(profiles)}, not {self.slice}")
-        if (self.cpus is not None or self.memory is not None) and self.gpus == 0:
-            field = "cpus" if self.cpus is not None else "memory"
-            raise FieldError(field, "counts only for work with GPUs (it is taken from the nodes its GPUs are on); "
-                                    "CPU-only work runs on a CPU node as it is")  # fmt: skip
         if self.nodes is not None:
             counts = (self.gpus.min, self.gpus.max) if isinstance(self.gpus, GpuRange) else (self.gpus,)
             for what, n in zip(("min", "max") if len(counts) == 2 else ("gpus",), counts, strict=True):
@@ -281,6 +295,8 @@ class WorkloadSpec(BaseModel):
     max_price_per_hour: Decimal | None = Field(None, gt=0, le=10**9, decimal_places=8)
     retry: Retry = Field(default_factory=Retry)
     model: ModelSpec | None = None
+    network: Literal["host", "none"] = "host"  # none: the sandbox has loopback only
+    image: str | None = None  # a named environment the operator published (`suanli environments`)
 
     @field_validator("name")
     @classmethod
@@ -288,6 +304,15 @@ class WorkloadSpec(BaseModel):
         if not _NAME.fullmatch(v):
             raise ValueError(
                 f"must be 1-63 lowercase letters, digits and '-', starting with a letter and not ending in '-' (got {brief(v)})"
+            )
+        return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        if v is not None and not _IMAGE.fullmatch(v):
+            raise ValueError(
+                f"must be the name of a published environment: 1-63 of a-z, 0-9, '.', '_', '-' (got {brief(v)})"
             )
         return v
 
@@ -415,6 +440,27 @@ class WorkloadSpec(BaseModel):
             return self.resources.nodes
         count = self.gpu_count() if gpus is None else gpus
         return max(1, math.ceil(count / gpus_per_node))
+
+    def host_request(self, gpus_here: int | None = None) -> tuple[int, int]:
+        """(milli-cores, MiB) of host CPU and memory the workload gets: all of it at the GPU count it asks for
+        (None), or what a node-rank holding `gpus_here` of its GPUs gets, its share per GPU (`sched.host_share`,
+        rounded up), as the scheduler counts it. CPU-only work is one node-rank with all of it (1 core and 2 GiB
+        unless it asks otherwise). A 0 is not asked for: not counted, charged or capped (GPU work that names no
+        cpus or memory)."""
+        cpu, mem = self.resources.cpu_milli(), self.resources.memory_mib()
+        asked = self.gpu_count()
+        if gpus_here is None or asked == 0:
+            return cpu, mem
+        return host_share(cpu, gpus_here, asked), host_share(mem, gpus_here, asked)
+
+    def host_held(self, gpus_per_rank: Iterable[int]) -> tuple[int, int]:
+        """(milli-cores, MiB) over the node-ranks of a placement (GPUs on each): what its allocation holds and pays
+        for, elastic work grown or shrunk included."""
+        cpu = mem = 0
+        for n in gpus_per_rank:
+            c, m = self.host_request(n)
+            cpu, mem = cpu + c, mem + m
+        return cpu, mem
 
     def to_request(
         self, id: str, submit_time: float, tenant: str, attained: float = 0.0, queued_since: float | None = None

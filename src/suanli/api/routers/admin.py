@@ -24,6 +24,7 @@ from suanli.api.schemas import (
     Out,
     PriceBookIn,
     PriceGpuIn,
+    PriceHostIn,
     QuotaIn,
     TransactionOut,
     UserOut,
@@ -82,9 +83,10 @@ def list_orgs(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000) 
 @router.put("/orgs/{org}/quota")
 @in_thread
 def set_quota(org: str, body: QuotaIn, ctx: Admin) -> OrgOut:
-    """`org` is an id or a name (a personal org is named after its user's email)."""
+    """`org` is an id or a name (a personal org is named after its user's email). Only the quotas the body names
+    change (GPUs, host CPU cores, host memory GiB); null lifts that limit."""
     with ctx.db.write() as s, s.begin():
-        return OrgOut.model_validate(accounts.set_quota(s, org, body.gpus))
+        return OrgOut.model_validate(accounts.set_quota(s, org, body.limits()))
 
 
 @router.post("/orgs/{org}/transactions", status_code=201)
@@ -116,6 +118,15 @@ def put_prices(body: PriceBookIn, ctx: Admin) -> dict[str, object]:
     book = prices.validate(body.model_dump(mode="json", exclude={"version"}))
     with ctx.db.write() as s, s.begin():
         version = prices.store(s, book, ctx.now, ctx.who.user_id)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+@router.put("/prices/host")
+@in_thread
+def put_host_prices(body: PriceHostIn, ctx: Admin) -> dict[str, object]:
+    """Change the host prices (per CPU core-hour, per GiB-hour of memory) as a new version of the book."""
+    with ctx.db.write() as s, s.begin():
+        version, book = prices.set_host_prices(s, body.cpu_core_hour, body.memory_gib_hour, ctx.now, ctx.who.user_id)
     return {"version": version, **book.model_dump(mode="json")}
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, money
-from suanli.control import offers, prices
+from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, WorkloadQuoteIn, WorkloadQuoteOut, money
+from suanli.control import offers, prices, pricing, workloads
 from suanli.control.errors import Invalid
 from suanli.perf import MODEL_PRESETS, TrainJob, model_preset
 
@@ -16,7 +16,8 @@ router = APIRouter(tags=["market"])
 @router.get("/prices")
 @in_thread
 def get_prices(ctx: Auth) -> dict[str, object]:
-    """The price book in force (per GPU-hour on demand, spot factor, slice premium, storage, plans)."""
+    """The price book in force (per GPU-hour on demand, spot factor, slice premium, host CPU per core-hour and
+    memory per GiB-hour, storage, plans)."""
     with ctx.db.read() as s:
         version, book = prices.current(s)
     return {"version": version, **book.model_dump(mode="json")}
@@ -36,6 +37,7 @@ def get_offers(ctx: Auth) -> list[OfferOut]:
             spot_per_gpu_hour=None if o.spot is None else money(o.spot),
             plans_per_gpu_hour={k: money(v) for k, v in o.plans.items()},
             slices_per_hour={k: str(v) for k, v in o.slices.items()},
+            cpu_per_core_hour=money(o.cpu_core_hour), memory_per_gib_hour=money(o.memory_gib_hour),
         )
         for o in snap.offers
     ]  # fmt: skip
@@ -52,6 +54,20 @@ def create_quote(body: QuoteIn, ctx: Auth) -> list[QuoteOut]:
     with ctx.db.read() as s:
         rows = offers.quotes(
             s, ctx.srv.offers, job, body.n_tokens, gpu=gpu, gpus=body.gpus, mode=body.billing_mode, rank=body.rank,
-            limit=body.limit,
+            limit=body.limit, host_per_gpu=body.host_per_gpu(),
         )  # fmt: skip
     return [QuoteOut.model_validate(r) for r in rows]
+
+
+@router.post("/quotes/workload")
+@in_thread
+def quote_workload(body: WorkloadQuoteIn, ctx: Auth) -> list[WorkloadQuoteOut]:
+    """What a workload spec would pay on each GPU model that could run it (CPU-only work: one row), cheapest
+    first: its hourly rate split into GPUs and host CPU and memory, and the cost of its `duration` (else
+    `max_duration`). The same checks as a submission (422 naming the field), nothing is queued."""
+    spec = workloads.parse(body.spec if body.spec is not None else body.spec_yaml or "")
+    with ctx.db.read() as s:
+        rows = pricing.quote_workload(
+            s, ctx.who, spec, ctx.now, fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org
+        )
+    return [WorkloadQuoteOut.model_validate(r) for r in rows]

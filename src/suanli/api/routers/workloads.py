@@ -19,12 +19,17 @@ from suanli.billing.money import ZERO
 from suanli.control import logs as workload_logs
 from suanli.control import workloads
 from suanli.control.errors import Invalid
+from suanli.control.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
 router = APIRouter(tags=["workloads"])
 MAX_SPEC_CHARS = 256 * 1024
 ON_LOOP_BYTES = 64 * 1024  # a JSON spec in a request this small is checked on the event loop (no thread hop)
+
+
+class EnvironmentOut(Out):
+    name: str
 
 
 class WorkloadIn(In):
@@ -62,6 +67,9 @@ class AllocationOut(Out):
     billing_mode: str
     started_at: datetime
     stopped_at: datetime | None
+    cpu_milli: int = Field(0, description="host CPU held, 1000 a core (0: not asked for)")
+    memory_mib: int = Field(0, description="host memory held (0: not asked for)")
+    host_rate_per_hour: str = Field("0.00000000", description="the host CPU and memory part of rate_per_hour")
 
 
 class WorkloadOut(Out):
@@ -107,7 +115,8 @@ def _out(
         alloc = AllocationOut(
             id=current.id, gpu_model=current.gpu_model, gpus=current.gpus, milli=current.milli,
             nodes=current.placement, rate_per_hour=money(current.rate_per_hour), billing_mode=current.billing_mode,
-            started_at=current.started_at, stopped_at=current.stopped_at,
+            started_at=current.started_at, stopped_at=current.stopped_at, cpu_milli=current.cpu_milli,
+            memory_mib=current.memory_mib, host_rate_per_hour=money(current.host_rate_per_hour),
         )  # fmt: skip
     gpu = current.gpu_model if current is not None else res.get("gpu")
     return WorkloadOut(
@@ -131,6 +140,12 @@ def _full(s: Session, w: Workload, ctx: Caller) -> WorkloadOut:
     return _out(w, allocs, ctx.now, ctx.srv.settings.currency, workloads.events(s, w.id))
 
 
+@router.get("/environments")
+def environments(ctx: Auth) -> list[EnvironmentOut]:
+    """The environments the operator published, for a spec's `image:` (names only: paths are the host's)."""
+    return [EnvironmentOut(name=n) for n in sorted(ctx.srv.settings.environments)]
+
+
 @router.post("/workloads", status_code=201)
 async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
@@ -139,6 +154,8 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
         spec = workloads.parse(body.spec)
     else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
         spec = await run_in_threadpool(_parse, body)
+    if spec.image is not None:
+        sandbox_policy(ctx.srv.settings).check_image(spec)
     if body.workdir_archive is None:  # checked and written with whatever else was submitted meanwhile
         row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
     else:

@@ -1,0 +1,129 @@
+"""`suanli keys …` (your SSH public keys) and `suanli ssh INSTANCE [-- COMMAND]` (the real `ssh`, pointed at the
+server's SSH gateway with the right port, login name and host key)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import typer
+from rich.table import Table
+
+from suanli.cli import credentials as cred
+from suanli.cli.common import JsonOpt, console, emit_json, fail
+from suanli.cli.credentials import ServerOpt, jsonable, when
+
+keys_app = typer.Typer(no_args_is_help=True, help="SSH public keys: they log in to your orgs' instances.")
+KNOWN_HOSTS = "ssh_known_hosts"
+
+
+@keys_app.command("add")
+def keys_add(
+    file: Annotated[Path, typer.Argument(metavar="FILE", help="A public key file (~/.ssh/id_ed25519.pub).")],
+    name: Annotated[
+        str | None, typer.Option("--name", help="A name to recognise it by (default: its comment).")
+    ] = None,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Add an SSH public key (ed25519, ECDSA, or RSA of 2048 bits or more)."""
+    if not file.name.endswith(".pub") and (file.with_name(file.name + ".pub")).exists():
+        fail(f"{file} looks like a private key; give {file}.pub")
+    try:
+        text = file.read_text(encoding="utf-8")[:65536]
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"cannot read {file}: {e}")
+    if "PRIVATE KEY" in text:  # refused here, so a private key never leaves this machine
+        fail(f"{file} is a private key; give the public one ({file}.pub)")
+    with cred.api(server) as c:
+        k = c.ssh_key_add(text, name)
+    if json_out:
+        emit_json(jsonable(k))
+        return
+    console.print(f"added {k.id} ({k.name}): {k.fingerprint}")
+
+
+@keys_app.command("ls")
+def keys_ls(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Your SSH public keys."""
+    with cred.api(server) as c:
+        rows = c.ssh_keys()
+    if json_out:
+        emit_json(jsonable(rows))
+        return
+    table = Table(title="SSH keys")
+    for col in ("id", "name", "algorithm", "fingerprint", "added"):
+        table.add_column(col)
+    for k in rows:
+        table.add_row(k.id, k.name, k.algorithm, k.fingerprint, when(k.created_at))
+    console.print(table)
+
+
+@keys_app.command("rm")
+def keys_rm(
+    key: Annotated[str, typer.Argument(metavar="ID", help="Key id (key_…) or fingerprint (SHA256:…).")],
+    server: ServerOpt = None,
+) -> None:
+    """Remove a key: new logins with it are refused (open sessions stay)."""
+    with cred.api(server) as c:
+        k = c.ssh_key_remove(key)
+    console.print(f"removed {k.id} ({k.name})")
+
+
+def ssh_argv(
+    url: str, port: int, instance: str, host_key: str | None, known_hosts: Path, extra: list[str], command: list[str]
+) -> list[str]:
+    """The `ssh` command line: the server URL's host, the gateway's port, the instance as the login name, and the
+    host key the server reported pinned in a known_hosts file of our own (so nothing is trusted blindly)."""
+    host = urlsplit(url).hostname or "127.0.0.1"
+    argv = ["ssh", "-p", str(port)]
+    if host_key:
+        entry = f"[{host}]:{port} {host_key}\n"
+        lines = known_hosts.read_text().splitlines(keepends=True) if known_hosts.exists() else []
+        kept = [ln for ln in lines if not ln.startswith(f"[{host}]:{port} ")]
+        if entry not in lines:
+            known_hosts.parent.mkdir(parents=True, exist_ok=True)
+            known_hosts.write_text("".join([*kept, entry]))
+        argv += ["-o", f"UserKnownHostsFile={known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    return [*argv, *extra, f"{instance}@{host}", *(["--", *command] if command else [])]
+
+
+def ssh(
+    instance: Annotated[str, typer.Argument(metavar="INSTANCE", help="Instance name or id (NAME.N: node-rank N).")],
+    command: Annotated[
+        list[str] | None, typer.Argument(metavar="[-- COMMAND]", help="Run this instead of a shell.")
+    ] = None,
+    identity: Annotated[Path | None, typer.Option("-i", "--identity", help="Private key file for ssh.")] = None,
+    forward: Annotated[
+        list[str] | None, typer.Option("-L", "--forward", help="Local forward LPORT:127.0.0.1:PORT (repeatable).")
+    ] = None,
+    tty: Annotated[bool, typer.Option("-t", "--tty", help="Force a terminal (for a COMMAND that needs one).")] = False,
+    print_only: Annotated[bool, typer.Option("--print", help="Print the ssh command instead of running it.")] = False,
+    server: ServerOpt = None,
+) -> None:
+    """Open a shell in a running instance, or run COMMAND in it, with the real `ssh` client."""
+    url = cred.resolve(server)
+    with cred.api(server) as c:
+        info = c.ssh_info()
+    if not info.enabled or info.port is None:
+        fail(f"{url} runs no SSH gateway (its ssh_port is 0)")
+    extra: list[str] = ["-i", str(identity)] if identity else []
+    for spec in forward or []:
+        extra += ["-L", spec]
+    if tty:
+        extra.append("-t")
+    argv = ssh_argv(url, info.port, instance, info.host_key, cred.home() / KNOWN_HOSTS, extra, command or [])
+    if print_only:
+        typer.echo(" ".join(argv))
+        return
+    if shutil.which("ssh") is None:
+        fail("the OpenSSH client (ssh) is not installed (Debian/Ubuntu: apt install openssh-client)")
+    os.execvp("ssh", argv)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(keys_app, name="keys")
+    app.command("ssh")(ssh)

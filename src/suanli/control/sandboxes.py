@@ -1,0 +1,95 @@
+"""Who runs sandboxed, in what: the sandbox a workload's ranks get from the server's settings and the spec.
+
+Tenant work always runs in a sandbox; the operator's own work (an admin's) runs unsandboxed only when the operator
+opted in with `sandbox: off`. `image: NAME` binds a published environment read-only; without one, the default
+environment (the server's own Python unless the operator says otherwise) is bound, so `python` works inside.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from suanli.control.errors import Invalid
+from suanli.control.settings import Settings
+from suanli.executors.base import SandboxRequest
+from suanli.sandbox.bwrap import bwrap_path, require_bwrap, sandbox_ids
+from suanli.workloads.spec import WorkloadSpec
+
+SYSTEM_PREFIXES = ("/usr/", "/opt/")  # already in every sandbox (read-only)
+
+
+def server_python() -> tuple[str, ...]:
+    """The prefixes of the Python the server runs on (a venv and the interpreter it was made from), outside /usr."""
+    paths = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+    return tuple(sorted(p for p in paths if not (p + "/").startswith(SYSTEM_PREFIXES)))
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """The server's sandbox settings (`control.settings.Settings`), as the supervisor applies them."""
+
+    mode: str = "on"  # off: admins' work unsandboxed
+    environments: dict[str, str] = field(default_factory=dict)
+    default_environment: str = "server"
+    gpu_dev_root: str = "/dev"
+    cgroup_parent: str | None = None
+
+    def sandboxed(self, is_admin: bool) -> bool:
+        return not (is_admin and self.mode == "off")
+
+    def check_image(self, spec: WorkloadSpec) -> None:
+        """Refuse an `image:` nobody published (at submission: a 422 naming the field)."""
+        if spec.image is not None and spec.image not in self.environments:
+            known = ", ".join(sorted(self.environments)) or "none are published"
+            raise Invalid(f"image: no environment called {spec.image!r} ({known})")
+
+    def _prefixes(self, spec: WorkloadSpec) -> tuple[str | None, tuple[str, ...]]:
+        """(the environment on PATH, more prefixes to bind read-only)."""
+        if spec.image is not None:
+            self.check_image(spec)
+            return self.environments[spec.image], ()
+        if self.default_environment == "none":
+            return None, ()
+        if self.default_environment == "server":
+            prefixes = server_python()
+            venv = os.path.realpath(sys.prefix)
+            env = venv if sys.prefix != sys.base_prefix else None
+            return env, tuple(p for p in prefixes if p != env)
+        return self.default_environment, ()
+
+    def request(self, spec: WorkloadSpec, org_id: str, is_admin: bool) -> SandboxRequest | None:
+        """The sandbox of the workload's node-ranks; None: unsandboxed.
+
+        Raises SandboxError when tenant work would have to run unsandboxed (no bubblewrap on this node)."""
+        if not self.sandboxed(is_admin):
+            return None
+        require_bwrap()
+        res = spec.resources
+        ask = res.gpus if isinstance(res.gpus, int) else res.gpus.min
+        cpu, mem = res.cpu_milli(), res.memory_mib()
+        env, extra = self._prefixes(spec)
+        uid, gid = sandbox_ids(org_id)
+        return SandboxRequest(
+            cpu_milli=cpu, memory_mib=mem, gpus_asked=ask, network=spec.network, environment=env,
+            mounts=tuple((p, p, False) for p in extra), uid=uid, gid=gid, dev_root=self.gpu_dev_root,
+            cgroup_parent=self.cgroup_parent,
+        )  # fmt: skip
+
+    def startup_note(self) -> str:
+        """What `suanli up` / `suanli server` say about sandboxing at start."""
+        if bwrap_path() is None:
+            return ("WARNING: bubblewrap is not installed (apt install bubblewrap): tenant workloads cannot run on "
+                    "this host" + ("; the operator's own run unsandboxed (sandbox: off)" if self.mode == "off" else ""))  # fmt: skip
+        if self.mode == "off":
+            return "sandbox: off — the operator's own workloads run unsandboxed, as the server's user; tenants' are sandboxed"
+        return "every workload runs in a bubblewrap sandbox"
+
+
+def sandbox_policy(settings: Settings) -> SandboxPolicy:
+    return SandboxPolicy(
+        mode=settings.sandbox, environments=dict(settings.environments),
+        default_environment=settings.default_environment, gpu_dev_root=settings.gpu_dev_root,
+        cgroup_parent=settings.cgroup_parent,
+    )  # fmt: skip

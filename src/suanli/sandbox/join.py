@@ -1,0 +1,168 @@
+"""Run a command inside a live sandbox: its cgroup, its uid, its namespaces, its root.
+
+    python -P -m suanli.sandbox.join SANDBOX_FILE -- COMMAND...
+
+SANDBOX_FILE is what the rank supervisor recorded: the host pid of the sandbox's init (bwrap's pid 1), the
+cgroup, the uid/gid. The command gets the job's environment (read from the sandbox's init) with the caller's
+TERM and locale, and /workspace as its cwd. As the sandbox's uid it owns the sandbox's user namespaces, so it may
+join them without privilege; it execs as a non-zero uid inside with `no_new_privs`, so it holds no capability there.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import signal
+import sys
+
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
+PR_SET_NO_NEW_PRIVS = 38
+KEEP_FROM_CALLER = ("TERM", "LANG", "LC_ALL", "COLORTERM", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY")
+
+
+def _fail(msg: str) -> int:
+    sys.stderr.write(f"suanli: {msg}\n")
+    return 255
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    env = {}
+    for item in items:
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode(errors="replace")] = value.decode(errors="replace")
+    return env
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[1] != "--":
+        return _fail("usage: python -m suanli.sandbox.join SANDBOX_FILE -- COMMAND...")
+    try:
+        with open(argv[0], encoding="utf-8") as f:
+            box = json.load(f)
+        init = int(box["init_pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return _fail("the sandbox is not running")
+    # The init must still be bwrap's child: a recycled pid would be somebody else's namespaces.
+    if _ppid(init) not in {int(p) for p in box.get("bwrap_pids", [])}:
+        return _fail("the sandbox is not running")
+    # The job's environment: the init's is bwrap's, which bwrap hands to the job unchanged.
+    children = _children(init)
+    env = _environ(children[0]) if children else {}
+    env = env or _environ(init)
+    env.update({k: v for k, v in os.environ.items() if k in KEEP_FROM_CALLER})
+    from suanli.sandbox import limits
+
+    cg = box.get("cgroup") or {}
+    try:
+        limits.join(cg)
+        if cg.get("mode") == "rlimit":
+            limits.set_rlimits(int(box.get("memory_mib") or 0))
+        if box.get("gid") is not None:
+            os.setgroups([])
+            os.setgid(int(box["gid"]))
+        if box.get("uid") is not None:
+            os.setuid(int(box["uid"]))
+    except OSError as e:
+        return _fail(f"cannot join the sandbox: {e}")
+    try:
+        _enter(init, box.get("network") == "none")
+    except OSError as e:
+        return _fail(f"cannot enter the sandbox: {e}")
+    return _run(argv[2:], env)
+
+
+def _libc_call(name: str, *args: int) -> int:
+    libc = ctypes.CDLL(None, use_errno=True)
+    rc = getattr(libc, name)(*args)
+    if rc < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{name}: {os.strerror(err)}")
+    return rc
+
+
+def _enter(init: int, net: bool) -> None:
+    """Join the sandbox's namespaces. bwrap makes them under one user namespace and runs the job in a nested one,
+    so: the owning user namespace first (found with NS_GET_USERNS), then IPC, UTS, network, PID and mount, then the
+    nested user namespace; then the sandbox's root (bwrap pivoted into it) and its workspace. Every file is opened
+    before the first join: once in the sandbox's mount namespace, /proc is the sandbox's."""
+    kinds = [("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS)]
+    if net:
+        kinds.insert(2, ("net", CLONE_NEWNET))
+    fds = {name: os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY) for name, _ in [*kinds, ("user", 0)]}
+    root = os.open(f"/proc/{init}/root", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        owner = fcntl.ioctl(fds["mnt"], NS_GET_USERNS)
+        try:
+            _libc_call("setns", owner, CLONE_NEWUSER)
+        finally:
+            os.close(owner)
+        for name, kind in kinds:
+            _libc_call("setns", fds[name], kind)
+        _libc_call("setns", fds["user"], CLONE_NEWUSER)
+        os.fchdir(root)
+        os.chroot(".")
+    finally:
+        for fd in [*fds.values(), root]:
+            os.close(fd)
+    try:
+        os.chdir("/workspace")
+    except OSError:
+        os.chdir("/")
+    _libc_call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+
+
+def _run(argv: list[str], env: dict[str, str]) -> int:
+    """Fork (joining a PID namespace counts for children only) and exec; pass signals on; exit as the child did."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as e:
+            sys.stderr.write(f"suanli: {argv[0]}: {e.strerror}\n")
+            os._exit(127)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda signum, _f: os.kill(pid, signum))
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

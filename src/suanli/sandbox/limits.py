@@ -1,0 +1,157 @@
+"""CPU, memory and process limits of one sandboxed rank: a cgroup when the host lets the server make one, else rlimits.
+
+- cgroup v2: under the cgroup the operator delegated (`cgroup_parent`), or, for a root server on a cgroup2 host,
+  under the server's own cgroup: `memory.max`, `cpu.max`, `pids.max`; an OOM kill shows in `memory.events`.
+- cgroup v1 (hybrid hosts, root only): the memory, cpu and pids hierarchies, each under the server's own group.
+- otherwise rlimits: RLIMIT_AS for memory (a process, not the rank, is bounded), no CPU cap (no rlimit says
+  "N cores"); docs/isolation.md says so.
+
+Standard library only: the rank supervisor imports this on every start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+CPU_PERIOD_US = 100_000
+DEFAULT_PIDS = 16_384
+V1_CONTROLLERS = ("memory", "cpu", "pids")
+
+
+def _own_cgroup(line_key: str) -> str | None:
+    """The server's cgroup path in one hierarchy ('' for v2's unified line, a controller name for v1)."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if line_key in controllers.split(","):
+                    return path
+                if line_key == "" and controllers == "":
+                    return path
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _is_cgroup2(path: str) -> bool:
+    return os.path.exists(os.path.join(path, "cgroup.controllers"))
+
+
+def plan(name: str, parent: str | None = None) -> dict[str, object]:
+    """Where this rank's cgroup(s) go: {"mode": "v2"|"v1"|"rlimit", "paths": [...]} (nothing is created yet)."""
+    if parent:
+        if _is_cgroup2(parent) and os.access(parent, os.W_OK):
+            return {"mode": "v2", "paths": [os.path.join(parent, name)]}
+        return {"mode": "rlimit", "paths": [], "why": f"cgroup_parent {parent} is not a writable cgroup2 directory"}
+    if os.geteuid() != 0:
+        return {"mode": "rlimit", "paths": [], "why": "no cgroup delegated to the server (cgroup_parent)"}
+    if _is_cgroup2(CGROUP_ROOT):
+        own = _own_cgroup("") or "/"
+        return {"mode": "v2", "paths": [os.path.join(CGROUP_ROOT + own, "suanli", name)]}
+    paths = []
+    for ctl in V1_CONTROLLERS:
+        base = os.path.join(CGROUP_ROOT, ctl)
+        own = _own_cgroup(ctl)
+        if own is None or not os.path.isdir(base):
+            return {"mode": "rlimit", "paths": [], "why": f"no cgroup v1 {ctl} hierarchy"}
+        paths.append(os.path.join(base + own.rstrip("/"), "suanli", name))
+    return {"mode": "v1", "paths": paths}
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _enable_v2_controllers(leaf: str) -> None:
+    """Turn on cpu, memory and pids from the first missing level down to the leaf's parent."""
+    parent = os.path.dirname(leaf)
+    chain = []
+    p = parent
+    while p.startswith(CGROUP_ROOT) and not os.path.isdir(p):
+        chain.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(chain):
+        os.mkdir(d)
+    d = p
+    for level in [p, *reversed(chain)]:
+        d = level
+        with contextlib.suppress(OSError):
+            _write(os.path.join(d, "cgroup.subtree_control"), "+cpu +memory +pids")
+
+
+def create(cg: dict[str, object], cpu_milli: int, memory_mib: int, pids: int = DEFAULT_PIDS) -> dict[str, object]:
+    """Make the cgroup(s) with the limits set; on any failure fall back to rlimits (and say why)."""
+    mode = cg.get("mode")
+    paths = [str(p) for p in cg.get("paths", [])]  # type: ignore[union-attr]
+    try:
+        if mode == "v2":
+            leaf = paths[0]
+            _enable_v2_controllers(leaf)
+            os.makedirs(leaf, exist_ok=True)
+            if memory_mib:
+                _write(os.path.join(leaf, "memory.max"), str(memory_mib << 20))
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(leaf, "memory.swap.max"), "0")
+            if cpu_milli:
+                _write(os.path.join(leaf, "cpu.max"), f"{cpu_milli * CPU_PERIOD_US // 1000} {CPU_PERIOD_US}")
+            with contextlib.suppress(OSError):
+                _write(os.path.join(leaf, "pids.max"), str(pids))
+        elif mode == "v1":
+            for p in paths:
+                os.makedirs(p, exist_ok=True)
+            mem, cpu, pid = paths
+            if memory_mib:
+                _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory_mib << 20))
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(mem, "memory.memsw.limit_in_bytes"), str(memory_mib << 20))
+            if cpu_milli:
+                _write(os.path.join(cpu, "cpu.cfs_period_us"), str(CPU_PERIOD_US))
+                _write(os.path.join(cpu, "cpu.cfs_quota_us"), str(cpu_milli * CPU_PERIOD_US // 1000))
+            _write(os.path.join(pid, "pids.max"), str(pids))
+        return cg
+    except OSError as e:
+        remove(cg)
+        return {"mode": "rlimit", "paths": [], "why": f"cgroup setup failed: {e}"}
+
+
+def join(cg: dict[str, object]) -> None:
+    """Move the calling process into the cgroup(s): called in the child between fork and exec."""
+    for p in cg.get("paths", []):  # type: ignore[union-attr]
+        _write(os.path.join(str(p), "cgroup.procs"), str(os.getpid()))
+
+
+def set_rlimits(memory_mib: int) -> None:
+    """The fallback: each process may map at most the memory limit."""
+    import resource
+
+    if memory_mib:
+        size = memory_mib << 20
+        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+
+
+def oom_killed(cg: dict[str, object]) -> bool:
+    """Whether the kernel's OOM killer ended a process of this cgroup at its limit."""
+    mode = cg.get("mode")
+    paths = [str(p) for p in cg.get("paths", [])]  # type: ignore[union-attr]
+    name = "memory.events" if mode == "v2" else "memory.oom_control" if mode == "v1" else None
+    if name is None or not paths:
+        return False
+    try:
+        with open(os.path.join(paths[0], name)) as f:
+            for line in f:
+                key, _, value = line.partition(" ")
+                if key == "oom_kill" and int(value) > 0:
+                    return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
+def remove(cg: dict[str, object]) -> None:
+    """Delete the cgroup(s) once empty; a leftover is harmless and tried again by nobody."""
+    for p in cg.get("paths", []):  # type: ignore[union-attr]
+        with contextlib.suppress(OSError):
+            os.rmdir(str(p))

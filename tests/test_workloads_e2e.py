@@ -131,7 +131,10 @@ def test_real_jobs_run_to_completion_with_logs_exit_codes_events_and_exact_charg
         assert [e["state"] for e in g["events"]] == ["pending", "scheduled", "starting", "running", "succeeded"]
         assert len(g["allocation"]["nodes"]) == 2  # 16 H20 = two whole 8-GPU nodes (one NVLink domain each)
         assert Decimal(g["cost"]) == exact_cost(g) > 0
-        assert settled(api, exact_cost(g)) == exact_cost(g)
+        done, failed = api.get(ok), api.get(bad)
+        assert exact_cost(done) > 0 and exact_cost(failed) > 0  # CPU-only work pays its cores and memory
+        total = exact_cost(g) + exact_cost(done) + exact_cost(failed)
+        assert settled(api, total) == total
         check = api.http.get("/api/v1/admin/ledger/check", headers=api.admin).json()
         assert check["ok"], check
 
@@ -191,8 +194,9 @@ def test_the_server_killed_mid_run_re_attaches_and_bills_exactly(tmp_path: Path,
         assert q["state"] == "failed" and q["exit_code"] == 4
         g = api2.until(gang, lambda w: w["state"] in TERMINAL)
         assert g["state"] == "succeeded"
-        # exactly the seconds the gang held its GPUs: launched before the crash, ended by its clock after it
-        assert settled(api2, exact_cost(g)) == exact_cost(g)
+        # exactly the seconds each held its GPUs or cores: launched before the crash, ended after it
+        total = exact_cost(g) + exact_cost(s) + exact_cost(q)
+        assert settled(api2, total) == total
         held = (_t(g["allocation"]["stopped_at"]) - _t(g["allocation"]["started_at"])).total_seconds()
         assert 4 <= held < 6
         every = api2.http.get("/api/v1/workloads", params={"all": True}, headers=tenant.headers).json()

@@ -248,3 +248,24 @@ def test_exceeding_its_memory_limit_ends_it_with_the_reason_in_words(api: Api) -
     assert w["state"] == "failed"
     # a cgroup (root server): the kernel's OOM kill, said in words; rlimits: the allocation itself fails
     assert "out of memory: killed at its memory limit of 256 MiB" in w["reason"] or "MemoryError" in api.logs(job)
+
+
+def test_a_published_environment_is_listed_and_runs_as_image(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from suanli import Client
+    from tests.cli_helpers import invoke
+
+    env = tmp_path / "envs" / "tools"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "tool").write_text("#!/bin/sh\necho from-the-published-env\n")
+    (env / "bin" / "tool").chmod(0o755)
+    db_url = f"sqlite+pysqlite:///{tmp_path / 'suanli.db'}"
+    with live_server(tmp_path / "home", db_url, env={**FAST, "SUANLI_ENVIRONMENTS": f"tools={env}"}) as srv:
+        api = Api(srv)
+        api.setup()
+        client = Client(srv.url, token=api.tenant.headers["Authorization"].split()[1])
+        assert client.environments() == ["tools"]
+        monkeypatch.setenv("SUANLI_TOKEN", api.tenant.headers["Authorization"].split()[1])
+        assert json.loads(invoke(["environments", "--json", "--server", srv.url]).stdout) == ["tools"]
+        job = api.submit({"name": "uses-env", "command": "tool", "image": "tools", "resources": {"gpus": 0}})
+        w = api.until(job, lambda w: w["state"] in TERMINAL)
+        assert w["state"] == "succeeded" and api.logs(job).strip() == "from-the-published-env"

@@ -416,6 +416,10 @@ class Client(TelemetryCalls, SshCalls):
         """The caller's workloads (in all their orgs, or in `org_id`), newest first; `all`: finished ones too."""
         return [load(Workload, w) for w in self._get("/workloads", all="true" if all else None, org=org_id)]
 
+    def environments(self) -> list[str]:
+        """Names of the environments the operator published, for a spec's `image:`."""
+        return [str(e["name"]) for e in self._get("/environments")]
+
     def workload(self, ref: str) -> Workload:
         """One workload with its events and spec; `ref` is an id or a name (the newest of that name)."""
         return load(Workload, self._get(f"/workloads/{_seg(ref)}"))

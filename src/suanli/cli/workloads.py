@@ -384,8 +384,21 @@ def start(ref: RefArg, server: ServerOpt = None) -> None:
     console.print(f"{w.id} ({escape(w.name)}) {w.state}: {escape(why(w))}")
 
 
+def environments(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """The environments the operator published, for a spec's `image: NAME` (without one: the server's Python)."""
+    with cred.api(server) as c:
+        names = c.environments()
+    if json_out:
+        emit_json(names)
+    elif not names:
+        console.print("no environments published: workloads run with the server's own Python (read-only)")
+    else:
+        for name in names:
+            console.print(escape(name))
+
+
 def register(app: typer.Typer) -> None:
     """Put the workload commands on the root app."""
     for name, fn in (("run", run), ("ps", ps), ("describe", describe), ("logs", logs), ("stop", stop),
-                     ("start", start)):  # fmt: skip
+                     ("start", start), ("environments", environments)):  # fmt: skip
         app.command(name)(fn)

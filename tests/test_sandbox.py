@@ -267,3 +267,12 @@ def test_the_sandboxs_user_has_a_name(tmp_path: Path) -> None:
     assert log.splitlines()[0] == name
     if UID is not None:
         assert log.splitlines()[1:] == ["/workspace", "tenant"]
+
+
+def test_every_tmpfs_is_sized_and_the_root_is_read_only() -> None:
+    argv = bwrap_args(SandboxSpec(workdir="/tmp", tmp_bytes=1 << 30))
+    tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
+    assert len(tmpfs) == 4 and all(argv[i - 2] == "--size" for i in tmpfs)  # /dev/shm, /tmp, /run, /var/tmp
+    assert argv[argv.index("--remount-ro") + 1] == "/"
+    assert "--disable-userns" in argv and "--unshare-pid" in argv and "--unshare-net" not in argv
+    assert "--unshare-net" in bwrap_args(SandboxSpec(workdir="/tmp", network="none"))

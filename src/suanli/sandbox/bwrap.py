@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 WORKSPACE = "/workspace"
+RUN_BYTES = 16 << 20  # /run holds the env file and sockets
 # Device nodes every CUDA process needs besides its own /dev/nvidiaN (and MIG capability nodes when present).
 GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 # Host directories a process needs to run programs; mounted read-only. /etc is kept whole (resolv.conf, passwd,
@@ -142,8 +143,9 @@ def bwrap_args(spec: SandboxSpec, bwrap: str | None = None) -> list[str]:
     argv += _rootfs_args(spec.rootfs) if spec.rootfs else _system_args()
     argv += ["--proc", "/proc"]
     argv += _device_args(spec)
-    argv += _tmpfs("/dev/shm", spec.tmp_bytes) + _tmpfs("/tmp", spec.tmp_bytes) + ["--tmpfs", "/run"]
-    argv += ["--dir", "/var", "--tmpfs", "/var/tmp"]
+    # Every tmpfs is sized: its pages are memory, and unsized it would take half the host's RAM.
+    argv += _tmpfs("/dev/shm", spec.tmp_bytes) + _tmpfs("/tmp", spec.tmp_bytes) + _tmpfs("/run", RUN_BYTES)
+    argv += ["--dir", "/var"] + _tmpfs("/var/tmp", spec.tmp_bytes)
     for path in (None if spec.rootfs else spec.environment, *spec.extra_ro):  # after the tmpfs mounts
         if path:
             argv += ["--ro-bind", path, path]

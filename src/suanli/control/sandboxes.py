@@ -66,9 +66,8 @@ class SandboxPolicy:
         if not self.sandboxed(is_admin):
             return None
         require_bwrap()
-        res = spec.resources
-        ask = res.gpus if isinstance(res.gpus, int) else res.gpus.min
-        cpu, mem = res.cpu_milli(), res.memory_mib()
+        cpu, mem = spec.host_request()  # the workload's; each rank gets its share per GPU (`host_request(n)`)
+        ask = spec.gpu_count()
         env, extra = self._prefixes(spec)
         uid, gid = sandbox_ids(org_id)
         return SandboxRequest(

@@ -145,7 +145,7 @@ def bwrap_args(spec: SandboxSpec, bwrap: str | None = None) -> list[str]:
     argv += _device_args(spec)
     # Every tmpfs is sized: its pages are memory, and unsized it would take half the host's RAM.
     argv += _tmpfs("/dev/shm", spec.tmp_bytes) + _tmpfs("/tmp", spec.tmp_bytes) + _tmpfs("/run", RUN_BYTES)
-    argv += ["--dir", "/var"] + _tmpfs("/var/tmp", spec.tmp_bytes)
+    argv += ["--dir", "/var", *_tmpfs("/var/tmp", spec.tmp_bytes)]
     for path in (None if spec.rootfs else spec.environment, *spec.extra_ro):  # after the tmpfs mounts
         if path:
             argv += ["--ro-bind", path, path]

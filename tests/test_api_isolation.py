@@ -53,6 +53,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "SamplesIn": {"samples": [{"node": "probe", "gpu": 0, "t": 1e9, "xid": 79}]},
     "FaultIn": {"gpu": 0, "kind": "off_bus"},
     "SshKeyIn": {"public_key": PROBE_KEY},
+    "StartIn": {"no_gpu": True},
 }
 
 

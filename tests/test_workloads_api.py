@@ -175,6 +175,50 @@ def test_instance_stops_releasing_its_gpus_and_starts_again(platform: Platform) 
     assert [x["id"] for x in listed] == [w["id"]]  # a stopped instance is still listed: it can start again
 
 
+def test_an_instance_starts_without_its_gpus_at_cpu_price_and_gets_them_back(platform: Platform) -> None:
+    """`start --no-gpu` (AutoDL's GPU-less mode): the disk at CPU price; the next ordinary start brings the plan's
+    GPUs and billing back."""
+    from suanli.db.models import Plan
+
+    r = platform.api.post(f"/api/v1/orgs/{platform.tenant.org_id}/plans", headers=platform.tenant.headers,
+                          json={"plan": "hourly", "gpu": "H20", "gpus": 8})  # fmt: skip
+    plan = r.json()["id"]
+    w = platform.submit({"name": "box", "kind": "instance", "billing": f"plan:{plan}", "command": "exec sleep 600",
+                         "resources": {"gpu": "H20", "gpus": 8}})  # fmt: skip
+    assert platform.until(w["id"], lambda w: w["state"] == "running")["gpus"] == 8
+    platform.api.post(f"{WL}/box/stop", headers=platform.tenant.headers)
+    platform.until(w["id"], lambda w: w["state"] == "stopped")
+    r = platform.api.post(f"{WL}/box/start", json={"no_gpu": True}, headers=platform.tenant.headers)
+    assert r.status_code == 200 and r.json()["state"] == "pending"
+    cpu = platform.until(w["id"], lambda w: w["state"] == "running")
+    assert cpu["gpus"] == 0 and cpu["spec"]["resources"]["gpus"] == 0 and cpu["spec"]["billing"] == "on-demand"
+    alloc = cpu["allocation"]  # the CPU price (1 core, 2 GiB), not the plan's GPUs
+    assert alloc["gpu_model"] is None and alloc["billing_mode"] == "on-demand"
+    assert (alloc["cpu_milli"], alloc["memory_mib"]) == (1000, 2048)
+    assert Decimal(alloc["rate_per_hour"]) == Decimal(alloc["host_rate_per_hour"]) > 0
+    assert any("without GPUs" in e["reason"] for e in cpu["events"])
+    disk = platform.sup.home / "workloads" / w["id"] / "disk"
+    assert disk.is_dir()  # its own disk, on the node that runs it now
+    platform.api.post(f"{WL}/box/stop", headers=platform.tenant.headers)
+    platform.until(w["id"], lambda w: w["state"] == "stopped")
+    r = platform.api.post(f"{WL}/box/start", headers=platform.tenant.headers)
+    back = platform.until(w["id"], lambda w: w["state"] == "running")
+    assert back["gpus"] == 8 and back["spec"]["billing"] == f"plan:{plan}" and back["allocation"]["gpu_model"] == "H20"
+    assert back["attempt"] == 3
+    with platform.db.read() as s:
+        assert s.get(Plan, plan) is not None
+    platform.api.post(f"{WL}/box/stop", headers=platform.tenant.headers)
+    platform.until(w["id"], lambda w: w["state"] == "stopped")
+
+
+def test_a_job_cannot_start_without_gpus(platform: Platform) -> None:
+    w = platform.submit({"name": "j", "command": "x", "resources": {"gpu": "H20", "gpus": 8}})
+    r = platform.api.post(f"{WL}/{w['id']}/start", json={"no_gpu": True}, headers=platform.tenant.headers)
+    assert r.status_code == 409 and "only instances" in r.json()["detail"]
+    r = platform.api.post(f"{WL}/{w['id']}/start", json={"no_gpu": "maybe"}, headers=platform.tenant.headers)
+    assert r.status_code == 422 and "no_gpu" in r.text
+
+
 @pytest.mark.parametrize(
     "spec",
     [

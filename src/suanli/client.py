@@ -445,9 +445,10 @@ class Client(TelemetryCalls, SshCalls):
         """Ask a workload to stop (a grace period, then it is killed); pending ones are cancelled."""
         return load(Workload, self._post(f"/workloads/{_seg(ref)}/stop"))
 
-    def start(self, ref: str) -> Workload:
-        """Start a stopped instance again (the server refuses jobs: 409)."""
-        return load(Workload, self._post(f"/workloads/{_seg(ref)}/start"))
+    def start(self, ref: str, *, no_gpu: bool = False) -> Workload:
+        """Start a stopped instance again (the server refuses jobs: 409); `no_gpu`: CPU-only this time, to reach
+        its disk at CPU price (its GPUs come back on the next start)."""
+        return load(Workload, self._post(f"/workloads/{_seg(ref)}/start", {"no_gpu": True} if no_gpu else None))
 
     def wait(
         self,

@@ -377,10 +377,16 @@ def stop(ref: RefArg, server: ServerOpt = None) -> None:
         console.print(f"stopping {w.id} ({escape(w.name)}): it ends after its grace period; see suanli ps")
 
 
-def start(ref: RefArg, server: ServerOpt = None) -> None:
-    """Start a stopped instance again (it queues like a new one; its disk is kept)."""
+def start(
+    ref: RefArg,
+    no_gpu: Annotated[
+        bool, typer.Option("--no-gpu", help="CPU only this time (1 core, 2 GiB, at CPU price): reach the disk.")
+    ] = False,
+    server: ServerOpt = None,
+) -> None:
+    """Start a stopped instance again (it queues like a new one; its disk is kept; its GPUs come back)."""
     with cred.api(server) as c:
-        w = c.start(ref)
+        w = c.start(ref, no_gpu=no_gpu)
     console.print(f"{w.id} ({escape(w.name)}) {w.state}: {escape(why(w))}")
 
 

@@ -390,15 +390,25 @@ def stop(s: Session, who: Principal, ref: str, now: datetime, reason: str = "") 
     return w
 
 
-def start(s: Session, who: Principal, ref: str, now: datetime) -> Workload:
-    """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it."""
+def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = False) -> Workload:
+    """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it.
+
+    `no_gpu`: it runs as CPU-only work (1 core and 2 GiB, on demand at the CPU price) to reach its disk, as on
+    AutoDL; its own spec, GPUs and billing (a plan's GPUs too) come back on its next ordinary start."""
     w = get(s, who, ref, lock=True)
     if w.kind != "instance":
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:
         return w
+    own = w.gpu_spec or w.spec
+    if no_gpu:
+        cpu_only = {k: v for k, v in own.items() if k not in ("resources", "billing", "max_price_per_hour")}
+        w.gpu_spec, w.spec = own, parse({**cpu_only, "resources": {"gpus": 0}}).model_dump(mode="json")
+    elif w.gpu_spec is not None:
+        w.spec, w.gpu_spec = w.gpu_spec, None
     w.submitted_at = now  # its owner starts it again: a new place at the back of the queue
-    requeue(s, w, f"started by {who.email}", now)
+    how = " without GPUs (CPU only)" if no_gpu else ""
+    requeue(s, w, f"started by {who.email}{how}", now)
     return w
 
 

@@ -299,6 +299,9 @@ class Workload(Base):
     stop_requested: Mapped[str | None] = mapped_column(Text, nullable=True)  # why, once someone asked it to stop
     attained_gpu_s: Mapped[float] = mapped_column(Float, default=0.0)  # GPU-seconds of earlier attempts (LAS)
     has_workdir: Mapped[bool] = mapped_column(Boolean, default=False)
+    # An instance started without its GPUs (`suanli start --no-gpu`) runs a CPU-only copy of its spec; this is the
+    # spec it had with them, put back on its next ordinary start. None: `spec` is its own.
+    gpu_spec: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime]
     # Its place in the queue: when its owner last submitted it (created it, or started a stopped instance again).
     # A retry after a preemption or a failure keeps that place, as in `suanli sim`.

@@ -263,9 +263,13 @@ def stop(ref: str, ctx: Auth) -> WorkloadOut:
         return _full(s, workloads.stop(s, ctx.who, ref, ctx.now), ctx)
 
 
+class StartIn(In):
+    no_gpu: bool = False  # run CPU-only to reach the disk at CPU price; the GPUs come back on the next start
+
+
 @router.post("/workloads/{ref}/start")
 @in_thread
-def start(ref: str, ctx: Auth) -> WorkloadOut:
-    """Start a stopped instance again (it queues; its disk is as it was)."""
+def start(ref: str, ctx: Auth, body: StartIn = StartIn()) -> WorkloadOut:
+    """Start a stopped instance again (it queues; its disk is as it was); `no_gpu`: CPU-only this time."""
     with ctx.db.write() as s, s.begin():
-        return _full(s, workloads.start(s, ctx.who, ref, ctx.now), ctx)
+        return _full(s, workloads.start(s, ctx.who, ref, ctx.now, no_gpu=body.no_gpu), ctx)

@@ -378,17 +378,7 @@ class Client(TelemetryCalls, SshCalls):
     def quote_workload(self, spec: str | dict[str, Any] | Path, org_id: str | None = None) -> list[WorkloadQuote]:
         """What a workload spec (YAML text, a dict, or a Path) would pay on each GPU model that could run it, cheapest
         first (CPU-only work: one row), and the cost of its duration; nothing is submitted."""
-        if isinstance(spec, os.PathLike):
-            body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
-        elif isinstance(spec, str):
-            body = {"spec_yaml": spec}
-        elif isinstance(spec, dict):
-            body = {"spec": spec}
-        else:
-            raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
-        if org_id:
-            body["org"] = org_id
-        return [load(WorkloadQuote, q) for q in self._post("/quotes/workload", body)]
+        return [load(WorkloadQuote, q) for q in self._post("/quotes/workload", _spec_body(spec, org_id))]
 
     # ---- workloads ----
     def submit(
@@ -396,18 +386,9 @@ class Client(TelemetryCalls, SshCalls):
     ) -> Workload:
         """Submit a job or an instance: `spec` is YAML text, a dict, or a Path to a YAML file. `workdir` is
         packed (`pack_workdir`) and uploaded with it; `org_id` None: the caller's personal org."""
-        if isinstance(spec, os.PathLike):
-            body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
-        elif isinstance(spec, str):
-            if "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
-                raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
-            body = {"spec_yaml": spec}
-        elif isinstance(spec, dict):
-            body = {"spec": spec}
-        else:
-            raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
-        if org_id:
-            body["org"] = org_id
+        if isinstance(spec, str) and "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
+            raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
+        body = _spec_body(spec, org_id)
         if workdir is not None:
             body["workdir_archive"] = base64.b64encode(pack_workdir(workdir)).decode("ascii")
         return load(Workload, self._post("/workloads", body))
@@ -581,3 +562,18 @@ def _error(r: httpx.Response) -> ApiError:
         return ApiError(r.status_code, message, errors)
     text = " ".join(r.text.split())[:200]
     return ApiError(r.status_code, f"HTTP {r.status_code} {r.reason_phrase}" + (f": {text}" if text else ""))
+
+
+def _spec_body(spec: str | dict[str, Any] | Path, org_id: str | None) -> dict[str, Any]:
+    """A spec as the API takes it: YAML text (`spec_yaml`, also read from a Path) or a dict (`spec`)."""
+    if isinstance(spec, os.PathLike):
+        body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
+    elif isinstance(spec, str):
+        body = {"spec_yaml": spec}
+    elif isinstance(spec, dict):
+        body = {"spec": spec}
+    else:
+        raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
+    if org_id:
+        body["org"] = org_id
+    return body

@@ -13,11 +13,38 @@ from typing import Any, Literal, Protocol
 
 @dataclass(frozen=True)
 class NodeRank:
-    """One process group of a workload: node-rank `node_rank` runs on `node` with `gpus` visible."""
+    """One process group of a workload: node-rank `node_rank` runs on `node` with `gpus` visible.
+
+    `host` is the engine's own name for that node (a Ray node id, a Slurm NodeName; "" on the local and virtual
+    executors) and `address` the IP the other ranks reach it at ("" when unknown)."""
 
     node: str
     node_rank: int
     gpus: tuple[int, ...]
+    host: str = ""
+    address: str = ""
+
+
+@dataclass(frozen=True)
+class EngineNode:
+    """A node as a cluster engine (Ray, Slurm) reports it: what the control plane registers and schedules on.
+
+    `name` is stable across engine restarts (a hostname, a Slurm NodeName) and becomes the suanli node name under
+    its cluster; `host` is what the executor needs to pin a rank there (`NodeRank.host`). `labels` carry the
+    topology the operator stated (`suanli.io/gpu`, `suanli.io/nvlink-domain`, `suanli.io/leaf`, `suanli.io/spine`).
+    `busy_gpus` are held by work the engine runs for others (Slurm jobs submitted outside suanli)."""
+
+    name: str
+    host: str
+    address: str
+    gpu_count: int
+    gpu_model: str | None
+    cpu_count: int
+    memory_mib: int
+    alive: bool
+    labels: dict[str, str] = field(default_factory=dict)
+    busy_gpus: int = 0
+    reason: str = ""  # why it is not alive, in the engine's words
 
 
 @dataclass(frozen=True)

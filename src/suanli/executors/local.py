@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,55 @@ def describe_exit(code: int) -> str:
         return f"killed by signal {-code}"
 
 
+@dataclass(frozen=True)
+class PreparedRank:
+    """How to start one node-rank's supervisor: its argv and cwd, and the file paths its record keeps."""
+
+    argv: list[str]
+    cwd: Path
+    record: dict[str, str]
+
+
+def prepare_rank(launch: Launch, rank: NodeRank) -> PreparedRank:
+    """Write one rank's launch file (mode 0600: it holds the env) and say how to start its `rankrun` supervisor.
+
+    The one launcher: the local executor runs the argv as a process of its own, Slurm's `srun` and Ray's node-rank
+    actors run the same argv on their nodes, so supervision and the sandbox are the same on every executor."""
+    log_file = launch.log_dir / f"rank-{rank.node_rank}.log"
+    rc_file = launch.log_dir / f"rank-{rank.node_rank}.rc"
+    # rank_env always sets CUDA_VISIBLE_DEVICES, so the server's own never reaches the job.
+    env: dict[str, str | None] = {**launch.env, **launch.extra_env, **rank_env(launch, rank)}
+    config: dict[str, Any] = {
+        "rc_file": str(rc_file),
+        "stop_file": str(launch.log_dir / STOP_FILE),
+        "grace_s": float(launch.grace_s),
+        "command": launch.command,
+        "env": env,
+        "sandbox": None,
+    }
+    cwd = launch.workdir
+    if launch.sandbox is not None:
+        config.update(sandboxing.rank_config(launch, rank, env))
+        cwd = launch.log_dir  # the supervisor's; the job's is /workspace inside the sandbox
+    launch_file = launch.log_dir / f".rank-{rank.node_rank}.launch.json"
+    launch_file.unlink(missing_ok=True)
+    fd = os.open(launch_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    argv = [
+        sys.executable,
+        "-P",  # the workdir is the cwd: its json.py must not shadow the supervisor's imports
+        "-m",
+        "suanli.executors.rankrun",
+        str(launch_file),
+    ]
+    record = {"rc_file": str(rc_file), "log_file": str(log_file)}
+    if launch.sandbox is not None:
+        record["sandbox_file"] = config["sandbox_file"]
+        record["reason_file"] = config["reason_file"]
+    return PreparedRank(argv, cwd, record)
+
+
 class LocalExecutor:
     """Processes on this host. `state_dir` is accepted and unused: all state lives in log_dir and the handle."""
 
@@ -117,38 +167,11 @@ class LocalExecutor:
         return handle
 
     def _start_rank(self, launch: Launch, rank: NodeRank) -> dict[str, Any]:
-        log_file = launch.log_dir / f"rank-{rank.node_rank}.log"
-        rc_file = launch.log_dir / f"rank-{rank.node_rank}.rc"
-        # rank_env always sets CUDA_VISIBLE_DEVICES, so the server's own never reaches the job.
-        env: dict[str, str | None] = {**launch.env, **launch.extra_env, **rank_env(launch, rank)}
-        config: dict[str, Any] = {
-            "rc_file": str(rc_file),
-            "stop_file": str(launch.log_dir / STOP_FILE),
-            "grace_s": float(launch.grace_s),
-            "command": launch.command,
-            "env": env,
-            "sandbox": None,
-        }
-        cwd = launch.workdir
-        if launch.sandbox is not None:
-            config.update(sandboxing.rank_config(launch, rank, env))
-            cwd = launch.log_dir  # the supervisor's; the job's is /workspace inside the sandbox
-        launch_file = launch.log_dir / f".rank-{rank.node_rank}.launch.json"
-        launch_file.unlink(missing_ok=True)
-        fd = os.open(launch_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(config, f)
-        argv = [
-            sys.executable,
-            "-P",  # the workdir is the cwd: its json.py must not shadow the supervisor's imports
-            "-m",
-            "suanli.executors.rankrun",
-            str(launch_file),
-        ]
-        with open(log_file, "ab") as out:
+        prepared = prepare_rank(launch, rank)
+        with open(prepared.record["log_file"], "ab") as out:
             proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
+                prepared.argv,
+                cwd=prepared.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -157,18 +180,8 @@ class LocalExecutor:
             )
         self._children[proc.pid] = proc
         st = proc_stat(proc.pid)
-        record = {
-            "node_rank": rank.node_rank,
-            "node": rank.node,
-            "pid": proc.pid,
-            "start_ticks": st[3] if st else None,
-            "rc_file": str(rc_file),
-            "log_file": str(log_file),
-        }
-        if launch.sandbox is not None:
-            record["sandbox_file"] = config["sandbox_file"]
-            record["reason_file"] = config["reason_file"]
-        return record
+        return {"node_rank": rank.node_rank, "node": rank.node, "pid": proc.pid,
+                "start_ticks": st[3] if st else None, **prepared.record}  # fmt: skip
 
     def enter_argv(self, handle: dict[str, Any], node_rank: int, argv: list[str]) -> list[str]:
         """The argv that runs `argv` inside the live sandbox of one node-rank (its namespaces, cgroup, uid; cwd

@@ -102,6 +102,16 @@ class SshInfo:
 
 
 @dataclass(frozen=True)
+class ProxyLink:
+    """A single-use link into a running workload's JupyterLab or port, valid until `expires_at` (a minute)."""
+
+    url: str  # absolute: open it in a browser
+    expires_at: datetime
+    target: str  # lab | port:N
+    started_jupyter: bool = False
+
+
+@dataclass(frozen=True)
 class Balance:
     org_id: str
     balance: Decimal  # two decimals, as shown

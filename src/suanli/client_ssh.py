@@ -1,4 +1,5 @@
-"""The SDK's SSH calls: the caller's public keys, and where the server's SSH gateway listens.
+"""The SDK's calls for getting into instances: SSH public keys, where the server's SSH gateway listens, and
+single-use browser links into an instance's JupyterLab or a workload's ports.
 
 A mixin of `suanli.client.Client` (kept apart so each file stays small). With a key added, `ssh -p PORT
 INSTANCE@HOST` enters any running instance of the orgs the user is a member of.
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from suanli.client_models import SshInfo, SshKey, load
+from suanli.client_models import ProxyLink, SshInfo, SshKey, load
 
 if TYPE_CHECKING:
     import httpx
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
 
 class SshCalls:
     if TYPE_CHECKING:  # provided by `Client`
+        server: str
 
         def call(
             self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None, auth: bool = True
@@ -44,3 +46,11 @@ class SshCalls:
     def ssh_info(self) -> SshInfo:
         """The SSH gateway's port and host key (`enabled` False when the server runs none)."""
         return load(SshInfo, self._get("/ssh"))
+
+    def open_link(self, ref: str, port: int | None = None) -> ProxyLink:
+        """A link (single use, a minute) into a running workload: its JupyterLab (instances; started now if it was
+        not started with `jupyter: true`), or one of its `ports`. Opening it in a browser signs that browser in to
+        that instance only; the API token never goes into the URL."""
+        raw = self._post(f"/workloads/{quote(ref, safe='')}/proxy", {"port": port} if port is not None else None)
+        link = load(ProxyLink, raw)
+        return ProxyLink(self.server.rstrip("/") + link.url, link.expires_at, link.target, link.started_jupyter)

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, market, orgs, plans, ssh, telemetry, workloads
+from suanli.api.routers import admin, auth, instances, market, orgs, plans, ssh, telemetry, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, health, inventory, prices
 from suanli.control.background import BackgroundProcess
@@ -36,6 +36,8 @@ log = logging.getLogger("suanli.api")
 
 API = "/api/v1"
 SAMPLES_BODY_BYTES = 16 << 20  # a node agent's batch: up to 20,000 samples
+PROXY_BODY_BYTES = 64 << 20  # a request into an instance (JupyterLab uploads files in chunks of 1 MiB)
+PROXY_PREFIX = "/i/"
 # Every error is `{"detail": ...}`; documented so clients (and schema-driven tests) know the shape.
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
@@ -62,7 +64,10 @@ class BodyLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.uploads.get(scope.get("path", ""), self.default)  # routes that take an upload: their own limit
+        path = scope.get("path", "")
+        limit = self.uploads.get(path, self.default)  # routes that take an upload: their own limit
+        if path.startswith(PROXY_PREFIX):
+            limit = PROXY_BODY_BYTES
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _too_large(limit, send)
@@ -177,6 +182,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if getattr(app.state, "proxy", None) is not None:
+                await app.state.proxy.aclose()
             if gateway:
                 gateway.stop()
             if background:
@@ -233,10 +240,11 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
     routers = (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router, telemetry.router,
-               ssh.router)  # fmt: skip
+               ssh.router, instances.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
+    app.include_router(instances.pages)
     uploads = {f"{API}/workloads": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads)
     return app

@@ -3,6 +3,7 @@ server's SSH gateway with the right port, login name and host key)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -124,6 +125,45 @@ def ssh(
     os.execvp("ssh", argv)
 
 
+def _open(link_url: str, print_only: bool, what: str) -> None:
+    if print_only:
+        typer.echo(link_url)
+        return
+    console.print(f"{what}: [bold]{link_url}[/bold]\n(the link works once, within a minute; it signs this browser in)")
+    import webbrowser
+
+    with contextlib.suppress(Exception):
+        webbrowser.open(link_url)
+
+
+def jupyter(
+    instance: Annotated[str, typer.Argument(metavar="INSTANCE", help="Instance name or id.")],
+    print_only: Annotated[bool, typer.Option("--print", help="Print the link only; open no browser.")] = False,
+    server: ServerOpt = None,
+) -> None:
+    """Open a running instance's JupyterLab in the browser (started now if the instance was not started with
+    `jupyter: true`). The server proxies it at /i/<id>/lab/; no port of the node is opened."""
+    with cred.api(server) as c:
+        link = c.open_link(instance)
+    what = "JupyterLab is starting" if link.started_jupyter else "JupyterLab"
+    _open(link.url, print_only, what)
+
+
+def open_port(
+    workload: Annotated[str, typer.Argument(metavar="WORKLOAD", help="Workload name or id.")],
+    port: Annotated[int, typer.Argument(metavar="PORT", help="One of the ports its spec lists (`ports:`).")],
+    print_only: Annotated[bool, typer.Option("--print", help="Print the link only; open no browser.")] = False,
+    server: ServerOpt = None,
+) -> None:
+    """Open a service a running workload serves on its loopback (TensorBoard, a demo app) in the browser, through
+    the server's proxy at /i/<id>/port/PORT/."""
+    with cred.api(server) as c:
+        link = c.open_link(workload, port)
+    _open(link.url, print_only, f"port {port}")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
     app.command("ssh")(ssh)
+    app.command("jupyter")(jupyter)
+    app.command("open")(open_port)

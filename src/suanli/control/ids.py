@@ -18,6 +18,11 @@ def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(32)
 
 
+def new_secret() -> str:
+    """256 random bits, URL-safe: tickets, cookies, per-attempt tokens."""
+    return secrets.token_urlsafe(32)
+
+
 def token_hash(token: str) -> str:
     # Tokens are 256 random bits, so a fast hash is safe (no dictionary to attack) and keeps auth cheap.
     return hashlib.sha256(token.encode()).hexdigest()

@@ -45,6 +45,21 @@ class SandboxPolicy:
             known = ", ".join(sorted(self.environments)) or "none are published"
             raise Invalid(f"image: no environment called {spec.image!r} ({known})")
 
+    def check_jupyter(self, spec: WorkloadSpec) -> None:
+        """Refuse `jupyter: true` when the instance's environment has no `jupyter` to run (a 422 naming the field)."""
+        if not spec.jupyter:
+            return
+        env, _ = self._prefixes(spec)
+        if env is None or env.startswith("oci:"):
+            return  # the host's system directories, or an image: nothing to look into from here
+        bins = [os.path.join(env, "bin"), os.path.join(env, "usr", "bin"), os.path.join(env, "usr", "local", "bin")]
+        if spec.image is None and self.default_environment == "server":
+            bins += ["/usr/local/bin", "/usr/bin"]
+        if not any(os.access(os.path.join(b, "jupyter"), os.X_OK) for b in bins):
+            where = f"environment {spec.image!r}" if spec.image else f"the default environment ({env})"
+            raise Invalid(f"jupyter: JupyterLab is not installed in {where}; install jupyterlab there "
+                          "(pip install 'suanli[jupyter]' for the server's own), or publish an environment that has it")  # fmt: skip
+
     def _prefixes(self, spec: WorkloadSpec) -> tuple[str | None, tuple[str, ...]]:
         """(the environment on PATH, more prefixes to bind read-only)."""
         if spec.image is not None:

@@ -13,7 +13,7 @@ import json
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -22,7 +22,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import health, ledger, metering, workloads
+from suanli.control import health, ledger, metering, proxy, workloads
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
@@ -272,11 +272,19 @@ class Supervisor:
         if w.executor != "virtual":
             user = s.get(User, w.user_id)
             sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
+        command = spec.command or "exec sleep infinity"
+        extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
+        if spec.kind == "instance" and w.executor == "local":  # reachable through the server's proxy
+            access = proxy.prepare_launch(self.home, w, spec, log_dir, command, sandbox is not None,
+                                          sandbox.uid if sandbox is not None else None)  # fmt: skip
+            command, extra_env = access.command, {**extra_env, **access.env}
+            if sandbox is not None and access.mount is not None:
+                sandbox = replace(sandbox, mounts=(*sandbox.mounts, access.mount))
         return Launch(
-            workload_id=w.id, attempt=w.attempt, command=spec.command or "exec sleep infinity", workdir=cwd,
+            workload_id=w.id, attempt=w.attempt, command=command, workdir=cwd,
             env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_port=free_port(), grace_s=self.grace_s,
             duration_s=spec.duration if spec.duration is not None else w.predicted_s,
-            extra_env={"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}, sandbox=sandbox,
+            extra_env=extra_env, sandbox=sandbox,
         )  # fmt: skip
 
     def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:

@@ -123,6 +123,21 @@ class SshKey(Base):
     created_at: Mapped[datetime]
 
 
+class ProxySession(Base):
+    """The instance proxy's grants, stored by the SHA-256 of their secret: a `ticket` (in a URL, single use, a
+    minute long) is redeemed for a `session` (an HttpOnly cookie) of one user for one instance."""
+
+    __tablename__ = "proxy_sessions"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))  # ticket | session
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    workload_id: Mapped[str] = mapped_column(ForeignKey("workloads.id", ondelete="CASCADE"))
+    target: Mapped[str] = mapped_column(String(32))  # lab | port:N: where the ticket leads
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime] = mapped_column(index=True)
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
 class LedgerTransaction(Base):
     __tablename__ = "ledger_transactions"
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)

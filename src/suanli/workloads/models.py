@@ -36,6 +36,8 @@ MAX_NODES = 8192
 MAX_COMMAND = 10_000
 MAX_ENV = 256
 MAX_ENV_VALUE = 32 * 1024  # bytes of UTF-8
+MAX_PORTS = 8
+PORT_RANGE = (1024, 65535)  # a sandbox holds no capability: it cannot listen below 1024
 RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK"})  # fmt: skip
 RESERVED_ENV_PREFIX = "SUANLI_"
 _NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
@@ -297,6 +299,23 @@ class WorkloadSpec(BaseModel):
     model: ModelSpec | None = None
     network: Literal["host", "none"] = "host"  # none: the sandbox has loopback only
     image: str | None = None  # a named environment the operator published (`suanli environments`)
+    jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy
+    ports: tuple[StrictInt, ...] = ()  # loopback ports served through the proxy at /i/<id>/port/<N>/
+
+    @field_validator("ports", mode="before")
+    @classmethod
+    def _ports(cls, v: object) -> object:
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be a list of port numbers, e.g. [6006]")
+        if len(v) > MAX_PORTS:
+            raise ValueError(f"at most {MAX_PORTS} ports (got {len(v)})")
+        low, high = PORT_RANGE
+        for p in v:
+            if not isinstance(p, int) or isinstance(p, bool) or not low <= p <= high:
+                raise ValueError(f"each port must be a whole number from {low} to {high} (got {brief(p)})")
+        if len(set(v)) != len(v):
+            raise ValueError("ports must not repeat")
+        return tuple(sorted(v))
 
     @field_validator("name")
     @classmethod
@@ -387,6 +406,10 @@ class WorkloadSpec(BaseModel):
     def _consistent(self) -> WorkloadSpec:
         if self.kind == "job" and self.command is None:
             raise FieldError("command", "is required for a job (kind: job)")
+        if self.jupyter and self.kind != "instance":
+            raise FieldError("jupyter", "is for instances (kind: instance); a job's ports go in `ports`")
+        if self.ports and self.network == "none":
+            raise FieldError("ports", "need the host network: a sandbox with network: none cannot be reached")
         if self.duration is not None and self.max_duration is not None and self.duration > self.max_duration:
             longest, declared = format_duration(self.max_duration), format_duration(self.duration)
             raise FieldError("duration", f"must not exceed max_duration ({longest}); got {declared}")

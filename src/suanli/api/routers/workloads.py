@@ -154,8 +154,10 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
         spec = workloads.parse(body.spec)
     else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
         spec = await run_in_threadpool(_parse, body)
-    if spec.image is not None:
-        sandbox_policy(ctx.srv.settings).check_image(spec)
+    if spec.image is not None or spec.jupyter:  # a few stat calls: fine on the event loop
+        policy = sandbox_policy(ctx.srv.settings)
+        policy.check_image(spec)
+        policy.check_jupyter(spec)
     if body.workdir_archive is None:  # checked and written with whatever else was submitted meanwhile
         row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
     else:

@@ -38,6 +38,10 @@ def server(
     no_background: Annotated[
         bool, typer.Option("--no-background", help="Serve the API only; run no background loops (metering).")
     ] = False,
+    ray: Annotated[
+        str | None, typer.Option("--ray", metavar="ADDRESS", help="Run on this Ray cluster (its GPU nodes join).")
+    ] = None,
+    slurm: Annotated[bool, typer.Option("--slurm", help="Run on the Slurm cluster this host submits to.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "info",
     workers: Annotated[
         int,
@@ -55,7 +59,7 @@ def server(
     from suanli.api.app import SETTINGS_ENV, create_app
 
     flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None,
-             "virtual": virtual or None, "ssh_port": ssh_port}  # fmt: skip
+             "virtual": virtual or None, "ssh_port": ssh_port, "ray_address": ray, "slurm": slurm or None}  # fmt: skip
     settings = _settings(flags, config)
     typer.echo(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
@@ -109,6 +113,8 @@ def up(
     db: Annotated[str | None, typer.Option("--db", help="Database URL; default: SQLite in SUANLI_HOME.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="YAML settings file.")] = None,
     home: Annotated[Path | None, typer.Option("--home", help="Data directory (default: SUANLI_HOME).")] = None,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help="Also run on this Ray cluster.")] = None,
+    slurm: Annotated[bool, typer.Option("--slurm", help="Also run on this host's Slurm cluster.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="uvicorn log level.")] = "warning",
 ) -> None:
     """Bring the platform up on this host: the server, the scheduling loop, the local executor, this host as a
@@ -122,7 +128,8 @@ def up(
     from suanli.control.ids import utcnow
     from suanli.db.engine import Database
 
-    flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None, "ssh_port": ssh_port}
+    flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None, "ssh_port": ssh_port,
+             "ray_address": ray, "slurm": slurm or None}  # fmt: skip
     settings = _settings(flags, config)
     database = Database(settings.db_url)
     bootstrap(database, settings)

@@ -13,10 +13,11 @@ import logging
 import os
 import socket
 import threading
+import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import leases, metering
+from suanli.control import engines, leases, metering
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
@@ -90,6 +91,9 @@ class WorkloadLoop:
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
                                      balance_grace_minutes=settings.balance_grace_minutes,
                                      sandboxes=sandbox_policy(settings))  # fmt: skip
+        found = engines.configured(settings)
+        self.supervisor.executors.update({e.kind: e.executor for e in found})
+        self.engines = engines.EngineSync(found, settings.engine_fabric, settings.engine_nics, settings.engine_sync_s)
         self.passes = 0
         self.leader = False
         self.last: tuple[PassReport, SupervisorReport] | None = None
@@ -106,6 +110,7 @@ class WorkloadLoop:
         if not self.leader:
             self._last_tick, self.live = None, LiveWaste()  # time as a follower is not this leader's to count
             return
+        self.engines.tick(self.db, now, time.monotonic())  # nodes that joined or died, before placing on them
         sched = self.scheduling.run(self.db, now)
         sup = self.supervisor.run(self.db, utcnow())
         self.last = (sched, sup)

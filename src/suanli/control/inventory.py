@@ -7,6 +7,8 @@ inventory version, which is what cached offers key on.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import uuid
 from datetime import datetime
@@ -152,6 +154,13 @@ def register_host(s: Session, host: HostInfo, now: datetime, name: str | None = 
                   mig_mode=g.mig_mode))  # fmt: skip
     bump_version(s, fleet=True)
     return row
+
+
+def topology_key(row: ClusterRow) -> tuple[str, str]:
+    """What a cached topology of a cluster row is valid for: its id and its spec, which changes when an engine's
+    nodes join or leave (`control.engines`); a preset's or a spec's never does."""
+    digest = hashlib.sha1(json.dumps(row.spec, sort_keys=True, default=str).encode(), usedforsecurity=False)
+    return row.id, digest.hexdigest()
 
 
 def cluster_topology(row: ClusterRow) -> Cluster | None:

@@ -65,7 +65,7 @@ class OfferCache:
     # finds the answer the first one computed: a burst of identical quotes costs one plan search, not fifty.
     compute: Lock = field(default_factory=Lock)
     snapshot: Snapshot | None = None
-    topologies: dict[tuple[str, str], Cluster] = field(default_factory=dict)
+    topologies: dict[tuple[str, str, str], Cluster] = field(default_factory=dict)  # (row, spec digest, model)
     quotes: OrderedDict[tuple[Any, ...], list[dict[str, Any]]] = field(default_factory=OrderedDict)
     lock: Lock = field(default_factory=Lock)
 
@@ -161,7 +161,7 @@ def snapshot(s: Session, cache: OfferCache) -> Snapshot:
 
 def _topology(cache: OfferCache, row: ClusterRow, model: str) -> Cluster | None:
     """The part of a registered cluster made of one GPU model (quotes price one model at a time)."""
-    key = (row.id, model)
+    key = (*inventory.topology_key(row), model)
     if key not in cache.topologies:
         groups = [g for g in row.spec.get("node_groups", []) if catalog.gpu(g["gpu"]).name == model]
         if not groups:

@@ -19,6 +19,7 @@ from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
 from suanli.control import inventory, placing
+from suanli.control.engines import ENGINE_KINDS, EXTERNAL_LABEL
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
@@ -54,6 +55,26 @@ class ClusterView:
         return int(self.topology.gpu_node[gpu])
 
 
+def external_gpus(s: Session) -> dict[str, list[tuple[str, int]]]:
+    """GPUs of engine nodes that work outside suanli holds (Slurm jobs submitted to Slurm directly), by cluster:
+    the engine reports how many, so that many of the node's GPUs no suanli allocation holds are not placed on."""
+    busy = [(cid, name, int(labels.get(EXTERNAL_LABEL) or 0), n)
+            for cid, name, labels, n in s.execute(select(Node.cluster_id, Node.name, Node.labels, Node.gpu_count)
+                                                  .where(Node.kind.in_(ENGINE_KINDS)))
+            if int((labels or {}).get(EXTERNAL_LABEL) or 0) > 0]  # fmt: skip
+    if not busy:
+        return {}
+    held: dict[str, set[int]] = defaultdict(set)
+    for (placement,) in s.execute(select(Allocation.placement).where(Allocation.stopped_at.is_(None))):
+        for node, gpus in (placement or {}).items():
+            held[node].update(int(g) for g in gpus)
+    out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for cid, name, k, n in busy:
+        free = [g for g in range(n - 1, -1, -1) if g not in held[name]]
+        out[cid].extend((name, g) for g in free[:k])
+    return out
+
+
 @dataclass
 class PassReport:
     queued: int = 0
@@ -71,7 +92,7 @@ class SchedulingPass:
     scheduler (its memo caches key on request identity, so the same Request objects are reused)."""
 
     config: SchedulerConfig = field(default_factory=SchedulerConfig)
-    topologies: dict[str, Cluster | None] = field(default_factory=dict)
+    topologies: dict[tuple[str, str], Cluster | None] = field(default_factory=dict)  # by `topology_key`
     requests: dict[tuple[str, int, float], Request] = field(default_factory=dict)
     hold_minutes: int = 10
     chunk: int = 200  # placements per transaction
@@ -105,16 +126,19 @@ class SchedulingPass:
             .where(Gpu.healthy.is_(False))
         ):
             unhealthy[cid].append((name, gpu))
+        for cid, gpus in external_gpus(s).items():
+            unhealthy[cid].extend(gpus)
         views = []
         for row in s.scalars(select(ClusterRow).order_by(ClusterRow.created_at)):
-            if row.id not in self.topologies:
-                self.topologies[row.id] = inventory.cluster_topology(row)
+            key = inventory.topology_key(row)
+            if key not in self.topologies:
+                self.topologies[key] = inventory.cluster_topology(row)
             rows = sorted(nodes.get(row.id, []))
             models = frozenset(r[4] for r in rows if r[4])
-            topo = self.topologies[row.id]
+            topo = self.topologies[key]
             fits = topo is not None and len(rows) == topo.n_nodes
             host = host_capacity([r[5] for r in rows], [r[6] for r in rows]) if fits else None
-            views.append(ClusterView(row.id, row.name, self.topologies[row.id],
+            views.append(ClusterView(row.id, row.name, topo,
                                      [(r[1], r[2], r[3]) for r in rows], models,
                                      unhealthy=unhealthy.get(row.id, []), host=host))  # fmt: skip
         return views

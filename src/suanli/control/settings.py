@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 import platformdirs
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from suanli.control.errors import Invalid
 from suanli.sched.policies import POLICIES
@@ -69,6 +69,18 @@ class Settings(BaseModel):
     default_environment: str = Field(
         "server", description="prefix bound into every sandbox: 'server' (this Python), 'none', or a directory"
     )
+    ray_address: str | None = Field(
+        None, description="a Ray cluster to run on (ray://… or HOST:PORT); its GPU nodes become cluster `ray_cluster`"
+    )
+    ray_cluster: str = Field("ray", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    ray_namespace: str = Field("suanli", min_length=1, max_length=64, description="Ray namespace of suanli's actors")
+    slurm: bool = Field(False, description="run on the Slurm cluster this host is a client of (sbatch, squeue, …)")
+    slurm_cluster: str = Field("slurm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    slurm_partition: str | None = Field(None, max_length=64, description="the partition suanli submits to")
+    slurm_conf: str | None = Field(None, description="SLURM_CONF for the Slurm tools (default: theirs)")
+    engine_fabric: str = Field("eth-100", description="scale-out fabric of Ray and Slurm clusters (a catalog fabric)")
+    engine_nics: int = Field(1, ge=1, le=64, description="scale-out NICs per Ray or Slurm node")
+    engine_sync_s: float = Field(2.0, gt=0, le=600, description="seconds between asking Ray or Slurm for its nodes")
     gpu_dev_root: str = Field("/dev", description="where this host's /dev/nvidia* device nodes are")
     cgroup_parent: str | None = Field(None, description="a cgroup2 directory delegated to the server for limits")
 
@@ -81,6 +93,31 @@ class Settings(BaseModel):
             if not path.startswith(("/", "oci:")):
                 raise ValueError(f"environment {name}: {path!r} must be an absolute path or oci:IMAGE")
         return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _slurm_block(cls, data: Any) -> Any:
+        """`slurm: {partition: gpu, conf: /etc/slurm/slurm.conf, cluster: hpc}` in a config file, as well as flat
+        settings (`slurm: true`, `slurm_partition`, … and their SUANLI_* variables)."""
+        if isinstance(data, dict) and isinstance(data.get("slurm"), dict):
+            block = dict(data["slurm"])
+            data = {**data, "slurm": True}
+            for key in ("partition", "conf", "cluster"):
+                if key in block:
+                    data[f"slurm_{key}"] = block.pop(key)
+            if block:
+                raise ValueError(f"slurm: unknown keys {sorted(block)} (known: partition, conf, cluster)")
+        return data
+
+    @field_validator("engine_fabric")
+    @classmethod
+    def _known_fabric(cls, v: str) -> str:
+        from suanli import catalog
+
+        try:
+            return catalog.fabric(v).name
+        except catalog.CatalogError as e:
+            raise ValueError(str(e)) from None
 
     @field_validator("policy")
     @classmethod

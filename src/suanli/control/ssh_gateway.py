@@ -103,6 +103,9 @@ class DbAccess(Access):
                 raise Refused(why)
             name, handle, executor_name = w.name, dict(w.handle or {}), w.executor
             network = str((w.spec or {}).get("network") or "host")
+        if executor_name in ("ray", "slurm"):
+            raise Refused(f"instance {name} runs on {executor_name} nodes; the gateway enters instances on this "
+                          "server's host only (run your own sshd in the instance and use `ports:`)")  # fmt: skip
         ex = self.executors.get(executor_name)
         if ex is None:
             ex = self.executors[executor_name] = executor(executor_name)

@@ -26,7 +26,7 @@ from suanli.control import health, ledger, metering, proxy, workloads
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, Plan, User, Workload, WorkloadEvent
+from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
 from suanli.executors import Executor, Launch, NodeRank, Status, executor
 from suanli.sandbox.bwrap import SandboxError
 from suanli.storage import workdirs
@@ -257,9 +257,15 @@ class Supervisor:
         spec = WorkloadSpec.model_validate(w.spec)
         alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
         placement = alloc.placement if alloc is not None else {}
+        where: dict[str, dict[str, Any]] = {}
+        if w.executor in ("ray", "slurm"):  # the engine's handle of each node, and its address
+            where = dict(s.execute(select(Node.name, Node.labels).where(Node.name.in_(list(placement)))).tuples().all())
         ranks = tuple(
-            NodeRank(node, i, tuple(int(g) for g in gpus)) for i, (node, gpus) in enumerate(placement.items())
-        )
+            NodeRank(node, i, tuple(int(g) for g in gpus), str((where.get(node) or {}).get("engine_host", "")),
+                     str((where.get(node) or {}).get("address", "")))
+            for i, (node, gpus) in enumerate(placement.items())
+        )  # fmt: skip
+        master = ranks[0].address if ranks and ranks[0].address else "127.0.0.1"
         log_dir = workdirs.log_dir(self.home, w.id, w.attempt)
         log_dir.mkdir(parents=True, exist_ok=True)
         if spec.kind == "instance":
@@ -282,7 +288,8 @@ class Supervisor:
                 sandbox = replace(sandbox, mounts=(*sandbox.mounts, access.mount))
         return Launch(
             workload_id=w.id, attempt=w.attempt, command=command, workdir=cwd,
-            env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_port=free_port(), grace_s=self.grace_s,
+            env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_addr=master, master_port=free_port(),
+            grace_s=self.grace_s,
             duration_s=spec.duration if spec.duration is not None else w.predicted_s,
             extra_env=extra_env, sandbox=sandbox,
         )  # fmt: skip

@@ -56,6 +56,7 @@ class Fleet:
     gpus: list[SimGpu] = field(default_factory=list)
     where: dict[str, tuple[str, int]] = field(default_factory=dict)  # node name -> (cluster id, spec index)
     topologies: dict[str, Cluster | None] = field(default_factory=dict)
+    topology_keys: dict[str, tuple[str, str]] = field(default_factory=dict)  # what each topology was built from
     local: str | None = None  # this host's registered node with GPUs, sampled through NVML
 
 
@@ -182,7 +183,10 @@ class TelemetryTicker:
             elif kind == "local" and name == host:
                 fleet.local = name
         for row in s.scalars(select(ClusterRow)):
-            fleet.topologies[row.id] = self.fleet.topologies.get(row.id) or inventory.cluster_topology(row)
+            key = inventory.topology_key(row)
+            same = self.fleet.topology_keys.get(row.id) == key
+            fleet.topologies[row.id] = self.fleet.topologies.get(row.id) if same else inventory.cluster_topology(row)
+            fleet.topology_keys[row.id] = key
         for gone in set(self.fleet.where) - set(fleet.where):  # removed nodes: drop what was remembered of them
             self.sim.forget(gone)
             self.judge.forget(gone)

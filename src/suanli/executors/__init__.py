@@ -1,6 +1,7 @@
 """Executors: the adapters that start, watch and stop a workload's processes (see `base` for the contract).
 
-`local` runs node-ranks as supervised processes on this host; `virtual` runs nothing and follows the clock.
+`local` runs node-ranks as supervised processes on this host; `virtual` runs nothing and follows the clock;
+`ray` and `slurm` run them on the nodes of a Ray or Slurm cluster, through the same rank supervisor.
 Names are imported on first use: `python -m suanli.executors.rankrun` starts once per rank and must
 stay light.
 """
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["NAMES", "Executor", "Launch", "LocalExecutor", "NodeRank", "Status", "VirtualExecutor", "executor"]
 
-NAMES = ("local", "virtual")
+NAMES = ("local", "virtual", "ray", "slurm")
 
 _LAZY = {
     "Executor": "base",
@@ -38,7 +39,7 @@ def __getattr__(name: str) -> Any:
 
 
 def executor(name: str, **kw: Any) -> Executor:
-    """The executor called `name` ("local" or "virtual"), built with `kw`."""
+    """The executor called `name` (one of `NAMES`), built with `kw` (Ray: `address`; Slurm: `slurm_conf`)."""
     if name == "local":
         from suanli.executors.local import LocalExecutor
 
@@ -47,4 +48,12 @@ def executor(name: str, **kw: Any) -> Executor:
         from suanli.executors.virtual import VirtualExecutor
 
         return VirtualExecutor(**kw)
+    if name == "ray":
+        from suanli.executors.ray_executor import RayExecutor
+
+        return RayExecutor(**kw)
+    if name == "slurm":
+        from suanli.executors.slurm_executor import SlurmExecutor
+
+        return SlurmExecutor(**kw)
     raise ValueError(f"unknown executor {name!r}; known: {', '.join(NAMES)}")

@@ -86,8 +86,8 @@ class Cluster:
     name: str
     groups: tuple[NodeGroup, ...]
     fabric: FabricSpec | None
-    nodes_per_leaf: int
-    leaves_per_spine: int
+    nodes_per_leaf: int | tuple[int, ...]  # a list: the size of each leaf in turn (a discovered, uneven fabric)
+    leaves_per_spine: int | tuple[int, ...]
     leaf_oversubscription: float = 1.0
     spine_oversubscription: float = 1.0
     rail_optimized: bool = True
@@ -105,6 +105,16 @@ class Cluster:
         first = np.concatenate(([0], np.cumsum(gpn)[:-1])).astype(np.int64)
         object.__setattr__(self, "node_group", node_group)
         object.__setattr__(self, "node_first_gpu", first)
+        if isinstance(self.nodes_per_leaf, tuple) and (
+            sum(self.nodes_per_leaf) != len(node_group) or min(self.nodes_per_leaf) < 1
+        ):
+            raise ValueError(f"nodes_per_leaf: leaf sizes {list(self.nodes_per_leaf)} must be positive and add up to "
+                             f"the {len(node_group)} nodes")  # fmt: skip
+        if isinstance(self.leaves_per_spine, tuple):
+            leaves = int(self.node_leaf[-1]) + 1
+            if sum(self.leaves_per_spine) != leaves or min(self.leaves_per_spine) < 1:
+                raise ValueError(f"leaves_per_spine: spine sizes {list(self.leaves_per_spine)} must be positive and "
+                                 f"add up to the {leaves} leaves")  # fmt: skip
 
     # ---- sizes -------------------------------------------------------------------------------------
     @property
@@ -117,10 +127,15 @@ class Cluster:
 
     @cached_property
     def node_leaf(self) -> NDArray[np.int64]:
+        if isinstance(self.nodes_per_leaf, tuple):
+            return np.repeat(np.arange(len(self.nodes_per_leaf), dtype=np.int64), self.nodes_per_leaf)
         return np.arange(self.n_nodes, dtype=np.int64) // self.nodes_per_leaf
 
     @cached_property
     def node_spine(self) -> NDArray[np.int64]:
+        if isinstance(self.leaves_per_spine, tuple):
+            leaf_spine = np.repeat(np.arange(len(self.leaves_per_spine), dtype=np.int64), self.leaves_per_spine)
+            return leaf_spine[self.node_leaf]
         return self.node_leaf // self.leaves_per_spine
 
     @cached_property

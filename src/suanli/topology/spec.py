@@ -6,7 +6,7 @@ Parsing takes text or a mapping; reading the file is the caller's business (the 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -41,6 +41,10 @@ class FabricSpecIn(BaseModel):
     nic_gbps: float = Field(gt=0, le=12_800)
 
 
+Size = Annotated[int, Field(ge=1, le=4096)]
+Sizes = Annotated[list[Size], Field(min_length=1, max_length=100_000)]
+
+
 class ClusterSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -48,8 +52,10 @@ class ClusterSpec(BaseModel):
     description: str = ""
     node_groups: list[NodeGroupSpec] = Field(min_length=1)
     fabric: str | FabricSpecIn | None = None
-    nodes_per_leaf: int = Field(32, ge=1, le=4096)
-    leaves_per_spine: int = Field(16, ge=1, le=4096)
+    # A number: every leaf (spine) takes that many nodes (leaves) in turn. A list: the size of each in turn, for
+    # a fabric as it was discovered (Slurm's topology.conf, Ray node labels), where leaves differ in size.
+    nodes_per_leaf: Size | Sizes = 32
+    leaves_per_spine: Size | Sizes = 16
     leaf_oversubscription: float = Field(1.0, ge=1.0, le=64.0)
     spine_oversubscription: float = Field(1.0, ge=1.0, le=64.0)
     rail_optimized: bool = True
@@ -97,17 +103,21 @@ def build(spec: ClusterSpec) -> Cluster:
         for i, g in enumerate(groups):
             if g.nics == 0:
                 raise SpecError(f"node_groups.{i}.nics: a multi-node cluster needs at least one scale-out NIC per node")
-    return Cluster(
-        name=spec.name,
-        groups=tuple(groups),
-        fabric=fab,
-        nodes_per_leaf=spec.nodes_per_leaf,
-        leaves_per_spine=spec.leaves_per_spine,
-        leaf_oversubscription=spec.leaf_oversubscription,
-        spine_oversubscription=spec.spine_oversubscription,
-        rail_optimized=spec.rail_optimized,
-        description=spec.description,
-    )
+    per_leaf, per_spine = spec.nodes_per_leaf, spec.leaves_per_spine
+    try:
+        return Cluster(
+            name=spec.name,
+            groups=tuple(groups),
+            fabric=fab,
+            nodes_per_leaf=tuple(per_leaf) if isinstance(per_leaf, list) else per_leaf,
+            leaves_per_spine=tuple(per_spine) if isinstance(per_spine, list) else per_spine,
+            leaf_oversubscription=spec.leaf_oversubscription,
+            spine_oversubscription=spec.spine_oversubscription,
+            rail_optimized=spec.rail_optimized,
+            description=spec.description,
+        )
+    except ValueError as e:
+        raise SpecError(str(e)) from e
 
 
 def _format_errors(e: ValidationError) -> str:

@@ -56,6 +56,13 @@ class TelemetryCalls:
         health rules then act on it. Repair: set the node ready again (`admin_set_node_state(node, "ready")`)."""
         return self._post(f"/admin/nodes/{_seg(node)}/faults", {"gpu": gpu, "kind": kind, "xid": xid})
 
+    # ---- node agents ----
+    def post_samples(self, samples: list[Any]) -> dict[str, Any]:
+        """Store a node agent's batch of GPU samples (`GpuSample`s or dicts of their fields; operator token): how
+        many were stored, which GPUs nobody registered, and the fatal health findings they raised."""
+        rows = [s if isinstance(s, dict) else {f: getattr(s, f) for f in s.__slots__} for s in samples]
+        return self._post("/telemetry/samples", {"samples": rows})
+
     # ---- series ----
     def node_metrics(
         self,

@@ -118,3 +118,18 @@ def test_expired_grants_are_swept(db: Any, world: dict[str, Any]) -> None:
     _ticket(db, world["alice"], "wl_box")  # sweeps what expired before now
     with db.read() as s:
         assert s.query(ProxySession).count() == 1
+
+
+def test_the_proxy_url_setting_names_each_instances_own_host() -> None:
+    from suanli.control.settings import load
+
+    assert load({"proxy_url": "https://{id}.i.example.com/"}, {}, None).proxy_url == "https://{id}.i.example.com"
+    for bad in ("https://i.example.com", "ftp://{id}.x", "https://x.{id}.example.com", "https://{id}.x/path"):
+        with pytest.raises(Exception, match="proxy_url"):
+            load({"proxy_url": bad}, {}, None)
+    assert (
+        proxy.origin_of("https://{id}.i.example.com", "wl_0123456789abcdef")
+        == "https://wl-0123456789abcdef.i.example.com"
+    )
+    assert proxy.workload_of_host_label("wl-0123456789abcdef") == "wl_0123456789abcdef"
+    assert proxy.workload_of_host_label("wl-0123456789abcdeg") is None and proxy.origin_of(None, "wl_x") == ""

@@ -53,4 +53,5 @@ class SshCalls:
         that instance only; the API token never goes into the URL."""
         raw = self._post(f"/workloads/{quote(ref, safe='')}/proxy", {"port": port} if port is not None else None)
         link = load(ProxyLink, raw)
-        return ProxyLink(self.server.rstrip("/") + link.url, link.expires_at, link.target, link.started_jupyter)
+        url = link.url if link.url.startswith(("http://", "https://")) else self.server.rstrip("/") + link.url
+        return ProxyLink(url, link.expires_at, link.target, link.started_jupyter)

@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -30,10 +29,12 @@ import httpx
 from fastapi import Request, WebSocket
 from fastapi.concurrency import run_in_threadpool
 from starlette.background import BackgroundTask
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from suanli.control import proxy
 from suanli.control.errors import Forbidden, ServiceError
+from suanli.control.ids import utcnow
 from suanli.db.engine import Database
 from suanli.sandbox.listeners import host_listener, owned_listener
 
@@ -44,7 +45,8 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 GRANT_TTL_S = 10.0  # a session, its membership and the workload's place are re-read this often
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 300.0  # long polls and slow notebooks; kernels talk over WebSockets
-WS_MAX_MESSAGE = 64 << 20
+WS_MAX_MESSAGE = 16 << 20  # one message; with a queue of one, a WebSocket pins at most ~2 of these
+MAX_WS_PER_USER = 64  # open WebSockets of one user through one server process
 
 
 class NotReady(ServiceError):
@@ -71,6 +73,7 @@ class ProxyState:
     grants: dict[tuple[str, str], tuple[float, proxy.Grant]] = field(default_factory=dict)
     upstreams: dict[tuple[str, str], tuple[float, proxy.Upstream]] = field(default_factory=dict)
     sockets: dict[str, _Socket] = field(default_factory=dict)
+    open_ws: dict[str, int] = field(default_factory=dict)  # user -> WebSockets open now
     tcp: httpx.AsyncClient | None = None
 
     # ---- who and where ----------------------------------------------------------------------------------------
@@ -145,14 +148,21 @@ class ProxyState:
             raise NotReady(f"nothing of {up.name} listens on port {up.port} (on 127.0.0.1 or all addresses) yet")
         return addr
 
-    async def client_and_url(self, up: proxy.Upstream, path: str) -> tuple[httpx.AsyncClient, str]:
+    async def client_and_url(
+        self, up: proxy.Upstream, raw_path: bytes, query: bytes
+    ) -> tuple[httpx.AsyncClient, httpx.URL]:
+        """The client and the URL of one request upstream. The URL is built from parts, never by pasting text: the
+        port is the one checked, whatever the path holds."""
         if up.socket is not None:
-            return self._socket(up).client, f"http://jupyter{path}"
+            return self._socket(up).client, httpx.URL(scheme="http", host="jupyter", raw_path=_raw(raw_path, query))
         addr = await self._port_address(up)
         if self.tcp is None:
-            self.tcp = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
-        host = f"[{addr}]" if ":" in addr else addr
-        return self.tcp, f"http://{host}:{up.port}{path}"
+            # No keep-alive: a pooled connection would outlive the check that its listener is this workload's
+            # (a tenant closes the listener, keeps the accepted connection, and the next owner of the port's
+            # requests would go down it).
+            self.tcp = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                                         limits=httpx.Limits(max_keepalive_connections=0))  # fmt: skip
+        return self.tcp, httpx.URL(scheme="http", host=addr, port=up.port, raw_path=_raw(raw_path, query))
 
     async def raw_socket(self, up: proxy.Upstream) -> socket.socket:
         """A connected socket to the upstream, for a WebSocket."""
@@ -190,13 +200,14 @@ async def _close_later(sock: _Socket, delay: float = 30.0) -> None:
 
 
 # ---- headers ------------------------------------------------------------------------------------------------------
+def _raw(path: bytes, query: bytes) -> bytes:
+    path = path if path.startswith(b"/") else b"/" + path
+    return path + (b"?" + query if query else b"")
+
+
 def strip_cookie(header: str) -> str:
-    """The Cookie header without the proxy's own session cookie: the instance never sees it."""
-    jar: SimpleCookie = SimpleCookie()
-    with contextlib.suppress(Exception):
-        jar.load(header)
-    if proxy.COOKIE not in jar:
-        return header
+    """The Cookie header without the proxy's own session cookie: the instance never sees it. Split by hand: a
+    cookie parser gives up on a header with one malformed pair, which the instance itself can plant."""
     parts = [p.strip() for p in header.split(";")]
     return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != proxy.COOKIE)
 
@@ -213,11 +224,16 @@ def cross_site(headers: Any, method: str) -> bool:
     return False
 
 
-def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, scheme: str, prefix: str) -> dict[str, str]:
+def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, scheme: str, prefix: str,
+                     body: bool) -> dict[str, str]:  # fmt: skip
+    """What the instance is told. Never: the proxy's session cookie, an Authorization header (a reverse proxy's
+    or another service's credentials), hop-by-hop headers; a body's length only when a body goes with it."""
     out: dict[str, str] = {}
     for k, v in request_headers.items():
         lk = k.lower()
-        if lk in HOP_BY_HOP or lk.startswith("sec-websocket") or (lk == "authorization" and up.socket is not None):
+        if lk in HOP_BY_HOP or lk.startswith("sec-websocket") or lk == "authorization":
+            continue
+        if not body and lk == "content-length":
             continue
         out[lk] = strip_cookie(v) if lk == "cookie" else v
     out["host"] = request_headers.get("host", "localhost")
@@ -230,28 +246,74 @@ def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, sche
     return out
 
 
-def downstream_headers(headers: httpx.Headers, prefix: str, rewrite_location: bool) -> list[tuple[bytes, bytes]]:
+def _cookie(value: str, scope: str) -> str | None:
+    """An upstream's Set-Cookie, confined to the instance: none named like the proxy's session, no Domain, and a
+    Path inside `scope` (a service at / that sets Path=/ means its own prefix)."""
+    pair, *attrs = value.split(";")
+    if pair.split("=", 1)[0].strip() == proxy.COOKIE:
+        return None
+    kept = []
+    for a in attrs:
+        key = a.split("=", 1)[0].strip().lower()
+        if key == "domain":
+            continue
+        if key == "path":
+            path = a.split("=", 1)[1].strip() if "=" in a else "/"
+            if not path.startswith(scope):
+                path = scope + path.lstrip("/")
+            kept.append(f" Path={path}")
+            continue
+        kept.append(a)
+    if not any(a.strip().lower().startswith("path=") for a in kept):
+        kept.append(f" Path={scope}")
+    return ";".join([pair, *kept])
+
+
+def downstream_headers(headers: httpx.Headers, prefix: str, scope: str, host: str,
+                       rewrite_location: bool) -> list[tuple[bytes, bytes]]:  # fmt: skip
+    """What the browser is told. A tenant's service answers on the server's origin, so nothing may reach beyond
+    the instance: no service worker scope wider than its script's, cookies confined (`_cookie`), no redirect off
+    this server."""
     out = []
     for k, v in headers.multi_items():
         lk = k.lower()
-        if lk in HOP_BY_HOP:
+        if lk in HOP_BY_HOP or lk == "service-worker-allowed":
             continue
-        if lk == "location" and rewrite_location and v.startswith("/") and not v.startswith("//"):
-            v = prefix + v  # a service at / that redirects to /x means /i/<id>/port/N/x
+        if lk == "set-cookie":
+            confined = _cookie(v, scope)
+            if confined is None:
+                continue
+            v = confined
+        if lk == "location":
+            target = urlsplit(v)
+            if v.startswith("//") or (target.netloc and target.netloc.lower() != host.lower()):
+                raise BadGateway("the service redirected off this server")
+            if rewrite_location and v.startswith("/"):
+                v = prefix + v  # a service at / that redirects to /x means /i/<id>/port/N/x
         out.append((lk.encode("latin-1"), v.encode("latin-1")))
     return out
 
 
+class BadGateway(ServiceError):
+    """The instance's service answered something the proxy will not pass on, or broke off."""
+
+    status = 502
+
+
 # ---- HTTP ---------------------------------------------------------------------------------------------------------
-async def forward_http(state: ProxyState, request: Request, up: proxy.Upstream, path: str, prefix: str) -> Response:
+async def forward_http(
+    state: ProxyState, request: Request, up: proxy.Upstream, raw_path: bytes, prefix: str, scope: str
+) -> Response:
     if cross_site(request.headers, request.method):
         raise Forbidden("cross-site request refused")
-    client, url = await state.client_and_url(up, path)
-    if request.url.query:
-        url += "?" + request.url.query
+    if request.headers.get("service-worker") == "script":
+        # A service worker registered from an instance's page would control every page of this origin.
+        raise Forbidden("service workers are not allowed on instance pages")
+    client, url = await state.client_and_url(up, raw_path, request.scope.get("query_string", b""))
+    has_body = request.method not in ("GET", "HEAD", "OPTIONS") or "content-length" in request.headers
     headers = upstream_headers(request.headers, up, request.client.host if request.client else "", request.url.scheme,
-                               prefix)  # fmt: skip
-    body: AsyncIterator[bytes] | None = None if request.method in ("GET", "HEAD") else request.stream()
+                               prefix, has_body)  # fmt: skip
+    body: AsyncIterator[bytes] | None = request.stream() if has_body else None
     req = client.build_request(request.method, url, headers=headers, content=body)
     try:
         resp = await client.send(req, stream=True)
@@ -260,47 +322,67 @@ async def forward_http(state: ProxyState, request: Request, up: proxy.Upstream, 
         raise NotReady(f"{up.name} does not answer yet") from None
     except httpx.TimeoutException:
         raise NotReady(f"{up.name} did not answer in time") from None
-    return _streamed(resp, prefix, rewrite_location=up.socket is None)
-
-
-def _streamed(resp: httpx.Response, prefix: str, rewrite_location: bool) -> Response:
-    out = StreamingResponse(resp.aiter_raw(), status_code=resp.status_code, background=BackgroundTask(resp.aclose))
-    out.raw_headers = downstream_headers(resp.headers, prefix, rewrite_location)
+    except httpx.TransportError as e:  # it hung up, or spoke something that is not HTTP
+        raise BadGateway(f"{up.name} broke off: {type(e).__name__}") from None
+    try:
+        raw = downstream_headers(resp.headers, prefix, scope, request.headers.get("host", ""), up.socket is None)
+    except ServiceError:
+        await resp.aclose()
+        raise
+    out = StreamingResponse(_relay(resp), status_code=resp.status_code, background=BackgroundTask(resp.aclose))
+    out.raw_headers = raw
     return out
 
 
+async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
+    """The body as it comes; a service that breaks off mid-body ends the response (the browser sees it cut)."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    except httpx.TransportError as e:
+        log.info("proxy: upstream broke off mid-body: %s", e)
+
+
 # ---- WebSockets ---------------------------------------------------------------------------------------------------
-async def forward_ws(state: ProxyState, ws: WebSocket, up: proxy.Upstream, path: str, prefix: str) -> None:
+async def forward_ws(
+    state: ProxyState, ws: WebSocket, up: proxy.Upstream, raw_path: bytes, prefix: str, grant: proxy.Grant,
+    secret: str,
+) -> None:  # fmt: skip
     """Connect upstream first (offering the browser's subprotocols), then accept the browser with the one chosen,
-    and copy messages both ways until either side closes."""
+    and copy messages both ways until either side closes, or the session ends (its user left the org, it
+    expired, the instance stopped): re-checked as often as HTTP requests are."""
     from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
     if cross_site(ws.headers, "WEBSOCKET"):
         await ws.close(code=1008)
         return
+    if state.open_ws.get(grant.user_id, 0) >= MAX_WS_PER_USER:
+        await ws.close(code=1013)
+        return
     try:
         sock = await state.raw_socket(up)
     except ServiceError:
         await ws.close(code=1013)
         return
-    query = ("?" + ws.url.query) if ws.url.query else ""
-    headers = upstream_headers(ws.headers, up, ws.client.host if ws.client else "", ws.url.scheme, prefix)
+    headers = upstream_headers(ws.headers, up, ws.client.host if ws.client else "", ws.url.scheme, prefix, False)
     headers.pop("host", None)
     headers.pop("origin", None)
     offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     host = ws.headers.get("host", "localhost")
+    uri = f"ws://{host}{_raw(raw_path, ws.scope.get('query_string', b'')).decode('latin-1')}"
     try:
-        upstream = await connect(f"ws://{host}{path}{query}", sock=sock, additional_headers=headers,
-                                 origin=ws.headers.get("origin"), subprotocols=offered or None,  # type: ignore[arg-type]
-                                 max_size=WS_MAX_MESSAGE, compression=None, open_timeout=CONNECT_TIMEOUT_S,
-                                 user_agent_header=None, ping_interval=None)  # fmt: skip
+        upstream = await connect(uri, sock=sock, additional_headers=headers, origin=ws.headers.get("origin"),  # type: ignore[arg-type]
+                                 subprotocols=offered or None, max_size=WS_MAX_MESSAGE, max_queue=1,  # type: ignore[arg-type]
+                                 compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None,
+                                 ping_interval=None)  # fmt: skip
     except (OSError, InvalidHandshake, TimeoutError) as e:
         log.info("proxy: websocket to %s refused: %s", up.name, e)
         sock.close()
         await ws.close(code=1011)
         return
     await ws.accept(subprotocol=upstream.subprotocol)
+    state.open_ws[grant.user_id] = state.open_ws.get(grant.user_id, 0) + 1
 
     async def down() -> None:
         async for msg in upstream:
@@ -319,12 +401,22 @@ async def forward_ws(state: ProxyState, ws: WebSocket, up: proxy.Upstream, path:
             elif msg.get("text") is not None:
                 await upstream.send(msg["text"])
 
-    tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up_())]
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(GRANT_TTL_S)
+            try:
+                await state.grant(grant.workload_id, secret, utcnow())
+                await state.upstream(grant.workload_id, "lab" if up.socket is not None else f"port:{up.port}")
+            except ServiceError:
+                return
+
+    tasks = [asyncio.ensure_future(down()), asyncio.ensure_future(up_()), asyncio.ensure_future(watch())]
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     except (ConnectionClosed, OSError):
         pass
     finally:
+        state.open_ws[grant.user_id] -= 1
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -332,4 +424,45 @@ async def forward_ws(state: ProxyState, ws: WebSocket, up: proxy.Upstream, path:
                 await t
         await upstream.close()
         with contextlib.suppress(Exception):
-            await ws.close()
+            await ws.close(code=1008)
+
+
+# ---- one origin per instance --------------------------------------------------------------------------------------
+class InstanceOrigins:
+    """With a `proxy_url` (`https://{id}.i.example.com`), every instance's pages are served on its own origin and
+    nowhere else: a request on an instance's host may only be for that instance's `/i/<id>/…`, and `/i/` on any
+    other host is not found. A tenant's page then shares cookies, storage and service workers with nobody's."""
+
+    def __init__(self, app: ASGIApp, proxy_url: str) -> None:
+        self.app = app
+        netloc = urlsplit(proxy_url).netloc.lower()
+        self.suffix = netloc.removeprefix("{id}")  # ".i.example.com[:port]"
+
+    def _host(self, scope: Scope) -> str:
+        for k, v in scope.get("headers") or []:
+            if k == b"host":
+                return v.decode("latin-1").lower()
+        return ""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host, path = self._host(scope), scope.get("path", "")
+        label = host[: -len(self.suffix)] if self.suffix and host.endswith(self.suffix) else None
+        wid = proxy.workload_of_host_label(label) if label else None
+        if label is not None:  # a request on an instance's own origin
+            if wid is None or not (path == f"/i/{wid}" or path.startswith(f"/i/{wid}/")):
+                await _not_found(scope, receive, send, "not found on this instance's origin")
+                return
+        elif path.startswith("/i/"):
+            await _not_found(scope, receive, send, "instances are served at their own origin (see the link's host)")
+            return
+        await self.app(scope, receive, send)
+
+
+async def _not_found(scope: Scope, receive: Receive, send: Send, message: str) -> None:
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await JSONResponse({"detail": message}, status_code=404)(scope, receive, send)

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import stat
 import subprocess
 import time
 from dataclasses import dataclass
@@ -44,6 +46,8 @@ SANDBOX_DIR = "/run/suanli-proxy"  # the proxy directory as the sandbox sees it
 SOCKET = "jupyter.sock"
 TOKEN_FILE = ".jupyter-token"  # in the attempt's log directory: the server's, never mounted in a sandbox
 JUPYTER_LOG = "jupyter.log"
+STARTED_FILE = ".jupyter-started"  # in the attempt's log directory: JupyterLab was started on demand
+LOG_TAIL_BYTES = 8192
 SANDBOX_WAIT_S = 10.0  # how long a just-launched instance may take to have a sandbox to enter
 # JupyterLab on a Unix socket; its token comes from JUPYTER_TOKEN in the instance's environment (never an argv).
 # Remote access is allowed because every request arrives through the proxy with a Host header of the server's.
@@ -97,6 +101,23 @@ def _member(s: Session, user_id: str, org_id: str) -> bool:
         s.scalar(select(Membership.user_id).where(Membership.user_id == user_id, Membership.org_id == org_id))
         is not None
     )
+
+
+def instance_host_label(workload_id: str) -> str:
+    """The DNS label of a workload's own origin: `wl-0123…` (no underscore, which hostnames and certificates
+    refuse)."""
+    return workload_id.replace("_", "-")
+
+
+def workload_of_host_label(label: str) -> str | None:
+    if not re.fullmatch(r"wl-[0-9a-f]{16}", label):
+        return None
+    return label.replace("-", "_", 1)
+
+
+def origin_of(proxy_url: str | None, workload_id: str) -> str:
+    """Where a workload's pages are served: its own origin under `proxy_url`, or '' (this server's origin)."""
+    return proxy_url.replace("{id}", instance_host_label(workload_id)) if proxy_url else ""
 
 
 def target_of(spec: WorkloadSpec, port: int | None) -> str:
@@ -208,11 +229,33 @@ def upstream(s: Session, home: Path, workload_id: str, target: str) -> Upstream:
 
 
 def jupyter_log(home: Path, workload_id: str, lines: int = 5) -> str:
-    """The last lines JupyterLab wrote when started on demand (why it is not answering), or ''."""
+    """The last lines JupyterLab wrote when started on demand (why it is not answering), or ''.
+
+    The proxy directory is the tenant's: the log may be a symlink (to /etc/shadow, the server's environment), a
+    FIFO (blocking whoever opens it) or endless (/dev/zero). So it is opened without following links and without
+    blocking, read only if it is a regular file of the directory's owner, and only its last `LOG_TAIL_BYTES`."""
+    d = proxy_dir(home, workload_id)
     try:
-        text = (proxy_dir(home, workload_id) / JUPYTER_LOG).read_text(errors="replace")
+        dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return ""
+    try:
+        owner = os.fstat(dfd).st_uid
+        fd = os.open(JUPYTER_LOG, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        os.close(dfd)
+        return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != owner:
+            return ""
+        start = max(0, st.st_size - LOG_TAIL_BYTES)
+        text = os.pread(fd, LOG_TAIL_BYTES, start).decode(errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+        os.close(dfd)
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
@@ -224,9 +267,26 @@ def start_command() -> list[str]:
 
 def ensure_jupyter(home: Path, w: Workload) -> bool:
     """Start JupyterLab inside a running instance that was not started with `jupyter: true`; whether it was started
-    now. Once started (its log exists) it is not started again: the proxy's 503 page shows that log instead."""
-    if workloads.spec_of(w).jupyter or (proxy_dir(home, w.id) / JUPYTER_LOG).exists():
+    now. Once started it is not started again (the proxy's 503 page shows its log instead); a start that failed
+    may be tried again."""
+    if workloads.spec_of(w).jupyter:
         return False
+    # Marked in the attempt's log directory (the server's), not by the log in the tenant's directory: deleting
+    # that must not start another JupyterLab on every request.
+    marker = workdirs.log_dir(home, w.id, w.attempt) / STARTED_FILE
+    try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    try:
+        _start_jupyter(w)
+    except BaseException:
+        marker.unlink(missing_ok=True)
+        raise
+    return True
+
+
+def _start_jupyter(w: Workload) -> None:
     ex = executor(w.executor)
     enter = getattr(ex, "enter_argv", None)
     if enter is None or not w.handle:
@@ -248,4 +308,3 @@ def ensure_jupyter(home: Path, w: Workload) -> bool:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip()[-300:]
         raise Conflict(f"could not start JupyterLab in {w.name}: {why or f'exit code {done.returncode}'}")
-    return True

@@ -69,6 +69,12 @@ class Settings(BaseModel):
     default_environment: str = Field(
         "server", description="prefix bound into every sandbox: 'server' (this Python), 'none', or a directory"
     )
+    proxy_url: str | None = Field(
+        None,
+        description="each instance's JupyterLab and ports on an origin of its own, "
+        "e.g. https://{id}.i.example.com (wildcard DNS and certificate); unset: under /i/ "
+        "of this server's origin",
+    )
     ray_address: str | None = Field(
         None, description="a Ray cluster to run on (ray://… or HOST:PORT); its GPU nodes become cluster `ray_cluster`"
     )
@@ -108,6 +114,18 @@ class Settings(BaseModel):
             if block:
                 raise ValueError(f"slurm: unknown keys {sorted(block)} (known: partition, conf, cluster)")
         return data
+
+    @field_validator("proxy_url")
+    @classmethod
+    def _proxy_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.netloc.startswith("{id}.") or u.path not in ("", "/"):
+            raise ValueError("must be http(s)://{id}.DOMAIN[:PORT] (each instance's own host under a wildcard domain)")
+        return f"{u.scheme}://{u.netloc}"
 
     @field_validator("engine_fabric")
     @classmethod

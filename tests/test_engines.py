@@ -112,8 +112,12 @@ def test_gpus_busy_outside_suanli_are_not_placed_on(db: Any) -> None:
         busy = external_gpus(s)
     (cid,) = busy
     assert sorted(busy[cid]) == [("gpus.node-2", 5), ("gpus.node-2", 6), ("gpus.node-2", 7)]
-    _holding(db, "gpus.node-2")  # suanli's own job on GPUs 0-1 shows in Slurm's count too: 3 busy = 2 ours + 1
-    _sync(db, [_node(1), _node(2, busy=3)], kind="slurm")
+    _holding(db, "gpus.node-2")  # suanli's own job on GPUs 5-6: the outside work's GPUs are others
+    with db.write() as s, s.begin():
+        s.query(Allocation).filter_by(id="al_1").update({"placement": {"gpus.node-2": [5, 6]}})
+    with db.read() as s:
+        assert sorted(external_gpus(s)[cid]) == [("gpus.node-2", 3), ("gpus.node-2", 4), ("gpus.node-2", 7)]
+    _sync(db, [_node(1), _node(2, busy=1)], kind="slurm")  # one outside job ended
     with db.read() as s:
         assert external_gpus(s)[cid] == [("gpus.node-2", 7)]
 

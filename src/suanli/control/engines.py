@@ -30,7 +30,7 @@ from suanli.control.errors import Conflict
 from suanli.control.ids import new_id
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, ClusterRow, Gpu, Node
+from suanli.db.models import ClusterRow, Gpu, Node
 from suanli.executors.base import EngineNode
 from suanli.topology.discovered import Host, discovered_spec
 
@@ -71,16 +71,6 @@ def _host(name: str, model: str, gpus: int, cpus: int, mem: int, labels: dict[st
                 str(labels.get(DOMAIN, "")))  # fmt: skip
 
 
-def _held(s: Session, names: set[str]) -> dict[str, int]:
-    """GPUs suanli's own open allocations hold per node."""
-    out: dict[str, int] = {}
-    for (placement,) in s.execute(select(Allocation.placement).where(Allocation.stopped_at.is_(None))):
-        for node, gpus in (placement or {}).items():
-            if node in names:
-                out[node] = out.get(node, 0) + len(gpus)
-    return out
-
-
 def sync(
     s: Session, cluster: str, kind: str, reported: list[EngineNode], fabric: str, now: datetime, nics: int = 1
 ) -> SyncReport:
@@ -114,12 +104,11 @@ def sync(
     current = [x.name for x in sorted(existing.values(), key=lambda x: x.index)]
     if spec != row.spec or order != current:
         _place(s, row, spec, order, by_name, existing, now, report)
-    held = _held(s, set(by_name))
     for nm, (n, _) in by_name.items():
         node = existing.get(nm) or s.scalar(select(Node).where(Node.name == nm))
         assert node is not None
         labels = {**{k: v for k, v in n.labels.items() if isinstance(v, str)}, HOST_LABEL: n.host,
-                  ADDRESS_LABEL: n.address, EXTERNAL_LABEL: str(max(0, n.busy_gpus - held.get(nm, 0)))}  # fmt: skip
+                  ADDRESS_LABEL: n.address, EXTERNAL_LABEL: str(max(0, n.busy_gpus))}  # fmt: skip
         if node.labels != labels:
             if (node.labels or {}).get(EXTERNAL_LABEL) != labels[EXTERNAL_LABEL]:
                 inventory.bump_version(s, fleet=True)  # the scheduler's view counts them: rebuild it

@@ -60,7 +60,10 @@ def check(r: Any, status: int | set[int], field: str | None, problems: list[str]
 
 
 # ---- bodies, generically: every route that takes one --------------------------------------------------------
-OPTIONAL_BODY = {("POST", "/workloads/{ref}/start")}  # `{"no_gpu": true}` or nothing
+OPTIONAL_BODY = {
+    ("POST", "/workloads/{ref}/start"),
+    ("POST", "/workloads/{ref}/proxy"),
+}  # `{"no_gpu": true}`, `{"port": N}` or nothing
 
 
 def test_every_body_route_refuses_malformed_bodies(ctx: Ctx) -> None:

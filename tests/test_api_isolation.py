@@ -54,6 +54,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "FaultIn": {"gpu": 0, "kind": "off_bus"},
     "SshKeyIn": {"public_key": PROBE_KEY},
     "StartIn": {"no_gpu": True},
+    "ScaleIn": {"gpus": 2},
+    "ProxyIn": {},
 }
 
 
@@ -181,6 +183,11 @@ def _snapshot(api: Any, w: World) -> dict[str, Any]:
     }
 
 
+def headers_for_proxy(w: World) -> dict[str, str]:
+    """The attacker's bearer token and a made-up session cookie: neither opens an instance."""
+    return {**w.attacker.headers, "Cookie": "suanli_proxy=" + "x" * 43}
+
+
 def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: World) -> None:
     w = world
     before = _snapshot(api, w)
@@ -190,6 +197,14 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
     walked: set[tuple[str, str]] = set()
     problems: list[str] = []
     for n, (method, full, model) in enumerate(routes):
+        if full.startswith("/i/"):  # the instance proxy: a session cookie for the instance, never a bearer token
+            url = full.replace("{wid}", w.workload).replace("{port}", "6006").replace("{path}", "api/status")
+            r = api.request(method, url.replace("{ticket}", "x" * 43) + ("?ticket=" + "x" * 43 if "auth" in url else ""),
+                            headers=headers_for_proxy(w))  # fmt: skip
+            redirect = r.status_code == 307 and r.headers["location"].startswith(f"/i/{w.workload}/")
+            if r.status_code not in (403, 404) and not redirect:
+                problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
+            continue
         if not full.startswith(API):
             assert (method, full) in UNVERSIONED, f"{method} {full}: a route outside {API}; classify it"
             if full == "/metrics" and api.get(full, headers=w.attacker.headers).status_code != 403:

@@ -59,6 +59,7 @@ from suanli.client_models import (
     jsonable,
     load,
 )
+from suanli.client_scale import ScaleCalls
 from suanli.client_ssh import SshCalls
 from suanli.client_telemetry import TelemetryCalls
 from suanli.workdir_upload import WORKDIR_LIMIT, pack_workdir
@@ -161,7 +162,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls):
+class Client(TelemetryCalls, SshCalls, ScaleCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

@@ -306,6 +306,7 @@ class Workload:
     currency: str = ""
     events: list[WorkloadEvent] = field(default_factory=list)
     spec: dict[str, Any] | None = None
+    scale_to: int | None = None  # the GPU count its owner scaled it to (`Client.scale`), while it runs
 
     @property
     def finished(self) -> bool:

@@ -1,4 +1,4 @@
-"""Workload commands: `suanli run`, `ps`, `describe`, `logs`, `stop`, `start` (jobs and instances).
+"""Workload commands: `suanli run`, `ps`, `describe`, `logs`, `stop`, `start`, `scale` (jobs and instances).
 
 Logs go to stdout as the workload wrote them; `run --follow` prints its progress there too and ends with one
 summary line. A job that does not succeed ends `run --follow` with one `error:` line on stderr and exit code 1;
@@ -311,7 +311,8 @@ def describe(ref: RefArg, server: ServerOpt = None, json_out: JsonOpt = False) -
              ("attempt", str(w.attempt))]  # fmt: skip
     if w.exit_code is not None:
         rows.append(("exit code", str(w.exit_code)))
-    rows.append(("GPUs", f"{gpus_label(w)} on {w.nodes or '-'} node{'s' if w.nodes != 1 else ''}"))
+    scaled = f" (scaled to {w.scale_to} by its owner)" if w.scale_to else ""
+    rows.append(("GPUs", f"{gpus_label(w)} on {w.nodes or '-'} node{'s' if w.nodes != 1 else ''}{scaled}"))
     a = w.allocation
     if a is not None:
         rows.append(("billing", f"{a.billing_mode}, {price(a.rate_per_hour, w.currency)}/h (allocation {a.id})"))
@@ -405,6 +406,8 @@ def environments(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
 
 def register(app: typer.Typer) -> None:
     """Put the workload commands on the root app."""
+    from suanli.cli.scale import scale
+
     for name, fn in (("run", run), ("ps", ps), ("describe", describe), ("logs", logs), ("stop", stop),
-                     ("start", start), ("environments", environments)):  # fmt: skip
+                     ("start", start), ("scale", scale), ("environments", environments)):  # fmt: skip
         app.command(name)(fn)

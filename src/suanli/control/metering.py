@@ -120,10 +120,14 @@ def admitted_row(
     book: PriceBook | None = None,
     cpu_milli: int = 0,
     memory_mib: int = 0,
+    check: bool = True,
 ) -> dict[str, Any]:
     """The allocation row to insert, once admission passed. Its rate is its GPUs' (the price book's in force now,
     or `rate`: zero for GPUs of a prepaid plan) plus its host CPU and memory at the book's prices (on-demand for a
-    plan, whose prepaid GPUs do not include them). Nothing is written: a refusal leaves nothing to undo."""
+    plan, whose prepaid GPUs do not include them). Nothing is written: a refusal leaves nothing to undo.
+
+    `check=False` skips admission (balance, quotas) but still counts the row in `load`: for running work shrunk to
+    fewer GPUs, which never needs more than it was admitted for."""
     if gpus < 0 or not 0 < milli <= 1000 or cpu_milli < 0 or memory_mib < 0:
         raise Invalid("gpus, cpu_milli, memory_mib: >= 0; milli: 1..1000")
     if rate is None and mode.startswith("plan"):
@@ -143,7 +147,12 @@ def admitted_row(
         assert book is not None
         host = book.host_rate(cpu_milli, memory_mib, "spot" if mode == "spot" else "on-demand")
     total = exact(rate + host)
-    admit(load if load is not None else org_load(s, org_id), total, gpus, hold_minutes, cpu_milli, memory_mib)
+    load = load if load is not None else org_load(s, org_id)
+    if check:
+        admit(load, total, gpus, hold_minutes, cpu_milli, memory_mib)
+    else:
+        load.rate, load.gpus = load.rate + total, load.gpus + gpus
+        load.cpu_milli, load.memory_mib = load.cpu_milli + cpu_milli, load.memory_mib + memory_mib
     return dict(
         id=allocation_id or new_id("alloc"), org_id=org_id, user_id=user_id, workload=workload, gpu_model=gpu_model,
         gpus=gpus, milli=milli, billing_mode=mode, rate_per_hour=total, cpu_milli=cpu_milli, memory_mib=memory_mib,

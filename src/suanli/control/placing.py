@@ -5,6 +5,7 @@ and stays pending with the reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,7 @@ from suanli.workloads.spec import WorkloadSpec, format_duration
 
 if TYPE_CHECKING:
     from suanli.control.scheduling import ClusterView
+    from suanli.topology import Cluster
 
 # (workload id, the cluster it goes to, GPU indices by node name, the scheduler's reason)
 Placement = tuple[str, "ClusterView", dict[str, list[int]], str]
@@ -71,11 +73,13 @@ def plan_refusal(s: Session, plan_id: str, gpus: int, now: datetime, use: dict[s
 
 
 def place_chunk(
-    s: Session, items: list[Placement], now: datetime, *, hold_minutes: int, cache: dict[str, WorkloadSpec]
-) -> tuple[int, dict[str, tuple[str, int]]]:
+    s: Session, items: list[Placement], now: datetime, *, hold_minutes: int, cache: dict[str, WorkloadSpec],
+    lengths: Callable[[WorkloadSpec, Cluster, Sequence[int]], float | None] | None = None,
+) -> tuple[int, dict[str, tuple[str, int]]]:  # fmt: skip
     """Open the allocations of a chunk of placements and mark their workloads scheduled: a handful of
     statements for the whole chunk. Admission is checked per placement against each org's load, read once
-    under its row lock; a refused placement writes nothing and stays pending with the reason."""
+    under its row lock; a refused placement writes nothing and stays pending with the reason. `lengths` says how
+    long a run lasts on its GPUs (`resizing.RunLengths`: the virtual executor's run; default the perf model's)."""
     w = Workload
     q = select(w.id, w.state, w.stop_requested, w.attempt, w.org_id, w.user_id).where(
         w.id.in_([wid for wid, *_ in items])
@@ -139,9 +143,12 @@ def place_chunk(
         if alloc["cpu_milli"] or alloc["memory_mib"]:
             what += f" with {host_text(alloc['cpu_milli'], alloc['memory_mib'])}"
         predicted = None
-        if spec.duration is None and view.topology is not None and gpus:
-            predicted = predicted_runtime(spec, view.topology, _global_gpus(view, placement))
-        told = f"; the performance model predicts {format_duration(predicted)} here" if predicted else ""
+        if view.topology is not None and gpus and (spec.duration is None or lengths is not None):
+            on = _global_gpus(view, placement)
+            predicted = lengths(spec, view.topology, on) if lengths else predicted_runtime(spec, view.topology, on)
+        told = ""
+        if predicted and spec.duration is None:
+            told = f"; the performance model predicts {format_duration(predicted)} here"
         text = (f"placed: {what} on {where}{more}" + (f" ({reason})" if reason else "") + told)[:2000]
         if plan is not None:
             plan_use[plan] += gpus

@@ -2,8 +2,10 @@
 per cluster; persist what it decided.
 
 The decisions come from the same pure `Scheduler` that `suanli sim` runs. This module only translates: node rows
-and allocation rows into a `ClusterState`, pending workloads into `Request`s, and `Place`/`Preempt`/`Pending`
-back into allocation rows and workload transitions (`control.placing`, which checks admission again).
+and allocation rows into a `ClusterState`, pending workloads into `Request`s, and `Place`/`Preempt`/`Resize`/
+`Pending` back into allocation rows and workload transitions (`control.placing` and `control.resizing`, which check
+admission again). Running elastic work is shown to the cycle as elastic (the policy may grow or shrink it), unless its
+owner scaled it (`suanli scale`: then it is held at that size, after the pass carried the owner's size out).
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import inventory, placing
+from suanli.control import inventory, placing, resizing
 from suanli.control.engines import ENGINE_KINDS, EXTERNAL_LABEL
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
 from suanli.sched import Allocation as SchedAllocation
-from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity, host_share
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity
 from suanli.topology import Cluster
 from suanli.workloads.spec import WorkloadSpec
 
@@ -81,6 +83,7 @@ class PassReport:
     placed: int = 0
     preempted: int = 0
     refused: int = 0  # placements admission refused (balance, quota)
+    resized: int = 0  # running elastic work resized (by its owner's ask or the policy)
     cycle_s: float = 0.0
     total_s: float = 0.0
     live: LiveWaste | None = None  # None: the pass was skipped (nothing changed); the last one still holds
@@ -106,6 +109,8 @@ class SchedulingPass:
     _rank: dict[str, int] = field(default_factory=dict)  # workload id -> its spec's priority rank
     _parsed: dict[str, WorkloadSpec] = field(default_factory=dict)  # workload id -> its spec (specs never change)
     _said: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _seen: int | None = None  # the inventory version the snapshot was last brought up to date at
+    resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
     scheduler: Scheduler | None = None
 
     def __post_init__(self) -> None:
@@ -154,7 +159,8 @@ class SchedulingPass:
             fleet = inventory.fleet_version(s)
             if fleet != self._fleet or not self._views:
                 self._views, self._fleet = self._clusters(s), fleet
-                self._states, self._held = {}, {}  # node states changed: rebuild the snapshot
+                self._states, self._held, self._seen = {}, {}, None  # node states changed: rebuild the snapshot
+                self.resizer.reset()
             views = self._views
             version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
             queue_rows = list(s.execute(
@@ -164,7 +170,9 @@ class SchedulingPass:
             report.queued = len(queue_rows)
             signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)))
             fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
-            if not queue_rows or (signature == self._signature and fresh):
+            # Nothing queued, and no running elastic work the policy might grow (as of an up-to-date snapshot).
+            idle = not queue_rows and self._seen == version and not self.resizer.any_elastic()
+            if idle or (signature == self._signature and fresh):
                 if not queue_rows:
                     report.live = LiveWaste()
                 report.total_s = time.perf_counter() - t0
@@ -173,6 +181,8 @@ class SchedulingPass:
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
             states = self._snapshot(s, views)
+            self._seen = version
+            asks = self.resizer.pin(self._states, self._held, resizing.asked(s))
         if len(self.requests) > 2 * len(queue_rows) + 1000:
             live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
             self.requests = {k: v for k, v in self.requests.items() if k in live}
@@ -184,22 +194,30 @@ class SchedulingPass:
         names = {r.id: r.name for r in queue_rows}
         placements: list[placing.Placement] = []
         preempts: list[tuple[str, str]] = []
+        resizes: list[resizing.ResizeItem] = []
+        waits: dict[str, str] = {}  # workload -> why the size its owner asked for waits
         pending: dict[str, tuple[str, int]] = {}
         left = list(queue)
         t1 = time.perf_counter()
+        assert self.scheduler is not None
         for view in views:
-            if view.topology is None or not left:
+            if view.topology is None:
                 continue
             mine = [r for r in left if r.gpus > 0 and _fits_models(r, view.models)]
-            if not mine:
+            state = states[view.row_id]
+            if asks.get(view.row_id):
+                state = self.resizer.scale(self.scheduler, view, state, asks[view.row_id], resizes, waits)
+            if not mine and state is states[view.row_id] and not self.resizer.growable(self.scheduler, view.row_id,
+                                                                                        state):  # fmt: skip
                 continue
-            result, _ = self.scheduler.cycle(states[view.row_id], mine, seconds(now))  # type: ignore[union-attr]
+            result, _ = self.scheduler.cycle(state, mine, seconds(now))
             placed = set()
             for p in result.placed:
-                placements.append((p.request_id, view, _placement(view, p.gpus), p.reason))
+                placements.append((p.request_id, view, resizing.by_node(view, p.gpus), p.reason))
                 placed.add(p.request_id)
             for pr in result.preempted:
                 preempts.append((pr.allocation_id, _named(pr.reason, names)))
+            resizes += [resizing.item(view, rz, state) for rz in result.resized]
             for pe in result.pending:
                 pending.setdefault(pe.request_id, (pe.reason, pe.position))
             left = [r for r in left if r.id not in placed]
@@ -218,8 +236,10 @@ class SchedulingPass:
         placed_ids, placed_gpus = {p[0] for p in placements}, Counter[str]()
         for _, view, where, _ in placements:
             placed_gpus[view.row_id] += sum(len(g) for g in where.values())
+        for rz in resizes:
+            placed_gpus[rz.view.row_id] += len(rz.gpus) - len(rz.held)
         report.live = live_waste(states, placed_gpus, [r for r in left if r.id not in placed_ids])
-        self._persist(db, now, placements, preempts, pending, report)
+        self._persist(db, now, placements, preempts, resizes, waits, pending, report)
         report.total_s = time.perf_counter() - t0
         return report
 
@@ -274,15 +294,18 @@ class SchedulingPass:
             cid, sched_id = self._held.pop(aid)
             if sched_id in self._states[cid].allocations:
                 self._states[cid].unreserve(sched_id)
+                self.resizer.forget(cid, sched_id)
         new = [a for a in open_ids if a not in self._held]
         where = {name: (v.row_id, i) for v in views if v.topology is not None for i, (name, _, _) in enumerate(v.nodes)}
         w = Workload
         for i in range(0, len(new), 500):
             rows = s.execute(
                 select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli, Allocation.started_at,
-                       w.org_id, w.submitted_at, w.queued_at, w.attempt)
+                       w.org_id, w.submitted_at, w.queued_at, w.attempt, w.scale_to, w.started_at.label("run_start"))
                 .outerjoin(w, w.id == Allocation.workload).where(Allocation.id.in_(new[i : i + 500]))
             ).all()  # fmt: skip
+            # In the order they were placed or resized (the cycle's own order: its grow goes oldest first).
+            rows.sort(key=lambda a: (a.started_at, a.submitted_at or a.started_at, a.id))
             # Most were placed by the last pass: their requests are cached; only the others' specs are read.
             uncached = [a.workload for a in rows if a.workload and self._cached(a) is None]
             specs = placing.specs_of(s, uncached) if uncached else {}
@@ -316,23 +339,25 @@ class SchedulingPass:
             req = spec.to_request(a.workload, seconds(a.submitted_at), a.org_id, queued_since=seconds(a.queued_at))
         else:  # an allocation no workload owns (opened through the API directly)
             req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
-        if req.elastic or req.gpus != len(gpus):
-            # Running work keeps the size it was placed with (resizing it needs a restart the server does not
-            # do yet): the cycle must neither grow it nor shrink it and hand the GPUs it still holds to others.
-            # Its CPU and memory are per GPU of its ask (see `Request`): they scale with the GPUs it holds.
-            n = len(gpus)
-            req = replace(req, gpus=n, min_gpus=None, max_gpus=None, cpu_milli=host_share(req.cpu_milli, n, req.gpus),
-                          memory_mib=host_share(req.memory_mib, n, req.gpus))  # fmt: skip
-        est = req.est_runtime
         sched_id = a.workload or a.id
-        alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(a.started_at), a.milli,
-                                seconds(a.started_at) + est if est else None)  # fmt: skip
+        if req.elastic:
+            self.resizer.asked[sched_id] = req
+        if (req.elastic and a.scale_to is not None) or (not req.elastic and req.gpus != len(gpus)):
+            # Work its owner scaled is held at its size (the cycle must neither grow nor shrink it); running elastic
+            # work is the cycle's to resize (the pass carries that out), at its CPU and memory per GPU of its ask.
+            req = resizing.pinned(req, len(gpus))
+        # A resized run keeps its start (the cycle's grow goes oldest first, LAS counts its service from it).
+        run = a.run_start if a.run_start is not None and a.run_start < a.started_at else a.started_at
+        est = req.est_runtime
+        alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(run), a.milli, seconds(run) + est if est else None)
         try:  # it holds them already: an unhealthy GPU or an exclusive neighbour does not undo that
             self._states[cid].reserve(alloc, restore=True)
         except ValueError as e:  # overlapping rows (a preempted attempt still closing): skip, never crash
             log.warning("snapshot: %s", e)
             return
         self._held[a.id] = (cid, sched_id)
+        if req.elastic:
+            self.resizer.elastic[cid].add(sched_id)
 
     # ---- persisting decisions -----------------------------------------------------------------------------
     def _persist(
@@ -341,18 +366,25 @@ class SchedulingPass:
         now: datetime,
         placements: list[placing.Placement],
         preempts: list[tuple[str, str]],
+        resizes: list[resizing.ResizeItem],
+        waits: dict[str, str],
         pending: dict[str, tuple[str, int]],
         report: PassReport,
     ) -> None:
-        """Preemptions first (their GPUs are what later placements count on), then placements in chunks: each
-        chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
-        not for a whole pass of thousands."""
-        with db.write() as s, s.begin():
-            report.preempted += placing.preempt(s, preempts, now)
+        """Preemptions and resizes first (their GPUs are what later placements count on), then placements in chunks:
+        each chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
+        not for a whole pass of thousands. A resize refused (a grow its org cannot afford) and a size its owner asked
+        for that waits are said once in the workload's events."""
+        if preempts:
+            with db.write() as s, s.begin():
+                report.preempted += placing.preempt(s, preempts, now)
+        if resizes or waits:
+            report.resized = self.resizer.persist(db, now, resizes, waits, self.hold_minutes, self._parsed)
         for i in range(0, len(placements), self.chunk):
             with db.write() as s, s.begin():
                 placed, refused = placing.place_chunk(s, placements[i : i + self.chunk], now,
-                                                      hold_minutes=self.hold_minutes, cache=self._parsed)  # fmt: skip
+                                                      hold_minutes=self.hold_minutes, cache=self._parsed,
+                                                      lengths=self.resizer.lengths)  # fmt: skip
                 if placed:
                     inventory.bump_version(s)
             report.placed += placed
@@ -386,15 +418,6 @@ def _fits_models(r: Request, models: frozenset[str]) -> bool:
         return True
     wanted = {r.gpu_type} if isinstance(r.gpu_type, str) else set(r.gpu_type)
     return bool(wanted & models)
-
-
-def _placement(view: ClusterView, gpus: tuple[int, ...]) -> dict[str, list[int]]:
-    assert view.topology is not None
-    out: dict[str, list[int]] = {}
-    for g in sorted(gpus):
-        i = view.node_of(g)
-        out.setdefault(view.nodes[i][0], []).append(g - view.topology.gpus_of_node(i).start)
-    return out
 
 
 def _cpu_node(views: list[ClusterView]) -> tuple[ClusterView, str] | None:

@@ -9,25 +9,23 @@ retry policy decides whether it queues again.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import socket
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, bindparam, false, func, insert, or_, select, update
+from sqlalchemy import and_, false, func, or_, select
 from sqlalchemy.orm import Session
 
-from suanli.control import health, ledger, metering, proxy, workloads
+from suanli.control import health, ledger, metering, resizing, workloads
+from suanli.control.launches import Launches, _deadline, _length, _plan_end, _read_handle, _write_handle
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import EPOCH, seconds
 from suanli.db.engine import Database
-from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
-from suanli.executors import Executor, Launch, NodeRank, Status, executor
+from suanli.db.models import Allocation, Workload
+from suanli.executors import Executor, Launch, Status, executor
 from suanli.sandbox.bwrap import SandboxError
 from suanli.storage import workdirs
 from suanli.workloads.spec import WorkloadSpec, format_duration
@@ -37,28 +35,24 @@ WATCHED = ("scheduled", "starting", "running")
 LAUNCH_GRACE_S = 120.0  # a `starting` attempt with no handle is lost only after this (longer than a lease)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @dataclass
 class SupervisorReport:
     launched: int = 0
     finished: int = 0
     requeued: int = 0
     stopping: int = 0
+    restarted: int = 0  # resized work whose ranks restarted on its new allocation
 
 
 @dataclass
-class Supervisor:
+class Supervisor(Launches):
     home: Path
     grace_s: float = 10.0
     balance_grace_minutes: float = 5.0
     executors: dict[str, Executor] = field(default_factory=dict)
     chunk: int = 200  # virtual workloads per transaction
     sandboxes: SandboxPolicy = field(default_factory=SandboxPolicy)
+    resize_penalty_s: float = 30.0  # work a virtual run redoes when a resize restarts it (`suanli sim`'s, too)
 
     def executor(self, name: str) -> Executor:
         if name not in self.executors:
@@ -130,18 +124,22 @@ class Supervisor:
         """Record `starting` (committed before any process exists: a crash from here on can never launch the same
         attempt twice) and say what to launch."""
         launch = self._launch_of(s, w)
-        w.started_at = now  # of `starting`, until it runs: how long a launch has been under way
+        if w.restarted_at is not None:  # a resize's restart: the run keeps its start
+            w.restarted_at = now
+        else:
+            w.started_at = now  # of `starting`, until it runs: how long a launch has been under way
         workloads.transition(s, w, "starting", f"launching {len(launch.ranks)} node-rank(s) on the {w.executor} "
                              "executor", now)  # fmt: skip
         return launch
 
     def _start(self, db: Database, wid: str, launch: Launch, now: datetime, report: SupervisorReport) -> None:
         """Launch outside any transaction; the handle goes to a file beside the logs at once (so a server that dies
-        before storing it re-attaches from the file), then into the row."""
+        before storing it re-attaches from the file), then into the row. The handle names its attempt: a resize
+        decided meanwhile (a new attempt on a new allocation) restarts it."""
         with db.read() as s:
             executor_name = s.scalar(select(Workload.executor).where(Workload.id == wid)) or "local"
         try:
-            handle = self.executor(executor_name).launch(launch, seconds(now))
+            handle = {**self.executor(executor_name).launch(launch, seconds(now)), "attempt": launch.attempt}
             _write_handle(launch.log_dir, handle)
         except Exception as e:
             log.exception("launch of %s failed", wid)
@@ -188,7 +186,8 @@ class Supervisor:
             if saved is not None:
                 self._running(s, w, saved, now, "running (re-attached: the server restarted while launching it)")
                 return
-            if w.started_at is not None and (now - w.started_at).total_seconds() < LAUNCH_GRACE_S:
+            since = w.restarted_at or w.started_at
+            if since is not None and (now - since).total_seconds() < LAUNCH_GRACE_S:
                 return  # a launch may still be under way in another process: give it time to write its handle
             self._finish(s, w, Status("lost", None, "the server stopped while launching it"), now, report)
             return
@@ -205,108 +204,62 @@ class Supervisor:
                 w.stop_requested = f"balance exhausted ({broke:.2f}); top up and submit again"
             if w.stop_requested:
                 workloads.event(s, w, f"stopping: {w.stop_requested}", now)
-        if w.stop_requested and "stop_sent" not in w.handle:
-            ex.stop(w.handle, seconds(now))
+        restart = _restarting(w) and alloc is not None and not w.stop_requested
+        if (w.stop_requested or restart) and "stop_sent" not in w.handle:
+            ex.stop(w.handle, seconds(now))  # SIGTERM, then SIGKILL after the grace period
             w.handle = {**w.handle, "stop_sent": seconds(now)}
+            if restart and alloc is not None:
+                workloads.event(s, w, f"stopping its ranks to restart them on {alloc.gpus} GPUs", now)
             report.stopping += 1
         status = ex.poll(w.handle, seconds(now))
-        if status.state != "running":
-            self._finish(s, w, status, now, report)
+        if status.state == "running":
+            return
+        resized = w.handle.get("resized_at", seconds(alloc.started_at) if alloc is not None else None)
+        early = resized is not None and status.ended_at is not None and status.ended_at < resized
+        if restart and alloc is not None and not early:
+            self._restart(s, w, alloc, status, now, report)
+            return
+        if early and _restarting(w) and status.ended_at is not None:  # it ended on its own before the resize
+            resizing.end_early(s, f"{w.id}.{w.handle['attempt']}", EPOCH + timedelta(seconds=status.ended_at))
+        self._finish(s, w, status, now, report)
 
-    def _launch_virtual(self, s: Session, ids: list[str], now: datetime) -> int:
-        """Launch placed workloads on the virtual executor, a chunk at a time: no processes to lose, so one
-        transaction may cover many (thousands launch in a few statements when a big queue is placed at once)."""
-        w = Workload
-        q = (
-            select(w.id, w.state, w.stop_requested, w.spec, w.attempt, w.name, w.predicted_s, Allocation.placement)
-            .join(Allocation, Allocation.id == w.allocation_id)
-            .where(w.id.in_(ids))
-        )
-        if s.get_bind().dialect.name == "postgresql":
-            q = q.with_for_update(of=w.__table__)
-        ex = self.executor("virtual")
-        updates, events = [], []
-        for r in s.execute(q):
-            if r.state != "scheduled" or r.stop_requested:
-                continue
-            spec = WorkloadSpec.model_validate(r.spec)
-            log_dir = workdirs.log_dir(self.home, r.id, r.attempt)  # the virtual executor creates it when it writes
-            ranks = tuple(NodeRank(n, i, tuple(g)) for i, (n, g) in enumerate(r.placement.items()))
-            duration = spec.duration if spec.duration is not None else r.predicted_s
-            launch = Launch(workload_id=r.id, attempt=r.attempt, command=spec.command or "", workdir=log_dir,
-                            env={}, ranks=ranks, log_dir=log_dir, duration_s=duration)  # fmt: skip
-            handle = ex.launch(launch, seconds(now))
-            deadline = _deadline(s, spec, now)
-            ends = now + timedelta(seconds=duration) if duration is not None else None
-            updates.append({"wid": r.id, "h": handle, "t": now, "d": deadline, "e": ends})
-            events += [{"workload_id": r.id, "at": now, "state": "starting",
-                        "reason": f"launching {len(ranks)} node-rank(s) on the virtual executor"},
-                       {"workload_id": r.id, "at": now, "state": "running", "reason": "running"}]  # fmt: skip
-        if updates:
-            t = w.__table__.c
-            s.execute(
-                update(w.__table__).where(t.id == bindparam("wid"))
-                .values(state="running", reason="running", handle=bindparam("h"), started_at=bindparam("t"),
-                        deadline_at=bindparam("d"), ends_at=bindparam("e")),
-                updates,
-            )  # fmt: skip
-            s.execute(insert(WorkloadEvent.__table__), events)
-        return len(updates)
-
-    def _launch_of(self, s: Session, w: Workload) -> Launch:
+    def _restart(
+        self, s: Session, w: Workload, alloc: Allocation, status: Status, now: datetime, report: SupervisorReport
+    ) -> None:
+        """The attempt stopped for a resize has exited: launch the next one on the new allocation, with
+        SUANLI_RESTART_REASON=resize. Not a failure, no retry spent, its place kept; a virtual run goes on with the
+        work it had left (`resizing.rest_of_run`)."""
         spec = WorkloadSpec.model_validate(w.spec)
-        alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
-        placement = alloc.placement if alloc is not None else {}
-        where: dict[str, dict[str, Any]] = {}
-        if w.executor in ("ray", "slurm"):  # the engine's handle of each node, and its address
-            where = dict(s.execute(select(Node.name, Node.labels).where(Node.name.in_(list(placement)))).tuples().all())
-        ranks = tuple(
-            NodeRank(node, i, tuple(int(g) for g in gpus), str((where.get(node) or {}).get("engine_host", "")),
-                     str((where.get(node) or {}).get("address", "")))
-            for i, (node, gpus) in enumerate(placement.items())
-        )  # fmt: skip
-        master = ranks[0].address if ranks and ranks[0].address else "127.0.0.1"
-        log_dir = workdirs.log_dir(self.home, w.id, w.attempt)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        if spec.kind == "instance":
-            cwd = workdirs.instance_disk(self.home, w.id)
-        else:
-            upload = workdirs.upload_dir(self.home, w.id)
-            cwd = upload / spec.workdir if w.has_workdir else upload
-        cwd.mkdir(parents=True, exist_ok=True)
-        sandbox = None
-        if w.executor != "virtual":
-            user = s.get(User, w.user_id)
-            sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
-        command = spec.command or "exec sleep infinity"
-        extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
-        if spec.kind == "instance" and w.executor == "local":  # reachable through the server's proxy
-            access = proxy.prepare_launch(self.home, w, spec, log_dir, command, sandbox is not None,
-                                          sandbox.uid if sandbox is not None else None)  # fmt: skip
-            command, extra_env = access.command, {**extra_env, **access.env}
-            if sandbox is not None and access.mount is not None:
-                sandbox = replace(sandbox, mounts=(*sandbox.mounts, access.mount))
-        return Launch(
-            workload_id=w.id, attempt=w.attempt, command=command, workdir=cwd,
-            env=dict(spec.env), ranks=ranks, log_dir=log_dir, master_addr=master, master_port=free_port(),
-            grace_s=self.grace_s,
-            duration_s=spec.duration if spec.duration is not None else w.predicted_s,
-            extra_env=extra_env, sandbox=sandbox,
-        )  # fmt: skip
+        duration = None
+        if w.executor == "virtual":
+            stopped = status.ended_at if status.ended_at is not None else seconds(now)
+            duration = resizing.rest_of_run(w.handle or {}, stopped, spec, self.resize_penalty_s, _length(w, spec))
+        w.handle, w.exit_code, w.restart_reason, w.restarted_at = None, None, "resize", now
+        workloads.transition(s, w, "scheduled", f"restarting on {alloc.gpus} GPUs (attempt {w.attempt}) after the "
+                             "resize", now)  # fmt: skip
+        report.restarted += 1
+        if w.executor == "virtual":  # no process to start: at once, in this transaction
+            self._launch(s, w, now, report, duration)
 
     def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:
+        """Store the handle (naming its attempt, and how long a whole run lasts on its GPUs); a resize's restart keeps
+        the run's start, so `max_duration` counts from it."""
         spec = WorkloadSpec.model_validate(w.spec)
-        w.handle, w.started_at = handle, now
-        w.deadline_at = _deadline(s, spec, now)
-        duration = spec.duration if spec.duration is not None else w.predicted_s
-        if w.executor == "virtual" and duration is not None:
-            w.ends_at = now + timedelta(seconds=duration)
+        w.handle = {"attempt": w.attempt, "length_s": _length(w, spec), **handle}
+        if w.restarted_at is None or w.started_at is None:
+            w.started_at = now
+        w.deadline_at = _deadline(s, spec, w.started_at)
+        if w.executor == "virtual":
+            duration = handle.get("duration_s")
+            w.ends_at = now + timedelta(seconds=duration) if duration is not None else None
         workloads.transition(s, w, "running", reason, now)
 
-    def _launch(self, s: Session, w: Workload, now: datetime, report: SupervisorReport) -> None:
+    def _launch(
+        self, s: Session, w: Workload, now: datetime, report: SupervisorReport, duration_s: float | None = None
+    ) -> None:
         """In one transaction: for the virtual executor, which starts no process."""
         try:
-            launch = self._launch_of(s, w)
+            launch = self._launch_of(s, w, duration_s)
         except Exception as e:
             self._finish(s, w, Status("exited", None, f"could not start: {e}"), now, report)
             return
@@ -344,8 +297,10 @@ class Supervisor:
                 health.credit_fault(s, w, alloc, now)
         elif asked:
             state, cause, reason = "stopped", None, asked
-        elif status.state == "lost":
+        elif status.state == "lost":  # its node or its supervisor vanished: the platform's fault, not the tenant's
             state, cause, reason = "failed", "node-failure", f"lost: {status.reason}"
+            if alloc is not None:
+                health.credit_fault(s, w, alloc, now, why=reason)
         elif status.exit_code == 0:
             state, cause, reason = "succeeded", None, status.reason or "exit code 0"
         else:
@@ -355,24 +310,16 @@ class Supervisor:
             w.retries += 1
             workloads.transition(s, w, state, reason, now)
             workloads.requeue(s, w, f"retry {w.retries}/{spec.retry.limit} after {cause}: {reason}", now)
+            w.restart_reason = cause
             report.requeued += 1
             return
         workloads.transition(s, w, state, reason, now)
 
 
-def _plan_end(s: Session, spec: WorkloadSpec) -> datetime | None:
-    plan_id = spec.plan_id()
-    plan = s.get(Plan, plan_id) if plan_id else None
-    return plan.ends_at if plan is not None else None
-
-
-def _deadline(s: Session, spec: WorkloadSpec, now: datetime) -> datetime | None:
-    """When the supervisor must look again without being asked: `max_duration` is up, or the plan ends."""
-    times = [now + timedelta(seconds=spec.max_duration)] if spec.max_duration is not None else []
-    end = _plan_end(s, spec)
-    if end is not None:
-        times.append(end)
-    return min(times, default=None)
+def _restarting(w: Workload) -> bool:
+    """A resize gave it a new attempt on a new allocation since the running one was launched: its ranks must restart
+    there. (The allocation of attempt N is `<workload>.<N>`.)"""
+    return w.handle is not None and w.handle.get("attempt", w.attempt) != w.attempt
 
 
 def _over_time(spec: dict, started_at: datetime | None, now: datetime) -> bool:
@@ -385,20 +332,3 @@ def _broke(rate: Decimal | None, balance: Decimal, grace_minutes: float) -> bool
     if not rate or rate <= 0:
         return False
     return balance < -(rate * Decimal(str(grace_minutes)) / 60)
-
-
-HANDLE_FILE = "handle.json"
-
-
-def _write_handle(log_dir: Path, handle: dict[str, Any]) -> None:
-    tmp = log_dir / f".{HANDLE_FILE}.tmp"
-    tmp.write_text(json.dumps(handle), encoding="utf-8")
-    os.replace(tmp, log_dir / HANDLE_FILE)
-
-
-def _read_handle(log_dir: Path) -> dict[str, Any] | None:
-    try:
-        doc = json.loads((log_dir / HANDLE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None

@@ -47,7 +47,7 @@ def transition(s: Session, w: Workload, state: str, reason: str, now: datetime) 
     if state != "pending":
         w.pending_reason, w.queue_position = "", None
     if state in TERMINAL:
-        w.finished_at = now
+        w.finished_at, w.scale_to = now, None
     s.add(WorkloadEvent(workload_id=w.id, at=now, state=state, reason=w.reason))
 
 
@@ -413,10 +413,11 @@ def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = Fa
 
 
 def requeue(s: Session, w: Workload, reason: str, now: datetime) -> None:
-    """Back into the queue. It keeps its place (`submitted_at`); its wait counts from now."""
+    """Back into the queue. It keeps its place (`submitted_at`); its wait counts from now. A size its owner asked
+    for ends with the run: placed again, it is elastic as its spec says."""
     w.queued_at, w.finished_at, w.stop_requested, w.exit_code = now, None, None, None
     w.allocation_id, w.handle, w.executor, w.started_at = None, None, "", None
-    w.deadline_at = w.ends_at = w.predicted_s = None
+    w.deadline_at = w.ends_at = w.predicted_s = w.scale_to = w.restart_reason = w.restarted_at = None
     w.pending_reason = "waiting for the next scheduling cycle"
     transition(s, w, "pending", reason, now)
 

@@ -294,6 +294,7 @@ class Workload(Base):
     __table_args__ = (
         Index("ix_workloads_state", "state", "queued_at"),
         Index("ix_workloads_org_name", "org_id", "name"),
+        Index("ix_workloads_scale_to", "scale_to"),  # the few with a size their owner asked for, each pass
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
@@ -328,7 +329,18 @@ class Workload(Base):
     # or (virtual executor) its run ends. Lets a pass skip thousands of running workloads with one query.
     deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     ends_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
-    predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)  # the perf model's runtime on its placement
+    # How long a whole run lasts on the current allocation's GPUs (virtual executor): the perf model's prediction, or
+    # an elastic spec's `duration` scaled to the GPUs it holds as `suanli sim` scales it. None: the spec's duration.
+    predicted_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Elastic work its owner resized (`suanli scale`): the GPU count it runs at from the next scheduling pass on, and
+    # keeps (the policy no longer grows or shrinks it) until its run ends. None: the policy decides, in the range.
+    scale_to: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Why the next or current launch is a restart, given to its ranks as SUANLI_RESTART_REASON: resize, preemption,
+    # failure, node-failure. None: a first start.
+    restart_reason: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # When a resize last restarted the run's ranks in place (a new attempt on the new allocation; `started_at`, the
+    # run's start, is kept). None: never since it was queued.
+    restarted_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class WorkloadEvent(Base):

@@ -47,6 +47,9 @@ class VirtualExecutor:
             "log_dir": str(launch.log_dir),
             "ranks": [{"node": r.node, "node_rank": r.node_rank, "gpus": list(r.gpus)} for r in launch.ranks],
         }
+        restart = launch.extra_env.get("SUANLI_RESTART_REASON")
+        if restart:  # a restart (a resize's: the rest of the run, on its new GPUs) says so in its log
+            handle["restart"] = restart
         return handle
 
     def _stop_at(self, handle: dict[str, Any]) -> float | None:
@@ -104,8 +107,9 @@ class VirtualExecutor:
         if i == 0:
             nodes = ", ".join(f"{r['node']} ({_gpus(r['gpus'])})" for r in handle["ranks"])
             length = "until stopped" if d is None else f"for {d:g}s"
+            restart = f", restarted after {handle['restart']}" if handle.get("restart") else ""
             return (
-                f"[suanli] virtual run of {handle['workload_id']} (attempt {handle['attempt']}) {length} "
+                f"[suanli] virtual run of {handle['workload_id']} (attempt {handle['attempt']}{restart}) {length} "
                 f"on {len(handle['ranks'])} node(s): {nodes}"
             )
         if i <= steps:

@@ -288,6 +288,55 @@ class Scheduler:
             if want > a.gpu_count:
                 self._resize(work, result, a, want, "grown into idle GPUs")
 
+    # ---- a resize someone asked for (the server's `suanli scale`) ------------------------------------------
+    def resize(
+        self, snapshot: ClusterState, allocation_id: str, gpus: int, verb: str, request: Request | None = None
+    ) -> tuple[Resize | Pending, ClusterState]:
+        """Resize one allocation to `gpus`, as its owner asked; pure like `cycle` (the snapshot is copied).
+
+        A shrink keeps a subset of the GPUs it holds: the nodes it holds most of (the same count on each when the
+        request fixes its node count), so no rank moves to a GPU it did not have. A grow is placed by the placement
+        plugin with the GPUs it holds counted free, as the elastic plugin's `_resize` does (topology-aware; it may
+        move). `request` replaces the allocation's (the server pins the size the owner chose). Returns the
+        decision, or a Pending saying why it cannot be done now, and the state it leads to."""
+        work = snapshot.copy()
+        a = work.allocations[allocation_id]
+        req = request or a.request
+        if gpus < 1 or gpus == a.gpu_count or a.milli != FULL:
+            return Pending(a.id, f"cannot resize {a.gpu_count} whole GPUs to {gpus}", 0), work
+        if gpus < a.gpu_count:
+            chosen = self._subset(work, a, gpus)
+            if chosen is None:
+                return Pending(a.id, f"{gpus} GPUs do not divide over its {req.nodes} nodes", 0), work
+            work.unreserve(a.id)
+            work.reserve(Allocation(a.id, req, chosen, a.start_time, a.milli, a.est_end), restore=True)
+            return Resize(a.id, chosen, f"{verb}: {a.gpu_count} → {gpus}"), work
+        work.unreserve(a.id)
+        placed = self._try(work, req, gpus)
+        if placed.gpus is None:
+            work.reserve(a, restore=True)
+            return Pending(a.id, f"{placed.reason} (counting the {a.gpu_count} it holds)", 0), work
+        new = Allocation(a.id, req, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
+        work.reserve(new)
+        return Resize(a.id, new.gpus, f"{verb}: {a.gpu_count} → {gpus}"), work
+
+    @staticmethod
+    def _subset(work: ClusterState, a: Allocation, gpus: int) -> tuple[int, ...] | None:
+        """`gpus` of the allocation's own GPUs: from the nodes it holds most of (then the lowest), lowest GPUs first;
+        with a fixed node count, the same number on each of its nodes (None when `gpus` does not divide)."""
+        by_node: dict[int, list[int]] = {}
+        for g in sorted(a.gpus):
+            by_node.setdefault(int(work.gpu_node[g]), []).append(g)
+        if a.request.nodes is not None:
+            if gpus % len(by_node):
+                return None
+            per = gpus // len(by_node)
+            return tuple(sorted(g for held in by_node.values() for g in held[:per]))
+        out: list[int] = []
+        for node in sorted(by_node, key=lambda n: (-len(by_node[n]), n)):
+            out += by_node[node][: gpus - len(out)]
+        return tuple(sorted(out))
+
     def _resize(self, work: ClusterState, result: CycleResult, a: Allocation, want: int, verb: str) -> None:
         work.unreserve(a.id)
         placed = self.placer(work, a.request, want)

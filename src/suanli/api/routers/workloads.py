@@ -1,4 +1,4 @@
-"""Jobs and instances: submit, list, describe, logs, stop, start."""
+"""Jobs and instances: submit, list, describe, logs, stop, start, scale."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, StrictInt, model_validator
 from sqlalchemy.orm import Session
 
 from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.billing.money import ZERO
 from suanli.control import logs as workload_logs
-from suanli.control import workloads
+from suanli.control import resizing, workloads
 from suanli.control.errors import Invalid
 from suanli.control.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
+from suanli.workloads.models import MAX_GPUS
 from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
 router = APIRouter(tags=["workloads"])
@@ -95,6 +96,7 @@ class WorkloadOut(Out):
     currency: str
     events: list[EventOut] | None = None
     spec: dict[str, Any] | None = None
+    scale_to: int | None = Field(None, description="the GPU count its owner scaled it to (`suanli scale`), if any")
 
 
 class LogOut(Out):
@@ -130,7 +132,7 @@ def _out(
         rate_per_hour=money(current.rate_per_hour if current is not None and current.stopped_at is None else ZERO),
         currency=currency,
         events=[EventOut(at=e.at, state=e.state, reason=e.reason) for e in events] if events is not None else None,
-        spec=spec if events is not None else None,
+        spec=spec if events is not None else None, scale_to=w.scale_to,
     )  # fmt: skip
 
 
@@ -275,3 +277,18 @@ def start(ref: str, ctx: Auth, body: StartIn = StartIn()) -> WorkloadOut:
     """Start a stopped instance again (it queues; its disk is as it was); `no_gpu`: CPU-only this time."""
     with ctx.db.write() as s, s.begin():
         return _full(s, workloads.start(s, ctx.who, ref, ctx.now, no_gpu=body.no_gpu), ctx)
+
+
+class ScaleIn(In):
+    gpus: StrictInt = Field(ge=1, le=MAX_GPUS, description="GPUs to run on, within the spec's {min, max}")
+
+
+@router.post("/workloads/{ref}/scale")
+@in_thread
+def scale(ref: str, body: ScaleIn, ctx: Auth) -> WorkloadOut:
+    """Resize running elastic work to `gpus` (422 outside its spec's range; 409 for rigid work or work not running).
+    The next scheduling pass carries it out: a shrink keeps a subset of its GPUs, a grow is placed topology-aware or
+    waits (its events say why) until the GPUs are free. Its ranks restart with the new world size and
+    SUANLI_RESTART_REASON=resize; billing is at the new size from that second. It stays at that size until it ends."""
+    with ctx.db.write() as s, s.begin():
+        return _full(s, resizing.scale(s, ctx.who, ref, body.gpus, ctx.now), ctx)

@@ -305,11 +305,13 @@ def test_the_rank_supervisor_imports_little() -> None:
 
 
 def test_registry() -> None:
-    assert NAMES == ("local", "virtual")
+    assert NAMES == ("local", "virtual", "ray", "slurm")
     assert isinstance(executor("local"), LocalExecutor) and executor("local").name == "local"
     assert isinstance(executor("virtual"), VirtualExecutor) and executor("virtual").name == "virtual"
-    with pytest.raises(ValueError, match="unknown executor 'slurm'"):
-        executor("slurm")
+    assert executor("slurm", slurm_conf="/nonexistent/slurm.conf").name == "slurm"  # built without asking Slurm
+    assert executor("ray", address="127.0.0.1:1").name == "ray"  # connects on first use, not when built
+    with pytest.raises(ValueError, match="unknown executor 'kubernetes'"):
+        executor("kubernetes")
 
 
 # -- virtual -------------------------------------------------------------------------------------------

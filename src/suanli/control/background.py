@@ -113,6 +113,8 @@ class WorkloadLoop:
         self.engines.tick(self.db, now, time.monotonic())  # nodes that joined or died, before placing on them
         sched = self.scheduling.run(self.db, now)
         sup = self.supervisor.run(self.db, utcnow())
+        if sup.requeued:  # work was lost, maybe with its node: learn which nodes are gone before placing it again
+            self.engines.kick()
         self.last = (sched, sup)
         self.passes += 1
         self._account(sched, now)

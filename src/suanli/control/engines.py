@@ -211,6 +211,10 @@ class EngineSync:
     _last: float = float("-inf")
     reports: dict[str, SyncReport] = field(default_factory=dict)
 
+    def kick(self) -> None:
+        """Ask the engines at the next tick, however recently they were asked."""
+        self._last = float("-inf")
+
     def tick(self, db: Database, now: datetime, mono: float) -> None:
         if not self.engines or mono - self._last < self.interval_s:
             return

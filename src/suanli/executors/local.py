@@ -132,6 +132,27 @@ def prepare_rank(launch: Launch, rank: NodeRank) -> PreparedRank:
     return PreparedRank(argv, cwd, record)
 
 
+def spawn(prepared: PreparedRank) -> subprocess.Popen[bytes]:
+    """Start a prepared rank's supervisor in a session of its own (it outlives its starter), its output appended to
+    the rank's log."""
+    with open(prepared.record["log_file"], "ab") as out:
+        return subprocess.Popen(prepared.argv, cwd=prepared.cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, close_fds=True, start_new_session=True)  # fmt: skip
+
+
+def record_first_failure(
+    log_dir: Path, failed: list[tuple[float, int, dict[str, Any]]], now: float
+) -> dict[str, Any] | None:
+    """The gang's first failure (earliest, then the lowest rank) among `failed` (when, node-rank, record), written
+    once for every server that polls this attempt: the first writer's stays."""
+    if not failed:
+        return None
+    _, n, record = min(failed, key=lambda f: (f[0], f[1]))
+    path = log_dir / FAILURE_FILE
+    create_exclusive(path, json.dumps({**record, "node_rank": n, "at": now}))
+    return read_json(path) or record
+
+
 class LocalExecutor:
     """Processes on this host. `state_dir` is accepted and unused: all state lives in log_dir and the handle."""
 
@@ -168,16 +189,7 @@ class LocalExecutor:
 
     def _start_rank(self, launch: Launch, rank: NodeRank) -> dict[str, Any]:
         prepared = prepare_rank(launch, rank)
-        with open(prepared.record["log_file"], "ab") as out:
-            proc = subprocess.Popen(
-                prepared.argv,
-                cwd=prepared.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                close_fds=True,
-                start_new_session=True,
-            )
+        proc = spawn(prepared)
         self._children[proc.pid] = proc
         st = proc_stat(proc.pid)
         return {"node_rank": rank.node_rank, "node": rank.node, "pid": proc.pid,
@@ -281,12 +293,7 @@ class LocalExecutor:
                     " (its supervisor was killed, or the host rebooted)"
                 )
                 failed.append((now, n, {"state": "lost", "exit_code": None, "reason": reason}))
-        if not failed:
-            return None
-        _, n, record = min(failed, key=lambda f: (f[0], f[1]))
-        path = Path(handle["log_dir"]) / FAILURE_FILE
-        create_exclusive(path, json.dumps({**record, "node_rank": n, "at": now}))
-        return read_json(path) or record
+        return record_first_failure(Path(handle["log_dir"]), failed, now)
 
     # -- stopping -----------------------------------------------------------------------------------------
 

@@ -9,8 +9,9 @@ the local executor's, and each rank's output goes to `log_dir/rank-N.log`.
 Requirements of the site: log_dir (and the workdir) are on a filesystem every node and the server share (the Slurm
 site's shared home or data directory), and the server's Python (with suanli installed) is at the same path on every
 node: the launch files, the plan, the exit codes and the stop file all pass through log_dir. The job gets none of
-the server's environment but BATCH_ENV (PATH, HOME, locale; `sbatch --export=NONE`, so nothing else is stored by
-slurmctld either), Slurm's own SLURM_* variables, and the launch file's env, as rankrun builds it.
+the server's environment but BATCH_ENV (PATH, HOME, locale; `sbatch --export=NIL`, so nothing else is stored by
+slurmctld, and unlike NONE no login shell is run on the node to fetch the user's environment), Slurm's own SLURM_*
+variables, and the launch file's env, as rankrun builds it.
 
 GPUs: suanli's chosen indices reach the job as CUDA_VISIBLE_DEVICES from the launch file, replacing the one Slurm
 sets for its own gres choice. Slurm 22.05 cannot be asked for particular GPU indices, so its choice (recorded per
@@ -64,6 +65,7 @@ from suanli.executors.local import (
     describe_exit,
     prepare_rank,
     read_json,
+    record_first_failure,
 )
 from suanli.executors.rankrun import write_atomic
 from suanli.executors.slurm_cli import JOB_PREFIX, SlurmCLI, SlurmError, discover
@@ -154,7 +156,7 @@ class SlurmExecutor:
         for i, comp in enumerate(components):
             if i:
                 args.append(":")
-            args += [f"--job-name={name}", "--no-requeue", "--export=NONE", f"--chdir={log_dir}",
+            args += [f"--job-name={name}", "--no-requeue", "--export=NIL", f"--chdir={log_dir}",
                      f"--output={log_dir}/slurm-%j.out", f"--error={log_dir}/slurm-%j.err", *comp["args"]]  # fmt: skip
         out = self.cli.run("sbatch", [*args, str(script)])
         job_id = out.strip().split(";", 1)[0]
@@ -319,12 +321,7 @@ exit $rc
                                                                   "reason": why + where}))  # fmt: skip
             elif code is None and (lost := _read_text(rank["lost_file"])):
                 failed.append((_mtime(rank["lost_file"], now), n, {"state": "lost", "exit_code": None, "reason": lost}))
-        if not failed:
-            return None
-        _, n, record = min(failed, key=lambda f: (f[0], f[1]))
-        path = Path(handle["log_dir"]) / FAILURE_FILE
-        create_exclusive(path, json.dumps({**record, "node_rank": n, "at": now}))
-        return read_json(path) or record
+        return record_first_failure(Path(handle["log_dir"]), failed, now)
 
     def _exited(self, handle: dict[str, Any], failure: dict[str, Any] | None, stop: dict[str, Any] | None) -> Status:
         note = " (stop requested)" if stop is not None and stop.get("by") == "user" else ""

@@ -82,8 +82,17 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                                               "ports": [web_port + 1 if web_port < 65535 else 1024]})  # fmt: skip
         for who, wid in ((tenant, lab_box), (tenant, plain_box), (mallory, mallory_box)):
             _wait_running(http, who, wid)
-        yield World(srv, http, tenant, mallory, adm, lab_box, plain_box, mallory_box, web_port)
-        http.close()
+        try:
+            yield World(srv, http, tenant, mallory, adm, lab_box, plain_box, mallory_box, web_port)
+        finally:  # instances outlive the server process (a restarted server re-attaches): stop them
+            for who, wid in ((tenant, lab_box), (tenant, plain_box), (mallory, mallory_box)):
+                http.post(f"/api/v1/workloads/{wid}/stop", headers=who.headers)
+            deadline = time.monotonic() + 30
+            for who, wid in ((tenant, lab_box), (tenant, plain_box), (mallory, mallory_box)):
+                while time.monotonic() < deadline and http.get(f"/api/v1/workloads/{wid}",
+                                                               headers=who.headers).json()["state"] == "running":  # fmt: skip
+                    time.sleep(0.3)
+            http.close()
 
 
 def _link(world: World, who: Tenant, wid: str, port: int | None = None) -> httpx.Response:

@@ -45,9 +45,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object
             _wait_running(http, tenant, wid)
         try:
             yield {"srv": srv, "http": http, "tenant": tenant, "box": box, "other": other, "port": port}
-        finally:
+        finally:  # instances outlive the server process: stop them
             for wid in (box, other):
                 http.post(f"/api/v1/workloads/{wid}/stop", headers=tenant.headers)
+            deadline = time.monotonic() + 30
+            for wid in (box, other):
+                while time.monotonic() < deadline and http.get(f"/api/v1/workloads/{wid}",
+                                                               headers=tenant.headers).json()["state"] == "running":  # fmt: skip
+                    time.sleep(0.3)
             http.close()
 
 

@@ -248,7 +248,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     uploads = {f"{API}/workloads": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads)
     if settings.proxy_url:
-        from suanli.api.proxy import InstanceOrigins
+        from suanli.api.proxy_origins import InstanceOrigins
 
         app.add_middleware(InstanceOrigins, proxy_url=settings.proxy_url)
     return app

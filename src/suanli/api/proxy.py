@@ -23,15 +23,14 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 from fastapi import Request, WebSocket
 from fastapi.concurrency import run_in_threadpool
 from starlette.background import BackgroundTask
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.responses import Response, StreamingResponse
 
+from suanli.api.proxy_headers import BadGateway, cross_site, downstream_headers, raw_target, upstream_headers
 from suanli.control import proxy
 from suanli.control.errors import Forbidden, ServiceError
 from suanli.control.ids import utcnow
@@ -39,9 +38,6 @@ from suanli.db.engine import Database
 from suanli.sandbox.listeners import host_listener, owned_listener
 
 log = logging.getLogger("suanli.proxy")
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-                        "trailers", "transfer-encoding", "upgrade", "host"})  # fmt: skip
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 GRANT_TTL_S = 10.0  # a session, its membership and the workload's place are re-read this often
 CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 300.0  # long polls and slow notebooks; kernels talk over WebSockets
@@ -154,7 +150,9 @@ class ProxyState:
         """The client and the URL of one request upstream. The URL is built from parts, never by pasting text: the
         port is the one checked, whatever the path holds."""
         if up.socket is not None:
-            return self._socket(up).client, httpx.URL(scheme="http", host="jupyter", raw_path=_raw(raw_path, query))
+            return self._socket(up).client, httpx.URL(
+                scheme="http", host="jupyter", raw_path=raw_target(raw_path, query)
+            )
         addr = await self._port_address(up)
         if self.tcp is None:
             # No keep-alive: a pooled connection would outlive the check that its listener is this workload's
@@ -162,7 +160,7 @@ class ProxyState:
             # requests would go down it).
             self.tcp = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                                          limits=httpx.Limits(max_keepalive_connections=0))  # fmt: skip
-        return self.tcp, httpx.URL(scheme="http", host=addr, port=up.port, raw_path=_raw(raw_path, query))
+        return self.tcp, httpx.URL(scheme="http", host=addr, port=up.port, raw_path=raw_target(raw_path, query))
 
     async def raw_socket(self, up: proxy.Upstream) -> socket.socket:
         """A connected socket to the upstream, for a WebSocket."""
@@ -197,107 +195,6 @@ async def _close_later(sock: _Socket, delay: float = 30.0) -> None:
     await sock.client.aclose()
     with contextlib.suppress(OSError):
         os.close(sock.fd)
-
-
-# ---- headers ------------------------------------------------------------------------------------------------------
-def _raw(path: bytes, query: bytes) -> bytes:
-    path = path if path.startswith(b"/") else b"/" + path
-    return path + (b"?" + query if query else b"")
-
-
-def strip_cookie(header: str) -> str:
-    """The Cookie header without the proxy's own session cookie: the instance never sees it. Split by hand: a
-    cookie parser gives up on a header with one malformed pair, which the instance itself can plant."""
-    parts = [p.strip() for p in header.split(";")]
-    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != proxy.COOKIE)
-
-
-def cross_site(headers: Any, method: str) -> bool:
-    """A state-changing request another site made the browser send (the session cookie is SameSite=Strict, so
-    this is defence in depth), or a WebSocket opened from another origin."""
-    site = headers.get("sec-fetch-site")
-    if method not in SAFE_METHODS and site not in (None, "same-origin", "none"):
-        return True
-    origin = headers.get("origin")
-    if origin and method not in SAFE_METHODS:
-        return urlsplit(origin).netloc.lower() != (headers.get("host") or "").lower()
-    return False
-
-
-def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, scheme: str, prefix: str,
-                     body: bool) -> dict[str, str]:  # fmt: skip
-    """What the instance is told. Never: the proxy's session cookie, an Authorization header (a reverse proxy's
-    or another service's credentials), hop-by-hop headers; a body's length only when a body goes with it."""
-    out: dict[str, str] = {}
-    for k, v in request_headers.items():
-        lk = k.lower()
-        if lk in HOP_BY_HOP or lk.startswith("sec-websocket") or lk == "authorization":
-            continue
-        if not body and lk == "content-length":
-            continue
-        out[lk] = strip_cookie(v) if lk == "cookie" else v
-    out["host"] = request_headers.get("host", "localhost")
-    if up.socket is not None:
-        out["authorization"] = f"token {up.token}"
-    out["x-forwarded-for"] = client
-    out["x-forwarded-proto"] = scheme
-    out["x-forwarded-host"] = out["host"]
-    out["x-forwarded-prefix"] = prefix
-    return out
-
-
-def _cookie(value: str, scope: str) -> str | None:
-    """An upstream's Set-Cookie, confined to the instance: none named like the proxy's session, no Domain, and a
-    Path inside `scope` (a service at / that sets Path=/ means its own prefix)."""
-    pair, *attrs = value.split(";")
-    if pair.split("=", 1)[0].strip() == proxy.COOKIE:
-        return None
-    kept = []
-    for a in attrs:
-        key = a.split("=", 1)[0].strip().lower()
-        if key == "domain":
-            continue
-        if key == "path":
-            path = a.split("=", 1)[1].strip() if "=" in a else "/"
-            if not path.startswith(scope):
-                path = scope + path.lstrip("/")
-            kept.append(f" Path={path}")
-            continue
-        kept.append(a)
-    if not any(a.strip().lower().startswith("path=") for a in kept):
-        kept.append(f" Path={scope}")
-    return ";".join([pair, *kept])
-
-
-def downstream_headers(headers: httpx.Headers, prefix: str, scope: str, host: str,
-                       rewrite_location: bool) -> list[tuple[bytes, bytes]]:  # fmt: skip
-    """What the browser is told. A tenant's service answers on the server's origin, so nothing may reach beyond
-    the instance: no service worker scope wider than its script's, cookies confined (`_cookie`), no redirect off
-    this server."""
-    out = []
-    for k, v in headers.multi_items():
-        lk = k.lower()
-        if lk in HOP_BY_HOP or lk == "service-worker-allowed":
-            continue
-        if lk == "set-cookie":
-            confined = _cookie(v, scope)
-            if confined is None:
-                continue
-            v = confined
-        if lk == "location":
-            target = urlsplit(v)
-            if v.startswith("//") or (target.netloc and target.netloc.lower() != host.lower()):
-                raise BadGateway("the service redirected off this server")
-            if rewrite_location and v.startswith("/"):
-                v = prefix + v  # a service at / that redirects to /x means /i/<id>/port/N/x
-        out.append((lk.encode("latin-1"), v.encode("latin-1")))
-    return out
-
-
-class BadGateway(ServiceError):
-    """The instance's service answered something the proxy will not pass on, or broke off."""
-
-    status = 502
 
 
 # ---- HTTP ---------------------------------------------------------------------------------------------------------
@@ -337,7 +234,7 @@ async def forward_http(
 async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
     """The body as it comes; a service that breaks off mid-body ends the response (the browser sees it cut)."""
     try:
-        async for chunk in resp.aiter_raw():
+        async for chunk in resp.aiterraw_target():
             yield chunk
     except httpx.TransportError as e:
         log.info("proxy: upstream broke off mid-body: %s", e)
@@ -370,7 +267,7 @@ async def forward_ws(
     headers.pop("origin", None)
     offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
     host = ws.headers.get("host", "localhost")
-    uri = f"ws://{host}{_raw(raw_path, ws.scope.get('query_string', b'')).decode('latin-1')}"
+    uri = f"ws://{host}{raw_target(raw_path, ws.scope.get('query_string', b'')).decode('latin-1')}"
     try:
         upstream = await connect(uri, sock=sock, additional_headers=headers, origin=ws.headers.get("origin"),  # type: ignore[arg-type]
                                  subprotocols=offered or None, max_size=WS_MAX_MESSAGE, max_queue=1,  # type: ignore[arg-type]
@@ -425,44 +322,3 @@ async def forward_ws(
         await upstream.close()
         with contextlib.suppress(Exception):
             await ws.close(code=1008)
-
-
-# ---- one origin per instance --------------------------------------------------------------------------------------
-class InstanceOrigins:
-    """With a `proxy_url` (`https://{id}.i.example.com`), every instance's pages are served on its own origin and
-    nowhere else: a request on an instance's host may only be for that instance's `/i/<id>/…`, and `/i/` on any
-    other host is not found. A tenant's page then shares cookies, storage and service workers with nobody's."""
-
-    def __init__(self, app: ASGIApp, proxy_url: str) -> None:
-        self.app = app
-        netloc = urlsplit(proxy_url).netloc.lower()
-        self.suffix = netloc.removeprefix("{id}")  # ".i.example.com[:port]"
-
-    def _host(self, scope: Scope) -> str:
-        for k, v in scope.get("headers") or []:
-            if k == b"host":
-                return v.decode("latin-1").lower()
-        return ""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        host, path = self._host(scope), scope.get("path", "")
-        label = host[: -len(self.suffix)] if self.suffix and host.endswith(self.suffix) else None
-        wid = proxy.workload_of_host_label(label) if label else None
-        if label is not None:  # a request on an instance's own origin
-            if wid is None or not (path == f"/i/{wid}" or path.startswith(f"/i/{wid}/")):
-                await _not_found(scope, receive, send, "not found on this instance's origin")
-                return
-        elif path.startswith("/i/"):
-            await _not_found(scope, receive, send, "instances are served at their own origin (see the link's host)")
-            return
-        await self.app(scope, receive, send)
-
-
-async def _not_found(scope: Scope, receive: Receive, send: Send, message: str) -> None:
-    if scope["type"] == "websocket":
-        await send({"type": "websocket.close", "code": 1008})
-        return
-    await JSONResponse({"detail": message}, status_code=404)(scope, receive, send)

@@ -1,0 +1,121 @@
+"""What passes between the browser and an instance through the proxy, header by header.
+
+A tenant's service answers on the server's origin (unless each instance has its own, `proxy_url`), and it sees
+what the browser sends: so the instance is never told the proxy's session cookie or any credentials, and the
+browser is never told anything that reaches beyond the instance (a wider service worker scope, cookies outside its
+prefix, a redirect off the server).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from suanli.control import proxy
+from suanli.control.errors import ServiceError
+
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
+                        "trailers", "transfer-encoding", "upgrade", "host"})  # fmt: skip
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+class BadGateway(ServiceError):
+    """The instance's service answered something the proxy will not pass on, or broke off."""
+
+    status = 502
+
+
+def raw_target(path: bytes, query: bytes) -> bytes:
+    path = path if path.startswith(b"/") else b"/" + path
+    return path + (b"?" + query if query else b"")
+
+
+def strip_cookie(header: str) -> str:
+    """The Cookie header without the proxy's own session cookie: the instance never sees it. Split by hand: a
+    cookie parser gives up on a header with one malformed pair, which the instance itself can plant."""
+    parts = [p.strip() for p in header.split(";")]
+    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != proxy.COOKIE)
+
+
+def cross_site(headers: Any, method: str) -> bool:
+    """A state-changing request another site made the browser send (the session cookie is SameSite=Strict, so
+    this is defence in depth), or a WebSocket opened from another origin."""
+    site = headers.get("sec-fetch-site")
+    if method not in SAFE_METHODS and site not in (None, "same-origin", "none"):
+        return True
+    origin = headers.get("origin")
+    if origin and method not in SAFE_METHODS:
+        return urlsplit(origin).netloc.lower() != (headers.get("host") or "").lower()
+    return False
+
+
+def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, scheme: str, prefix: str,
+                     body: bool) -> dict[str, str]:  # fmt: skip
+    """What the instance is told. Never: the proxy's session cookie, an Authorization header (a reverse proxy's
+    or another service's credentials), hop-by-hop headers; a body's length only when a body goes with it."""
+    out: dict[str, str] = {}
+    for k, v in request_headers.items():
+        lk = k.lower()
+        if lk in HOP_BY_HOP or lk.startswith("sec-websocket") or lk == "authorization":
+            continue
+        if not body and lk == "content-length":
+            continue
+        out[lk] = strip_cookie(v) if lk == "cookie" else v
+    out["host"] = request_headers.get("host", "localhost")
+    if up.socket is not None:
+        out["authorization"] = f"token {up.token}"
+    out["x-forwarded-for"] = client
+    out["x-forwarded-proto"] = scheme
+    out["x-forwarded-host"] = out["host"]
+    out["x-forwarded-prefix"] = prefix
+    return out
+
+
+def _cookie(value: str, scope: str) -> str | None:
+    """An upstream's Set-Cookie, confined to the instance: none named like the proxy's session, no Domain, and a
+    Path inside `scope` (a service at / that sets Path=/ means its own prefix)."""
+    pair, *attrs = value.split(";")
+    if pair.split("=", 1)[0].strip() == proxy.COOKIE:
+        return None
+    kept = []
+    for a in attrs:
+        key = a.split("=", 1)[0].strip().lower()
+        if key == "domain":
+            continue
+        if key == "path":
+            path = a.split("=", 1)[1].strip() if "=" in a else "/"
+            if not path.startswith(scope):
+                path = scope + path.lstrip("/")
+            kept.append(f" Path={path}")
+            continue
+        kept.append(a)
+    if not any(a.strip().lower().startswith("path=") for a in kept):
+        kept.append(f" Path={scope}")
+    return ";".join([pair, *kept])
+
+
+def downstream_headers(headers: httpx.Headers, prefix: str, scope: str, host: str,
+                       rewrite_location: bool) -> list[tuple[bytes, bytes]]:  # fmt: skip
+    """What the browser is told. A tenant's service answers on the server's origin, so nothing may reach beyond
+    the instance: no service worker scope wider than its script's, cookies confined (`_cookie`), no redirect off
+    this server."""
+    out = []
+    for k, v in headers.multi_items():
+        lk = k.lower()
+        if lk in HOP_BY_HOP or lk == "service-worker-allowed":
+            continue
+        if lk == "set-cookie":
+            confined = _cookie(v, scope)
+            if confined is None:
+                continue
+            v = confined
+        if lk == "location":
+            target = urlsplit(v)
+            if v.startswith("//") or (target.netloc and target.netloc.lower() != host.lower()):
+                raise BadGateway("the service redirected off this server")
+            if rewrite_location and v.startswith("/"):
+                v = prefix + v  # a service at / that redirects to /x means /i/<id>/port/N/x
+        out.append((lk.encode("latin-1"), v.encode("latin-1")))
+    return out

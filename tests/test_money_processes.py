@@ -92,6 +92,19 @@ class Spawner:
         self.proc.communicate(timeout=30)
 
 
+def usage_count(db: Database) -> int:
+    with db.read() as s:
+        return int(s.scalar(select(func.count()).where(LedgerTransaction.kind == "usage")) or 0)
+
+
+def wait_for_charges(db: Database, more_than: int, timeout_s: float) -> None:
+    """Until a running worker has posted a charge (the count grows), so that it is killed in the middle of work."""
+    deadline = time.monotonic() + timeout_s
+    while usage_count(db) <= more_than:
+        assert time.monotonic() < deadline, "no worker posted a charge"
+        time.sleep(0.02)
+
+
 def open_allocations(db: Database, org: str, user: str, n: int, rng: random.Random, back_s: float) -> list[str]:
     """`n` running allocations started up to `back_s` ago (ms grid), with rates that do not divide evenly."""
     now = ms(utcnow())
@@ -179,6 +192,8 @@ def test_metering_survives_kill_9_at_random_moments(db: Database, db_url: str) -
     try:
         for i in range(12):  # a new worker each time: every other one reuses an owner id, the rest are new
             pid = spawner.ask(f"spawn {db_url} {'same' if i % 2 else f'w{i}'} {' '.join(args)}")["pid"]
+            if i % 4 == 3:  # on a slow machine no worker might get past connecting in 0.4 s: some must do work
+                wait_for_charges(db, more_than=usage_count(db), timeout_s=30)
             time.sleep(rng.uniform(0.05, 0.4))
             # It must have been running: a worker that died of an error would pass a bug off as a crash.
             assert spawner.ask(f"kill {pid}") == {"alive": True, "signal": signal.SIGKILL, "exit": None}
@@ -186,9 +201,7 @@ def test_metering_survives_kill_9_at_random_moments(db: Database, db_url: str) -
                 assert audit(s, 1) == []
     finally:
         spawner.close()
-    with db.read() as s:
-        charged_before = s.scalar(select(func.count()).where(LedgerTransaction.kind == "usage"))
-    assert charged_before > 0  # the killed workers did get work done
+    assert usage_count(db) > 0  # the killed workers did get work done
     stop = ms(utcnow()) + timedelta(seconds=1)
     stops = {alloc: stop + timedelta(milliseconds=37 * i) for i, alloc in enumerate(ids)}
     with db.write() as s, s.begin():

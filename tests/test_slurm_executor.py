@@ -232,8 +232,10 @@ def test_a_job_pending_on_taken_nodes_says_so_then_is_lost(slurm: SlurmCluster, 
     while "JobState=RUNNING" not in slurm.run("scontrol", "-o", "show", "job", outsider).stdout:
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    ex = SlurmExecutor(str(slurm.conf), pending_timeout_s=3.0)
+    # Long enough for slurmctld to have looked at the job (its reason is "None" until then) on a busy machine.
+    ex = SlurmExecutor(str(slurm.conf), pending_timeout_s=8.0)
     handle = ex.launch(make_launch(tmp_path, "true", (rank("node3", 0, (0,)),)), time.time())
+    deadline = time.monotonic() + 8
     while (st := ex.poll(handle, time.time())).reason in ("", "pending in Slurm: None"):
         assert time.monotonic() < deadline
         time.sleep(0.2)

@@ -234,7 +234,7 @@ async def forward_http(
 async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
     """The body as it comes; a service that breaks off mid-body ends the response (the browser sees it cut)."""
     try:
-        async for chunk in resp.aiterraw_target():
+        async for chunk in resp.aiter_raw():
             yield chunk
     except httpx.TransportError as e:
         log.info("proxy: upstream broke off mid-body: %s", e)

@@ -7,7 +7,7 @@ import pytest
 from suanli.topology import presets
 from suanli.topology.spec import parse
 from suanli.workloads import parse_spec
-from suanli.workloads.runtime import predicted_runtime
+from suanli.workloads.runtime import RUNTIME_CAP_S, predicted_runtime
 
 CLUSTER = parse(presets.preset_spec("h20-roce800-128"))
 
@@ -36,3 +36,14 @@ def test_more_gpus_of_one_job_finish_sooner() -> None:
 @pytest.mark.parametrize(("tokens", "model"), [(None, "llama3.1-8b"), (1e6, None)])
 def test_without_a_model_and_a_token_count_there_is_no_prediction(tokens: float | None, model: str | None) -> None:
     assert predicted_runtime(spec(tokens, model=model), CLUSTER, range(8)) is None  # type: ignore[arg-type]
+
+
+def test_the_longest_run_the_edge_accepts_still_fits_in_a_date() -> None:
+    """1e15 tokens (the spec's bound) on one GPU is ~10^11 s by the model: capped, so `now + runtime` is a date."""
+    from datetime import datetime, timedelta
+
+    one_gpu = predicted_runtime(spec(1e15, 1), CLUSTER, range(1))  # type: ignore[arg-type]
+    assert one_gpu == RUNTIME_CAP_S
+    assert datetime(2026, 1, 1) + timedelta(seconds=one_gpu) < datetime(2037, 1, 1)
+    shorter = predicted_runtime(spec(1e9, 1), CLUSTER, range(1))  # type: ignore[arg-type]
+    assert shorter is not None and shorter < RUNTIME_CAP_S  # the cap does not touch ordinary runs

@@ -8,6 +8,7 @@ enforced here, not in the routers: `org_for` returns an org only to its members 
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -197,10 +198,30 @@ def orgs_of(s: Session, who: Principal) -> list[tuple[Org, str]]:
     return [(o, r) for o, r in rows]
 
 
+ID_SHAPE = re.compile(r"[a-z]+_[0-9a-f]{16}", re.IGNORECASE)  # what `new_id` makes: `org_…`, `usr_…`, `wl_…`
+
+
+def org_name_problem(name: str) -> str | None:
+    """Why `name` cannot name a team org, or None. Ids and emails are refused because operators find orgs by id or
+    by a personal org's email: a team named after either would receive what was meant for it. Control, format
+    (U+200B, U+202E) and line-separator characters are refused because they make one name look like another."""
+    if not 1 <= len(name) <= 128:
+        return "1 to 128 characters"
+    if ID_SHAPE.fullmatch(name):
+        return "must not look like an id (prefix_ and 16 hex digits)"
+    if "@" in name:
+        return "must not contain @ (personal organisations are named after emails)"
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"must not contain control or invisible characters (U+{ord(bad):04X})"
+    return None
+
+
 def create_org(s: Session, who: Principal, name: str, now: datetime) -> Org:
     name = name.strip()
-    if not 1 <= len(name) <= 128:
-        raise Invalid("name: 1 to 128 characters")
+    problem = org_name_problem(name)
+    if problem is not None:
+        raise Invalid(f"name: {problem}")
     if s.scalar(select(Org.id).where(Org.name == name)):
         raise Conflict(f"name: an organisation called {name!r} exists")
     org = Org(id=new_id("org"), name=name, personal=False, created_at=now)
@@ -275,8 +296,9 @@ def set_admin(s: Session, user_id: str, admin: bool) -> User:
 
 
 def org_by_ref(s: Session, ref: str) -> Org:
-    """An org by id or by name (a personal org is named after its user's email), for operators."""
-    row = s.scalar(select(Org).where((Org.id == ref) | (Org.name == ref)))
+    """An org by id, or else by name (a personal org is named after its user's email), for operators."""
+    where = Org.id == ref if ID_SHAPE.fullmatch(ref) else Org.name == ref  # an id is only ever an id
+    row = s.scalar(select(Org).where(where))
     if row is None:
         raise NotFound(f"organisation {ref} not found")
     return row

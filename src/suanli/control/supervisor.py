@@ -81,8 +81,10 @@ class Supervisor(Launches):
             try:
                 with db.write() as s, s.begin():
                     report.launched += self._launch_virtual(s, launch[i : i + self.chunk], now)
-            except Exception:  # left scheduled: the per-workload path below tries again next pass
+            except Exception:  # a bad chunk: each of its workloads alone, so one's trouble cannot stop the others
                 log.exception("launching virtual workloads failed")
+                for one in launch[i : i + self.chunk]:
+                    self._launch_virtual_alone(db, one, now, report)
         batch = [r.id for r in rows if r.executor == "virtual" and r.id not in launching]
         single = [[r.id] for r in rows if r.executor != "virtual"]
         for ids in [*single, *(batch[i : i + self.chunk] for i in range(0, len(batch), self.chunk))]:
@@ -97,6 +99,24 @@ class Supervisor(Launches):
                         except Exception:
                             log.exception("supervising %s failed", one)
         return report
+
+    def _launch_virtual_alone(self, db: Database, wid: str, now: datetime, report: SupervisorReport) -> None:
+        """One virtual workload in its own transaction; one that cannot launch (a run length no date holds) ends as
+        unable to start, its allocation closed at once, instead of failing every pass."""
+        try:
+            with db.write() as s, s.begin():
+                report.launched += self._launch_virtual(s, [wid], now)
+            return
+        except Exception as e:
+            log.exception("launching %s failed", wid)
+            why = f"could not start: {type(e).__name__}: {e}"
+        try:
+            with db.write() as s, s.begin():
+                w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
+                if w is not None and w.state == "scheduled":
+                    self._finish(s, w, Status("exited", None, why[:500]), now, report)
+        except Exception:
+            log.exception("ending %s failed", wid)
 
     def _steps(
         self, db: Database, ids: list[str], now: datetime, broke: dict[str, Decimal], report: SupervisorReport

@@ -268,7 +268,8 @@ class ModelSpec(BaseModel):
 
     preset: str
     precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
-    tokens: Annotated[float, Field(gt=0, allow_inf_nan=False, strict=True)] | None = None
+    # At most 1e15 tokens (~70× the largest public pre-training runs): a bound every predicted runtime can hold.
+    tokens: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False, strict=True)] | None = None
 
     @field_validator("preset")
     @classmethod

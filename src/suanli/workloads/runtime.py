@@ -2,7 +2,8 @@
 model and token count runs `tokens / tokens_per_s` of the fastest parallel plan that fits on those GPUs.
 
 Virtual nodes run a workload for exactly this long (unless it declares `duration`), so a scattered gang of the
-same job finishes later than a compact one, as it would on real hardware. Pure.
+same job finishes later than a compact one, as it would on real hardware. A run longer than RUNTIME_CAP_S (ten
+years: work that will be stopped long before) is said to last that long, so every prediction fits in a date. Pure.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import numpy as np
 from suanli.perf import Placement, PlanError, TrainJob, model_preset, search
 from suanli.topology import Cluster
 from suanli.workloads.models import WorkloadSpec
+
+RUNTIME_CAP_S = 10 * 365 * 86400.0
 
 
 def predicted_runtime(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int]) -> float | None:
@@ -28,7 +31,7 @@ def predicted_runtime(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int])
         return None
     if best.tokens_per_s <= 0:
         return None
-    return float(model.tokens / best.tokens_per_s)
+    return min(RUNTIME_CAP_S, float(model.tokens / best.tokens_per_s))
 
 
 def load_profile(spec: WorkloadSpec, cluster: Cluster, gpus: Sequence[int]) -> tuple[float, float] | None:

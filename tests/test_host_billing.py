@@ -330,7 +330,7 @@ def test_migration_0008_adds_host_columns_keeping_allocations_and_their_rates(db
                      "'w', 'H20', 2, 1000, 'on-demand', 17.5, '{}', :t, 60, false, 0.29166667)"),
                 {"t": "2026-01-01 00:00:00"},
             )  # fmt: skip
-        migrate(db.engine)
+        migrate(db.engine, "0008")  # (0012 then turns SQLite's REALs into integer units: tests/test_money_exact.py)
 
         def rows() -> tuple[Any, Any]:
             with db.engine.connect() as c:

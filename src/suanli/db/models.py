@@ -1,7 +1,8 @@
 """The control plane's tables.
 
-Money is `Numeric(20, 8)`: exact, to the ledger's internal precision. Balances are derived from ledger
-entries; `account_balances` is a running sum kept in the same transaction as the entries, so a balance
+Money is exact on both databases, to the ledger's internal precision (1e-8): `Numeric(20, 8)` on PostgreSQL, and
+on SQLite (whose NUMERIC affinity stores REAL, a float) an INTEGER count of 1e-8 units, so that sums and the running
+balance's `balance + amount` are integer arithmetic in SQL (`Money`). Balances are derived from ledger entries; `account_balances` is a running sum kept in the same transaction as the entries, so a balance
 read is one row, and `control.ledger.recompute` can always check it against the entries.
 Rows that background loops work on carry lease columns (`lock_owner`, `lock_expires_at`).
 """
@@ -31,7 +32,39 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-MONEY = Numeric(20, 8)
+UNITS = 10**8  # 1e-8 of the currency unit: billing.money.INTERNAL
+MONEY_LIMIT = Decimal(2**63 - 1) / UNITS  # what SQLite's 64-bit integers hold: ¥92 billion, per value and per sum
+
+
+class Money(TypeDecorator[Decimal]):
+    """A money amount: Numeric(20, 8) on PostgreSQL; on SQLite an INTEGER of 1e-8 units (never a REAL). Amounts
+    with more than 8 decimals are refused rather than rounded here: the ledger quantizes before it writes."""
+
+    impl = Numeric(20, 8)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Any) -> Any:
+        return dialect.type_descriptor(BigInteger() if dialect.name == "sqlite" else Numeric(20, 8))
+
+    def process_bind_param(self, value: Any, dialect: Any) -> Any:
+        if value is None or dialect.name != "sqlite":
+            return value
+        if isinstance(value, float):
+            raise TypeError("money must be Decimal or int, not float")
+        units = Decimal(value) * UNITS
+        if units != units.to_integral_value():
+            raise ValueError(f"money with more than 8 decimals: {value}")
+        return int(units)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Decimal | None:
+        if value is None:
+            return None
+        if dialect.name != "sqlite":
+            return Decimal(value)
+        return Decimal(int(value)).scaleb(-8)
+
+
+MONEY = Money()
 
 
 class UTCDateTime(TypeDecorator[datetime]):

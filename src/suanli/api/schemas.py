@@ -8,13 +8,21 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from suanli.billing.money import INTERNAL
 from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR
 from suanli.workloads.models import parse_memory_mib
 
-Amount = Decimal
+
+def _not_float(value: object) -> object:
+    """JSON numbers with a fraction are floats before pydantic sees them: 0.1 is not exactly a tenth."""
+    if isinstance(value, float):
+        raise ValueError('money must be a string such as "1.50" (or a whole number), not a JSON number with a fraction')
+    return value
+
+
+Amount = Annotated[Decimal, BeforeValidator(_not_float)]
 NUL_MESSAGE = "NUL characters (\\u0000) are not allowed"
 
 

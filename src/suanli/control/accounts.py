@@ -201,6 +201,10 @@ def orgs_of(s: Session, who: Principal) -> list[tuple[Org, str]]:
 ID_SHAPE = re.compile(r"[a-z]+_[0-9a-f]{16}", re.IGNORECASE)  # what `new_id` makes: `org_…`, `usr_…`, `wl_…`
 
 
+BAD_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")  # control, format, surrogate, private, unassigned, lines
+JOINERS = "\u200c\u200d"  # zero-width (non-)joiners: emoji sequences (👩‍👩‍👧) and Persian or Indic words need them
+
+
 def org_name_problem(name: str) -> str | None:
     """Why `name` cannot name a team org, or None. Ids and emails are refused because operators find orgs by id or
     by a personal org's email: a team named after either would receive what was meant for it. Control, format
@@ -211,7 +215,7 @@ def org_name_problem(name: str) -> str | None:
         return "must not look like an id (prefix_ and 16 hex digits)"
     if "@" in name:
         return "must not contain @ (personal organisations are named after emails)"
-    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")), None)
+    bad = next((c for c in name if unicodedata.category(c) in BAD_CATEGORIES and c not in JOINERS), None)
     if bad is not None:
         return f"must not contain control or invisible characters (U+{ord(bad):04X})"
     return None

@@ -30,6 +30,7 @@ from suanli.api.schemas import (
     UserOut,
     money,
 )
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
 from suanli.control import accounts, health, inventory, leases, ledger, prices, workloads
 from suanli.control.background import WorkloadLoop, this_server
@@ -44,7 +45,7 @@ async def admin(ctx: Auth) -> Caller:
 
 
 Admin = Annotated[Caller, Depends(admin)]
-router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(caller)])
+router = APIRouter(route_class=StrictJSONRoute, prefix="/admin", tags=["admin"], dependencies=[Depends(caller)])
 
 
 # ---- users and orgs -----------------------------------------------------------------------------------------

@@ -18,11 +18,12 @@ from suanli.api.schemas import (
     TokenOut,
     UserOut,
 )
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control import accounts, ledger, prices
 from suanli.control.ids import utcnow
 
-router = APIRouter(tags=["accounts"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["accounts"])
 
 
 @router.post("/signup", status_code=201)

@@ -20,13 +20,14 @@ from starlette.responses import Response
 from suanli.api.deps import Auth, in_thread
 from suanli.api.proxy import NotReady, ProxyState, forward_http, forward_ws
 from suanli.api.schemas import In, Out
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import proxy
 from suanli.control.errors import NotFound, ServiceError
 from suanli.control.ids import utcnow
 from suanli.workloads.models import PORT_RANGE
 
-router = APIRouter(tags=["instances"])  # under /api/v1
-pages = APIRouter(include_in_schema=False)  # under /: the browser's side
+router = APIRouter(route_class=StrictJSONRoute, tags=["instances"])  # under /api/v1
+pages = APIRouter(route_class=StrictJSONRoute, include_in_schema=False)  # under /: the browser's side
 WORKLOAD_ID = re.compile(r"wl_[0-9a-f]{16}")
 PORT_TEXT = re.compile(r"[1-9][0-9]{0,4}")
 METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

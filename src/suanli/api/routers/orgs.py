@@ -9,11 +9,12 @@ from fastapi.responses import PlainTextResponse, Response
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control import accounts, ledger, metering
 from suanli.control.errors import NotFound
 
-router = APIRouter(tags=["organisations"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])
 
 
 @router.get("/orgs")

@@ -9,9 +9,10 @@ from pydantic import Field
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import accounts, plans
 
-router = APIRouter(tags=["plans"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 
 
 class PlanIn(In):

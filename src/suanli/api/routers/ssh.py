@@ -6,9 +6,10 @@ from fastapi import APIRouter
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import SshInfoOut, SshKeyIn, SshKeyOut
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import ssh_keys
 
-router = APIRouter(tags=["ssh"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["ssh"])
 
 
 @router.get("/keys")

@@ -13,12 +13,13 @@ from pydantic import Field
 from suanli.api.deps import Auth, Caller, Srv, in_thread
 from suanli.api.routers.admin import Admin
 from suanli.api.schemas import In, Out
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import health, inventory, observe, telemetry, workloads
 from suanli.control.errors import Invalid
 from suanli.telemetry import exposition
 from suanli.telemetry.samples import GpuSample
 
-router = APIRouter(tags=["telemetry"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["telemetry"])
 MAX_BATCH = 20_000
 MAX_AHEAD_S = 300  # a sample dated further in the future is a wrong clock, refused
 
@@ -157,7 +158,7 @@ def inject_fault(node: str, body: FaultIn, ctx: Admin) -> dict[str, Any]:
         return {"id": row.id, "node": node, "gpu": row.gpu, "kind": row.kind, "xid": row.xid}
 
 
-metrics_router = APIRouter(tags=["telemetry"])
+metrics_router = APIRouter(route_class=StrictJSONRoute, tags=["telemetry"])
 
 
 @metrics_router.get("/metrics", response_class=Response)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
+from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
 from suanli.control import logs as workload_logs
 from suanli.control import resizing, workloads
@@ -24,7 +25,7 @@ from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.workloads.models import MAX_GPUS
 from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
-router = APIRouter(tags=["workloads"])
+router = APIRouter(route_class=StrictJSONRoute, tags=["workloads"])
 MAX_SPEC_CHARS = 256 * 1024
 ON_LOOP_BYTES = 64 * 1024  # a JSON spec in a request this small is checked on the event loop (no thread hop)
 

@@ -25,13 +25,24 @@ KillWait=2, ReturnToService=2 (a restarted slurmd takes its node back), bf_inter
 started by the backfill scheduler only). SlurmUser and SlurmdUser are whoever runs the tests: as root, jobs may run
 as any user; unprivileged, slurmd runs jobs as that same user only, which is all the tests need.
 
-Missing Slurm skips the tests that need it, or fails them when SUANLI_REQUIRE_SLURM=1 (as on CI).
+With `rest=True` it starts slurmrestd too, on a unix socket in the directory (`cluster.rest` is its address for
+`SlurmExecutor(rest=…)`): `-a rest_auth/local -s openapi/v0.0.38`, so it acts as whoever runs the tests. slurmrestd
+refuses to run as root or as SlurmUser (both are the test user here, as above) unless
+SLURMRESTD_SECURITY=disable_user_check says that is meant, and unshares its file table and SysV IPC, which a
+container's seccomp profile may forbid; the fixture turns both off, for that daemon alone. Where Slurm's
+JWT plugin is installed (Debian: slurm-wlm-jwt-plugin), slurm.conf also has `AuthAltTypes=auth/jwt` with a key of its
+own, and a second slurmrestd listens on 127.0.0.1 with `-a rest_auth/jwt` (`cluster.rest_jwt`; SLURM_JWT=daemon in
+its environment is what makes slurmrestd hand callers' tokens to slurmctld); `cluster.token()` is `scontrol token`.
+
+Missing Slurm (or slurmrestd, for the tests that use it) skips the tests that need it, or fails them when
+SUANLI_REQUIRE_SLURM=1 (as on CI).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import os
 import pwd
 import re
@@ -49,6 +60,13 @@ import pytest
 
 REQUIRE_ENV = "SUANLI_REQUIRE_SLURM"
 PROGRAMS = ("munged", "slurmctld", "slurmd", "slurmstepd", "sbatch", "srun", "squeue", "scontrol", "scancel")
+REST_PROGRAM = "slurmrestd"
+JWT_DAEMON = "slurmrestd-jwt"  # the name of the second slurmrestd, for its log and PID
+REST_VERSION = "v0.0.38"
+REST_PLUGIN = f"openapi/{REST_VERSION}"
+# It runs as root or SlurmUser here (see above); a container's seccomp profile may refuse its unshare() calls.
+REST_SECURITY = "disable_user_check,disable_unshare_files,disable_unshare_sysv"
+JWT_PLUGINS = ("/usr/lib/*/slurm-wlm/auth_jwt.so", "/usr/lib*/slurm/auth_jwt.so", "/usr/local/lib*/slurm/auth_jwt.so")
 START_TIMEOUT_S = 45.0
 _PR_SET_PDEATHSIG = 1
 
@@ -61,9 +79,25 @@ def slurm_unavailable_reason() -> str | None:
     return None
 
 
-def require_slurm() -> None:
-    """Skip the calling test when Slurm is missing; fail it instead when SUANLI_REQUIRE_SLURM=1."""
-    why = slurm_unavailable_reason()
+def slurmrestd_unavailable_reason() -> str | None:
+    """Why this host cannot run the fixture's slurmrestd; None when it can."""
+    if shutil.which(REST_PROGRAM) is None and not os.path.exists(f"/usr/sbin/{REST_PROGRAM}"):
+        return f"{REST_PROGRAM} not installed (apt-get install slurmrestd)"
+    return None
+
+
+def jwt_unavailable_reason() -> str | None:
+    """Why slurmctld here cannot take JWTs (no auth/jwt plugin); None when it can."""
+    if not any(glob.glob(pattern) for pattern in JWT_PLUGINS):
+        return "Slurm's auth/jwt plugin is not installed (apt-get install slurm-wlm-jwt-plugin)"
+    return None
+
+
+def require_slurm(rest: bool = False, jwt: bool = False) -> None:
+    """Skip the calling test when Slurm (with `rest`, slurmrestd too; with `jwt`, its JWT plugin) is missing; fail
+    it instead when SUANLI_REQUIRE_SLURM=1."""
+    why = slurm_unavailable_reason() or (slurmrestd_unavailable_reason() if rest or jwt else None)
+    why = why or (jwt_unavailable_reason() if jwt else None)
     if why is None:
         return
     if os.environ.get(REQUIRE_ENV) == "1":
@@ -144,6 +178,8 @@ class SlurmCluster:
     conf: Path
     nodes: tuple[str, ...]
     gpus_per_node: int
+    rest: str | None = None  # slurmrestd's address (`unix:/…/run/slurmrestd.sock`) when it was started
+    rest_jwt: str | None = None  # the JWT one's (`http://127.0.0.1:PORT`) when it was started
     _daemons: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
 
     @property
@@ -182,9 +218,11 @@ class SlurmCluster:
         self._daemons[node] = self._spawn(node, [_program("slurmd"), "-D", "-N", node, "-f", str(self.conf)],
                                           self._spool(node))  # fmt: skip
 
-    def _spawn(self, name: str, argv: list[str], cwd: Path) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, name: str, argv: list[str], cwd: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         with open(self.root / "log" / f"{name}.out", "ab") as out:
-            return subprocess.Popen(argv, cwd=cwd, env=self.env, stdin=subprocess.DEVNULL, stdout=out,
+            return subprocess.Popen(argv, cwd=cwd, env=env or self.env, stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_die_with_parent)  # fmt: skip
 
@@ -204,6 +242,31 @@ class SlurmCluster:
         if proc is not None:
             proc.wait(10)
 
+    def start_rest(self) -> None:
+        """Start slurmrestd on a unix socket in this cluster's directory and wait until it answers a ping."""
+        sock = self.root / "run" / "slurmrestd.sock"
+        env = {**self.env, "SLURMRESTD_SECURITY": REST_SECURITY}
+        argv = [_program(REST_PROGRAM), "-f", str(self.conf), "-a", "rest_auth/local", "-s", REST_PLUGIN,
+                f"unix:{sock}"]  # fmt: skip
+        self._daemons[REST_PROGRAM] = self._spawn(REST_PROGRAM, argv, self.root, env)
+        self.rest = f"unix:{sock}"
+        _wait(lambda: _rest_answers(f"http://slurmrestd/slurm/{REST_VERSION}/ping", uds=str(sock)), self,
+              REST_PROGRAM)  # fmt: skip
+        if (self.root / "jwt.key").exists():
+            (port,) = _free_ports(1)
+            argv = [_program(REST_PROGRAM), "-f", str(self.conf), "-a", "rest_auth/jwt", "-s", REST_PLUGIN,
+                    f"127.0.0.1:{port}"]  # fmt: skip
+            self._daemons[JWT_DAEMON] = self._spawn(JWT_DAEMON, argv, self.root, {**env, "SLURM_JWT": "daemon"})
+            self.rest_jwt = f"http://127.0.0.1:{port}"
+            headers = {"X-SLURM-USER-NAME": pwd.getpwuid(os.geteuid()).pw_name, "X-SLURM-USER-TOKEN": self.token()}
+            _wait(lambda: _rest_answers(f"{self.rest_jwt}/slurm/{REST_VERSION}/ping", headers=headers), self,
+                  JWT_DAEMON)  # fmt: skip
+
+    def token(self, lifespan_s: int = 3600) -> str:
+        """A JWT for whoever runs the tests, from `scontrol token` (the cluster takes JWTs when `rest_jwt` is set)."""
+        out = self.run("scontrol", "token", f"lifespan={lifespan_s}").stdout.strip()
+        return out.removeprefix("SLURM_JWT=")
+
     def restart_node(self, node: str, wait: bool = True) -> None:
         """Start the node's slurmd again; with `wait`, until the controller has it back as IDLE."""
         proc = self._daemons.get(node)
@@ -219,7 +282,7 @@ class SlurmCluster:
             if node in self._daemons:
                 self.kill_node(node)
                 del self._daemons[node]
-        for name in ("slurmctld", "munged"):
+        for name in (JWT_DAEMON, REST_PROGRAM, "slurmctld", "munged"):
             proc = self._daemons.pop(name, None)
             if proc is not None:
                 if name == "slurmctld":  # its slurmscriptd child goes with it
@@ -309,10 +372,11 @@ def slurm_cluster(
     cpus: int = 8,
     memory_mib: int = 16384,
     settings: dict[str, str] | None = None,
+    rest: bool = False,
 ) -> Iterator[SlurmCluster]:
     """Start munged, slurmctld and `n_nodes` slurmd (node1…), wait until every node is idle, yield, stop all.
 
-    `settings` add to or replace slurm.conf lines (`{"SlurmdTimeout": "30"}`)."""
+    `settings` add to or replace slurm.conf lines (`{"SlurmdTimeout": "30"}`); `rest` starts slurmrestd as well."""
     root = Path(tempfile.mkdtemp(prefix="suanli-slurm-"))
     root.chmod(0o755)  # munged wants its socket's directories searchable by all
     for sub in ("run", "state", "log", "munge"):
@@ -320,7 +384,14 @@ def slurm_cluster(
     nodes = tuple(f"node{i + 1}" for i in range(n_nodes))
     for node in nodes:
         (root / "spool" / node).mkdir(parents=True)
-    conf = _write_config(root, nodes, gpus_per_node, cpus, memory_mib, settings or {})
+    settings = dict(settings or {})
+    if rest and jwt_unavailable_reason() is None:
+        key = root / "jwt.key"
+        key.write_bytes(os.urandom(32))
+        key.chmod(0o600)
+        settings.setdefault("AuthAltTypes", "auth/jwt")
+        settings.setdefault("AuthAltParameters", f"jwt_key={key}")
+    conf = _write_config(root, nodes, gpus_per_node, cpus, memory_mib, settings)
     cluster = SlurmCluster(root, conf, nodes, gpus_per_node)
     atexit.register(cluster.stop)
     try:
@@ -337,6 +408,8 @@ def slurm_cluster(
         _wait(lambda: cluster.run("scontrol", "ping", check=False).stdout.count("UP") > 0, cluster, "slurmctld")
         for node in nodes:
             cluster._start_slurmd(node)
+        if rest:
+            cluster.start_rest()
         cluster.wait_idle()
         yield cluster
     finally:
@@ -344,6 +417,20 @@ def slurm_cluster(
         atexit.unregister(cluster.stop)
         if os.environ.get("SUANLI_KEEP_SLURM") != "1":
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _rest_answers(url: str, uds: str | None = None, headers: dict[str, str] | None = None) -> bool:
+    """Whether slurmrestd answers a ping at `url` (over the unix socket `uds`) with slurmctld UP."""
+    import httpx
+
+    if uds is not None and not os.path.exists(uds):
+        return False
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=uds), timeout=2.0, trust_env=False) as http:
+            r = http.get(url, headers=headers)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and any(p.get("ping") == "UP" for p in r.json().get("pings", []))
 
 
 def _wait(ready: Callable[[], bool], cluster: SlurmCluster, name: str) -> None:
@@ -358,8 +445,9 @@ def _wait(ready: Callable[[], bool], cluster: SlurmCluster, name: str) -> None:
 
 @pytest.fixture(scope="session")
 def slurm_session() -> Iterator[SlurmCluster]:
-    """The session's one-host Slurm cluster (4 nodes x 8 fake GPUs); skipped, or failed under SUANLI_REQUIRE_SLURM=1,
-    when Slurm is not installed."""
+    """The session's one-host Slurm cluster (4 nodes x 8 fake GPUs), with slurmrestd where it is installed (tests of
+    the REST transport call `require_slurm(rest=True)`); skipped, or failed under SUANLI_REQUIRE_SLURM=1, when Slurm
+    is not installed."""
     require_slurm()
-    with slurm_cluster() as cluster:
+    with slurm_cluster(rest=slurmrestd_unavailable_reason() is None) as cluster:
         yield cluster

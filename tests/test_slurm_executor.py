@@ -1,7 +1,11 @@
 """The Slurm executor against a real one-host Slurm cluster (tests/slurm_cluster.py: slurmctld and 4 slurmd):
 discovery, ranks pinned to the nodes asked for, a torch.distributed (gloo) all-reduce across two Slurm nodes
 (unsandboxed and sandboxed), exit codes and gang failure, stop with grace, heterogeneous GPU counts, pending jobs,
-a killed slurmd, and a job Slurm no longer knows."""
+a killed slurmd, and a job Slurm no longer knows.
+
+The core of it runs twice, `[cli]` over Slurm's tools and `[rest]` over the cluster's real slurmrestd (openapi/v0.0.38
+on a unix socket): the same assertions, the records either transport reads compared field by field with scontrol's,
+and with REST no call to the tools but those `slurm_rest` says 22.05's REST API cannot make."""
 
 from __future__ import annotations
 
@@ -11,16 +15,20 @@ import re
 import shutil
 import socket
 import sys
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from suanli.executors import slurm_nodes
 from suanli.executors.base import Launch, NodeRank, SandboxRequest, Status
+from suanli.executors.slurm_api import SlurmError
+from suanli.executors.slurm_cli import SlurmCLI
 from suanli.executors.slurm_executor import SlurmExecutor
-from tests.slurm_cluster import SlurmCluster
+from tests.slurm_cluster import SlurmCluster, require_slurm
 from tests.slurm_cluster import slurm_session as slurm_session
 
 pytestmark = pytest.mark.slurm
@@ -34,6 +42,45 @@ def slurm(slurm_session: SlurmCluster) -> Iterator[SlurmCluster]:
     yield slurm_session
     slurm_session.run("scancel", "--user", str(os.geteuid()), check=False)
     slurm_session.wait_idle(timeout=30)
+
+
+# What the REST transport may still ask of the tools (see slurm_rest): the batch shell's signal, the switch tree.
+CLI_UNDER_REST = {("scancel", "--batch"), ("scontrol", "show")}
+
+
+@pytest.fixture(params=["cli", "rest"])
+def rest(request: pytest.FixtureRequest, slurm: SlurmCluster, monkeypatch: pytest.MonkeyPatch) -> Iterator[str | None]:
+    """The transport under test: None for the tools, else slurmrestd's address. Under REST every call that reaches
+    the tools is recorded, and must be one of CLI_UNDER_REST."""
+    if request.param == "cli":
+        yield None
+        return
+    require_slurm(rest=True)
+    assert slurm.rest is not None
+    calls: list[tuple[str, ...]] = []
+    real = SlurmCLI.run
+
+    def run(self: SlurmCLI, tool: str, args: Sequence[str], check: bool = True, timeout_s: float | None = None) -> str:
+        calls.append((tool, *args))
+        return real(self, tool, args, check, timeout_s)
+
+    monkeypatch.setattr(SlurmCLI, "run", run)
+    yield slurm.rest
+    assert {c[:2] for c in calls} <= CLI_UNDER_REST, calls
+
+
+def scontrol_job(slurm: SlurmCluster, job_id: str) -> list[dict[str, str]]:
+    """`scontrol -o show job` of the job, straight from the tool (not through a transport under test)."""
+    return slurm_nodes.records(slurm.run("scontrol", "-o", "show", "job", job_id).stdout)
+
+
+def same_as_scontrol(records: list[dict[str, str]] | None, scontrol: list[dict[str, str]], least: int) -> None:
+    """Every field a transport gives that scontrol prints too reads as scontrol's (at least `least` of them)."""
+    assert records is not None and len(records) == len(scontrol)
+    for rec, want in zip(records, scontrol, strict=True):
+        common = [k for k in rec if k in want]
+        assert len(common) >= least, (rec, want)
+        assert {k: rec[k] for k in common} == {k: want[k] for k in common}
 
 
 def free_port() -> int:
@@ -106,11 +153,54 @@ def test_discovery_finds_every_node_its_gpus_topology_and_others_busy_gpus(slurm
     assert wait_done(ex, handle).state == "exited"
 
 
+def test_discovery_over_slurmrestd_finds_what_the_tools_find(slurm: SlurmCluster, tmp_path: Path) -> None:
+    require_slurm(rest=True)
+    tools, restd = SlurmExecutor(str(slurm.conf)), SlurmExecutor(str(slurm.conf), rest=slurm.rest)
+    # Others' GPUs, suanli's own (submitted over REST), and a drained node with a reason: all read from JSON.
+    slurm.run("sbatch", "-w", "node4", "--gres=gpu:3", "--job-name=outsider", "--wrap", "sleep 60")
+    handle = restd.launch(make_launch(tmp_path, "sleep 60", (rank("node4", 0, (6, 7)),)), time.time())
+    wait_for(tmp_path / "logs" / "rank-0.slurm.json")
+    slurm.run("scontrol", "update", "nodename=node2", "state=drain", "reason=fan failure on node2")
+    try:
+        found = restd.nodes()
+        assert found == tools.nodes()
+        assert {n.name: (n.alive, n.busy_gpus) for n in found if not n.alive or n.busy_gpus} == {
+            "node2": (False, 0), "node4": (True, 3)}  # fmt: skip
+        assert "fan failure on node2" in next(n.reason for n in found if n.name == "node2")
+        half = SlurmExecutor(str(slurm.conf), partition="half", rest=slurm.rest).nodes()
+        assert half == SlurmExecutor(str(slurm.conf), partition="half").nodes() and len(half) == 2
+        scontrol = slurm_nodes.records(slurm.run("scontrol", "-d", "-o", "show", "node", "node2,node4").stdout)
+        assert len(scontrol) == 2
+        same_as_scontrol(restd.api.node_records(["node4", "node2"]), scontrol, least=10)  # in Slurm's order
+    finally:
+        slurm.run("scontrol", "update", "nodename=node2", "state=resume")
+        restd.stop(handle, time.time())
+    assert wait_done(restd, handle).state == "exited"
+
+
+def test_over_tcp_with_a_jwt_as_slurm_names_it(slurm: SlurmCluster, tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    require_slurm(jwt=True)
+    assert slurm.rest_jwt is not None
+    monkeypatch.setenv("SLURM_JWT", slurm.token(lifespan_s=600))  # what `scontrol token` prints, as an operator sets it
+    ex = SlurmExecutor(str(slurm.conf), rest=slurm.rest_jwt)
+    launch = make_launch(tmp_path, 'echo "$SLURMD_NODENAME"; exit $((RANK * 5))', (rank("node2", 0, (0,)),
+                                                                                 rank("node4", 1, (1,))))  # fmt: skip
+    handle = ex.launch(launch, time.time())
+    assert wait_done(ex, handle) == Status("exited", 5, "exit code 5 (rank 1 on node4)"), logs(handle)
+    assert [ex.log_path(handle, n).read_text() for n in (0, 1)] == ["node2\n", "node4\n"]  # type: ignore[union-attr]
+    same_as_scontrol(ex.api.job_records(handle["job_id"]), scontrol_job(slurm, handle["job_id"]), least=10)
+    assert ex.nodes() == SlurmExecutor(str(slurm.conf)).nodes()
+    monkeypatch.setenv("SLURM_JWT", "not-a-token")
+    with pytest.raises(SlurmError, match=r"^slurmrestd GET nodes: .+ \(HTTP \d+\)$"):
+        SlurmExecutor(str(slurm.conf), rest=slurm.rest_jwt).nodes()
+
+
 # -- running ranks --------------------------------------------------------------------------------------
 
 
-def test_each_rank_runs_on_the_node_it_was_given(slurm: SlurmCluster, tmp_path: Path) -> None:
-    ex = SlurmExecutor(str(slurm.conf))
+def test_each_rank_runs_on_the_node_it_was_given(slurm: SlurmCluster, tmp_path: Path, rest: str | None) -> None:
+    ex = SlurmExecutor(str(slurm.conf), rest=rest, sbatch_args=("--time=7", "--comment", "site-args"))
     command = 'echo "$SLURMD_NODENAME rank=$RANK of $WORLD_SIZE gpus=$CUDA_VISIBLE_DEVICES master=$MASTER_ADDR"'
     launch = make_launch(tmp_path, command, (rank("node3", 0, (4, 5)), rank("node1", 1, (0, 1))))
     handle = ex.launch(launch, time.time())
@@ -126,6 +216,8 @@ def test_each_rank_runs_on_the_node_it_was_given(slurm: SlurmCluster, tmp_path: 
     assert slurm_view["node"] == "node3" and len(slurm_view["slurm_gpus"].split(",")) == 2  # Slurm's own pick
     job = slurm.run("scontrol", "-o", "show", "job", handle["job_id"]).stdout
     assert "JobName=suanli-wl-1-a1" in job and "NumNodes=2" in job and "TresPerNode=gres:gpu:2" in job
+    assert "Requeue=0" in job and "TimeLimit=00:07:00" in job and "Comment=site-args" in job
+    same_as_scontrol(ex.api.job_records(handle["job_id"]), scontrol_job(slurm, handle["job_id"]), least=10)
 
 
 ALL_REDUCE = """\
@@ -169,8 +261,8 @@ def test_sandboxed_ranks_all_reduce_too(slurm: SlurmCluster, tmp_path: Path) -> 
     assert out == ["rank 0 on sandbox: sum 3", "rank 1 on sandbox: sum 3"]  # no Slurm variables inside
 
 
-def test_exit_codes_and_a_failing_rank_stops_the_gang(slurm: SlurmCluster, tmp_path: Path) -> None:
-    ex = SlurmExecutor(str(slurm.conf))
+def test_exit_codes_and_a_failing_rank_stops_the_gang(slurm: SlurmCluster, tmp_path: Path, rest: str | None) -> None:
+    ex = SlurmExecutor(str(slurm.conf), rest=rest)
     handle = ex.launch(make_launch(tmp_path / "a", "exit 7", (rank("node1", 0),)), time.time())
     assert wait_done(ex, handle) == Status("exited", 7, "exit code 7")
 
@@ -184,8 +276,9 @@ def test_exit_codes_and_a_failing_rank_stops_the_gang(slurm: SlurmCluster, tmp_p
     assert "JobState=COMPLETED" in slurm.run("scontrol", "-o", "show", "job", handle["job_id"]).stdout
 
 
-def test_stop_sends_sigterm_to_the_job_and_sigkill_after_grace(slurm: SlurmCluster, tmp_path: Path) -> None:
-    ex = SlurmExecutor(str(slurm.conf))
+def test_stop_sends_sigterm_to_the_job_and_sigkill_after_grace(slurm: SlurmCluster, tmp_path: Path,
+                                                               rest: str | None) -> None:  # fmt: skip
+    ex = SlurmExecutor(str(slurm.conf), rest=rest)
     command = ('if [ "$RANK" = 0 ]; then trap "echo got TERM; exit 0" TERM; else trap "" TERM; fi; '
                "echo ready; while true; do sleep 0.1; done")  # fmt: skip
     launch = make_launch(tmp_path, command, (rank("node1", 0), rank("node3", 1)), grace_s=2.0)
@@ -216,24 +309,29 @@ def test_a_sandboxed_job_gets_its_grace_period(slurm: SlurmCluster, tmp_path: Pa
     assert "graceful" in ex.log_path(handle, 0).read_text()  # type: ignore[union-attr]
 
 
-def test_ranks_with_different_gpu_counts_become_a_heterogeneous_job(slurm: SlurmCluster, tmp_path: Path) -> None:
-    ex = SlurmExecutor(str(slurm.conf))
+def test_ranks_with_different_gpu_counts_become_a_heterogeneous_job(slurm: SlurmCluster, tmp_path: Path,
+                                                                    rest: str | None) -> None:  # fmt: skip
+    ex = SlurmExecutor(str(slurm.conf), rest=rest)
     launch = make_launch(tmp_path, "true", (rank("node1", 0, (0, 1, 2)), rank("node2", 1, (5,))))
     handle = ex.launch(launch, time.time())
     assert [c["gpus"] for c in handle["components"]] == [3, 1]
     assert wait_done(ex, handle) == Status("exited", 0, "exit code 0"), logs(handle)
     picks = [json.loads((launch.log_dir / f"rank-{n}.slurm.json").read_text())["slurm_gpus"] for n in (0, 1)]
     assert [len(p.split(",")) for p in picks] == [3, 1]
+    recs = ex.api.job_records(handle["job_id"])
+    same_as_scontrol(recs, scontrol_job(slurm, handle["job_id"]), least=12)
+    assert recs is not None and [r["HetJobOffset"] for r in recs] == ["0", "1"]
 
 
-def test_a_job_pending_on_taken_nodes_says_so_then_is_lost(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_a_job_pending_on_taken_nodes_says_so_then_is_lost(slurm: SlurmCluster, tmp_path: Path,
+                                                           rest: str | None) -> None:  # fmt: skip
     outsider = slurm.run("sbatch", "--parsable", "-w", "node3", "--gres=gpu:8", "--wrap", "sleep 60").stdout.strip()
     deadline = time.monotonic() + 10
     while "JobState=RUNNING" not in slurm.run("scontrol", "-o", "show", "job", outsider).stdout:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     # Long enough for slurmctld to have looked at the job (its reason is "None" until then) on a busy machine.
-    ex = SlurmExecutor(str(slurm.conf), pending_timeout_s=8.0)
+    ex = SlurmExecutor(str(slurm.conf), rest=rest, pending_timeout_s=8.0)
     handle = ex.launch(make_launch(tmp_path, "true", (rank("node3", 0, (0,)),)), time.time())
     deadline = time.monotonic() + 8
     while (st := ex.poll(handle, time.time())).reason in ("", "pending in Slurm: None"):
@@ -245,8 +343,9 @@ def test_a_job_pending_on_taken_nodes_says_so_then_is_lost(slurm: SlurmCluster, 
     assert "JobState=CANCELLED" in slurm.run("scontrol", "-o", "show", "job", handle["job_id"]).stdout
 
 
-def test_a_job_slurm_does_not_know_or_a_slurm_that_does_not_answer(slurm: SlurmCluster, tmp_path: Path) -> None:
-    ex = SlurmExecutor(str(slurm.conf), settle_s=0)
+def test_a_job_slurm_does_not_know_or_a_slurm_that_does_not_answer(slurm: SlurmCluster, tmp_path: Path,
+                                                                   rest: str | None) -> None:  # fmt: skip
+    ex = SlurmExecutor(str(slurm.conf), rest=rest, settle_s=0)
     handle = ex.launch(make_launch(tmp_path, "true", (rank("node1", 0),)), time.time())
     assert wait_done(ex, handle).state == "exited"
     fake = {**handle, "job_id": "999999", "ranks": [{**handle["ranks"][0], "rc_file": str(tmp_path / "none.rc")}]}
@@ -255,12 +354,31 @@ def test_a_job_slurm_does_not_know_or_a_slurm_that_does_not_answer(slurm: SlurmC
     # A controller that does not answer: this cluster's config with a port nobody listens on.
     dead = tmp_path / "dead-slurm.conf"
     dead.write_text(re.sub(r"SlurmctldPort=\d+", f"SlurmctldPort={free_port()}", slurm.conf.read_text()))
-    mute = SlurmExecutor(str(dead), timeout_s=1.0)
     (tmp_path / "logs" / "gang-failure").unlink()
     fake["ranks"][0]["rc_file"] = str(tmp_path / "other.rc")
-    st = mute.poll(fake, time.time())
-    assert st.state == "running" and st.reason.startswith("Slurm does not answer")
-    mute.stop(fake, time.time())  # no raise either
+    if rest is None:
+        mute = SlurmExecutor(str(dead), timeout_s=1.0)
+        st = mute.poll(fake, time.time())
+        assert st.state == "running" and st.reason.startswith("Slurm does not answer")
+        mute.stop(fake, time.time())  # no raise either
+        return
+    # A slurmrestd that is not there, and one that takes the connection and never answers.
+    with tempfile.TemporaryDirectory(prefix="suanli-") as short:  # a unix socket's path has at most 107 bytes
+        hung = socket.socket(socket.AF_UNIX)
+        hung.bind(f"{short}/hung.sock")
+        hung.listen(8)
+        try:
+            for where in (f"unix:{short}/none.sock", f"unix:{short}/hung.sock"):
+                mute = SlurmExecutor(str(dead), rest=where, timeout_s=0.5)
+                started = time.monotonic()
+                st = mute.poll(fake, time.time())
+                assert st.state == "running" and st.reason.startswith("Slurm does not answer: slurmrestd at"), st
+                mute.stop(fake, time.time())  # no raise either
+                with pytest.raises(SlurmError, match="slurmrestd at"):
+                    mute.nodes()
+                assert time.monotonic() - started < 6  # a few timeouts, no hang
+        finally:
+            hung.close()
 
 
 def test_a_killed_slurmd_makes_the_attempt_lost(slurm: SlurmCluster, tmp_path: Path) -> None:

@@ -163,6 +163,11 @@ def _settings(flags: dict[str, object], config: Path | None) -> Settings:
             preset_spec(preset)
         except SpecError as e:
             fail(f"--virtual: {e}")
+    if settings.slurm and (settings.slurm_rest or "").startswith(("http://", "https://")):
+        from suanli.executors.slurm_rest import TOKEN_ENV
+
+        if not os.environ.get(TOKEN_ENV):  # else the background loops would fail to start, again and again
+            fail(f"slurm rest {settings.slurm_rest}: set {TOKEN_ENV} to a token for slurmrestd (`scontrol token`)")
     settings.home.mkdir(parents=True, exist_ok=True)
     return settings
 

@@ -195,7 +195,8 @@ def configured(settings: Settings) -> list[Engine]:
                           executor("ray", address=settings.ray_address, namespace=settings.ray_namespace)))  # fmt: skip
     if settings.slurm:
         out.append(Engine("slurm", settings.slurm_cluster,
-                          executor("slurm", slurm_conf=settings.slurm_conf, partition=settings.slurm_partition)))  # fmt: skip
+                          executor("slurm", slurm_conf=settings.slurm_conf, partition=settings.slurm_partition,
+                                   rest=settings.slurm_rest)))  # fmt: skip
     return out
 
 

@@ -84,6 +84,12 @@ class Settings(BaseModel):
     slurm_cluster: str = Field("slurm", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     slurm_partition: str | None = Field(None, max_length=64, description="the partition suanli submits to")
     slurm_conf: str | None = Field(None, description="SLURM_CONF for the Slurm tools (default: theirs)")
+    slurm_rest: str | None = Field(
+        None,
+        pattern=r"^(unix:/.+|/.+|https?://[^/\s]+\S*)$",
+        description="slurmrestd to use instead of the tools where it can (unix:/run/slurmrestd.sock, "
+        "http://host:6820 with SLURM_JWT); unset: the tools only",
+    )
     engine_fabric: str = Field("eth-100", description="scale-out fabric of Ray and Slurm clusters (a catalog fabric)")
     engine_nics: int = Field(1, ge=1, le=64, description="scale-out NICs per Ray or Slurm node")
     engine_sync_s: float = Field(2.0, gt=0, le=600, description="seconds between asking Ray or Slurm for its nodes")
@@ -103,16 +109,16 @@ class Settings(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _slurm_block(cls, data: Any) -> Any:
-        """`slurm: {partition: gpu, conf: /etc/slurm/slurm.conf, cluster: hpc}` in a config file, as well as flat
-        settings (`slurm: true`, `slurm_partition`, … and their SUANLI_* variables)."""
+        """`slurm: {partition: gpu, conf: /etc/slurm/slurm.conf, cluster: hpc, rest: unix:/run/slurmrestd.sock}` in a
+        config file, as well as flat settings (`slurm: true`, `slurm_partition`, … and their SUANLI_* variables)."""
         if isinstance(data, dict) and isinstance(data.get("slurm"), dict):
             block = dict(data["slurm"])
             data = {**data, "slurm": True}
-            for key in ("partition", "conf", "cluster"):
+            for key in ("partition", "conf", "cluster", "rest"):
                 if key in block:
                     data[f"slurm_{key}"] = block.pop(key)
             if block:
-                raise ValueError(f"slurm: unknown keys {sorted(block)} (known: partition, conf, cluster)")
+                raise ValueError(f"slurm: unknown keys {sorted(block)} (known: partition, conf, cluster, rest)")
         return data
 
     @field_validator("proxy_url")

@@ -39,7 +39,7 @@ def __getattr__(name: str) -> Any:
 
 
 def executor(name: str, **kw: Any) -> Executor:
-    """The executor called `name` (one of `NAMES`), built with `kw` (Ray: `address`; Slurm: `slurm_conf`)."""
+    """The executor called `name` (one of `NAMES`), built with `kw` (Ray: `address`; Slurm: `slurm_conf`, `rest`)."""
     if name == "local":
         from suanli.executors.local import LocalExecutor
 

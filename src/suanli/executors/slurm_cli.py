@@ -1,8 +1,7 @@
-"""The one door to Slurm: its command-line tools (`sbatch`, `squeue`, `scontrol`, `scancel`) run with a timeout,
-and inventory discovery over them (the parsing is `slurm_nodes`'s, pure).
-
-The CLI rather than slurmrestd: every Slurm site has the tools on its submit hosts, with the site's own auth (munge)
-and no token to manage; slurmrestd is optional, often not run, and its API version moves with the Slurm release.
+"""Slurm through its command-line tools (`sbatch`, `squeue`, `scontrol`, `scancel`), each run with a timeout: the
+`SlurmAPI` transport every Slurm site has on its submit hosts, with the site's own auth (munge) and no token to
+manage. `slurm_rest.SlurmREST` is the other one, where the operator runs slurmrestd; it still calls these tools for
+what slurmrestd 22.05 cannot do. The parsing of their text is `slurm_nodes`'s (pure).
 """
 
 from __future__ import annotations
@@ -15,13 +14,9 @@ from functools import lru_cache
 
 from suanli.executors import slurm_nodes
 from suanli.executors.base import EngineNode
+from suanli.executors.slurm_api import ACTIVE_STATES, JOB_PREFIX, BatchJob, SlurmError
 
-JOB_PREFIX = "suanli-"  # the job name of every attempt suanli submits: `suanli-<workload>-a<attempt>`
-ACTIVE_STATES = "RUNNING,COMPLETING,CONFIGURING,SUSPENDED,STOPPED,RESIZING,SIGNALING,STAGE_OUT"
-
-
-class SlurmError(RuntimeError):
-    """A Slurm command failed or timed out; the message carries its own words (stderr)."""
+__all__ = ["ACTIVE_STATES", "JOB_PREFIX", "SlurmCLI", "SlurmError", "discover"]
 
 
 class SlurmCLI:
@@ -74,6 +69,43 @@ class SlurmCLI:
             raise
         recs = [r for r in slurm_nodes.records(text) if "JobState" in r]
         return recs or None
+
+    def submit(self, job: BatchJob) -> str:
+        """One `sbatch --parsable`, components separated by `:` (a heterogeneous job); the job id it printed."""
+        args = ["--parsable"]
+        for i, comp in enumerate(job.components):
+            if i:
+                args.append(":")
+            args += [f"--job-name={job.name}", "--no-requeue", "--export=NIL", f"--chdir={job.workdir}",
+                     f"--output={job.output}", f"--error={job.error}", f"--nodes={len(comp.hosts)}",
+                     "--ntasks-per-node=1", f"--nodelist={','.join(comp.hosts)}"]  # fmt: skip
+            args += [f"--gres=gpu:{comp.gpus}"] if comp.gpus else []
+            args += [f"--cpus-per-task={comp.cpus}"] if comp.cpus else []
+            args += [f"--mem={comp.memory_mib}M"] if comp.memory_mib else []
+            args += [f"--partition={job.partition}"] if job.partition else []
+            args += job.site_args
+        out = self.run("sbatch", [*args, str(job.script)])
+        job_id = out.strip().split(";", 1)[0]
+        if not job_id.isdigit():
+            raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
+        return job_id
+
+    def cancel(self, job_id: str, *, pending_only: bool = False) -> None:
+        """`scancel [--state=PENDING] JOB`; a failure is not raised (the caller repeats it)."""
+        self.run("scancel", [*(["--state=PENDING"] if pending_only else []), job_id], check=False)
+
+    def signal_batch(self, job_id: str, signal: str = "TERM") -> None:
+        """`scancel --batch --signal=SIG JOB`: the batch shell alone hears it; a failure is not raised."""
+        self.run("scancel", ["--batch", f"--signal={signal}", job_id], check=False)
+
+    def node_records(self, names: Sequence[str]) -> list[dict[str, str]]:
+        """`scontrol -o show node a,b,…`; what it printed, [] when it failed."""
+        text = self.run("scontrol", ["-o", "show", "node", ",".join(names)], check=False) if names else ""
+        return [r for r in slurm_nodes.records(text) if "NodeName" in r]
+
+    def discover(self, partition: str | None = None) -> list[EngineNode]:
+        """See the module function `discover`."""
+        return discover(self, partition)
 
 
 @lru_cache(maxsize=4096)

@@ -41,7 +41,9 @@ through srun's stdin; each passes one SIGTERM to its supervisor (SIGTERM → gra
 still pending is cancelled at once. If anything is still up `grace_s + KILL_AFTER_GRACE_S` after the stop, poll
 cancels the job outright (`scancel`: Slurm's SIGTERM, KillWait, SIGKILL).
 
-slurmrestd is not used (see `slurm_cli`); `use_rest=True` is refused until it is.
+Slurm is reached through `SlurmAPI` (`slurm_api`): its command-line tools (`slurm_cli`), or slurmrestd where the
+operator runs it (`rest=`, see `slurm_rest` for the calls that still use the tools). The rules above are the same
+over both.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ from suanli.executors.local import (
     record_first_failure,
 )
 from suanli.executors.rankrun import write_atomic
-from suanli.executors.slurm_cli import JOB_PREFIX, SlurmCLI, SlurmError, discover
+from suanli.executors.slurm_api import JOB_PREFIX, BatchJob, Component, SlurmAPI, SlurmError
+from suanli.executors.slurm_cli import SlurmCLI
 from suanli.executors.slurm_nodes import ACTIVE, PENDING, JobView, job_view
 
 PLAN_FILE = ".slurm-plan.json"
@@ -104,16 +107,21 @@ class SlurmExecutor:
         self,
         slurm_conf: str | None = None,
         partition: str | None = None,
-        use_rest: bool = False,
+        rest: str | None = None,
         *,
         sbatch_args: tuple[str, ...] = (),
         pending_timeout_s: float = 300.0,
         settle_s: float = 5.0,
         timeout_s: float = 20.0,
     ) -> None:
-        if use_rest:
-            raise ValueError("slurmrestd is not supported yet; the Slurm executor uses sbatch/squeue/scontrol/scancel")
-        self.cli = SlurmCLI(slurm_conf, timeout_s)
+        """`rest`: slurmrestd's address (`unix:/run/slurmrestd.sock`, `http://host:6820`; see `slurm_rest`), or None
+        for the command-line tools alone. `slurm_conf` is SLURM_CONF for the tools and the jobs either way."""
+        cli = SlurmCLI(slurm_conf, timeout_s)
+        self.api: SlurmAPI = cli
+        if rest:
+            from suanli.executors.slurm_rest import SlurmREST  # httpx is imported only where slurmrestd is used
+
+            self.api = SlurmREST(rest, cli=cli, timeout_s=timeout_s)
         self.slurm_conf = slurm_conf
         self.partition = partition
         self.sbatch_args = tuple(sbatch_args)  # the site's own: --account, --qos, --time, …
@@ -122,7 +130,7 @@ class SlurmExecutor:
 
     def nodes(self) -> list[EngineNode]:
         """The nodes of the cluster (of `partition`, when set) with GPUs, topology labels and others' busy GPUs."""
-        return discover(self.cli, self.partition)
+        return self.api.discover(self.partition)
 
     # -- launch -------------------------------------------------------------------------------------------
 
@@ -151,39 +159,25 @@ class SlurmExecutor:
         script = log_dir / BATCH_FILE
         script.write_text(self._script(launch, len(hosts), len(components)))
         script.chmod(0o700)
-        name = f"{JOB_PREFIX}{launch.workload_id}-a{launch.attempt}"
-        args = ["--parsable"]
-        for i, comp in enumerate(components):
-            if i:
-                args.append(":")
-            args += [f"--job-name={name}", "--no-requeue", "--export=NIL", f"--chdir={log_dir}",
-                     f"--output={log_dir}/slurm-%j.out", f"--error={log_dir}/slurm-%j.err", *comp["args"]]  # fmt: skip
-        out = self.cli.run("sbatch", [*args, str(script)])
-        job_id = out.strip().split(";", 1)[0]
-        if not job_id.isdigit():
-            raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")
+        job_id = self.api.submit(BatchJob(
+            name=f"{JOB_PREFIX}{launch.workload_id}-a{launch.attempt}", script=script, workdir=log_dir,
+            output=f"{log_dir}/slurm-%j.out", error=f"{log_dir}/slurm-%j.err", components=tuple(components),
+            partition=self.partition, site_args=self.sbatch_args, environment=self._batch_env(),
+        ))  # fmt: skip
         return {
             "executor": self.name, "version": 1, "job_id": job_id, "log_dir": str(log_dir),
             "grace_s": launch.grace_s, "launched_at": now, "nodes": hosts,
-            "components": [{"hosts": c["hosts"], "gpus": c["gpus"]} for c in components],
+            "components": [{"hosts": list(c.hosts), "gpus": c.gpus} for c in components],
             "batch_out": str(log_dir / f"slurm-{job_id}.out"), "batch_err": str(log_dir / f"slurm-{job_id}.err"),
             "ranks": records,
         }  # fmt: skip
 
-    def _components(self, launch: Launch, hosts: list[str]) -> list[dict[str, Any]]:
-        """sbatch options per job component: one per distinct (GPUs, CPUs, memory) a rank needs, in rank order."""
+    def _components(self, launch: Launch, hosts: list[str]) -> list[Component]:
+        """The job's components: one per distinct (GPUs, CPUs, memory) a rank needs, in rank order."""
         groups: dict[tuple[int, int, int], list[str]] = {}
         for rank, host in zip(launch.ranks, hosts, strict=True):
             groups.setdefault(self._needs(launch, rank), []).append(host)
-        out = []
-        for (gpus, cpus, mem), members in groups.items():
-            args = [f"--nodes={len(members)}", "--ntasks-per-node=1", f"--nodelist={','.join(members)}"]
-            args += [f"--gres=gpu:{gpus}"] if gpus else []
-            args += [f"--cpus-per-task={cpus}"] if cpus else []
-            args += [f"--mem={mem}M"] if mem else []
-            args += [f"--partition={self.partition}"] if self.partition else []
-            out.append({"hosts": members, "gpus": gpus, "args": [*args, *self.sbatch_args]})
-        return out
+        return [Component(tuple(members), gpus, cpus, mem) for (gpus, cpus, mem), members in groups.items()]
 
     @staticmethod
     def _needs(launch: Launch, rank: NodeRank) -> tuple[int, int, int]:
@@ -197,10 +191,15 @@ class SlurmExecutor:
             mem = host_share(mem, len(rank.gpus), req.gpus_asked)
         return len(rank.gpus), math.ceil(cpu / 1000) if cpu else 0, int(mem)
 
-    def _script(self, launch: Launch, n: int, components: int) -> str:
+    def _batch_env(self) -> dict[str, str]:
+        """What the batch shell gets of this process's environment (BATCH_ENV), and SLURM_CONF for its srun."""
         env = {k: os.environ[k] for k in BATCH_ENV if k in os.environ}
         if self.slurm_conf:
             env["SLURM_CONF"] = self.slurm_conf
+        return env
+
+    def _script(self, launch: Launch, n: int, components: int) -> str:
+        env = self._batch_env()
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
         layout = f"--nodes={n} --ntasks={n} --ntasks-per-node=1"
         if components > 1:
@@ -235,7 +234,7 @@ exit $rc
         codes = {int(r["node_rank"]): _read_rc(r["rc_file"]) for r in handle["ranks"]}
         done = all(c is not None for c in codes.values())
         try:
-            recs = self.cli.job_records(str(handle["job_id"]))
+            recs = self.api.job_records(str(handle["job_id"]))
         except SlurmError:
             if done:  # the exit codes say all there is to say
                 return self._exited(handle, read_json(log_dir / FAILURE_FILE) or self._first_failure(
@@ -253,7 +252,7 @@ exit $rc
             if live and now < last + ENDING_S:
                 return Status("running", reason="ending")  # its GPUs are Slurm's until the job has left
             if live:
-                self.cli.run("scancel", [str(handle["job_id"])], check=False)
+                self.api.cancel(str(handle["job_id"]))
             return self._exited(handle, failure, stop)
         if view is not None and (view.state in PENDING or view.state in ACTIVE):
             return self._live(handle, view, failure, stop, now)
@@ -294,12 +293,12 @@ exit $rc
             if now >= float(stop["at"]) + float(handle.get("grace_s", 10.0)) + KILL_AFTER_GRACE_S:
                 if not stop.get("killed"):
                     write_atomic(str(Path(handle["log_dir"]) / STOP_FILE), json.dumps({**stop, "killed": now}))
-                self.cli.run("scancel", [str(handle["job_id"])], check=False)
+                self.api.cancel(str(handle["job_id"]))
             return Status("running", reason="stopping")
         if view.state in PENDING:
             waited = now - float(handle["launched_at"])
             if view.reason.startswith(HOPELESS) or waited > self.pending_timeout_s:
-                self.cli.run("scancel", [str(handle["job_id"])], check=False)
+                self.api.cancel(str(handle["job_id"]))
                 return self._lost(handle, f"Slurm job {handle['job_id']} pending for {waited:.0f}s: {view.reason}"
                                   " (its nodes are held by work suanli does not see, or refused)", now)  # fmt: skip
             return Status("running", reason=f"pending in Slurm: {view.reason}")
@@ -342,9 +341,8 @@ exit $rc
 
     def _dead_nodes(self, handle: dict[str, Any]) -> str:
         """'; node2 is DOWN+NOT_RESPONDING: Not responding [...]' for the job's nodes Slurm holds dead."""
-        text = self.cli.run("scontrol", ["-o", "show", "node", ",".join(handle["nodes"])], check=False)
         dead = [f"{r['NodeName']} is {r.get('State', '?')}" + (f": {r['Reason']}" if r.get("Reason") else "")
-                for r in slurm_nodes.records(text) if slurm_nodes.state_dead(r.get("State", ""))]  # fmt: skip
+                for r in self.api.node_records(handle["nodes"]) if slurm_nodes.state_dead(r.get("State", ""))]  # fmt: skip
         return f"; {'; '.join(dead)}" if dead else ""
 
     # -- stopping -----------------------------------------------------------------------------------------
@@ -355,8 +353,8 @@ exit $rc
         Non-blocking and idempotent: the first request's time counts; later calls only repeat the signal."""
         create_exclusive(Path(handle["log_dir"]) / STOP_FILE, json.dumps({"at": now, "by": by}))
         job = str(handle["job_id"])
-        self.cli.run("scancel", ["--state=PENDING", job], check=False)
-        self.cli.run("scancel", ["--batch", "--signal=TERM", job], check=False)
+        self.api.cancel(job, pending_only=True)
+        self.api.signal_batch(job, "TERM")
 
     # -- logs ---------------------------------------------------------------------------------------------
 

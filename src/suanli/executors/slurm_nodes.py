@@ -197,8 +197,18 @@ def parse_nodes(
     `busy_gpus`, the capacity others' jobs hold. The GPU model is a `suanli.io/gpu=MODEL` feature when the catalog
     knows it, else the gres type when it is a catalog name. Features of the form `suanli.io/…=…` become labels
     (an operator states an NVLink domain that way); topology labels (see `parse_topology`) win over them."""
+    return parse_node_records(records(text), topology, own, partition)
+
+
+def parse_node_records(
+    recs: list[dict[str, str]],
+    topology: dict[str, dict[str, str]] | None = None,
+    own: dict[str, int] | None = None,
+    partition: str | None = None,
+) -> list[EngineNode]:
+    """`parse_nodes` of records already split into fields (as slurmrestd's JSON is mapped into them)."""
     out: list[EngineNode] = []
-    for rec in records(text):
+    for rec in recs:
         name = rec.get("NodeName")
         if not name:
             continue

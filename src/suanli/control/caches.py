@@ -84,6 +84,10 @@ class ModelCapacity:
     per_nvlink: int  # the most in one NVLink domain (of one cluster)
     per_leaf: int  # the most under one leaf switch
     hosts: tuple[tuple[int, int, int, int], ...] = ()  # (GPUs, cores, MiB, how many nodes) per kind of node
+    per_cluster: int = 0  # the most in one cluster (a gang runs inside one); 0: not known, take `gpus`
+
+    def largest_gang(self) -> int:
+        return self.per_cluster or self.gpus
 
     def carries(self, gpus: int, cpu_milli: int, memory_mib: int) -> int:
         """How many GPUs of a request asking `cpu_milli` and `memory_mib` for `gpus` GPUs (taken per GPU) these
@@ -117,6 +121,7 @@ class FleetCache:
             hosts: dict[str, Counter[tuple[int, int, int]]] = defaultdict(Counter)
             domains: dict[tuple[str, str, int], int] = defaultdict(int)
             leaves: dict[tuple[str, str, int], int] = defaultdict(int)
+            clusters: dict[tuple[str, str], int] = defaultdict(int)
             rows = s.execute(
                 select(Node.gpu_model, Node.cluster_id, Node.nvlink_domain, Node.leaf, Node.gpu_count, Node.cpu_count,
                        Node.memory_mib).where(Node.gpu_model.is_not(None), Node.state != "down")
@@ -127,11 +132,13 @@ class FleetCache:
                 t[0], t[1] = t[0] + n, max(t[1], n)
                 domains[(m, cid, dom)] += n
                 leaves[(m, cid, leaf)] += n
+                clusters[(m, cid)] += n
             models = {
                 m: ModelCapacity(total, per,
                                  max(v for (mm, _, _), v in domains.items() if mm == m),
                                  max(v for (mm, _, _), v in leaves.items() if mm == m),
-                                 tuple((*kind, c) for kind, c in sorted(hosts[m].items())))
+                                 tuple((*kind, c) for kind, c in sorted(hosts[m].items())),
+                                 max(v for (mm, _), v in clusters.items() if mm == m))
                 for m, (total, per) in totals.items()
             }  # fmt: skip
             with self._lock:

@@ -76,7 +76,7 @@ def candidates(
             raise Invalid(f"max_price_per_hour: {host_text(host_cpu, host_mem)} cost {host:.2f}/h, above the ceiling "
                           f"{spec.max_price_per_hour}")  # fmt: skip
         return [Candidate("", host, host)]
-    registered = {m: (c.gpus, c.per_node) for m, c in fleet.items()}
+    registered = {m: (c.largest_gang(), c.per_node) for m, c in fleet.items()}
     preference = spec.gpu_preference() or tuple(sorted(registered))
     models = [m for m in preference if m in registered]
     if not models:
@@ -84,7 +84,8 @@ def candidates(
         raise Invalid(f"resources.gpu: no registered node has {' or '.join(preference)}; GPUs on offer: {on_offer}")
     biggest = max(registered[m][0] for m in models)
     if want > biggest:
-        raise Invalid(f"resources.gpus: needs {want} GPUs; the most any matching GPU model has is {biggest}")
+        raise Invalid(f"resources.gpus: needs {want} GPUs; the most of {' or '.join(models)} in one cluster is "
+                      f"{biggest} (a gang runs inside one cluster)")  # fmt: skip
     models = [m for m in models if registered[m][0] >= want]
     cpu, mem = spec.resources.cpu_milli(), spec.resources.memory_mib()
     if cpu or mem:

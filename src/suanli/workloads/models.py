@@ -227,6 +227,9 @@ class Resources(BaseModel):
                     raise FieldError("gpu", f"{name} does not support MIG slices (slice: {self.slice})")
                 if self.slice not in profiles:
                     raise FieldError("slice", f"{name} offers {', '.join(profiles)}, not {self.slice}")
+        if self.nodes is not None and self.nodes > 1 and self.gpus == 0:
+            raise FieldError("nodes", f"CPU-only work runs on one node (got nodes: {self.nodes}); ask for GPUs to span "
+                             "several")  # fmt: skip
         if self.nodes is not None:
             counts = (self.gpus.min, self.gpus.max) if isinstance(self.gpus, GpuRange) else (self.gpus,)
             for what, n in zip(("min", "max") if len(counts) == 2 else ("gpus",), counts, strict=True):

@@ -255,6 +255,7 @@ def logs(
     """A chunk of a node-rank's log from `offset`; `done` once the workload has ended and the log is read out."""
     with ctx.db.read() as s:
         w = workloads.get(s, ctx.who, ref)
+        workload_logs.check_rank(s, w, rank)
     data, nxt, eof = workload_logs.read(ctx.srv.settings.home, w, rank, offset, limit)
     finished = w.state not in workloads.ACTIVE
     return LogOut(data=data, next_offset=nxt, done=finished and eof)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -133,6 +134,34 @@ def _db_message(exc: DataError | IntegrityError) -> str:
     return (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[0][:300]
 
 
+_SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: [\w.]+\.(\w+)")
+_PG_NAMED = re.compile(r'constraint "(\w+)"')
+
+
+def _constraint_columns() -> dict[str, str]:
+    """Unique constraint and index name → its first column, from the models (PostgreSQL names the constraint)."""
+    from sqlalchemy import Index, UniqueConstraint
+
+    from suanli.db.models import Base
+
+    out: dict[str, str] = {}
+    for table in Base.metadata.tables.values():
+        for c in [*table.constraints, *table.indexes]:
+            if isinstance(c, UniqueConstraint | Index) and c.name and list(c.columns):
+                out[str(c.name)] = next(iter(c.columns)).name
+    return out
+
+
+def _conflict_message(exc: IntegrityError) -> str:
+    """The field that clashed, in words; never the database's constraint or index names, nor its SQL."""
+    text = str(exc.orig)
+    m = _SQLITE_UNIQUE.search(text)
+    column = m.group(1) if m else None
+    if column is None and (m := _PG_NAMED.search(text)) and "unique" in text:
+        column = _constraint_columns().get(m.group(1))
+    return f"{column}: already taken; choose another" if column else "conflicts with existing data; try again"
+
+
 def _jsonable_errors(exc: RequestValidationError) -> list[dict[str, Any]]:
     return [{"loc": [str(x) for x in e.get("loc", ())], "msg": str(e.get("msg", "")), "type": e.get("type", "")}
             for e in exc.errors()]  # fmt: skip
@@ -222,7 +251,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     @app.exception_handler(IntegrityError)
     async def integrity_error(_: Request, exc: IntegrityError) -> JSONResponse:
-        return JSONResponse({"detail": f"conflicts with existing data: {_db_message(exc)}"}, status_code=409)
+        log.info("%s: %s", type(exc).__name__, _db_message(exc))
+        return JSONResponse({"detail": _conflict_message(exc)}, status_code=409)
 
     # The database cannot serve now (see `transient`: down, unreachable, a rolled-back deadlock, SQLite locked):
     # 503, try again. The cause goes to the log, not to the caller. Other errors (a missing table) stay 500s.

@@ -116,7 +116,9 @@ def usage(
     user: Annotated[
         str | None, typer.Option("--user", metavar="USER", help="Only this member's usage (email or user id).")
     ] = None,
-    workload: Annotated[str | None, typer.Option("--workload", help="Only this workload.")] = None,
+    workload: Annotated[
+        str | None, typer.Option("--workload", help="Only this workload (its id, or its name: every run of that name).")
+    ] = None,
     since: Annotated[str | None, typer.Option("--since", help="ISO time, e.g. 2025-01-01 (UTC).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="ISO time (UTC).")] = None,
     server: ServerOpt = None,

@@ -26,7 +26,7 @@ from suanli.billing.prices import PriceBook
 from suanli.control import inventory, ledger, prices
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
-from suanli.db.models import Allocation, Org, User
+from suanli.db.models import Allocation, Org, User, Workload
 from suanli.workloads.host import cores, gib
 
 
@@ -294,12 +294,14 @@ def statement(
     until: datetime | None = None,
     limit: int = 10_000,
 ) -> list[dict[str, Any]]:
-    """Usage per allocation (per workload and user), newest first; cost is what the ledger charged."""
+    """Usage per allocation (per workload and user), newest first; cost is what the ledger charged. `workload` is
+    a workload's id or its name (all its runs of that name)."""
     q = select(Allocation, User.email).join(User, User.id == Allocation.user_id).where(Allocation.org_id == org_id)
     if user_id:
         q = q.where(Allocation.user_id == user_id)
-    if workload:
-        q = q.where(Allocation.workload == workload)
+    if workload:  # an id, or a name: every run of that name in this org
+        named = select(Workload.id).where(Workload.org_id == org_id, Workload.name == workload)
+        q = q.where(or_(Allocation.workload == workload, Allocation.workload.in_(named)))
     if since:
         q = q.where(or_(Allocation.stopped_at.is_(None), Allocation.stopped_at >= since))
     if until:

@@ -191,9 +191,8 @@ class SchedulingPass:
         queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
                  for r in queue_rows]  # fmt: skip
         queue = self._by_priority(queue)
-        names = {r.id: r.name for r in queue_rows}
         placements: list[placing.Placement] = []
-        preempts: list[tuple[str, str]] = []
+        preempts: list[tuple[str, str, str]] = []
         resizes: list[resizing.ResizeItem] = []
         waits: dict[str, str] = {}  # workload -> why the size its owner asked for waits
         pending: dict[str, tuple[str, int]] = {}
@@ -216,7 +215,7 @@ class SchedulingPass:
                 placements.append((p.request_id, view, resizing.by_node(view, p.gpus), p.reason))
                 placed.add(p.request_id)
             for pr in result.preempted:
-                preempts.append((pr.allocation_id, _named(pr.reason, names)))
+                preempts.append((pr.allocation_id, pr.reason, pr.by))
             resizes += [resizing.item(view, rz, state) for rz in result.resized]
             for pe in result.pending:
                 pending.setdefault(pe.request_id, (pe.reason, pe.position))
@@ -365,7 +364,7 @@ class SchedulingPass:
         db: Database,
         now: datetime,
         placements: list[placing.Placement],
-        preempts: list[tuple[str, str]],
+        preempts: list[tuple[str, str, str]],
         resizes: list[resizing.ResizeItem],
         waits: dict[str, str],
         pending: dict[str, tuple[str, int]],
@@ -403,14 +402,6 @@ class SchedulingPass:
                     .values(pending_reason=bindparam("r"), queue_position=bindparam("p")),
                     changed,
                 )
-
-
-def _named(reason: str, names: dict[str, str]) -> str:
-    """`preempted for wl_…` → `preempted for train-70b (wl_…)`: the victim's owner sees what took its GPUs."""
-    for wid, name in names.items():
-        if wid in reason:
-            return reason.replace(wid, f"{name} ({wid})", 1)
-    return reason
 
 
 def _fits_models(r: Request, models: frozenset[str]) -> bool:

@@ -256,7 +256,7 @@ class Scheduler:
         for v in evicted:
             t = v.request.tenant
             ctx.tenant_gpus[t] = ctx.tenant_gpus.get(t, 0.0) - v.gpu_count * v.milli / FULL
-            result.preempted.append(Preempt(v.id, f"preempted for {req.id} ({self.policy.name})"))
+            result.preempted.append(Preempt(v.id, f"preempted for {req.id} ({self.policy.name})", req.id))
         return placed
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------

@@ -112,6 +112,7 @@ class Place:
 class Preempt:
     allocation_id: str
     reason: str
+    by: str = ""  # the request it makes room for (the control plane names it only to its own org)
 
 
 @dataclass(frozen=True, slots=True)

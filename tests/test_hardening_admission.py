@@ -67,3 +67,15 @@ def test_a_log_of_a_rank_that_does_not_exist_or_past_any_file_is_an_error_or_emp
     assert r.status_code == 200 and r.json()["data"], r.text  # running: the virtual executor wrote its first line
     r = api.get(f"{API}/workloads/{wid}/logs", params={"offset": 1 << 50}, headers=who.headers)
     assert r.status_code == 200 and r.json()["data"] == "", r.text
+
+
+def test_a_quote_for_a_gpu_count_no_plan_fits_says_so(api: TestClient) -> None:
+    """`quote --gpus 7` said "nothing priced and free fits" (there were 32 free GPUs) and exited 0."""
+    who = _two_clusters(api)
+    body = {"model": "llama3.1-8b", "tokens": 1e9, "gpu": "H20"}
+    ok = api.post(f"{API}/quotes", json={**body, "gpus": 8}, headers=who.headers)
+    assert ok.status_code == 200 and ok.json(), ok.text
+    r = api.post(f"{API}/quotes", json={**body, "gpus": 7}, headers=who.headers)
+    assert r.status_code == 422 and r.json()["detail"].startswith("gpus: no parallel plan"), r.text
+    r = api.post(f"{API}/quotes", json={**body, "gpus": 64}, headers=who.headers)  # more than any cluster: no offer
+    assert r.status_code == 200 and r.json() == [], r.text

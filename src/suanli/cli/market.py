@@ -116,9 +116,10 @@ def quote(
     if json_out:
         emit_json(jsonable(rows))
         return
-    if not rows:
-        console.print("no feasible offer: nothing priced and free fits this run (see 'suanli offers')")
-        return
+    if not rows:  # (a GPU count no parallel plan fits is the server's 422, with why)
+        typer.echo("no feasible offer: no priced GPU model has the free GPUs this run needs now (see 'suanli offers')",
+                   err=True)  # fmt: skip
+        raise typer.Exit(1)
     from suanli.cli.jobs import plan_label
 
     size = human_count(n_tokens) + " tokens" if n_tokens is not None else f"{steps:,} steps"

@@ -223,17 +223,23 @@ def _quote(
     host_per_gpu: tuple[int, int],
 ) -> list[dict[str, Any]]:
     found: list[tuple[Quote, str]] = []
+    room = False  # some priced offer has `gpus` GPUs free: then an empty answer means no plan fits that count
     for (cid, model), free in sorted(snap.free_by_cluster_model.items()):
         if (model_filter and model != model_filter) or model not in snap.book.gpu_hour:
             continue
         topo = _topology(cache, snap.clusters[cid], model)
         if topo is None or (gpus and gpus > topo.n_gpus):
             continue
+        room = room or (gpus is not None and free >= gpus)
         offer = [QuoteOffer(topo, free)]
         for q in quote(job, tokens, offer, snap.book, gpus=gpus, mode=mode, rank=rank, limit=limit, host=host_per_gpu):
             found.append((q, snap.clusters[cid].name))
     order = (
         (lambda t: (t[0].cost, t[0].total_time_s)) if rank == "cheapest" else (lambda t: (t[0].total_time_s, t[0].cost))
     )
+    if not found and room:
+        raise Invalid(f"gpus: no parallel plan of the model fits on {gpus} GPUs (data x tensor x pipeline parallel "
+                      "must make that count, the tensor degree must divide the heads, and the data degree the global "
+                      "batch); try a count such as a power of two")  # fmt: skip
     best = sorted(found, key=order)[:limit]
     return [{**q.as_dict(), "cluster": name, "currency": snap.book.currency} for q, name in best]

@@ -60,9 +60,10 @@ def rest(request: pytest.FixtureRequest, slurm: SlurmCluster, monkeypatch: pytes
     calls: list[tuple[str, ...]] = []
     real = SlurmCLI.run
 
-    def run(self: SlurmCLI, tool: str, args: Sequence[str], check: bool = True, timeout_s: float | None = None) -> str:
+    def run(self: SlurmCLI, tool: str, args: Sequence[str], check: bool = True, timeout_s: float | None = None,
+            env: Any = None) -> str:  # fmt: skip
         calls.append((tool, *args))
-        return real(self, tool, args, check, timeout_s)
+        return real(self, tool, args, check, timeout_s, env)
 
     monkeypatch.setattr(SlurmCLI, "run", run)
     yield slurm.rest
@@ -274,6 +275,24 @@ def test_exit_codes_and_a_failing_rank_stops_the_gang(slurm: SlurmCluster, tmp_p
     assert time.monotonic() - started < 20
     assert (launch.log_dir / "rank-0.rc").read_text() == "-15\n"  # stopped by the gang, not left to sleep
     assert "JobState=COMPLETED" in slurm.run("scontrol", "-o", "show", "job", handle["job_id"]).stdout
+
+
+def test_nothing_of_the_servers_environment_reaches_slurm(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sbatch runs in PATH, HOME, locale and SLURM_CONF alone: a secret of the server's is not stored by slurmctld
+    nor seen by the job, and an SBATCH_* variable of the server's does not become an option."""
+    monkeypatch.setenv("SUANLI_TEST_SECRET", "hunter2")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "7")
+    ex = SlurmExecutor(str(slurm.conf))
+    launch = make_launch(tmp_path, "cat /proc/$$/environ | tr '\\0' '\\n'; env", (rank("node1", 0),))
+    handle = ex.launch(launch, time.time())
+    rec = scontrol_job(slurm, handle["job_id"])[0]
+    assert rec["TimeLimit"] != "00:07:00", rec["TimeLimit"]
+    assert wait_done(ex, handle).state == "exited"
+    batch = Path(handle["batch_out"]).read_text() + Path(handle["batch_err"]).read_text()
+    assert "hunter2" not in logs(handle) + batch
+    assert "PATH=" in logs(handle)  # the rank's own environment was printed
 
 
 def test_stop_sends_sigterm_to_the_job_and_sigkill_after_grace(slurm: SlurmCluster, tmp_path: Path,

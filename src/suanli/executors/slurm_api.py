@@ -42,11 +42,11 @@ class Component:
 @dataclass(frozen=True)
 class BatchJob:
     """A batch job as suanli submits it: always `--no-requeue` (a requeue is suanli's decision) and nothing of the
-    submitter's environment (`--export=NIL`: no login shell is run on the node to fetch one either).
+    submitter's environment: only `environment`, with no login shell run on the node to fetch a user's.
 
     `script` is the batch script's file; it sets the environment its tasks need itself. `environment` is what the
-    batch shell starts with besides Slurm's own SLURM_* variables, for a transport that must give one (slurmrestd
-    refuses a job without); sbatch needs none, the script exporting the same. `output`/`error` may hold `%j`.
+    batch shell starts with besides Slurm's own SLURM_* variables (sbatch runs in it alone with `--export=ALL`;
+    slurmrestd is given it). `output`/`error` may hold `%j`.
     `site_args` are the site's own sbatch options (`--account=…`, `--qos=…`, `--time=…`), given to every component."""
 
     name: str

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import pwd
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 from suanli.executors import slurm_nodes
@@ -36,13 +36,22 @@ class SlurmCLI:
             env["SLURM_CONF"] = self.slurm_conf
         return env
 
-    def run(self, tool: str, args: Sequence[str], check: bool = True, timeout_s: float | None = None) -> str:
-        """Run `tool args…`; its stdout. A failure (exit code, timeout, missing tool) raises SlurmError when `check`,
-        else returns the stdout it had ("" if none)."""
+    def run(
+        self,
+        tool: str,
+        args: Sequence[str],
+        check: bool = True,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> str:
+        """Run `tool args…` (in `env`, default this process's environment and SLURM_CONF); its stdout. A failure
+        (exit code, timeout, missing tool) raises SlurmError when `check`, else returns the stdout it had ("" if
+        none)."""
         exe = os.path.join(self.bin_dir, tool) if self.bin_dir else tool
+        run_env = self.env() if env is None else {**env, **({"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {})}
         try:
             out = subprocess.run(
-                [exe, *args], env=self.env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                [exe, *args], env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                 timeout=timeout_s or self.timeout_s,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired) as e:
@@ -76,7 +85,7 @@ class SlurmCLI:
         for i, comp in enumerate(job.components):
             if i:
                 args.append(":")
-            args += [f"--job-name={job.name}", "--no-requeue", "--export=NIL", f"--chdir={job.workdir}",
+            args += [f"--job-name={job.name}", "--no-requeue", "--export=ALL", f"--chdir={job.workdir}",
                      f"--output={job.output}", f"--error={job.error}", f"--nodes={len(comp.hosts)}",
                      "--ntasks-per-node=1", f"--nodelist={','.join(comp.hosts)}"]  # fmt: skip
             args += [f"--gres=gpu:{comp.gpus}"] if comp.gpus else []
@@ -84,7 +93,9 @@ class SlurmCLI:
             args += [f"--mem={comp.memory_mib}M"] if comp.memory_mib else []
             args += [f"--partition={job.partition}"] if job.partition else []
             args += job.site_args
-        out = self.run("sbatch", [*args, str(job.script)])
+        # sbatch runs in `environment` alone and exports it all: what slurmctld stores is that and no more (no SBATCH_*
+        # of ours becomes an option either). --export=NIL would do the same but costs slurmd 0.1-1 s per launch.
+        out = self.run("sbatch", [*args, str(job.script)], env=dict(job.environment))
         job_id = out.strip().split(";", 1)[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch answered {out.strip()!r}, not a job id")

@@ -9,9 +9,10 @@ the local executor's, and each rank's output goes to `log_dir/rank-N.log`.
 Requirements of the site: log_dir (and the workdir) are on a filesystem every node and the server share (the Slurm
 site's shared home or data directory), and the server's Python (with suanli installed) is at the same path on every
 node: the launch files, the plan, the exit codes and the stop file all pass through log_dir. The job gets none of
-the server's environment but BATCH_ENV (PATH, HOME, locale; `sbatch --export=NIL`, so nothing else is stored by
-slurmctld, and unlike NONE no login shell is run on the node to fetch the user's environment), Slurm's own SLURM_*
-variables, and the launch file's env, as rankrun builds it.
+the server's environment but BATCH_ENV (PATH, HOME, locale: sbatch runs in that environment alone, with
+`--export=ALL`, so nothing else is stored by slurmctld; unlike `--export=NONE` no login shell is run on the node,
+and unlike NIL slurmd spends no extra 0.1-1 s on it), Slurm's own SLURM_* variables, and the launch file's env,
+as rankrun builds it.
 
 GPUs: suanli's chosen indices reach the job as CUDA_VISIBLE_DEVICES from the launch file, replacing the one Slurm
 sets for its own gres choice. Slurm 22.05 cannot be asked for particular GPU indices, so its choice (recorded per

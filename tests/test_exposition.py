@@ -91,7 +91,7 @@ GPUS = [
 ]
 PLATFORM = Platform(
     queue_by_class={"reserved": 0, "on-demand": 3, "spot": 7},
-    gpus_by_model={"H100-80GB": (3, 0, 1), "A100-80GB": (0, 1, 1)},
+    gpus_by_model={"H100-80GB": (3, 0, 1, 0), "A100-80GB": (0, 1, 1, 2)},
     waste_fraction=1 / 6,
     fragmentation=0.125,
     waste_gpu_seconds=12_345.5,
@@ -142,8 +142,8 @@ def _expected() -> dict[Key, float]:
         put("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", s.ecc_dbe, **labels)
     for cls, n in [("reserved", 0), ("on-demand", 3), ("spot", 7)]:
         put("suanli_queued_workloads", n, **{"class": cls})
-    for model, counts in [("H100-80GB", (3, 0, 1)), ("A100-80GB", (0, 1, 1))]:
-        for state, n in zip(["allocated", "free", "unhealthy"], counts, strict=True):
+    for model, counts in [("H100-80GB", (3, 0, 1, 0)), ("A100-80GB", (0, 1, 1, 2))]:
+        for state, n in zip(["allocated", "free", "unhealthy", "draining"], counts, strict=True):
             put("suanli_gpus", n, model=model, state=state)
     put("suanli_unhealthy_gpus", 2)
     put("suanli_gpu_waste_ratio", 1 / 6)

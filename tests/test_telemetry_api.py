@@ -295,3 +295,26 @@ def test_a_node_set_down_stops_its_work_and_a_cluster_with_work_is_not_removed(f
             break
     r = fleet.api.delete(f"{API}/admin/clusters/{cluster}", headers=fleet.admin)
     assert r.status_code == 204, r.text
+
+
+def test_gpus_of_a_draining_node_are_not_counted_free(fleet: Fleet) -> None:
+    """Issue: /metrics, the cluster summary and `admin top` counted a draining node's GPUs as free (127) while
+    offers said 112. Every view agrees now: free is what a new workload could get."""
+    w = _running(fleet, _submit(fleet, "busy", retry=0)["id"])
+    held = next(iter(w["allocation"]["nodes"]))
+    nodes = [n["name"] for n in fleet.get("/admin/nodes") if n["name"] != held]
+    r = fleet.api.patch(
+        f"{API}/admin/nodes/{nodes[0]}", json={"state": "draining", "reason": "test"}, headers=fleet.admin
+    )
+    assert r.status_code == 200, r.text
+    fleet.tick(2)
+    (h100,) = fleet.get("/cluster/summary")["gpus"]["by_model"]
+    (offer,) = [o for o in fleet.get("/offers", fleet.tenant.headers) if o["gpu"] == "H100-SXM"]
+    assert (h100["allocated"], h100["free"], h100["draining"], h100["unhealthy"]) == (8, 240, 8, 0), h100
+    assert h100["free"] == offer["free"]
+    r = fleet.api.get("/metrics", headers=fleet.admin)
+    promtool.assert_valid(r.content)
+    series = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for fam in text_string_to_metric_families(r.text) for s in fam.samples}  # fmt: skip
+    gpus = {dict(k)["state"]: v for (name, k), v in series.items() if name == "suanli_gpus"}
+    assert gpus == {"allocated": 8, "free": 240, "draining": 8, "unhealthy": 0}, gpus

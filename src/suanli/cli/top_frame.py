@@ -175,6 +175,8 @@ def _header(summary: dict[str, Any], gpus: list[dict[str, Any]], n_nodes: int, p
         models.append(f"{m.get('allocated', 0):,} allocated, {m.get('free', 0):,} free, ")
         bad = int(m.get("unhealthy", 0) or 0)
         models.append(f"{bad:,} unhealthy", style="bold red" if bad else "")
+        if m.get("draining"):
+            models.append(f", {int(m['draining']):,} draining", style="yellow")
         segments.append(models)
 
     u, t = s.get("utilisation") or {}, s.get("temperature") or {}

@@ -132,19 +132,22 @@ def _revenue(s: Session) -> Decimal:
         Allocation.stopped_at.is_(None))) or Decimal(0)  # fmt: skip
 
 
-def _by_model(latest: list[Latest], used: dict[str, set[int]]) -> dict[str, tuple[int, int, int]]:
-    """(allocated, free, unhealthy) GPUs by model; a GPU of a node taken down counts as unhealthy."""
+def _by_model(latest: list[Latest], used: dict[str, set[int]]) -> dict[str, tuple[int, int, int, int]]:
+    """(allocated, free, unhealthy, draining) GPUs by model: a GPU of a node taken down counts as unhealthy, an idle
+    one of a draining node as draining (no new work lands there), so `free` is what offers call free."""
     counts: dict[str, list[int]] = {}
     for x in latest:
-        c = counts.setdefault(x.model, [0, 0, 0])
+        c = counts.setdefault(x.model, [0, 0, 0, 0])
         held = x.gpu in used.get(x.node, ())
         if not x.healthy or x.node_state == "down":
             c[2] += 1
         elif held:
             c[0] += 1
+        elif x.node_state != "ready":
+            c[3] += 1
         else:
             c[1] += 1
-    return {m: (a, f, u) for m, (a, f, u) in counts.items()}
+    return {m: (a, f, u, d) for m, (a, f, u, d) in counts.items()}
 
 
 def summary(s: Session, latest: list[Latest], loop: LoopFigures, currency: str) -> dict[str, Any]:
@@ -154,8 +157,8 @@ def summary(s: Session, latest: list[Latest], loop: LoopFigures, currency: str) 
     info = loop.info
     return {
         "gpus": {"total": len(latest), "reporting": len(read),
-                 "by_model": [{"model": m, "allocated": a, "free": f, "unhealthy": u}
-                              for m, (a, f, u) in sorted(_by_model(latest, offers.used_gpus(s)).items())]},
+                 "by_model": [{"model": m, "allocated": a, "free": f, "unhealthy": u, "draining": d}
+                              for m, (a, f, u, d) in sorted(_by_model(latest, offers.used_gpus(s)).items())]},
         "utilisation": {"avg": sum(r.util for r in read) / len(read) if read else None,
                         "allocated_avg": _avg([x.sample.sample.util for x in latest
                                                if x.sample and x.sample.workload and not x.sample.sample.error])},

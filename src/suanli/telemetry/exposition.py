@@ -15,7 +15,7 @@ DCGM_FI_DEV_ECC_SBE_VOL_TOTAL / DCGM_FI_DEV_ECC_DBE_VOL_TOTAL (volatile ECC erro
 and suanli_gpu_sample_timestamp_seconds (when the reading was taken, for staleness alerts). A GPU whose sample has
 an `error` could not be read: it gets suanli_gpu_healthy 0 and its timestamp, no readings.
 
-Per platform: suanli_queued_workloads{class}, suanli_gpus{model,state="allocated"|"free"|"unhealthy"} (one metric,
+Per platform: suanli_queued_workloads{class}, suanli_gpus{model,state="allocated"|"free"|"unhealthy"|"draining"} (one metric,
 so `sum by (model)` is the model's fleet size), suanli_unhealthy_gpus, suanli_gpu_waste_ratio,
 suanli_gpu_fragmentation_ratio, suanli_waste_gpu_seconds_total, suanli_queued_capacity_gpu_seconds_total,
 suanli_scheduling_pass_seconds (histogram), suanli_revenue_per_hour{currency}, suanli_nodes{state}.
@@ -43,7 +43,12 @@ from suanli.telemetry.samples import GpuSample, Tagged
 CONTENT_TYPE: str = CONTENT_TYPE_LATEST  # the Content-Type header for `render`'s bytes
 
 GPU_LABELS = ("gpu", "UUID", "Hostname", "modelName", "workload", "org")
-GPU_STATES = ("allocated", "free", "unhealthy")  # suanli_gpus{state}, in `Platform.gpus_by_model` tuple order
+GPU_STATES = (
+    "allocated",
+    "free",
+    "unhealthy",
+    "draining",
+)  # suanli_gpus{state}, in `Platform.gpus_by_model` tuple order
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,7 @@ class Platform:
     """The scheduler's view of the fleet at one moment, as the leader computed it."""
 
     queue_by_class: Mapping[str, int]  # "reserved" / "on-demand" / "spot" -> pending workloads
-    gpus_by_model: Mapping[str, tuple[int, int, int]]  # model -> (allocated, free, unhealthy) GPUs
+    gpus_by_model: Mapping[str, tuple[int, ...]]  # model -> (allocated, free, unhealthy, draining) GPUs
     waste_fraction: float  # idle GPUs while work is queued / all GPUs (0 with an empty queue)
     fragmentation: float  # idle GPUs no queued workload can use / all GPUs
     waste_gpu_seconds: float  # counter since the scheduler leader started

@@ -13,6 +13,11 @@ submission to the latest rank's first line. It also counts ranks that ran on ano
 scheduler chose (the engine's own record of where each rank ran), and with `--failures` times a node killed
 mid-run (until the job runs again elsewhere) and a server killed with SIGKILL (until the restarted server reports
 the running job again). Prints markdown tables; quote medians.
+
+Slurm starts a job at the next pass of slurmctld's scheduler (here the backfill pass, every second: bf_interval=1),
+not at submission, so a launch waits 0-1 s for it. A submission made just after wait_idle is in step with that
+cadence (the last job ended on it), so each side waits a random 0-1 s (the same draws) before it submits: both
+then meet the scheduler at random moments, as real submissions do.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -27,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -87,9 +93,10 @@ class Platform:
     srv: Any = None
     db: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    stack: ExitStack = field(default_factory=ExitStack)  # a restarted server lives until the platform closes
 
-    def submit(self, command: str, name: str, retry: int = 0) -> str:
-        spec = {"name": name, "command": command, "resources": {"gpu": "H100", "gpus": NODES * GPUS},
+    def submit(self, command: str, name: str, retry: int = 0, gpus: int = NODES * GPUS) -> str:
+        spec = {"name": name, "command": command, "resources": {"gpu": "H100", "gpus": gpus},
                 "retry": {"on": ["node-failure"], "limit": retry}}  # fmt: skip
         r = self.http.post("/api/v1/workloads", json={"spec": spec}, headers=self.tenant.headers)
         r.raise_for_status()
@@ -129,9 +136,10 @@ def platform(engine_env: dict[str, str], cluster: str) -> Iterator[Platform]:
         http.post(f"/api/v1/admin/orgs/{tenant.org_id}/transactions", json={"kind": "topup", "amount": "100000"},
                   headers=adm).raise_for_status()  # fmt: skip
         db = f"sqlite+pysqlite:///{tmp / 'suanli.db'}"
-        p = Platform(http, tenant, adm, srv.home, cluster, srv, db, {**FAST, **engine_env})
-        yield p
-        p.http.close()
+        with ExitStack() as stack:
+            p = Platform(http, tenant, adm, srv.home, cluster, srv, db, {**FAST, **engine_env}, stack)
+            yield p
+            p.http.close()
 
 
 # ---- Slurm --------------------------------------------------------------------------------------------------------
@@ -143,8 +151,10 @@ def slurm(runs: int, failures: bool) -> Result:
         env = {"SUANLI_SLURM": "true", "SUANLI_SLURM_CONF": str(sc.conf), "SLURM_CONF": str(sc.conf)}
         with platform(env, "slurm") as p:
             out = Path(tempfile.mkdtemp(prefix="suanli-sbatch-"))
+            phase = random.Random(7)
             for i in range(runs):  # interleaved: both sides see the same machine, and idle nodes
                 sc.wait_idle()
+                time.sleep(phase.uniform(0, 1))  # a random moment of slurmctld's 1 s scheduling cadence (see below)
                 dt, doc = p.launch_once(i)
                 res.suanli.append(dt)
                 attempt = p.home / "workloads" / doc["id"] / f"attempt-{doc['attempt']}"
@@ -153,7 +163,9 @@ def slurm(runs: int, failures: bool) -> Result:
                     res.misplaced += f"slurm.{ran}" != chosen
                     res.ranks += 1
                 sc.wait_idle()
+                time.sleep(phase.uniform(0, 1))
                 res.engine.append(_sbatch_once(sc, out / f"run-{i}.out"))
+            report("slurm", res)
             if failures:
                 res.server_kill_s = _server_kill(p)
                 res.node_kill_s = _node_kill(p, lambda node: sc.kill_node(node.removeprefix("slurm.")))
@@ -204,6 +216,7 @@ def ray(runs: int, failures: bool) -> Result:
                 res.ranks += NODES
                 res.misplaced += _ray_misplaced(p, cluster, doc)
                 res.engine.append(_ray_job_once(cluster, driver))
+            report("ray", res)
             if failures:
                 res.server_kill_s = _server_kill(p)
                 res.node_kill_s = _node_kill(p, lambda node: cluster.kill_node(node.removeprefix("ray.")))
@@ -240,21 +253,21 @@ def _server_kill(p: Platform) -> tuple[float, float]:
     t0 = time.monotonic()
     os.kill(p.srv.proc.pid, signal.SIGKILL)
     p.srv.proc.wait()
-    with live_server(p.home, p.db, env=p.env) as srv:
-        up = time.monotonic() - t0
-        p.http = httpx.Client(base_url=srv.url, timeout=60)
-        doc = _wait("it to end", lambda: (d := p.doc(wid))["state"] in ("succeeded", "failed", "lost") and d)
-        seen = time.time()
-        if doc["state"] != "succeeded" or doc["attempt"] != 1:
-            raise RuntimeError(f"after the restart the job {doc['state']} (attempt {doc['attempt']}): {doc['reason']}")
-        ended = datetime.fromisoformat(doc["allocation"]["stopped_at"].replace("Z", "+00:00")).timestamp()
-        p.http.close()
+    p.srv = srv = p.stack.enter_context(live_server(p.home, p.db, env=p.env))
+    up = time.monotonic() - t0
+    p.http.close()
+    p.http = httpx.Client(base_url=srv.url, timeout=60)
+    doc = _wait("it to end", lambda: (d := p.doc(wid))["state"] in ("succeeded", "failed", "lost") and d)
+    seen = time.time()
+    if doc["state"] != "succeeded" or doc["attempt"] != 1:
+        raise RuntimeError(f"after the restart the job {doc['state']} (attempt {doc['attempt']}): {doc['reason']}")
+    ended = datetime.fromisoformat(doc["allocation"]["stopped_at"].replace("Z", "+00:00")).timestamp()
     return up, seen - ended
 
 
 # ---- failures -----------------------------------------------------------------------------------------------------
 def _node_kill(p: Platform, kill: Callable[[str], None]) -> float:
-    wid = p.submit("sleep 600", "survivor", retry=3)
+    wid = p.submit("sleep 600", "survivor", retry=3, gpus=GPUS)  # one node: three are left to move to
     first = _wait("it to run", lambda: (d := p.doc(wid))["state"] == "running" and d)
     victim = sorted(first["allocation"]["nodes"])[0]
     t0 = time.monotonic()
@@ -264,6 +277,13 @@ def _node_kill(p: Platform, kill: Callable[[str], None]) -> float:
     dt = time.monotonic() - t0
     p.http.post(f"/api/v1/workloads/{wid}/stop", headers=p.tenant.headers)
     return dt
+
+
+def report(engine: str, r: Result) -> None:
+    """The launch figures as soon as they are in (the failure runs come after), on stderr."""
+    print(f"{engine}: suanli {sorted(round(x, 3) for x in r.suanli)}", file=sys.stderr)
+    print(f"{engine}: alone  {sorted(round(x, 3) for x in r.engine)}", file=sys.stderr)
+    print(table({engine: r}), file=sys.stderr, flush=True)
 
 
 def table(results: dict[str, Result]) -> str:

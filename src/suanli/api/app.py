@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -138,6 +139,7 @@ _SQLITE_UNIQUE = re.compile(r"UNIQUE constraint failed: [\w.]+\.(\w+)")
 _PG_NAMED = re.compile(r'constraint "(\w+)"')
 
 
+@functools.cache
 def _constraint_columns() -> dict[str, str]:
     """Unique constraint and index name → its first column, from the models (PostgreSQL names the constraint)."""
     from sqlalchemy import Index, UniqueConstraint

@@ -2,7 +2,8 @@
 
 Money is exact on both databases, to the ledger's internal precision (1e-8): `Numeric(20, 8)` on PostgreSQL, and
 on SQLite (whose NUMERIC affinity stores REAL, a float) an INTEGER count of 1e-8 units, so that sums and the running
-balance's `balance + amount` are integer arithmetic in SQL (`Money`). Balances are derived from ledger entries; `account_balances` is a running sum kept in the same transaction as the entries, so a balance
+balance's `balance + amount` are integer arithmetic in SQL (`Money`). Balances are derived from ledger entries;
+`account_balances` is a running sum kept in the same transaction as the entries, so a balance
 read is one row, and `control.ledger.recompute` can always check it against the entries.
 Rows that background loops work on carry lease columns (`lock_owner`, `lock_expires_at`).
 """
@@ -32,8 +33,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-UNITS = 10**8  # 1e-8 of the currency unit: billing.money.INTERNAL
-MONEY_LIMIT = Decimal(2**63 - 1) / UNITS  # what SQLite's 64-bit integers hold: ¥92 billion, per value and per sum
+from suanli.billing.money import INTERNAL
+
+UNITS = int(1 / INTERNAL)  # 10**8 units to the currency unit; SQLite's 64-bit integers then hold ¥92 billion
 
 
 class Money(TypeDecorator[Decimal]):

@@ -10,7 +10,7 @@ Where and who:
   `AuthAltTypes=auth/jwt` for it.
 
 Jobs are submitted with the same options as `sbatch` is given (`slurm_cli.SlurmCLI.submit`) under their REST names
-(nodelist, nodes, tasks_per_node, gres, no_requeue, an explicit environment instead of --export=NIL, …); the site's
+(nodelist, nodes, tasks_per_node, gres, no_requeue, the same explicit environment sbatch runs in, …); the site's
 sbatch options are mapped by name (`site_properties`), and slurmrestd names any it refuses. Job and node JSON is
 mapped into `scontrol -o`'s fields, so `slurm_nodes` reads both transports the same way.
 

@@ -28,17 +28,17 @@ COLUMNS = {
 }
 
 
-def upgrade() -> None:
+def _set_each(expression: str) -> None:
+    """On SQLite, every money column `c` set to `expression` (a format with `{c}`); nothing elsewhere."""
     if op.get_bind().dialect.name != "sqlite":
         return
     for table, columns in COLUMNS.items():
-        sets = ", ".join(f"{c} = CAST(ROUND({c} * 100000000) AS INTEGER)" for c in columns)
-        op.execute(f"UPDATE {table} SET {sets}")
+        op.execute(f"UPDATE {table} SET " + ", ".join(f"{c} = " + expression.format(c=c) for c in columns))
+
+
+def upgrade() -> None:
+    _set_each("CAST(ROUND({c} * 100000000) AS INTEGER)")
 
 
 def downgrade() -> None:
-    if op.get_bind().dialect.name != "sqlite":
-        return
-    for table, columns in COLUMNS.items():
-        sets = ", ".join(f"{c} = {c} / 100000000.0" for c in columns)
-        op.execute(f"UPDATE {table} SET {sets}")
+    _set_each("{c} / 100000000.0")

@@ -54,15 +54,15 @@ def test_a_log_of_a_rank_that_does_not_exist_or_past_any_file_is_an_error_or_emp
     r = _submit(api, who, {"gpu": "H20", "gpus": 16, "nodes": 2})
     assert r.status_code == 201, r.text
     wid = r.json()["id"]
-    r = api.get(f"{API}/workloads/{wid}/logs", params={"rank": 99}, headers=who.headers)
-    assert r.status_code == 422 and r.json()["detail"].startswith("rank"), r.text
-    assert "2 node-ranks" in r.json()["detail"]
-    for rank in (0, 1):
-        assert api.get(f"{API}/workloads/{wid}/logs", params={"rank": rank}, headers=who.headers).status_code == 200
     db = api.app.state.server.db  # type: ignore[attr-defined]
     now = utcnow()
     SchedulingPass().run(db, now)
     Supervisor(api.app.state.server.settings.home).run(db, now)  # type: ignore[attr-defined]
+    r = api.get(f"{API}/workloads/{wid}/logs", params={"rank": 99}, headers=who.headers)  # placed on 2 nodes
+    assert r.status_code == 422 and r.json()["detail"].startswith("rank"), r.text
+    assert "2 node-ranks" in r.json()["detail"]
+    for rank in (0, 1):
+        assert api.get(f"{API}/workloads/{wid}/logs", params={"rank": rank}, headers=who.headers).status_code == 200
     r = api.get(f"{API}/workloads/{wid}/logs", headers=who.headers)
     assert r.status_code == 200 and r.json()["data"], r.text  # running: the virtual executor wrote its first line
     r = api.get(f"{API}/workloads/{wid}/logs", params={"offset": 1 << 50}, headers=who.headers)

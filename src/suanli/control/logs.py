@@ -14,17 +14,16 @@ from suanli.control.scheduling import seconds
 from suanli.db.models import Allocation, Workload
 from suanli.executors import executor
 from suanli.storage import workdirs
-from suanli.workloads.spec import WorkloadSpec
 
 
 def check_rank(s: Session, w: Workload, rank: int) -> None:
-    """A node-rank the workload has (on its current allocation; before it has one, what its spec asks for), or a
-    422 that says how many there are: an empty answer would look like a rank that printed nothing."""
+    """A node-rank the workload has on its (current or last) allocation, or a 422 that says how many there are: an
+    empty answer would look like a rank that printed nothing. Before it is placed, how many it will have is not
+    known yet (an elastic gang, nodes the scheduler picks): every rank reads empty then."""
     alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
-    if alloc is not None:
-        count = max(1, len(alloc.placement))
-    else:
-        count = WorkloadSpec.model_validate(w.spec).resources.nodes or 1
+    if alloc is None:
+        return
+    count = max(1, len(alloc.placement))
     if rank >= count:
         last = "0" if count == 1 else f"0 to {count - 1}"
         raise Invalid(f"rank: {w.name} has {count} node-rank{'s' if count > 1 else ''} ({last}); got {rank}")

@@ -8,7 +8,9 @@ For each engine a real one-host cluster of 4 GPU nodes (8 fake GPUs each) is sta
 rank's start minus the moment the submission was sent (so the API's answer, the scheduling pass, the supervisor's
 launch, the engine and the sandbox all count; polling by this script does not). The engine alone runs the same
 command on the same 4 nodes: Slurm, `sbatch --nodelist … --wrap 'srun …'`; Ray, `ray job submit` of a driver that
-places one bundle per node and runs one task in each. Both sides are measured the same way: from just before the
+places one bundle per node and runs one task in each, and (a second baseline) the same placement group and
+tasks from a driver that stays connected between runs, as suanli's server does, so `ray job submit`'s own job
+start-up is not counted against Ray. Both sides are measured the same way: from just before the
 submission to the latest rank's first line. It also counts ranks that ran on another node than the one the
 scheduler chose (the engine's own record of where each rank ran), and with `--failures` times a node killed
 mid-run (until the job runs again elsewhere) and a server killed with SIGKILL (until the restarted server reports
@@ -75,6 +77,7 @@ def _stamps(text: str) -> list[float]:
 class Result:
     suanli: list[float] = field(default_factory=list)
     engine: list[float] = field(default_factory=list)
+    warm: list[float] = field(default_factory=list)  # Ray only: a driver already connected (no job startup)
     misplaced: int = 0
     ranks: int = 0
     node_kill_s: float | None = None
@@ -191,12 +194,41 @@ nodes = sys.argv[1].split(",")
 pg = placement_group([{"GPU": 8, "CPU": 0.01} for _ in nodes], strategy="STRICT_SPREAD",
                      bundle_label_selector=[{"ray.io/node-id": n} for n in nodes])
 ray.get(pg.ready())
+command = sys.argv[2]  # passed to each task: a task's own sys.argv is its Ray worker's, not this driver's
 @ray.remote(num_gpus=8, num_cpus=0.01)
-def rank():
-    return subprocess.run(["sh", "-c", sys.argv[2]], capture_output=True, text=True).stdout
-out = ray.get([rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote()
+def rank(command):
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+out = ray.get([rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote(command)
                for i in range(len(nodes))])
 print("".join(out), flush=True)
+"""
+
+
+# The same placement from a driver that stays connected between runs, as suanli's server does: what Ray itself
+# needs to start one task per chosen node, without `ray job submit`'s own job driver start-up. One line in per run
+# (the chosen node ids), one line out (the seconds until the latest task printed its start).
+RAY_WARM_DRIVER = r"""
+import json, subprocess, sys, time
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+ray.init(logging_level="ERROR", log_to_driver=False)
+command = sys.argv[1]
+@ray.remote(num_gpus=8, num_cpus=0.01)
+def rank(command):
+    return subprocess.run(["sh", "-c", command], capture_output=True, text=True).stdout
+print("ready", flush=True)
+for line in sys.stdin:
+    nodes = line.split()
+    t0 = time.time()
+    pg = placement_group([{"GPU": 8, "CPU": 0.01} for _ in nodes], strategy="STRICT_SPREAD",
+                         bundle_label_selector=[{"ray.io/node-id": n} for n in nodes])
+    ray.get(pg.ready())
+    out = ray.get([rank.options(scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote(command)
+                   for i in range(len(nodes))])
+    remove_placement_group(pg)
+    stamps = [float(w.split()[1]) for o in out for w in o.splitlines() if w.startswith("started ")]
+    print(json.dumps(max(stamps) - t0), flush=True)
 """
 
 
@@ -209,6 +241,12 @@ def ray(runs: int, failures: bool) -> Result:
         env = {"SUANLI_RAY_ADDRESS": cluster.address, **cluster.driver_env()}
         driver = Path(tempfile.mkdtemp(prefix="suanli-ray-")) / "driver.py"
         driver.write_text(RAY_DRIVER)
+        warm = subprocess.Popen([sys.executable, "-c", RAY_WARM_DRIVER, STAMP], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True, env={**os.environ, **cluster.driver_env()})  # fmt: skip
+        assert warm.stdin is not None and warm.stdout is not None
+        if warm.stdout.readline().strip() != "ready":
+            raise RuntimeError("the warm Ray driver did not connect")
+        ids = " ".join(cluster.node_ids[w.name] for w in cluster.workers[:NODES])
         with platform(env, "ray") as p:
             for i in range(runs):
                 dt, doc = p.launch_once(i)
@@ -216,6 +254,11 @@ def ray(runs: int, failures: bool) -> Result:
                 res.ranks += NODES
                 res.misplaced += _ray_misplaced(p, cluster, doc)
                 res.engine.append(_ray_job_once(cluster, driver))
+                warm.stdin.write(ids + "\n")
+                warm.stdin.flush()
+                res.warm.append(float(warm.stdout.readline()))
+            warm.stdin.close()
+            warm.wait(timeout=60)
             report("ray", res)
             if failures:
                 res.server_kill_s = _server_kill(p)
@@ -283,6 +326,8 @@ def report(engine: str, r: Result) -> None:
     """The launch figures as soon as they are in (the failure runs come after), on stderr."""
     print(f"{engine}: suanli {sorted(round(x, 3) for x in r.suanli)}", file=sys.stderr)
     print(f"{engine}: alone  {sorted(round(x, 3) for x in r.engine)}", file=sys.stderr)
+    if r.warm:
+        print(f"{engine}: warm   {sorted(round(x, 3) for x in r.warm)}", file=sys.stderr)
     print(table({engine: r}), file=sys.stderr, flush=True)
 
 
@@ -293,6 +338,10 @@ def table(results: dict[str, Result]) -> str:
         s50, e50 = statistics.median(r.suanli), statistics.median(r.engine)
         rows.append(f"| {name} | {len(r.suanli)} | {s50:.3f} s | {pct(r.suanli, 99):.3f} s | {e50:.3f} s | "
                     f"{pct(r.engine, 99):.3f} s | {s50 - e50:+.3f} s | {s50 / e50:.2f}x | {r.misplaced} of {r.ranks} |")  # fmt: skip
+        if r.warm:
+            w50 = statistics.median(r.warm)
+            rows.append(f"| {name} (warm driver) | {len(r.warm)} | {s50:.3f} s | {pct(r.suanli, 99):.3f} s | "
+                        f"{w50:.3f} s | {pct(r.warm, 99):.3f} s | {s50 - w50:+.3f} s | {s50 / w50:.2f}x | |")  # fmt: skip
     extra = []
     for n, r in results.items():
         if r.node_kill_s is not None:

@@ -330,7 +330,7 @@ class WorkloadQuoteOut(Out):
     host_rate_per_hour: str
     rate_per_hour: str
     duration_s: float | None = Field(description="the spec's duration, else max_duration; null: neither")
-    cost: str | None = Field(description="rate x duration_s, as metering charges it (every started second)")
+    cost: str | None = Field(description="rate x duration_s as metering bills it (to the nearest second)")
     currency: str
 
 

@@ -140,6 +140,26 @@ def test_a_stop_recorded_behind_the_meter_is_billed_to_its_end_and_the_excess_gi
         assert audit(s, 1) == []
 
 
+def test_a_stop_moved_back_after_settling_gives_the_excess_back_at_once(db: Database, tenant: tuple[str, str]) -> None:
+    """A run found to have ended before the resize that closed its allocation (already settled): the stop moves back
+    to its end and what it paid beyond that is credited in the same transaction; earlier or repeated news is a no-op."""
+    rate = Decimal("36")
+    alloc = open_alloc(db, tenant, at(0), rate, workload="early")
+    with db.write() as s, s.begin():
+        metering.close_allocation(s, alloc, at(10_000))
+    metering.meter(db, "w", at(11_000), window_s=60)
+    for _ in range(2):
+        with db.write() as s, s.begin():
+            metering.stop_earlier(s, alloc, at(4_200), at(12_000))
+    total, _, row = charged(db, alloc)
+    assert row.settled and row.stopped_at == at(4_200) and row.metered_until_s == 4
+    assert total == row.charged == cost_of(rate, 4)
+    with db.read() as s:
+        (credit,) = s.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "refund"))
+        assert credit.memo == "early: ran 4 s, 10 s were charged before its end was known: 6 s given back"
+        assert audit(s, 60) == []
+
+
 def test_changing_the_window_between_passes_charges_no_second_twice(db: Database, tenant: tuple[str, str]) -> None:
     """The operator changes `meter_window_s` between restarts (60 -> 7 -> 60 -> 7): charging resumes at the
     second already paid, not at the start of the new window that contains it."""

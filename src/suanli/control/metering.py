@@ -184,6 +184,19 @@ def close_allocation(s: Session, allocation_id: str, now: datetime) -> Allocatio
     return row
 
 
+def stop_earlier(s: Session, allocation_id: str, end: datetime, now: datetime) -> None:
+    """Move a recorded stop back to when the run really ended (learned later). An allocation not yet settled is
+    settled from there by the next pass; one already settled is given back at once what it paid beyond that."""
+    a = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
+    if a is None or a.stopped_at is None or a.stopped_at <= end:
+        return
+    a.stopped_at = max(end, a.started_at)
+    if a.settled:
+        billed = billable_seconds((a.stopped_at - a.started_at).total_seconds(), True)
+        settle_credit(s, a, billed, now, MeterReport())
+        a.metered_until_s = billed
+
+
 # ---- the metering loop ----------------------------------------------------------------------------------------
 @dataclass
 class MeterReport:

@@ -132,6 +132,34 @@ class Transaction:
 
 
 @dataclass(frozen=True)
+class StatementRow:
+    """One transaction of an org's statement, with the balance after it."""
+
+    id: int
+    created_at: datetime
+    kind: str  # topup, trial_credit, usage, plan_purchase, refund, credit, adjustment
+    amount: Decimal  # net effect on the org's balance
+    balance: Decimal  # after it
+    workload: str | None  # what it paid for (usage, and what settling gave back)
+    workload_name: str | None
+    allocation: str | None
+    memo: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Statement:
+    """Transactions of an org, oldest first: one page, or all of them (`next_after_id` None)."""
+
+    org_id: str
+    currency: str
+    opening_balance: Decimal  # before the first row
+    closing_balance: Decimal  # after the last row
+    rows: list[StatementRow]
+    next_after_id: int | None
+
+
+@dataclass(frozen=True)
 class Plan:
     id: str
     org_id: str

@@ -209,6 +209,28 @@ class TransactionOut(Out):
     created_at: datetime
 
 
+class StatementRowOut(Out):
+    id: int = Field(description="the ledger transaction's id, in posting order")
+    created_at: datetime
+    kind: str = Field(description="topup, trial_credit, usage, plan_purchase, refund, credit, adjustment")
+    amount: str = Field(description="net effect on the org's balance, exact")
+    balance: str = Field(description="the org's balance after this transaction, exact")
+    workload: str | None = Field(description="the workload it paid for (usage and what settling gave back)")
+    workload_name: str | None
+    allocation: str | None
+    memo: str
+    key: str = Field(description="the transaction's idempotency key")
+
+
+class StatementOut(Out):
+    org_id: str
+    currency: str
+    opening_balance: str = Field(description="before the first row")
+    closing_balance: str = Field(description="after the last row")
+    rows: list[StatementRowOut]
+    next_after_id: int | None = Field(description="pass as after_id for the next page; null: this was the last")
+
+
 class MoveIn(In):
     amount: Amount = Field(gt=0, le=Decimal("1000000000"), decimal_places=8)
     kind: Literal["topup", "credit", "refund"] = "topup"

@@ -188,6 +188,7 @@ class Offer:
     slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
     cpu_per_core_hour: Decimal | None = None  # host CPU work asks for (CPU-only work pays only these), on demand
     memory_per_gib_hour: Decimal | None = None
+    reserved: int = 0  # GPUs active plans reserve; those their work leaves idle are not in `free`
 
 
 @dataclass(frozen=True)

@@ -260,11 +260,12 @@ class OfferOut(Out):
     gpu: str
     memory_gb: float
     total: int
-    free: int
+    free: int = Field(description="on ready nodes, held by no work and not reserved by a plan")
     largest_free_nvlink: int
     largest_free_leaf: int
     nodes: int
     currency: str
+    reserved: int = Field(0, description="GPUs active plans reserve (in use by their work or not)")
     on_demand_per_gpu_hour: str | None
     spot_per_gpu_hour: str | None
     plans_per_gpu_hour: dict[str, str]

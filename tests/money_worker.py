@@ -100,8 +100,8 @@ def audit(s: Session, window_s: int, ids: Collection[str] | None = None) -> list
             problems.append(f"{a.id}: charged column {a.charged} != ledger {total}")
         if len(keys) != len(set(keys)):
             problems.append(f"{a.id}: a charge key posted twice")
-        # Settled: the run to the nearest second. Not yet: exactly the windows below `metered_until_s` (no charge without
-        # the step that records it, and no step recorded without its charge).
+        # Settled: the run to the nearest second. Not yet: exactly the windows below `metered_until_s` (no charge
+        # without the step that records it, and no step recorded without its charge).
         billed = billed_seconds(a.started_at, a.stopped_at) if a.settled and a.stopped_at else a.metered_until_s
         want = cost_of(a.rate_per_hour, billed)
         if total != want:

@@ -71,7 +71,8 @@ def test_a_fault_credit_names_the_seconds_it_credits(db: Database) -> None:
         alloc = _alloc(db, org)
         with db.write() as s, s.begin():
             w = Workload(id=f"wl_{ms}", org_id=org[0], user_id=org[1], name=f"job-{ms}", kind="job", spec={},
-                         state="running", created_at=T0, submitted_at=T0, queued_at=T0, allocation_id=alloc)  # fmt: skip
+                         state="running", created_at=T0, submitted_at=T0, queued_at=T0,
+                         allocation_id=alloc)  # fmt: skip
             s.add(w)
             s.flush()
             a = metering.close_allocation(s, alloc, T0 + timedelta(milliseconds=ms))

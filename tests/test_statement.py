@@ -56,7 +56,9 @@ def world(api: TestClient) -> World:
     refund, in that order."""
     w = World(api)
     w.move("topup", "1000", "wire 42")
-    r = api.post(f"{API}/orgs/{w.org}/plans", json={"plan": "hourly", "gpu": "H20", "gpus": 1}, headers=w.tenant.headers)
+    r = api.post(
+        f"{API}/orgs/{w.org}/plans", json={"plan": "hourly", "gpu": "H20", "gpus": 1}, headers=w.tenant.headers
+    )
     assert r.status_code == 201, r.text
     r = api.post(f"{API}/workloads", headers=w.tenant.headers,
                  json={"spec": {"name": "train", "command": "x", "resources": {"gpus": 0}}})  # fmt: skip

@@ -49,8 +49,8 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     for o in rows:
         table.add_row(
             o.gpu, f"{o.memory_gb:g} GB", f"{o.total:,}", f"{o.free:,}", str(o.largest_free_nvlink),
-            str(o.largest_free_leaf), f"{o.reserved:,}", f"{o.nodes:,}", money(o.on_demand_per_gpu_hour), money(o.spot_per_gpu_hour),
-            money(o.plans_per_gpu_hour.get("monthly")),
+            str(o.largest_free_leaf), f"{o.reserved:,}", f"{o.nodes:,}", money(o.on_demand_per_gpu_hour),
+            money(o.spot_per_gpu_hour), money(o.plans_per_gpu_hour.get("monthly")),
         )  # fmt: skip
     console.print(table)
     _host_line(rows[0].cpu_per_core_hour, rows[0].memory_per_gib_hour, cur)

@@ -1,9 +1,10 @@
 """Money checks shared by the ledger and metering tests, and a worker process the process tests start.
 
-`audit` is the oracle: it sums, from the ledger alone, what every allocation was charged and compares it with
-`cost_of(rate, seconds)` for the seconds it must have paid (all started seconds once settled, computed here with
-integer arithmetic rather than by the code under test; `metered_until_s` while live), and the charge keys with
-the windows due, so a lost or doubled second anywhere shows up as a named problem.
+`audit` is the oracle: it sums, from the ledger alone, what every allocation was charged (net of what settling gave
+back) and compares it with `cost_of(rate, seconds)` for the seconds it must have paid (once settled, the elapsed
+time to the nearest second, at least one, computed here with integer arithmetic rather than by the code under test;
+`metered_until_s` while live), and the charge keys with the windows due, so a lost or doubled second anywhere shows
+up as a named problem.
 
 As a program (`python -m tests.money_worker ...`) it is one of the competing processes:
 
@@ -58,17 +59,23 @@ def ms(t: datetime) -> datetime:
 
 
 def billed_seconds(started: datetime, stopped: datetime) -> int:
-    """Every started second, by integer arithmetic on microseconds."""
+    """The elapsed time to the nearest second (half up), at least one when not zero, by integer arithmetic on
+    microseconds."""
     us = (stopped - started) // timedelta(microseconds=1)
-    return max(0, -(-us // 1_000_000))
+    return 0 if us <= 0 else max(1, (us + 500_000) // 1_000_000)
+
+
+CREDIT = "usage-credit:"  # the key of what settling gives back of an allocation charged past its end
 
 
 def usage_by_allocation(s: Session) -> dict[str, tuple[Decimal, list[str]]]:
-    """What the ledger charged each allocation (revenue side of its usage transactions), and the charge keys."""
+    """What the ledger charged each allocation net of what settling gave back (revenue side of its usage
+    transactions and of its `usage-credit:` refund), and the keys of both."""
     rows = s.execute(
         select(LedgerTransaction.allocation_id, LedgerTransaction.key, LedgerEntry.amount)
         .join(LedgerEntry, LedgerEntry.tx_id == LedgerTransaction.id)
-        .where(LedgerTransaction.kind == "usage", LedgerEntry.account == REVENUE)
+        .where(LedgerEntry.account == REVENUE)
+        .where((LedgerTransaction.kind == "usage") | LedgerTransaction.key.startswith(CREDIT))
     ).all()
     out: dict[str, tuple[Decimal, list[str]]] = {}
     for alloc, key, amount in rows:
@@ -85,12 +92,16 @@ def audit(s: Session, window_s: int, ids: Collection[str] | None = None) -> list
     q = select(Allocation).order_by(Allocation.id)
     for a in s.scalars(q if ids is None else q.where(Allocation.id.in_(ids))):
         total, keys = charged.get(a.id, (ZERO, []))
+        credits = [k for k in keys if k.startswith(CREDIT)]
+        keys = [k for k in keys if not k.startswith(CREDIT)]
+        if credits and (credits != [f"{CREDIT}{a.id}"] or not a.settled):
+            problems.append(f"{a.id}: credits {credits} (settled: {a.settled})")
         if a.charged != total:
             problems.append(f"{a.id}: charged column {a.charged} != ledger {total}")
         if len(keys) != len(set(keys)):
             problems.append(f"{a.id}: a charge key posted twice")
-        # Settled: every started second. Not yet: exactly the windows below `metered_until_s` (no charge without
-        # the step that records it, and no step recorded without its charge).
+        # Settled: the run to the nearest second. Not yet: exactly the windows below `metered_until_s` (no charge
+        # without the step that records it, and no step recorded without its charge).
         billed = billed_seconds(a.started_at, a.stopped_at) if a.settled and a.stopped_at else a.metered_until_s
         want = cost_of(a.rate_per_hour, billed)
         if total != want:
@@ -105,7 +116,11 @@ def audit(s: Session, window_s: int, ids: Collection[str] | None = None) -> list
             for k in windows
             if cost_of(a.rate_per_hour, min((k + 1) * window_s, billed)) != cost_of(a.rate_per_hour, k * window_s)
         }
-        if set(keys) != due:
+        if credits:  # windows were charged past the end: those due are there, and the ones after them
+            over = {f"usage:{a.id}:{window_s}:{k}" for k in range(len(windows), len(windows) + len(keys))}
+            if not due <= set(keys) or not set(keys) - due <= over:
+                problems.append(f"{a.id}: charge keys before the credit differ from the windows due")
+        elif set(keys) != due:
             problems.append(f"{a.id}: charge keys differ from the windows due: {sorted(set(keys) ^ due)[:4]}")
     return problems
 

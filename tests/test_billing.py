@@ -111,7 +111,7 @@ def test_usage_beyond_the_balance_needs_an_explicit_allowance() -> None:
     window=st.sampled_from([1, 7, 60, 300]),
 )
 def test_every_second_is_charged_exactly_once(rate: Decimal, duration: float, cuts: list[float], window: int) -> None:
-    """However often the metering loop looks (and repeats itself after crashes), the total is C(ceil(duration))."""
+    """However often the metering loop looks (and repeats itself after crashes), the total is C(billed seconds)."""
     posted: dict[str, Decimal] = {}
     for t in sorted(c * duration for c in cuts):
         for charge in charges_due(
@@ -129,13 +129,28 @@ def test_every_second_is_charged_exactly_once(rate: Decimal, duration: float, cu
     assert sum(posted.values(), ZERO) == cost_of(rate, billable_seconds(duration, stopped=True))
 
 
-def test_rounding_rule_bills_every_started_second() -> None:
-    assert billable_seconds(59.2, stopped=True) == 60
+def test_rounding_rule_bills_the_elapsed_time_to_the_nearest_second_at_least_one() -> None:
+    """A 7.01 s run pays 7 s (it paid 8: every started second), 7.5 s pays 8, anything under a second pays one."""
+    assert billable_seconds(7.01, stopped=True) == 7
+    assert billable_seconds(7.49, stopped=True) == 7
+    assert billable_seconds(7.5, stopped=True) == 8
+    assert billable_seconds(59.2, stopped=True) == 59
     assert billable_seconds(59.2, stopped=False) == 59
+    assert billable_seconds(0.2, stopped=True) == 1 and billable_seconds(0.000001, stopped=True) == 1
+    assert billable_seconds(0, stopped=True) == 0  # never ran: nothing
     assert billable_seconds(60.0000000001, stopped=True) == 60  # float noise is not a new second
+    assert billable_seconds(7.4999999999, stopped=True) == 8  # ... nor half a second short of one
     assert cost_of(Decimal("36"), 1) == Decimal("0.01")  # 36 per hour = 1 cent per second
     with pytest.raises(ValueError):
         billable_seconds(-1, stopped=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(min_value=0.0, max_value=10**7, allow_nan=False))
+def test_what_runs_is_never_billed_beyond_the_final_bill(elapsed: float) -> None:
+    """The completed seconds charged while live never exceed what the stop bills, so rounding never refunds."""
+    assert billable_seconds(elapsed, stopped=False) <= billable_seconds(elapsed, stopped=True)
+    assert abs(billable_seconds(elapsed, stopped=True) - elapsed) <= 0.5 + 1e-6 or elapsed < 1
 
 
 # --- price book -----------------------------------------------------------------------------------------------

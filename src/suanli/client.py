@@ -49,6 +49,8 @@ from suanli.client_models import (
     Signup,
     SshInfo,
     SshKey,
+    Statement,
+    StatementRow,
     Token,
     Transaction,
     User,
@@ -59,6 +61,7 @@ from suanli.client_models import (
     jsonable,
     load,
 )
+from suanli.client_money import StatementCalls
 from suanli.client_scale import ScaleCalls
 from suanli.client_ssh import SshCalls
 from suanli.client_telemetry import TelemetryCalls
@@ -88,6 +91,8 @@ __all__ = [
     "Signup",
     "SshInfo",
     "SshKey",
+    "Statement",
+    "StatementRow",
     "Token",
     "Transaction",
     "User",
@@ -162,7 +167,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls, ScaleCalls):
+class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

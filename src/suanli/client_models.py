@@ -132,6 +132,34 @@ class Transaction:
 
 
 @dataclass(frozen=True)
+class StatementRow:
+    """One transaction of an org's statement, with the balance after it."""
+
+    id: int
+    created_at: datetime
+    kind: str  # topup, trial_credit, usage, plan_purchase, refund, credit, adjustment
+    amount: Decimal  # net effect on the org's balance
+    balance: Decimal  # after it
+    workload: str | None  # what it paid for (usage, and what settling gave back)
+    workload_name: str | None
+    allocation: str | None
+    memo: str
+    key: str
+
+
+@dataclass(frozen=True)
+class Statement:
+    """Transactions of an org, oldest first: one page, or all of them (`next_after_id` None)."""
+
+    org_id: str
+    currency: str
+    opening_balance: Decimal  # before the first row
+    closing_balance: Decimal  # after the last row
+    rows: list[StatementRow]
+    next_after_id: int | None
+
+
+@dataclass(frozen=True)
 class Plan:
     id: str
     org_id: str
@@ -160,6 +188,7 @@ class Offer:
     slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
     cpu_per_core_hour: Decimal | None = None  # host CPU work asks for (CPU-only work pays only these), on demand
     memory_per_gib_hour: Decimal | None = None
+    reserved: int = 0  # GPUs active plans reserve; those their work leaves idle are not in `free`
 
 
 @dataclass(frozen=True)

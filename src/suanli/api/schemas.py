@@ -209,6 +209,28 @@ class TransactionOut(Out):
     created_at: datetime
 
 
+class StatementRowOut(Out):
+    id: int = Field(description="the ledger transaction's id, in posting order")
+    created_at: datetime
+    kind: str = Field(description="topup, trial_credit, usage, plan_purchase, refund, credit, adjustment")
+    amount: str = Field(description="net effect on the org's balance, exact")
+    balance: str = Field(description="the org's balance after this transaction, exact")
+    workload: str | None = Field(description="the workload it paid for (usage and what settling gave back)")
+    workload_name: str | None
+    allocation: str | None
+    memo: str
+    key: str = Field(description="the transaction's idempotency key")
+
+
+class StatementOut(Out):
+    org_id: str
+    currency: str
+    opening_balance: str = Field(description="before the first row")
+    closing_balance: str = Field(description="after the last row")
+    rows: list[StatementRowOut]
+    next_after_id: int | None = Field(description="pass as after_id for the next page; null: this was the last")
+
+
 class MoveIn(In):
     amount: Amount = Field(gt=0, le=Decimal("1000000000"), decimal_places=8)
     kind: Literal["topup", "credit", "refund"] = "topup"
@@ -238,11 +260,12 @@ class OfferOut(Out):
     gpu: str
     memory_gb: float
     total: int
-    free: int
+    free: int = Field(description="on ready nodes, held by no work and not reserved by a plan")
     largest_free_nvlink: int
     largest_free_leaf: int
     nodes: int
     currency: str
+    reserved: int = Field(0, description="GPUs active plans reserve (in use by their work or not)")
     on_demand_per_gpu_hour: str | None
     spot_per_gpu_hour: str | None
     plans_per_gpu_hour: dict[str, str]
@@ -330,7 +353,7 @@ class WorkloadQuoteOut(Out):
     host_rate_per_hour: str
     rate_per_hour: str
     duration_s: float | None = Field(description="the spec's duration, else max_duration; null: neither")
-    cost: str | None = Field(description="rate x duration_s, as metering charges it (every started second)")
+    cost: str | None = Field(description="rate x duration_s as metering bills it (to the nearest second)")
     currency: str
 
 

@@ -1,13 +1,15 @@
 """Per-second metering that charges every second exactly once, whatever crashes and retries happen.
 
-Rounding rule: a run is billed for every second it started (`ceil` of its elapsed time), at the
-allocation's hourly rate. The cost of the first `s` seconds is `C(s) = rate * s / 3600`, rounded once to
-the internal precision (1e-8). Charges are posted per fixed window of `window_s` seconds counted from
+Rounding rule: a run is billed for its elapsed time rounded to the nearest whole second (half a second up), and
+for at least one second if it held its resources at all: 7.01 s is billed 7 s, 7.5 s 8 s, 0.2 s 1 s, 0 s nothing.
+It is charged at the allocation's hourly rate. The cost of the first `s` seconds is `C(s) = rate * s / 3600`,
+rounded once to the internal precision (1e-8). Charges are posted per fixed window of `window_s` seconds counted from
 the allocation's start, window `k` costing `C(end_k) - C(start_k)`. Because those differences telescope,
 the total for a run is `C(billed seconds)` however it was split into windows: no drift.
 
-While a run is live only whole windows are charged; its last (partial) window is charged once, when it
-stops. A window's idempotency key is `usage:<allocation>:<window_s>:<k>`, so a metering loop that crashes after
+While a run is live only whole windows of its completed seconds are charged (never more than its final bill,
+since rounding at the end never goes below the completed seconds); its last (partial) window is charged once,
+when it stops. A window's idempotency key is `usage:<allocation>:<window_s>:<k>`, so a metering loop that crashes after
 posting and retries computes the same keys and the ledger ignores the repeats.
 """
 
@@ -20,7 +22,8 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from suanli.billing.money import INTERNAL, ZERO
 
 DEFAULT_WINDOW_S = 60
-_EPS = 1e-9  # float rounding: 59.9999999999 elapsed seconds are 60 started seconds, not 61; times are exact to 1 µs
+_EPS = 1e-9  # float rounding: 59.9999999999 elapsed seconds are 60 completed seconds; times are exact to 1 µs
+MIN_BILLED_S = 1  # a run that held its resources for any time at all pays at least this
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,15 @@ def cost_of(rate_per_hour: Decimal, seconds: int) -> Decimal:
 
 
 def billable_seconds(elapsed_s: float, stopped: bool) -> int:
-    """Whole seconds to bill so far: every started second once stopped, completed seconds while running."""
+    """Whole seconds to bill so far: once stopped, the elapsed time rounded to the nearest second (half up), at
+    least `MIN_BILLED_S` when it is not zero; while running, the completed seconds."""
     if elapsed_s < 0:
         raise ValueError("elapsed time cannot be negative")
-    return math.ceil(elapsed_s - _EPS) if stopped else math.floor(elapsed_s + _EPS)
+    if not stopped:
+        return math.floor(elapsed_s + _EPS)
+    if elapsed_s == 0:
+        return 0
+    return max(MIN_BILLED_S, math.floor(elapsed_s + 0.5 + _EPS))
 
 
 def charges_due(

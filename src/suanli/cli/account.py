@@ -22,7 +22,7 @@ from suanli.cli.common import (
     fail,
     human_duration,
 )
-from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, org_id, when
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, org_id, unit_price, when
 
 EmailOpt = Annotated[str, typer.Option("--email", help="Account email address.")]
 OrgOpt = Annotated[
@@ -160,6 +160,39 @@ def usage(
             money(r["cost"]),
         )  # fmt: skip
     console.print(table)
+
+
+def statement(
+    org: OrgOpt = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", metavar="DATE", help="From this day or time on (ISO, UTC), e.g. 2026-01-01."),
+    ] = None,
+    csv: Annotated[bool, typer.Option("--csv", help="Print it as CSV (exact amounts and balances).")] = False,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Every transaction of the organisation, oldest first: top-ups, trial credit, usage per workload, plan
+    purchases, refunds and credits, each with its memo and the balance after it."""
+    if csv and json_out:
+        fail("give at most one of --csv and --json")
+    with cred.api(server) as c:
+        oid = org_id(c, org)
+        if csv:
+            typer.echo(c.statement_csv(oid, since=since), nl=False)
+            return
+        st = c.statement_all(oid, since=since)
+    if json_out:
+        emit_json(jsonable(st))
+        return
+    table = Table(title=f"statement of {st.org_id} ({st.currency}); opening balance {unit_price(st.opening_balance)}")
+    for col in ("#", "time", "kind", "workload", "amount", "balance", "memo"):
+        table.add_column(col, justify="right" if col in ("#", "amount", "balance") else "left")
+    for r in st.rows:
+        table.add_row(str(r.id), when(r.created_at), r.kind, r.workload_name or r.workload or "",
+                      unit_price(r.amount), unit_price(r.balance), r.memo)  # fmt: skip
+    console.print(table if st.rows else "no transactions")
+    console.print(f"closing balance {unit_price(st.closing_balance)} {st.currency}")
 
 
 # ---- tokens -------------------------------------------------------------------------------------------------
@@ -304,7 +337,8 @@ def orgs_remove_member(
 def register(app: typer.Typer) -> None:
     """Put the tenant commands on the root app."""
     for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami),
-                     ("offers", market.offers), ("quote", market.quote), ("balance", balance), ("usage", usage)):  # fmt: skip
+                     ("offers", market.offers), ("quote", market.quote), ("balance", balance), ("usage", usage),
+                     ("statement", statement)):  # fmt: skip
         app.command(name)(fn)
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(orgs_app, name="orgs")

@@ -27,7 +27,8 @@ from suanli.cli.credentials import ServerOpt, jsonable, money, org_id, unit_pric
 
 
 def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
-    """What is for rent: per GPU model, how many, how many free, the largest free NVLink/leaf blocks, prices."""
+    """What is for rent: per GPU model, how many, how many free (plans' idle reservations are taken), the largest
+    free NVLink/leaf blocks, how many plans reserve, prices."""
     with cred.api(server) as c:
         rows = c.offers()
         book = c.prices() if not rows and not json_out else None
@@ -42,14 +43,14 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     cur = rows[0].currency
     table = Table(title=f"offers (prices in {cur} per GPU-hour)")
     for col, just in (("GPU", "left"), ("memory", "right"), ("total", "right"), ("free", "right"),
-                      ("free in NVLink", "right"), ("free in leaf", "right"), ("nodes", "right"),
+                      ("free in NVLink", "right"), ("free in leaf", "right"), ("reserved", "right"), ("nodes", "right"),
                       ("on demand", "right"), ("spot", "right"), ("monthly plan", "right")):  # fmt: skip
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for o in rows:
         table.add_row(
             o.gpu, f"{o.memory_gb:g} GB", f"{o.total:,}", f"{o.free:,}", str(o.largest_free_nvlink),
-            str(o.largest_free_leaf), f"{o.nodes:,}", money(o.on_demand_per_gpu_hour), money(o.spot_per_gpu_hour),
-            money(o.plans_per_gpu_hour.get("monthly")),
+            str(o.largest_free_leaf), f"{o.reserved:,}", f"{o.nodes:,}", money(o.on_demand_per_gpu_hour),
+            money(o.spot_per_gpu_hour), money(o.plans_per_gpu_hour.get("monthly")),
         )  # fmt: skip
     console.print(table)
     _host_line(rows[0].cpu_per_core_hour, rows[0].memory_per_gib_hour, cur)

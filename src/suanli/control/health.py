@@ -137,13 +137,14 @@ def credit_fault(s: Session, w: Workload, alloc: Allocation, now: datetime, why:
     (`why`, else the stop request that named it). Keyed by the allocation, so a repeated finish credits once."""
     if alloc.stopped_at is None or alloc.rate_per_hour <= 0:
         return Decimal(0)
-    held = max(0.0, (alloc.stopped_at - alloc.started_at).total_seconds())
-    amount = cost_of(alloc.rate_per_hour, billable_seconds(held, True))
+    # The seconds named are the seconds billed (and credited), by the metering rule: never "30 s" for 31 s paid.
+    billed = billable_seconds(max(0.0, (alloc.stopped_at - alloc.started_at).total_seconds()), True)
+    amount = cost_of(alloc.rate_per_hour, billed)
     if amount <= 0:
         return Decimal(0)
-    memo = f"{w.name} ({w.id}): {int(held)} s lost to a hardware fault: {why or w.stop_requested or ''}"[:500]
+    memo = f"{w.name} ({w.id}): {billed} s lost to a hardware fault: {why or w.stop_requested or ''}"[:500]
     ledger.move(s, "refund", alloc.org_id, amount, f"fault-credit:{alloc.id}", now, memo, user_id=w.user_id)
-    workloads.event(s, w, f"credited {amount.normalize():f} for {int(held)} s lost to the fault", now)
+    workloads.event(s, w, f"credited {amount.normalize():f} for {billed} s lost to the fault", now)
     return amount
 
 

@@ -171,16 +171,30 @@ def open_allocation(s: Session, **kw: Any) -> Allocation:
 
 
 def close_allocation(s: Session, allocation_id: str, now: datetime) -> Allocation:
-    """Record the stop. A metering pass whose clock read later than `now` may already have charged past it
-    (it ran before this close committed): the stop is then where metering saw the run, so the settled bill is
-    exactly `cost_of(rate, billed seconds)` and never less than what the ledger already holds."""
+    """Record the stop at `now`: the moment it ended, however late that is learned (an executor's exit record read
+    by a server that restarted after the end). A metering pass may already have charged windows past it (while the
+    end was unknown, or its clock read later): settling gives those seconds back (`settle_credit`), so the net bill
+    is exactly `cost_of(rate, billed seconds)` of the run to its true end."""
     row = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
     if row is None:
         raise NotFound(f"allocation {allocation_id} not found")
     if row.stopped_at is None:
-        row.stopped_at = max(now, row.started_at + timedelta(seconds=row.metered_until_s))
+        row.stopped_at = max(now, row.started_at)
         inventory.bump_version(s)
     return row
+
+
+def stop_earlier(s: Session, allocation_id: str, end: datetime, now: datetime) -> None:
+    """Move a recorded stop back to when the run really ended (learned later). An allocation not yet settled is
+    settled from there by the next pass; one already settled is given back at once what it paid beyond that."""
+    a = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
+    if a is None or a.stopped_at is None or a.stopped_at <= end:
+        return
+    a.stopped_at = max(end, a.started_at)
+    if a.settled:
+        billed = billable_seconds((a.stopped_at - a.started_at).total_seconds(), True)
+        settle_credit(s, a, billed, now, MeterReport())
+        a.metered_until_s = billed
 
 
 # ---- the metering loop ----------------------------------------------------------------------------------------
@@ -191,6 +205,7 @@ class MeterReport:
     repeated: int = 0  # charges it found already posted (work done twice: zero while leases work)
     amount: Decimal = ZERO
     settled: int = 0
+    credited: Decimal = ZERO  # given back for seconds charged past a run's end
 
 
 def claim(s: Session, owner: str, now: datetime, lease_s: float, limit: int) -> list[str]:
@@ -232,6 +247,8 @@ def meter_allocation(
         # The window size changed since the last pass (the operator's setting): seconds before `paid_s` are paid
         # already, so the first window is charged from there; its key (window size in it) was never used.
         start_s = max(c.start_s, paid_s)
+        if c.end_s <= start_s:  # paid past the end already: settling gives the difference back
+            continue
         amount = cost_of(a.rate_per_hour, c.end_s) - cost_of(a.rate_per_hour, start_s)
         if amount == ZERO:
             continue
@@ -248,6 +265,8 @@ def meter_allocation(
             report.repeated += 1
         a.metered_until_s = c.end_s
     billed = billable_seconds(elapsed, stopped)
+    if stopped:
+        settle_credit(s, a, billed, now, report)
     # A pass whose clock reads earlier than the last one's (another process, or a claim that waited) must not move
     # `metered_until_s` back: the next pass would recompute windows already charged.
     a.metered_until_s = billed if stopped else max(a.metered_until_s, billed - billed % window_s)
@@ -255,6 +274,24 @@ def meter_allocation(
         a.settled = True
         report.settled += 1
     a.lock_owner, a.lock_expires_at = None, None
+
+
+def settle_credit(s: Session, a: Allocation, billed: int, now: datetime, report: MeterReport) -> Decimal:
+    """Give back what was charged beyond `cost_of(rate, billed)`: windows posted past the end of a run while its end
+    was not yet known (its server was down, the loop waited for a dead leader's lease, or a pass's clock read later
+    than the stop). One `refund` per allocation (key `usage-credit:<allocation>`), its memo naming the seconds."""
+    over = exact(a.charged - cost_of(a.rate_per_hour, billed))
+    if over <= ZERO:
+        return ZERO
+    paid = a.metered_until_s
+    memo = (f"{a.workload or a.id}: ran {billed} s, {paid} s were charged before its end was known: "
+            f"{paid - billed} s given back")  # fmt: skip
+    tx = transfer(f"usage-credit:{a.id}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
+    _, created = ledger.post(s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id)
+    if created:
+        report.credited += over
+    a.charged = exact(a.charged - over)
+    return over
 
 
 def meter(

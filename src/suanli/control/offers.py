@@ -1,15 +1,18 @@
 """What is on offer (per GPU model: how many, how many free now, the largest free block inside one NVLink
-domain and one leaf, prices by billing mode, and the host CPU and memory prices) and what a training run would
-take and cost on each offer.
+domain and one leaf, how many reserved by plans, prices by billing mode, and the host CPU and memory prices) and
+what a training run would take and cost on each offer.
 
-Both are computed from one snapshot of the inventory and open allocations, cached per (inventory version,
-price-book version): with thousands of nodes a request reads two small rows, not the whole inventory.
+Both are computed from one snapshot of the inventory, open allocations and active plans, cached per (inventory
+version, price-book version, plans version) until the first active plan ends: with thousands of nodes a request
+reads three small rows, not the whole inventory. GPUs that plans reserve and their work does not use are taken:
+`free` (and the free blocks) leave them out.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import Decimal
 from threading import Lock
 from typing import Any
@@ -23,7 +26,9 @@ from suanli.billing.prices import BillingMode, PriceBook
 from suanli.billing.quotes import Offer as QuoteOffer
 from suanli.billing.quotes import Quote, Rank, quote
 from suanli.control import inventory, prices
+from suanli.control import plans as plans_module
 from suanli.control.errors import Invalid
+from suanli.control.ids import utcnow
 from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, PriceBookVersion
 from suanli.perf import TrainJob
 from suanli.sched.types import mig_milli
@@ -35,7 +40,7 @@ class GpuOffer:
     gpu: str
     memory_gb: float
     total: int  # GPUs on nodes that are not down
-    free: int  # GPUs on ready nodes held by no allocation
+    free: int  # GPUs on ready nodes held by no allocation, less those plans reserve and their work leaves idle
     largest_free_nvlink: int
     largest_free_leaf: int
     nodes: int
@@ -46,6 +51,7 @@ class GpuOffer:
     slices: dict[str, Decimal]  # per hour of one MIG slice, by profile (MIG-capable GPUs)
     cpu_core_hour: Decimal  # host CPU and memory work asks for, on demand (CPU-only work pays only these)
     memory_gib_hour: Decimal
+    reserved: int = 0  # GPUs active plans reserve (in use by their work or not)
 
 
 @dataclass(frozen=True)
@@ -54,13 +60,14 @@ class Snapshot:
     free_by_cluster_model: dict[tuple[str, str], int]
     clusters: dict[str, ClusterRow]
     book: PriceBook
+    until: datetime | None = None  # the first active plan's end: the snapshot is stale from then on
 
 
 @dataclass
 class OfferCache:
     """Snapshots and quotes per (inventory version, price version); a server holds one."""
 
-    snapshot_key: tuple[int, int] | None = None
+    snapshot_key: tuple[int, int, int] | None = None
     # Misses are computed one at a time (the work is CPU-bound under the GIL anyway), and a request that waited
     # finds the answer the first one computed: a burst of identical quotes costs one plan search, not fifty.
     compute: Lock = field(default_factory=Lock)
@@ -79,8 +86,9 @@ def used_gpus(s: Session) -> dict[str, set[int]]:
     return used
 
 
-def _build(s: Session, book: PriceBook) -> Snapshot:
+def _build(s: Session, book: PriceBook, now: datetime) -> Snapshot:
     used = used_gpus(s)
+    held = plans_module.reservations(s, now)
     per_model: dict[str, dict[str, Any]] = {}
     free_dom: dict[tuple[str, str, int], int] = defaultdict(int)
     free_leaf: dict[tuple[str, str, int], int] = defaultdict(int)
@@ -103,6 +111,9 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
         free_cm[(cid, model)] += free
     offers = []
     for model, m in sorted(per_model.items()):
+        m["free"] = max(0, m["free"] - held.idle.get(model, 0))
+        for cm in [k for k in free_cm if k[1] == model]:  # no one cluster has more free than the model has
+            free_cm[cm] = min(free_cm[cm], m["free"])
         spec = catalog.gpu(model)
         on_demand = book.gpu_rate(model) if model in book.gpu_hour else None
         plans = {
@@ -117,8 +128,12 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
                 memory_gb=spec.memory_GB,
                 total=m["total"],
                 free=m["free"],
-                largest_free_nvlink=max((v for (mm, _, _), v in free_dom.items() if mm == model), default=0),
-                largest_free_leaf=max((v for (mm, _, _), v in free_leaf.items() if mm == model), default=0),
+                largest_free_nvlink=min(
+                    m["free"], max((v for (mm, _, _), v in free_dom.items() if mm == model), default=0)
+                ),
+                largest_free_leaf=min(
+                    m["free"], max((v for (mm, _, _), v in free_leaf.items() if mm == model), default=0)
+                ),
                 nodes=m["nodes"],
                 currency=book.currency,
                 on_demand=on_demand,
@@ -127,32 +142,42 @@ def _build(s: Session, book: PriceBook) -> Snapshot:
                 slices=slices,
                 cpu_core_hour=book.cpu_core_hour,
                 memory_gib_hour=book.memory_gib_hour,
+                reserved=held.reserved.get(model, 0),
             )
         )
     clusters = {c.id: c for c in s.scalars(select(ClusterRow))}
-    return Snapshot(offers, dict(free_cm), clusters, book)
+    return Snapshot(offers, dict(free_cm), clusters, book, held.until)
 
 
 _VERSIONS = select(
     select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION).scalar_subquery(),
     select(func.max(PriceBookVersion.id)).scalar_subquery(),
+    select(KeyValue.value).where(KeyValue.key == plans_module.PLANS_VERSION).scalar_subquery(),
 )
 
 
-def _versions(s: Session) -> tuple[int, int]:
-    """(inventory version, price-book version) in one round trip: what a cached snapshot is valid for."""
-    inv, price = s.execute(_VERSIONS).one()
-    return inv or 0, price or 0
+def _versions(s: Session) -> tuple[int, int, int]:
+    """(inventory, price-book, plans) versions in one round trip: what a cached snapshot is valid for."""
+    inv, price, plan = s.execute(_VERSIONS).one()
+    return inv or 0, price or 0, plan or 0
 
 
-def snapshot(s: Session, cache: OfferCache) -> Snapshot:
+def _fresh(cache: OfferCache, key: tuple[int, int, int], now: datetime) -> bool:
+    snap = cache.snapshot
+    return cache.snapshot_key == key and snap is not None and (snap.until is None or now < snap.until)
+
+
+def snapshot(s: Session, cache: OfferCache, now: datetime | None = None) -> Snapshot:
+    now = now or utcnow()
     key = _versions(s)
-    if cache.snapshot_key == key and cache.snapshot is not None:
+    if _fresh(cache, key, now):
+        assert cache.snapshot is not None
         return cache.snapshot
     with cache.compute:
-        if cache.snapshot_key == key and cache.snapshot is not None:
+        if _fresh(cache, key, now):
+            assert cache.snapshot is not None
             return cache.snapshot
-        snap = _build(s, prices.current(s)[1])
+        snap = _build(s, prices.current(s)[1], now)
         with cache.lock:
             cache.snapshot_key, cache.snapshot = key, snap
             cache.quotes.clear()
@@ -183,6 +208,7 @@ def quotes(
     rank: Rank = "cheapest",
     limit: int = 10,
     host_per_gpu: tuple[int, int] = (0, 0),
+    now: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """Feasible (offer, GPU count) choices for the job, best first by `rank`, each with time and cost; with the
     host CPU (milli-cores) and memory (MiB) a GPU asks for priced in."""
@@ -192,7 +218,7 @@ def quotes(
             model_filter = catalog.gpu(gpu).name
         except catalog.CatalogError as e:
             raise Invalid(f"gpu: {e}") from e
-    snap = snapshot(s, cache)
+    snap = snapshot(s, cache, now)
     key = (job, tokens, model_filter, gpus, mode, rank, limit, host_per_gpu)
     with cache.lock:
         if key in cache.quotes:

@@ -4,14 +4,13 @@ duration. The same candidates and prices as admission (`workloads.candidates`), 
 
 from __future__ import annotations
 
-import math
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from suanli.billing.metering import cost_of
+from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import exact
 from suanli.control import accounts, inventory, workloads
 from suanli.control.accounts import Principal
@@ -42,7 +41,7 @@ def quote_workload(
     duration = spec.duration if spec.duration is not None else spec.max_duration
     rows = []
     for c in sorted(found, key=lambda c: c.rate_per_hour):
-        cost = cost_of(c.rate_per_hour, math.ceil(duration)) if duration is not None else None
+        cost = cost_of(c.rate_per_hour, billable_seconds(duration, True)) if duration is not None else None
         rows.append(
             {
                 "gpu": c.gpu_model or None, "gpus": spec.gpu_count(), "cpu_milli": cpu, "memory_mib": mem,

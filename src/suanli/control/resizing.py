@@ -127,13 +127,10 @@ def rest_of_run(handle: dict[str, Any], stopped_at: float, spec: WorkloadSpec, p
     return (left / old + redo) * length if old > 0 else redo * length
 
 
-def end_early(s: Session, allocation_id: str, end: datetime) -> None:
+def end_early(s: Session, allocation_id: str, end: datetime, now: datetime) -> None:
     """A run that ended on its own before a resize was decided: its allocation stops when it ended, not at the
-    resize (unless metering has settled it already; never before what metering has charged)."""
-    a = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
-    if a is None or a.settled or a.stopped_at is None or a.stopped_at <= end:
-        return
-    a.stopped_at = max(end, a.started_at + timedelta(seconds=a.metered_until_s))
+    resize; what metering charged beyond that is given back (`metering.stop_earlier`)."""
+    metering.stop_earlier(s, allocation_id, end, now)
 
 
 # ---- carrying resizes out (the scheduling pass) -------------------------------------------------------------------

@@ -240,7 +240,7 @@ class Supervisor(Launches):
             self._restart(s, w, alloc, status, now, report)
             return
         if early and _restarting(w) and status.ended_at is not None:  # it ended on its own before the resize
-            resizing.end_early(s, f"{w.id}.{w.handle['attempt']}", EPOCH + timedelta(seconds=status.ended_at))
+            resizing.end_early(s, f"{w.id}.{w.handle['attempt']}", EPOCH + timedelta(seconds=status.ended_at), now)
         self._finish(s, w, status, now, report)
 
     def _restart(

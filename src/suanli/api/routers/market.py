@@ -27,13 +27,14 @@ def get_prices(ctx: Auth) -> dict[str, object]:
 @router.get("/offers")
 @in_thread
 def get_offers(ctx: Auth) -> list[OfferOut]:
-    """Per GPU model: total, free now, largest free block in one NVLink domain and one leaf, prices."""
+    """Per GPU model: total, free now (less what plans reserve and leave idle), largest free block in one NVLink
+    domain and one leaf, GPUs reserved by plans, prices."""
     with ctx.db.read() as s:
-        snap = offers.snapshot(s, ctx.srv.offers)
+        snap = offers.snapshot(s, ctx.srv.offers, ctx.now)
     return [
         OfferOut(
             gpu=o.gpu, memory_gb=o.memory_gb, total=o.total, free=o.free, largest_free_nvlink=o.largest_free_nvlink,
-            largest_free_leaf=o.largest_free_leaf, nodes=o.nodes, currency=o.currency,
+            largest_free_leaf=o.largest_free_leaf, nodes=o.nodes, currency=o.currency, reserved=o.reserved,
             on_demand_per_gpu_hour=None if o.on_demand is None else money(o.on_demand),
             spot_per_gpu_hour=None if o.spot is None else money(o.spot),
             plans_per_gpu_hour={k: money(v) for k, v in o.plans.items()},
@@ -55,7 +56,7 @@ def create_quote(body: QuoteIn, ctx: Auth) -> list[QuoteOut]:
     with ctx.db.read() as s:
         rows = offers.quotes(
             s, ctx.srv.offers, job, body.n_tokens, gpu=gpu, gpus=body.gpus, mode=body.billing_mode, rank=body.rank,
-            limit=body.limit, host_per_gpu=body.host_per_gpu(),
+            limit=body.limit, host_per_gpu=body.host_per_gpu(), now=ctx.now,
         )  # fmt: skip
     return [QuoteOut.model_validate(r) for r in rows]
 

@@ -1,4 +1,4 @@
-"""Organisations, their members, and their money: balance, transactions, usage statements."""
+"""Organisations, their members, and their money: balance, transactions, statements, usage."""
 
 from __future__ import annotations
 
@@ -8,10 +8,21 @@ from fastapi import APIRouter, Query
 from fastapi.responses import PlainTextResponse, Response
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import BalanceOut, MemberIn, MemberOut, OrgIn, OrgOut, TransactionOut, UtcTime, money
+from suanli.api.schemas import (
+    BalanceOut,
+    MemberIn,
+    MemberOut,
+    OrgIn,
+    OrgOut,
+    StatementOut,
+    StatementRowOut,
+    TransactionOut,
+    UtcTime,
+    money,
+)
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control import accounts, ledger, metering
+from suanli.control import accounts, ledger, metering, statement
 from suanli.control.errors import NotFound
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])
@@ -124,3 +135,37 @@ def usage(
     if format == "csv":
         return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv")
     return rows
+
+
+STATEMENT_CSV = {
+    200: {
+        "description": "a page of the statement; with `format=csv`, CSV (the next page's `after_id` in the "
+                       "`X-Next-After-Id` header, absent on the last page)",
+        "content": {"text/csv": {"schema": {"type": "string"}}},
+    }
+}  # fmt: skip
+
+
+@router.get("/orgs/{org_id}/statement", response_model=StatementOut, responses=STATEMENT_CSV)
+@in_thread
+def org_statement(
+    org_id: str,
+    ctx: Auth,
+    since: Annotated[
+        UtcTime | None, Query(description="from the first transaction at or after it (UTC if no zone)")
+    ] = None,
+    after_id: Annotated[int | None, Query(ge=0, le=2**62, description="the previous page's next_after_id")] = None,
+    limit: Annotated[int, Query(ge=1, le=statement.MAX_PAGE)] = 500,
+    format: Annotated[Literal["json", "csv"], Query()] = "json",
+) -> Response | StatementOut:
+    """Every transaction that moved this org's money, oldest first: top-ups, trial credit, usage per workload,
+    plan purchases, refunds and credits, each with its memo and the balance after it. Members and operators only."""
+    with ctx.db.read() as s:
+        accounts.org_for(s, ctx.who, org_id)
+        p = statement.page(s, org_id, since=since, after_id=after_id, limit=limit)
+    if format == "csv":
+        headers = {"X-Next-After-Id": str(p.next_after_id)} if p.next_after_id is not None else {}
+        return PlainTextResponse(statement.to_csv(p.rows), media_type="text/csv", headers=headers)
+    return StatementOut(org_id=p.org_id, currency=p.currency, opening_balance=money(p.opening_balance),
+                        closing_balance=money(p.closing_balance), rows=[StatementRowOut(**r) for r in p.rows],
+                        next_after_id=p.next_after_id)  # fmt: skip

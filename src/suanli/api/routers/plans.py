@@ -42,7 +42,8 @@ def _out(p: plans.Plan, now: datetime) -> PlanOut:
 @router.post("/orgs/{org_id}/plans", status_code=201)
 @in_thread
 def buy_plan(org_id: str, body: PlanIn, ctx: Auth) -> PlanOut:
-    """Buy GPUs for a period, paid now from the balance (402 when it does not cover the price)."""
+    """Buy GPUs for a period, paid now from the balance (402 when it does not cover the price; 409 naming how many
+    are left when the plans of that GPU model would hold more than its ready nodes have)."""
     with ctx.db.write() as s, s.begin():
         accounts.org_for(s, ctx.who, org_id)
         p = plans.buy(s, org_id, ctx.who.user_id, body.plan, body.gpu, body.gpus, ctx.now, body.key)

@@ -14,7 +14,8 @@ Why this default (measured in `benchmarks/sched_quality.py`, see docs/scheduling
 preemption gives short jobs a fast start without knowing durations (Tiresias); topology-aware placement
 keeps gangs compact, so they run at full speed instead of paying for scattered collectives; greedy
 backfill keeps GPUs busy whenever anything fits; preempting the smallest victims first, and never more
-than `preempt_collateral` GPUs per GPU needed, stops a 1-GPU job from evicting a 64-GPU gang (the failure
+than `preempt_collateral` GPUs per GPU needed (spot work taken by a higher class is not counted: spot work exists
+to be preempted), stops a 1-GPU job from evicting a 64-GPU gang (the failure
 mode that makes plain LAS slow on Philly); elastic jobs grow into idle GPUs while the perf model says the
 extra GPUs pay, and shrink back first when work waits (Pollux's jobs finish 3-4x sooner).
 """
@@ -46,7 +47,8 @@ class SchedulerConfig:
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
-    preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs
+    preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs (spot work
+    # taken by a higher class not counted)
 
 
 @dataclass

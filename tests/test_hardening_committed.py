@@ -13,10 +13,13 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from suanli.billing.ledger import REVENUE, org_account, transfer
-from suanli.control import ledger
+from suanli.billing.money import ZERO
+from suanli.billing.prices import default_price_book
+from suanli.control import committed, ledger
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
 from suanli.db.models import Allocation, Workload
+from suanli.workloads.spec import parse_spec
 from tests.control_plane import Tenant, admin_token, bearer, signup
 
 API = "/api/v1"
@@ -118,3 +121,29 @@ def test_work_that_costs_nothing_more_is_not_held_back_by_a_balance_below_zero(a
     SchedulingPass().run(db, utcnow())
     seen = api.get(f"{API}/workloads/{planned}", headers=payer.headers).json()
     assert seen["state"] == "scheduled", seen
+
+
+def test_the_walk_skips_what_does_not_fit_and_never_counts_less_than_placement_charges() -> None:
+    """`committed.affordable` alone: an org's big job it cannot pay for does not hold back its small ones behind it;
+    work at a zero rate always passes; and the most a queued job can cost is never below what placing it on any split
+    over nodes charges (host CPU and memory are rounded up per node-rank)."""
+    book = default_price_book()
+    h20 = {"gpu": "H20"}
+    big = parse_spec({"name": "big", "command": "x", "resources": {**h20, "gpus": 16}})
+    small = parse_spec({"name": "small", "command": "x", "resources": {**h20, "gpus": 1}})
+    queue = [big.to_request("big", 0.0, "o"), small.to_request("s1", 1.0, "o"), small.to_request("s2", 2.0, "o")]
+    specs = {"big": big, "s1": small, "s2": small}
+    money = {"o": committed.OrgMoney(Decimal("2.90"), ZERO)}  # ten minutes of 2 x ¥8.50/h is ¥2.83
+    ok, waits = committed.affordable(queue, specs, money, book, {"H20"}, 10)
+    assert [r.id for r in ok] == ["s1", "s2"]
+    assert waits == {"big": "waiting for balance: org has ¥2.90, its running and queued work needs ¥22.67"}
+    money = {"o": committed.OrgMoney(Decimal("-1"), ZERO)}
+    planned = parse_spec({"name": "p", "command": "x", "billing": "plan:p1", "resources": {**h20, "gpus": 8}})
+    ok, waits = committed.affordable([planned.to_request("p", 0.0, "o")], {"p": planned}, money, book, {"H20"}, 10)
+    assert [r.id for r in ok] == ["p"] and not waits
+    spec = parse_spec({"name": "h", "command": "x", "resources": {**h20, "gpus": 3, "cpus": 10, "memory": "7GiB"}})
+    most = committed.most_rate(spec, 3, {"H20", "H100-SXM"}, book)
+    for split in ([3], [2, 1], [1, 1, 1]):
+        cpu, mem = spec.host_held(split)
+        assert book.rate("H20", 3) + book.host_rate(cpu, mem) <= most, split
+    assert most == book.rate("H20", 3) + book.host_rate(3 * 3334, 3 * 2390)  # 10 cores, 7 GiB in thirds, rounded up

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import org_account
-from suanli.billing.money import ZERO, exact, shown
+from suanli.billing.money import INTERNAL, ZERO, exact, shown
 from suanli.billing.prices import PriceBook
+from suanli.control import prices
 from suanli.db.models import AccountBalance, Allocation
 from suanli.sched import Request
 from suanli.sched.state import host_share
@@ -99,27 +100,85 @@ def affordable(
     book: PriceBook,
     models: Iterable[str],
     hold_minutes: int,
+    rates: dict[tuple[str, int], int] | None = None,
 ) -> tuple[list[Request], dict[str, str]]:
-    """The queued requests the scheduler may place (in the queue's order), and why each other one waits."""
+    """The queued requests the scheduler may place (in the queue's order), and why each other one waits. `rates`
+    keeps each request's most rate (in units of 1e-8) between calls: the caller empties it when the book or the GPU
+    models change. Sums and comparisons are in those integer units, exact, and unrounded: never more lenient than
+    admission's rounded hold."""
     fleet = frozenset(models)
-    by_org: dict[str, list[Request]] = defaultdict(list)
+    rates = {} if rates is None else rates
+    by_org: dict[str, list[tuple[Request, int]]] = defaultdict(list)
     for r in queue:
-        by_org[r.tenant].append(r)
+        rate = rates.get((r.id, r.gpus))
+        if rate is None:
+            spec = specs.get(r.id)
+            rate = rates[(r.id, r.gpus)] = _units(most_rate(spec, r.gpus, fleet, book)) if spec is not None else 0
+        by_org[r.tenant].append((r, rate))
     waits: dict[str, str] = {}
     for org, reqs in by_org.items():
         have = money.get(org, OrgMoney(ZERO, ZERO))
-        committed = have.rate
-        for r in sorted(reqs, key=lambda r: (-r.rank, r.submit_time, r.id)):
-            spec = specs.get(r.id)
-            rate = most_rate(spec, r.gpus, fleet, book) if spec is not None else ZERO
-            if rate == ZERO:
+        room = _units(have.balance) * 60  # what the balance covers, in unit-minutes
+        committed = _units(have.rate)
+        if room >= (committed + sum(rate for _, rate in reqs)) * hold_minutes:
+            continue  # it can pay for all of it
+        said: dict[int, str] = {}
+        for r, rate in sorted(reqs, key=lambda x: (-x[0].rank, x[0].submit_time, x[0].id)):
+            if rate == 0:
                 continue
-            need = exact((committed + rate) * hold_minutes / 60)
-            if have.balance < need:
-                waits[r.id] = (f"{WAITING}: org has {money_text(have.balance, book.currency)}, its running and queued "
-                               f"work needs {money_text(need, book.currency)}")  # fmt: skip
+            if room < (committed + rate) * hold_minutes:
+                need = committed + rate
+                if need not in said:
+                    amount = exact(Decimal(need) * INTERNAL * hold_minutes / 60)
+                    said[need] = (f"{WAITING}: org has {money_text(have.balance, book.currency)}, its running and "
+                                  f"queued work needs {money_text(amount, book.currency)}")  # fmt: skip
+                waits[r.id] = said[need]
                 continue
             committed += rate
     if not waits:
         return list(queue), waits
     return [r for r in queue if r.id not in waits], waits
+
+
+def _units(amount: Decimal) -> int:
+    """An exact amount (to 1e-8) as an integer count of 1e-8."""
+    return int(amount.scaleb(8))
+
+
+@dataclass
+class Affordability:
+    """What a scheduling pass keeps between passes to count commitments cheaply: the price book by version, each
+    queued request's most rate, and which orgs' work waited for balance (a change of their balance is a reason to
+    run the next pass)."""
+
+    short: set[str] = field(default_factory=set)  # orgs whose work waited for balance in the last pass
+    _book: tuple[int, PriceBook] | None = None
+    _rates: dict[tuple[str, int], int] = field(default_factory=dict)
+    _rates_for: tuple[int, frozenset[str]] | None = None  # (book version, GPU models) the rates are for
+    _money: dict[str, OrgMoney] = field(default_factory=dict)
+
+    def signature(self, s: Session) -> int:
+        """Changes when the balance of an org whose work waits for balance changes (a top-up)."""
+        if not self.short:
+            return 0
+        return hash(tuple((o, m.balance) for o, m in sorted(org_money(s, self.short).items())))
+
+    def read(self, s: Session, org_ids: Iterable[str]) -> None:
+        """What the pass needs from the database: the orgs' balances and running rates, and the price book."""
+        self._money = org_money(s, org_ids)
+        version = prices.version(s)
+        if self._book is None or self._book[0] != version:
+            self._book = prices.current(s)
+
+    def split(
+        self, queue: list[Request], specs: Mapping[str, WorkloadSpec], models: frozenset[str], hold_minutes: int
+    ) -> tuple[list[Request], dict[str, str]]:
+        """(the requests the cycle may place, why each other one waits for balance), as `affordable` says."""
+        assert self._book is not None, "read() first"
+        version, book = self._book
+        if self._rates_for != (version, models) or len(self._rates) > 2 * len(queue) + 1000:
+            self._rates, self._rates_for = {}, (version, models)
+        tenants = {r.id: r.tenant for r in queue}
+        out, waits = affordable(queue, specs, self._money, book, models, hold_minutes, self._rates)
+        self.short = {tenants[wid] for wid in waits}
+        return out, waits

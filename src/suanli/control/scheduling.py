@@ -20,8 +20,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from suanli.billing.prices import PriceBook
-from suanli.control import committed, inventory, placing, prices, resizing
+from suanli.control import committed, inventory, placing, resizing
 from suanli.control.engines import ENGINE_KINDS, EXTERNAL_LABEL
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
@@ -111,10 +110,9 @@ class SchedulingPass:
     _parsed: dict[str, WorkloadSpec] = field(default_factory=dict)  # workload id -> its spec (specs never change)
     _said: dict[str, tuple[str, int]] = field(default_factory=dict)
     _seen: int | None = None  # the inventory version the snapshot was last brought up to date at
-    _short: set[str] = field(default_factory=set)  # orgs whose work waited for balance in the last pass
-    _book: tuple[int, PriceBook] | None = None  # the price book in force, by version
     resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
     scheduler: Scheduler | None = None
+    money: committed.Affordability = field(default_factory=committed.Affordability)
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config)
@@ -171,10 +169,9 @@ class SchedulingPass:
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
-            # A top-up (or anything else that moves the balance of an org whose work waits for it) is a change too.
-            short = committed.org_money(s, self._short) if self._short else {}
+            # A top-up of an org whose work waits for balance is a change too.
             signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)),
-                         hash(tuple((o, m.balance) for o, m in sorted(short.items()))))  # fmt: skip
+                         self.money.signature(s))  # fmt: skip
             fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
             # Nothing queued, and no running elastic work the policy might grow (as of an up-to-date snapshot).
             idle = not queue_rows and self._seen == version and not self.resizer.any_elastic()
@@ -186,8 +183,7 @@ class SchedulingPass:
             self._signature, self._last_run = signature, now
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
-            money = committed.org_money(s, {r.org_id for r in queue_rows})
-            book = self._price_book(s)
+            self.money.read(s, {r.org_id for r in queue_rows})
             states = self._snapshot(s, views)
             self._seen = version
             asks = self.resizer.pin(self._states, self._held, resizing.asked(s))
@@ -199,12 +195,10 @@ class SchedulingPass:
         queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
                  for r in queue_rows]  # fmt: skip
         queue = self._by_priority(queue)
-        # What each org runs and has queued counts against its balance: the work it cannot pay for waits, unseen by
-        # the cycle, so the cycle never hands GPUs to work that admission would refuse (and others' work waits).
-        models = {m for v in views if v.topology is not None for m in v.models}
-        tenants = {r.id: r.tenant for r in queue}
-        queue, broke = committed.affordable(queue, self._parsed, money, book, models, self.hold_minutes)
-        self._short = {tenants[wid] for wid in broke}
+        # What each org runs and has queued counts against its balance: the work it cannot pay for waits unseen by the
+        # cycle, which then never hands GPUs to work admission would refuse while others' work waits (`committed`).
+        models = frozenset(m for v in views if v.topology is not None for m in v.models)
+        queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes)
         placements: list[placing.Placement] = []
         preempts: list[tuple[str, str, str]] = []
         resizes: list[resizing.ResizeItem] = []
@@ -255,12 +249,6 @@ class SchedulingPass:
         self._persist(db, now, placements, preempts, resizes, waits, pending, report)
         report.total_s = time.perf_counter() - t0
         return report
-
-    def _price_book(self, s: Session) -> PriceBook:
-        version = prices.version(s)
-        if self._book is None or self._book[0] != version:
-            self._book = prices.current(s)
-        return self._book[1]
 
     def _request(self, wid: str, attempt: int, submitted_at: datetime, queued_at: datetime,
                  specs: dict[str, dict[str, Any]], org_id: str, attained: float) -> Request:  # fmt: skip

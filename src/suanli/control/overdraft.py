@@ -14,10 +14,10 @@ whole), as long as the loop keeps its interval and the executor its stop grace.
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import case, func, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import org_account
@@ -26,6 +26,7 @@ from suanli.billing.money import ZERO, exact
 from suanli.db.models import AccountBalance, Allocation
 
 STOP_SLACK_S = 5.0  # the least added to a stop's grace: the pass that notices the end, an executor's latency
+RECENT_S = 900  # ended work whose last window is not charged yet counts if it ended this recently
 
 
 def stop_lead_s(stop_grace_s: float, interval_s: float) -> float:
@@ -37,35 +38,59 @@ def stop_lead_s(stop_grace_s: float, interval_s: float) -> float:
 def broke_orgs(s: Session, now: datetime, grace_minutes: float, lead_s: float) -> dict[str, Decimal]:
     """Orgs whose charged work must stop now: org -> its balance counting every second run so far.
 
-    One aggregate statement over unsettled charged allocations and one for the balances; the allocations of an org
-    are read one by one only when a coarse bound (its whole rate since its oldest one started) says it may be near."""
+    Three statements, each served by an index of allocations by their stop: running charged allocations summed per
+    org; those stopped in the last `RECENT_S` whose last window is not charged yet (metering settles them within a
+    pass); the balances. The running allocations of an org are read one by one only when a coarse bound (its whole
+    running rate since the oldest of them started) says it may be near its bound."""
     a = Allocation
-    running = func.sum(case((a.stopped_at.is_(None), a.rate_per_hour), else_=ZERO))
     rows = s.execute(
-        select(a.org_id, running, func.sum(a.rate_per_hour), func.sum(a.charged), func.min(a.started_at))
-        .where(a.settled.is_(False), a.rate_per_hour > 0)
+        select(a.org_id, func.sum(a.rate_per_hour), func.sum(a.charged), func.min(a.started_at))
+        .where(a.stopped_at.is_(None), a.rate_per_hour > 0)
         .group_by(a.org_id)
     ).all()
     if not rows:
         return {}
-    grace = Decimal(str(grace_minutes))
-    lead = Decimal(str(lead_s))
-    orgs = {org: (exact(Decimal(r or 0)), exact(Decimal(t or 0)), exact(Decimal(c or 0)), since)
-            for org, r, t, c, since in rows if r and Decimal(r) > 0}  # fmt: skip
+    grace, lead = Decimal(str(grace_minutes)), Decimal(str(lead_s))
+    orgs = {org: (exact(Decimal(r)), exact(Decimal(c or 0)), since) for org, r, c, since in rows}
+    ended: dict[str, Decimal] = defaultdict(lambda: ZERO)  # what ended work still owes, by org
+    for org, rate, started, stopped, charged in s.execute(
+        select(a.org_id, a.rate_per_hour, a.started_at, a.stopped_at, a.charged).where(
+            a.stopped_at >= now - timedelta(seconds=RECENT_S), a.settled.is_(False), a.rate_per_hour > 0
+        )
+    ):
+        if org in orgs:
+            ended[org] += _owed(rate, started, stopped, charged, now)
     balances = _balances(s, list(orgs))
     near = []
-    for org, (rate, total, charged, since) in orgs.items():
-        ran = max(0, int((now - since).total_seconds())) + 2 if since is not None else 0  # whole seconds, rounded up
-        at_most = max(ZERO, total * ran / 3600 - charged)  # unposted, over-counted
-        if balances.get(org, ZERO) - at_most - rate * lead / 3600 < -(rate * grace / 60):
+    for org, (rate, charged, since) in orgs.items():
+        ran = max(0, int((now - since).total_seconds())) + 2  # whole seconds, rounded up
+        at_most = max(ZERO, rate * ran / 3600 - charged)  # not charged yet, over-counted
+        if balances.get(org, ZERO) - ended[org] - at_most - rate * lead / 3600 < -(rate * grace / 60):
             near.append(org)
+    running: dict[str, Decimal] = defaultdict(lambda: ZERO)
+    for i in range(0, len(near), 500):
+        for org, rate, started, charged in s.execute(
+            select(a.org_id, a.rate_per_hour, a.started_at, a.charged).where(
+                a.org_id.in_(near[i : i + 500]), a.stopped_at.is_(None), a.rate_per_hour > 0
+            )
+        ):
+            running[org] += _owed(rate, started, None, charged, now)
     out = {}
-    for org, unposted in _unposted(s, near, now).items():
+    for org in near:
         rate = orgs[org][0]
-        balance = balances.get(org, ZERO) - unposted
+        balance = balances.get(org, ZERO) - ended[org] - running[org]
         if balance - rate * lead / 3600 < -(rate * grace / 60):
             out[org] = exact(balance)
     return out
+
+
+def _owed(rate: Decimal, started: datetime, stopped: datetime | None, charged: Decimal, now: datetime) -> Decimal:
+    """What an allocation has cost by `now` beyond what it was charged: its completed seconds while it runs, every
+    second it started once it stopped."""
+    done = stopped is not None and stopped <= now
+    end = stopped if stopped is not None and done else now
+    seconds = billable_seconds(max(0.0, (end - started).total_seconds()), done)
+    return max(ZERO, cost_of(exact(rate), seconds) - exact(charged))
 
 
 def _balances(s: Session, orgs: list[str]) -> dict[str, Decimal]:
@@ -77,23 +102,3 @@ def _balances(s: Session, orgs: list[str]) -> dict[str, Decimal]:
         ):
             out[accounts[account]] = exact(Decimal(balance))
     return out
-
-
-def _unposted(s: Session, orgs: list[str], now: datetime) -> dict[str, Decimal]:
-    """What each org's unsettled charged allocations have cost by `now` beyond what was charged: completed seconds
-    of running ones, every started second of stopped ones (their last window waits for metering)."""
-    out: dict[str, Decimal] = defaultdict(lambda: ZERO)
-    a = Allocation
-    for i in range(0, len(orgs), 500):
-        for org, rate, started, stopped, charged in s.execute(
-            select(a.org_id, a.rate_per_hour, a.started_at, a.stopped_at, a.charged).where(
-                a.org_id.in_(orgs[i : i + 500]), a.settled.is_(False), a.rate_per_hour > 0
-            )
-        ):
-            end = min(stopped, now) if stopped is not None else now
-            done = stopped is not None and stopped <= now
-            seconds = billable_seconds(max(0.0, (end - started).total_seconds()), done)
-            out[org] += max(ZERO, cost_of(exact(rate), seconds) - exact(charged))
-    for org in orgs:
-        out.setdefault(org, ZERO)
-    return dict(out)

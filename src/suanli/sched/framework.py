@@ -37,7 +37,8 @@ def _alloc_id(req: Request) -> str:
 
 
 def _yields(victim: Allocation, req: Request) -> bool:
-    """Spot work gives way to work of a higher class whatever its size: no collateral bound protects it."""
+    """Spot work gives way to work of a higher class whatever its size (under a policy that preempts by class): no
+    collateral bound protects it."""
     return victim.request.priority == "spot" and victim.request.rank < req.rank
 
 
@@ -264,7 +265,7 @@ class Scheduler:
                 scratch.reserve(v, restore=True)
             else:
                 evicted.append(v)
-        bounded = [v for v in evicted if not _yields(v, req)]
+        bounded = [v for v in evicted if not (self.policy.class_preemption and _yields(v, req))]
         lost = sum(v.gpu_count for v in bounded)
         if lost > self.config.preempt_collateral * max(k, len(used), 1):
             classes = "/".join(sorted({v.request.priority for v in bounded}))
@@ -280,13 +281,14 @@ class Scheduler:
         for v in evicted:
             t = v.request.tenant
             ctx.tenant_gpus[t] = ctx.tenant_gpus.get(t, 0.0) - v.gpu_count * v.milli / FULL
-            why = f": {v.request.priority} work gives way to {req.priority} work" if v.request.rank < req.rank else ""
+            by_class = self.policy.class_preemption and v.request.rank < req.rank
+            why = f": {v.request.priority} work gives way to {req.priority} work" if by_class else ""
             reason = f"preempted for {req.priority} work {req.id} ({self.policy.name}{why})"
             result.preempted.append(Preempt(v.id, reason, req.id))
-        by_class: dict[str, int] = {}
+        gpus_of: dict[str, int] = {}  # GPUs evicted by class
         for v in evicted:
-            by_class[v.request.priority] = by_class.get(v.request.priority, 0) + v.gpu_count
-        what = " and ".join(f"{n} GPUs of {c} work" for c, n in sorted(by_class.items(), key=lambda x: x[0]))
+            gpus_of[v.request.priority] = gpus_of.get(v.request.priority, 0) + v.gpu_count
+        what = " and ".join(f"{n} GPUs of {c} work" for c, n in sorted(gpus_of.items()))
         return PlacementResult(placed.gpus, f"preempted {what}")
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------

@@ -128,6 +128,7 @@ class Policy:
     elastic: bool = False
     starvation_guard: bool = False
     static_key: bool = True  # the queue order depends on the request alone (not on cluster state)
+    class_preemption: bool = False  # it preempts lower classes' work: spot work then yields whatever its size
 
 
 POLICIES: dict[str, Policy] = {
@@ -135,11 +136,20 @@ POLICIES: dict[str, Policy] = {
     for p in (
         Policy("fifo", by_submit, "first-fit", "none"),
         Policy("fifo-backfill", by_submit, "topology", "easy"),
-        Policy("priority", by_class, "topology", "easy", lower_class),
+        Policy("priority", by_class, "topology", "easy", lower_class, class_preemption=True),
         Policy("fair-share", by_fair_share, "topology", "greedy", borrowed, static_key=False),
         Policy("las", by_las, "first-fit", "greedy", higher_las_level),
-        Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True),
-        Policy("default", by_class_las, "topology", "greedy", lower_class_or_las, elastic=True, starvation_guard=True),
+        Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True, class_preemption=True),
+        Policy(
+            "default",
+            by_class_las,
+            "topology",
+            "greedy",
+            lower_class_or_las,
+            elastic=True,
+            starvation_guard=True,
+            class_preemption=True,
+        ),
     )
 }
 

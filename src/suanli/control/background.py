@@ -90,6 +90,7 @@ class WorkloadLoop:
         self.scheduling = SchedulingPass(config, hold_minutes=settings.admission_hold_minutes)
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
                                      balance_grace_minutes=settings.balance_grace_minutes,
+                                     interval_s=settings.schedule_interval_s,
                                      sandboxes=sandbox_policy(settings))  # fmt: skip
         found = engines.configured(settings)
         self.supervisor.executors.update({e.kind: e.executor for e in found})

@@ -84,13 +84,14 @@ def admit(
     load: OrgLoad, rate_per_hour: Decimal, gpus: int, hold_minutes: int, cpu_milli: int = 0, memory_mib: int = 0
 ) -> None:
     """The org's balance must cover `hold_minutes` of everything it runs, this too; and its GPU, CPU and memory
-    quotas."""
+    quotas. Work at a zero rate (a plan's prepaid GPUs, no host CPU or memory) costs the org nothing more: no balance,
+    however far below zero, refuses it."""
     org = load.org
     why = quota_refusal(org, gpus, cpu_milli, memory_mib, (load.gpus, load.cpu_milli, load.memory_mib))
     if why is not None:
         raise Conflict(f"quota: {why}")
     need = exact((load.rate + rate_per_hour) * hold_minutes / 60)
-    if load.balance < need:
+    if rate_per_hour > 0 and load.balance < need:
         raise PaymentRequired(
             f"balance {shown(load.balance)} does not cover {hold_minutes} minutes of running work at "
             f"{shown(load.rate + rate_per_hour)}/h ({shown(need)} needed); top up first"

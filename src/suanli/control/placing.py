@@ -41,16 +41,18 @@ def specs_of(s: Session, ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def preempt(s: Session, preempts: list[tuple[str, str, str]], now: datetime) -> int:
     """Take the victims' GPUs back (their allocations close: billing ends) and ask them to stop. The reason names
-    the work that took the GPUs only to its own org; another tenant's victim reads "another tenant's work"."""
+    the work that took the GPUs only to its own org; another tenant's victim reads "preempted for on-demand work of
+    another tenant", never its name, id or org."""
     n = 0
     for wid, reason, by_id in preempts:
         w = s.get(Workload, wid, with_for_update=True, populate_existing=True)
         if w is None or w.state not in ("scheduled", "starting", "running"):
             continue
         by = s.get(Workload, by_id) if by_id else None
-        if by is not None:
-            named = f"{by.name} ({by.id})" if by.org_id == w.org_id else "another tenant's work"
-            reason = reason.replace(by_id, named, 1)
+        if by is not None and by.org_id == w.org_id:
+            reason = reason.replace(by_id, f"{by.name} ({by.id})", 1)
+        elif by_id:
+            reason = reason.replace(f" {by_id}", " of another tenant", 1).replace(by_id, "another tenant's work")
         if w.allocation_id is not None:  # billing ends when the scheduler takes the GPUs back
             metering.close_allocation(s, w.allocation_id, now)  # (a victim already stopping, too)
         if w.stop_requested:  # already stopping for another reason, which stands

@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import inventory, placing, resizing
+from suanli.control import committed, inventory, placing, resizing
 from suanli.control.engines import ENGINE_KINDS, EXTERNAL_LABEL
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
@@ -112,6 +112,7 @@ class SchedulingPass:
     _seen: int | None = None  # the inventory version the snapshot was last brought up to date at
     resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
     scheduler: Scheduler | None = None
+    money: committed.Affordability = field(default_factory=committed.Affordability)
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config)
@@ -168,7 +169,9 @@ class SchedulingPass:
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
-            signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)))
+            # A top-up of an org whose work waits for balance is a change too.
+            signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)),
+                         self.money.signature(s))  # fmt: skip
             fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
             # Nothing queued, and no running elastic work the policy might grow (as of an up-to-date snapshot).
             idle = not queue_rows and self._seen == version and not self.resizer.any_elastic()
@@ -180,6 +183,7 @@ class SchedulingPass:
             self._signature, self._last_run = signature, now
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
+            self.money.read(s, {r.org_id for r in queue_rows})
             states = self._snapshot(s, views)
             self._seen = version
             asks = self.resizer.pin(self._states, self._held, resizing.asked(s))
@@ -191,11 +195,15 @@ class SchedulingPass:
         queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
                  for r in queue_rows]  # fmt: skip
         queue = self._by_priority(queue)
+        # What each org runs and has queued counts against its balance: the work it cannot pay for waits unseen by the
+        # cycle, which then never hands GPUs to work admission would refuse while others' work waits (`committed`).
+        models = frozenset(m for v in views if v.topology is not None for m in v.models)
+        queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes)
         placements: list[placing.Placement] = []
         preempts: list[tuple[str, str, str]] = []
         resizes: list[resizing.ResizeItem] = []
         waits: dict[str, str] = {}  # workload -> why the size its owner asked for waits
-        pending: dict[str, tuple[str, int]] = {}
+        pending: dict[str, tuple[str, int]] = {wid: (why, 0) for wid, why in broke.items()}
         left = list(queue)
         t1 = time.perf_counter()
         assert self.scheduler is not None

@@ -16,10 +16,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, false, func, or_, select
+from sqlalchemy import and_, false, or_, select
 from sqlalchemy.orm import Session
 
-from suanli.control import health, ledger, metering, resizing, workloads
+from suanli.control import health, metering, overdraft, resizing, workloads
 from suanli.control.launches import Launches, _deadline, _length, _plan_end, _read_handle, _write_handle
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import EPOCH, seconds
@@ -49,6 +49,7 @@ class Supervisor(Launches):
     home: Path
     grace_s: float = 10.0
     balance_grace_minutes: float = 5.0
+    interval_s: float = 0.5  # how often the loop runs a pass (`schedule_interval_s`): a stop for money is asked early
     executors: dict[str, Executor] = field(default_factory=dict)
     chunk: int = 200  # virtual workloads per transaction
     sandboxes: SandboxPolicy = field(default_factory=SandboxPolicy)
@@ -66,7 +67,7 @@ class Supervisor(Launches):
         process must never lose its handle to a rolled-back batch); virtual work in chunks."""
         report = SupervisorReport()
         with db.read() as s:
-            broke = self._broke_orgs(s)
+            broke = self._broke_orgs(s, now)
             w = Workload
             due = or_(w.executor != "virtual", w.stop_requested.is_not(None), w.deadline_at <= now, w.ends_at <= now,
                       w.handle.is_(None), w.org_id.in_(broke) if broke else false())  # fmt: skip
@@ -181,19 +182,10 @@ class Supervisor(Launches):
         log.warning("attempt of %s was decided elsewhere while launching; stopping what was launched", wid)
         self.executor(executor_name).stop(handle, seconds(now))
 
-    def _broke_orgs(self, s: Session) -> dict[str, Decimal]:
-        """Orgs whose balance is below zero by more than the grace period of what they run: org -> balance."""
-        rates = s.execute(
-            select(Allocation.org_id, func.sum(Allocation.rate_per_hour))
-            .where(Allocation.stopped_at.is_(None), Allocation.rate_per_hour > 0)
-            .group_by(Allocation.org_id)
-        ).all()
-        out = {}
-        for org, rate in rates:
-            balance = ledger.org_balance(s, org)
-            if _broke(Decimal(rate), balance, self.balance_grace_minutes):
-                out[org] = balance
-        return out
+    def _broke_orgs(self, s: Session, now: datetime) -> dict[str, Decimal]:
+        """Orgs whose charged work must stop now, before their balance passes the grace: org -> balance."""
+        lead = overdraft.stop_lead_s(self.grace_s, self.interval_s)
+        return overdraft.broke_orgs(s, now, self.balance_grace_minutes, lead)
 
     # ---- one workload --------------------------------------------------------------------------------------
     def _step(self, s: Session, w: Workload, now: datetime, broke: Decimal | None, report: SupervisorReport) -> None:
@@ -345,10 +337,3 @@ def _restarting(w: Workload) -> bool:
 def _over_time(spec: dict, started_at: datetime | None, now: datetime) -> bool:
     limit = spec.get("max_duration")
     return limit is not None and started_at is not None and (now - started_at).total_seconds() >= float(limit)
-
-
-def _broke(rate: Decimal | None, balance: Decimal, grace_minutes: float) -> bool:
-    """Out of money: the balance is below zero by more than `grace_minutes` of the workload's rate."""
-    if not rate or rate <= 0:
-        return False
-    return balance < -(rate * Decimal(str(grace_minutes)) / 60)

@@ -36,6 +36,12 @@ def _alloc_id(req: Request) -> str:
     return req.id
 
 
+def _yields(victim: Allocation, req: Request) -> bool:
+    """Spot work gives way to work of a higher class whatever its size (under a policy that preempts by class): no
+    collateral bound protects it."""
+    return victim.request.priority == "spot" and victim.request.rank < req.rank
+
+
 class Scheduler:
     """Runs the configured policy. Pure: time is passed in, state is copied."""
 
@@ -99,12 +105,16 @@ class Scheduler:
                         placed = self._try(work, req, k)
                 if placed.gpus is not None and reservation is not None:
                     self._easy_consume(reservation, req, k, now)
+            why = ""  # a placement made by preemption says what it evicted
             if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
                 preempt_budget -= 1
                 attempt = self._preempt(work, req, k, ctx, result)
-                placed = attempt if attempt.gpus is not None else PlacementResult(None, placed.reason)
+                if attempt.gpus is not None:
+                    placed, why = attempt, attempt.reason
+                else:  # the reason says why preemption could not make room either
+                    placed = PlacementResult(None, f"{placed.reason}; {attempt.reason}")
             if placed.gpus is not None:
-                self._commit(work, req, placed.gpus, now, result, ctx)
+                self._commit(work, req, placed.gpus, now, result, ctx, why)
                 continue
             result.pending.append(Pending(req.id, placed.reason, pos))
             if blocked is None:
@@ -146,14 +156,21 @@ class Scheduler:
         return self.placer(work, req, k)
 
     def _commit(
-        self, work: ClusterState, req: Request, gpus: np.ndarray, now: float, result: CycleResult, ctx: PolicyContext
+        self,
+        work: ClusterState,
+        req: Request,
+        gpus: np.ndarray,
+        now: float,
+        result: CycleResult,
+        ctx: PolicyContext,
+        reason: str = "",
     ) -> None:
         est_end = now + req.est_runtime if req.est_runtime is not None else None
         alloc = Allocation(_alloc_id(req), req, tuple(int(g) for g in gpus), now, req.milli, est_end)
         work.reserve(alloc)
         share = len(gpus) * req.milli / FULL
         ctx.tenant_gpus[req.tenant] = ctx.tenant_gpus.get(req.tenant, 0.0) + share
-        result.placed.append(Place(req.id, alloc.gpus, req.milli))
+        result.placed.append(Place(req.id, alloc.gpus, req.milli, reason))
 
     @staticmethod
     def _tenant_gpus(state: ClusterState) -> dict[str, float]:
@@ -203,12 +220,18 @@ class Scheduler:
     def _preempt(
         self, work: ClusterState, req: Request, k: int, ctx: PolicyContext, result: CycleResult
     ) -> PlacementResult:
+        """A preemption statement: the GPUs it places on and what it evicted, or None and why it cannot make room.
+
+        Victims are freed cheapest first until the request fits; those the placement does not need are given back.
+        Evicting other work is bounded (`preempt_collateral` GPUs per GPU needed, so a 1-GPU job never evicts a
+        64-GPU gang); spot work yielding to a higher class is not counted: spot work exists to be preempted, so an
+        8-GPU on-demand job evicts a 32-GPU spot gang when nothing smaller makes room."""
         rule = self.policy.preempt
         assert rule is not None
         decided = {p.request_id for p in result.placed} | {r.allocation_id for r in result.resized}
         victims = [a for a in work.allocations.values() if a.id not in decided and rule(a, req, ctx)]
         if not victims:
-            return PlacementResult(None, f"needs {k} GPUs; nothing it may preempt")
+            return PlacementResult(None, "nothing it may preempt")
         # cheapest victims first: lowest class, then smallest gang (least collateral), then most recently
         # started (least work lost)
         victims.sort(key=lambda a: (a.request.rank, a.gpu_count, -a.start_time))
@@ -229,7 +252,7 @@ class Scheduler:
             if placed.gpus is not None:
                 break
         if placed.gpus is None:
-            return PlacementResult(None, f"needs {k} GPUs; preempting up to {len(freed)} jobs would not make room")
+            return PlacementResult(None, f"preempting up to {len(freed)} jobs would not make room")
         used = set(int(g) for g in placed.gpus)
         if req.exclusive:  # an exclusive gang owns its nodes: nobody may be given back onto them
             nodes = np.unique(scratch.gpu_node[np.asarray(placed.gpus, dtype=np.int64)])
@@ -242,11 +265,13 @@ class Scheduler:
                 scratch.reserve(v, restore=True)
             else:
                 evicted.append(v)
-        lost = sum(v.gpu_count for v in evicted)
+        bounded = [v for v in evicted if not (self.policy.class_preemption and _yields(v, req))]
+        lost = sum(v.gpu_count for v in bounded)
         if lost > self.config.preempt_collateral * max(k, len(used), 1):
+            classes = "/".join(sorted({v.request.priority for v in bounded}))
             return PlacementResult(
                 None,
-                f"needs {k} GPUs; preemption would evict {lost} GPUs of gangs (limit "
+                f"preemption would evict {lost} GPUs of {classes} gangs (limit "
                 f"{self.config.preempt_collateral:g}x the request)",
             )
         if scratch.tracks_host:
@@ -256,8 +281,15 @@ class Scheduler:
         for v in evicted:
             t = v.request.tenant
             ctx.tenant_gpus[t] = ctx.tenant_gpus.get(t, 0.0) - v.gpu_count * v.milli / FULL
-            result.preempted.append(Preempt(v.id, f"preempted for {req.id} ({self.policy.name})", req.id))
-        return placed
+            by_class = self.policy.class_preemption and v.request.rank < req.rank
+            why = f": {v.request.priority} work gives way to {req.priority} work" if by_class else ""
+            reason = f"preempted for {req.priority} work {req.id} ({self.policy.name}{why})"
+            result.preempted.append(Preempt(v.id, reason, req.id))
+        gpus_of: dict[str, int] = {}  # GPUs evicted by class
+        for v in evicted:
+            gpus_of[v.request.priority] = gpus_of.get(v.request.priority, 0) + v.gpu_count
+        what = " and ".join(f"{n} GPUs of {c} work" for c, n in sorted(gpus_of.items()))
+        return PlacementResult(placed.gpus, f"preempted {what}")
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------
     def _scaling(self, work: ClusterState) -> ScalingModel:

@@ -14,7 +14,8 @@ Why this default (measured in `benchmarks/sched_quality.py`, see docs/scheduling
 preemption gives short jobs a fast start without knowing durations (Tiresias); topology-aware placement
 keeps gangs compact, so they run at full speed instead of paying for scattered collectives; greedy
 backfill keeps GPUs busy whenever anything fits; preempting the smallest victims first, and never more
-than `preempt_collateral` GPUs per GPU needed, stops a 1-GPU job from evicting a 64-GPU gang (the failure
+than `preempt_collateral` GPUs per GPU needed (spot work taken by a higher class is not counted: spot work exists
+to be preempted), stops a 1-GPU job from evicting a 64-GPU gang (the failure
 mode that makes plain LAS slow on Philly); elastic jobs grow into idle GPUs while the perf model says the
 extra GPUs pay, and shrink back first when work waits (Pollux's jobs finish 3-4x sooner).
 """
@@ -46,7 +47,8 @@ class SchedulerConfig:
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
-    preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs
+    preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs (spot work
+    # taken by a higher class not counted)
 
 
 @dataclass
@@ -126,6 +128,7 @@ class Policy:
     elastic: bool = False
     starvation_guard: bool = False
     static_key: bool = True  # the queue order depends on the request alone (not on cluster state)
+    class_preemption: bool = False  # it preempts lower classes' work: spot work then yields whatever its size
 
 
 POLICIES: dict[str, Policy] = {
@@ -133,11 +136,20 @@ POLICIES: dict[str, Policy] = {
     for p in (
         Policy("fifo", by_submit, "first-fit", "none"),
         Policy("fifo-backfill", by_submit, "topology", "easy"),
-        Policy("priority", by_class, "topology", "easy", lower_class),
+        Policy("priority", by_class, "topology", "easy", lower_class, class_preemption=True),
         Policy("fair-share", by_fair_share, "topology", "greedy", borrowed, static_key=False),
         Policy("las", by_las, "first-fit", "greedy", higher_las_level),
-        Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True),
-        Policy("default", by_class_las, "topology", "greedy", lower_class_or_las, elastic=True, starvation_guard=True),
+        Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True, class_preemption=True),
+        Policy(
+            "default",
+            by_class_las,
+            "topology",
+            "greedy",
+            lower_class_or_las,
+            elastic=True,
+            starvation_guard=True,
+            class_preemption=True,
+        ),
     )
 }
 

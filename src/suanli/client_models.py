@@ -160,6 +160,8 @@ class Offer:
     slices_per_hour: dict[str, Decimal] = field(default_factory=dict)  # one MIG slice, by profile
     cpu_per_core_hour: Decimal | None = None  # host CPU work asks for (CPU-only work pays only these), on demand
     memory_per_gib_hour: Decimal | None = None
+    usage_per_gpu_hour: Decimal | None = None  # billing: usage, a GPU-hour fully active; None: not offered by usage
+    usage_floor_per_gpu_hour: Decimal | None = None  # billing: usage, a GPU-hour idle
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,8 @@ class Quote:
     currency: str
     available_now: bool
     host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
+    floor_rate_per_hour: Decimal | None = None  # billing: usage: with the GPUs idle (rate_per_hour: fully active)
+    floor_cost: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,8 @@ class WorkloadQuote:
     duration_s: float | None  # the spec's duration, else max_duration
     cost: Decimal | None  # of duration_s, as metering charges it
     currency: str
+    floor_rate_per_hour: Decimal | None = None  # billing: usage: with its GPUs idle (rate_per_hour: fully active)
+    floor_cost: Decimal | None = None
 
 
 @dataclass(frozen=True)

@@ -138,7 +138,7 @@ def settle_now(s: Session, a: Allocation, now: datetime, window_s: int, policy: 
     it was charged: what a fault credit gives back (the tenant is then charged nothing for the lost attempt)."""
     a = s.get(Allocation, a.id, with_for_update=True, populate_existing=True) or a
     if a.stopped_at is not None and not a.settled:
-        meter_allocation(s, a, now, window_s, UsagePolicy(policy.span_s, delay_s=0))
+        meter_allocation(s, a, max(now, a.stopped_at), window_s, UsagePolicy(policy.span_s, delay_s=0))
         a.lock_owner, a.lock_expires_at = None, None  # a metering worker that held the row leaves it alone
     return exact(a.charged)
 

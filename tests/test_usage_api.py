@@ -119,7 +119,7 @@ def test_the_operator_sets_usage_prices_and_the_floor_and_tenants_see_them(
     [
         ({"floor": "1.5"}, "floor"), ({"floor": "-0.1"}, "floor"), ({"floor": 0.5}, "floor"),
         ({"gpu_hour": {"H20": "-1"}}, "gpu_hour"), ({"gpu_hour": {"H20": "1e6"}}, "gpu_hour"), ({}, "body"),
-        ({"gpu_hour": {"nonsense": "1"}}, "gpu_hour.nonsense"), ({"gpu_hour": {"B200": "50"}}, "usage_gpu_hour.B200"),
+        ({"gpu_hour": {"nonsense": "1"}}, "gpu_hour.nonsense"), ({"gpu_hour": {"B200": "50"}}, "gpu_hour.B200"),
     ],
 )  # fmt: skip
 def test_bad_usage_prices_are_refused_naming_the_field_and_change_nothing(
@@ -127,7 +127,7 @@ def test_bad_usage_prices_are_refused_naming_the_field_and_change_nothing(
 ) -> None:
     api, adm, t = market
     before = _book(api, t)
-    if field == "usage_gpu_hour.B200":  # B200 has no on-demand price in this book: usage is offered beside it
+    if field == "gpu_hour.B200":  # B200 has no on-demand price in this book: usage is offered beside it
         _ok(api.put(f"{API}/admin/prices/gpus/B200", json={"remove": True}, headers=adm))
         before = _book(api, t)
     r = api.put(f"{API}/admin/prices/usage", json=body, headers=adm)

@@ -45,9 +45,9 @@ class PriceBook(BaseModel):
     cpu_core_hour: Amount = Field(DEFAULT_CPU_CORE_HOUR, ge=0, le=MAX_PRICE)
     memory_gib_hour: Amount = Field(DEFAULT_MEMORY_GIB_HOUR, ge=0, le=MAX_PRICE)
     plans: dict[str, PlanPrice] = Field(default_factory=dict)
-    # `billing: usage`: per GPU-hour at full activity, by GPU model (each also priced on demand), and the floor: the
-    # share of that price an idle GPU-hour costs. A GPU-second at activity a (0..1) costs usage x (floor + (1 - floor)
-    # x a) / 3600; see billing/usage.py. A book stored before usage prices existed offers no usage billing.
+    # `billing: usage`: per GPU-hour at full activity, by GPU model (offered while also priced on demand), and the
+    # floor: the share of that price an idle GPU-hour costs. A GPU-second at activity a (0..1) costs usage x (floor +
+    # (1 - floor) x a) / 3600; see billing/usage.py. A book stored before usage prices existed offers no usage billing.
     usage_gpu_hour: dict[str, Amount] = Field(default_factory=dict)
     usage_floor: Amount = Field(DEFAULT_USAGE_FLOOR, ge=0, le=1)
 

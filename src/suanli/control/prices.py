@@ -29,18 +29,14 @@ def version(s: Session | Connection) -> int:
 
 
 def validate(body: dict[str, object]) -> PriceBook:
-    """A price book whose GPU models are all catalog models, named canonically."""
+    """A price book whose GPU models are all catalog models, named canonically. A usage price of a model with no
+    on-demand price stays in the book but is not offered (usage is offered beside on-demand only)."""
     try:
         book = PriceBook.model_validate(body)
     except ValidationError as e:
         fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise Invalid(f"price book: {fields}") from e
     names = {field: _canonical(field, getattr(book, field)) for field in ("gpu_hour", "usage_gpu_hour")}
-    for model, name in zip(book.usage_gpu_hour, names["usage_gpu_hour"], strict=True):
-        if name not in names["gpu_hour"]:
-            raise Invalid(
-                f"usage_gpu_hour.{model}: {name} is not priced on demand (gpu_hour); usage is offered beside it"
-            )
     return book.model_copy(update=names)
 
 
@@ -80,16 +76,14 @@ def set_gpu_price(
     except catalog.CatalogError as e:
         raise Invalid(f"gpu: {e}") from e
     _, book = current(s)
-    prices, usage = dict(book.gpu_hour), dict(book.usage_gpu_hour)
-    if remove:
+    prices = dict(book.gpu_hour)
+    if remove:  # its usage price stays, not offered: usage is offered beside on-demand only
         prices.pop(name, None)
-        usage.pop(name, None)  # usage is offered beside on-demand only
     else:
         if on_demand is None or on_demand < 0:
             raise Invalid("price: a non-negative amount per GPU-hour")
         prices[name] = on_demand
-    new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()},
-                    "usage_gpu_hour": {k: str(v) for k, v in usage.items()}})  # fmt: skip
+    new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()}})
     return store(s, new, now, by), new
 
 
@@ -97,7 +91,8 @@ def set_usage_prices(
     s: Session, gpu_hour: dict[str, Decimal | None], floor: Decimal | None, now: datetime, by: str | None
 ) -> tuple[int, PriceBook]:
     """Change usage prices per GPU-hour at full activity (None: stop offering that model by usage) and/or the
-    floor (the share of it an idle GPU-hour costs), as a new version of the book."""
+    floor (the share of it an idle GPU-hour costs), as a new version of the book. A model must be priced on demand
+    to be given a usage price: usage is offered beside on-demand only."""
     _, book = current(s)
     body = book.model_dump(mode="json")
     usage = dict(body["usage_gpu_hour"])
@@ -108,6 +103,8 @@ def set_usage_prices(
             raise Invalid(f"gpu_hour.{model}: {e}") from e
         if price is None:
             usage.pop(name, None)
+        elif name not in book.gpu_hour:
+            raise Invalid(f"gpu_hour.{model}: {name} is not priced on demand; usage is offered beside on-demand only")
         else:
             usage[name] = str(price)
     body["usage_gpu_hour"] = usage

@@ -51,6 +51,8 @@ Priority = Literal["low", "normal", "high"]
 BillingMode = Literal["on-demand", "spot", "usage", "plan"]
 RetryCause = Literal["node-failure", "preemption", "failure"]
 PRIORITY_RANK: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+CLASS_OF_BILLING: dict[str, PriorityClass] = {"plan": "reserved", "on-demand": "on-demand", "usage": "on-demand",
+                                              "spot": "spot"}  # fmt: skip
 
 
 class FieldError(ValueError):
@@ -458,7 +460,7 @@ class WorkloadSpec(BaseModel):
     def priority_class(self) -> PriorityClass:
         """The scheduler's class: a plan's reserved capacity outranks on-demand (and usage, which is not preemptible
         either), which outranks spot."""
-        return {"plan": "reserved", "on-demand": "on-demand", "usage": "on-demand", "spot": "spot"}[self.billing_mode()]  # type: ignore[return-value]
+        return CLASS_OF_BILLING[self.billing_mode()]
 
     def priority_rank(self) -> int:
         """Order within an org's own queue: low 0, normal 1, high 2."""

@@ -303,10 +303,10 @@ def prices_set_host(
 
 @prices_app.command("set-usage")
 def prices_set_usage(
-    gpu: Annotated[str | None, typer.Argument(metavar="[GPU]", help="GPU model, e.g. H20.")] = None,
+    gpu: Annotated[str | None, typer.Argument(metavar="GPU", help="GPU model, e.g. H20.")] = None,
     price: Annotated[
         str | None,
-        typer.Argument(metavar="[PRICE]", help="Per GPU-hour fully active, e.g. 10.625; 'none' stops usage billing."),
+        typer.Argument(metavar="PRICE", help="Per GPU-hour fully active, e.g. 10.625; 'none' stops usage billing."),
     ] = None,
     floor: Annotated[
         str | None, typer.Option("--floor", help="Share of the usage price an idle GPU-hour costs, 0..1, e.g. 0.2.")

@@ -41,6 +41,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "QuotaIn": {"gpus": 0},
     "PriceGpuIn": {"on_demand": "0.01"},
     "PriceHostIn": {"cpu_core_hour": "0.01"},
+    "PriceUsageIn": {"gpu_hour": {"H20": "0.01"}, "floor": "0"},
     "WorkloadQuoteIn": {"spec": {"name": "probe", "command": "x", "resources": {"gpus": 0}}},
     "PriceBookIn": {"gpu_hour": {"H20": "0.01"}},
     "ClusterIn": {"preset": "1x8:H20", "name": "intruder"},

@@ -207,7 +207,8 @@ def test_offers_and_quotes_show_and_include_the_host_prices(market: Market) -> N
     [cpu] = market.call("POST", "/quotes/workload", {"spec": {**cpu_job("q", cpus=2, memory="3Gi"), "duration": "2h"}})
     assert cpu == {"gpu": None, "gpus": 0, "cpu_milli": 2000, "memory_mib": 3072, "billing_mode": "on-demand",
                    "gpu_rate_per_hour": "0.00000000", "host_rate_per_hour": "0.27500000",
-                   "rate_per_hour": "0.27500000", "duration_s": 7200.0, "cost": "0.55000000", "currency": "CNY"}  # fmt: skip
+                   "rate_per_hour": "0.27500000", "duration_s": 7200.0, "cost": "0.55000000", "currency": "CNY",
+                   "floor_rate_per_hour": None, "floor_cost": None}  # fmt: skip
     spot = {"name": "s", "command": "x", "billing": "spot", "max_duration": "30m",
             "resources": {"gpu": "H20", "gpus": 2, "cpus": 4}}  # fmt: skip
     [q] = market.call("POST", "/quotes/workload", {"spec_yaml": json.dumps(spot)})  # JSON is YAML

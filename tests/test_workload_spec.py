@@ -235,7 +235,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"resources": {"gpuz": 3}}, "resources.gpuz", "did you mean 'gpu"),
     ({"resources": "8xh100"}, "resources", "valid dictionary"),
     # billing / priority
-    ({"billing": "reserved"}, "billing", "on-demand, spot or plan:<id>"),
+    ({"billing": "reserved"}, "billing", "on-demand, spot, usage or plan:<id>"),
     ({"billing": "plan:"}, "billing", "plan:<id>"),
     ({"billing": "plan:" + "a" * 33}, "billing", "plan:<id>"),
     ({"billing": "plan:a b"}, "billing", "plan:<id>"),

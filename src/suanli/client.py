@@ -374,7 +374,8 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
         memory_per_gpu: str | None = None,
     ) -> list[Quote]:
         """Feasible offers for a training run, best first by `rank`; give exactly one of tokens and steps.
-        `cpus_per_gpu`/`memory_per_gpu` (e.g. "64Gi") price host CPU and memory in. Options left as None take the
+        `cpus_per_gpu`/`memory_per_gpu` (e.g. "64Gi") price host CPU and memory in; `billing_mode` on-demand, spot or
+        usage (then each quote is a range: `floor_*` idle, rate and cost fully active). Options left as None take the
         server's defaults."""
         body = _params(
             model=model, tokens=tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
@@ -509,6 +510,15 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
         body = _params(cpu_core_hour=None if cpu_core_hour is None else _amount(cpu_core_hour),
                        memory_gib_hour=None if memory_gib_hour is None else _amount(memory_gib_hour))  # fmt: skip
         return self.call("PUT", "/admin/prices/host", body)
+
+    def admin_set_usage_prices(
+        self, gpu_hour: dict[str, Decimal | int | str | None] | None = None, floor: Decimal | int | str | None = None
+    ) -> dict[str, Any]:
+        """Set usage prices per GPU-hour fully active (a model mapped to None is no longer offered by usage) and/or
+        the floor (the share of it an idle GPU-hour costs); a new book version."""
+        body = _params(gpu_hour={k: None if v is None else _amount(v) for k, v in (gpu_hour or {}).items()} or None,
+                       floor=None if floor is None else _amount(floor))  # fmt: skip
+        return self.call("PUT", "/admin/prices/usage", body)
 
     def admin_set_gpu_price(
         self, gpu: str, price: Decimal | int | str | None = None, remove: bool = False

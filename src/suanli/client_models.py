@@ -189,6 +189,8 @@ class Offer:
     cpu_per_core_hour: Decimal | None = None  # host CPU work asks for (CPU-only work pays only these), on demand
     memory_per_gib_hour: Decimal | None = None
     reserved: int = 0  # GPUs active plans reserve; those their work leaves idle are not in `free`
+    usage_per_gpu_hour: Decimal | None = None  # billing: usage, a GPU-hour fully active; None: not offered by usage
+    usage_floor_per_gpu_hour: Decimal | None = None  # billing: usage, a GPU-hour idle
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,8 @@ class Quote:
     currency: str
     available_now: bool
     host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
+    floor_rate_per_hour: Decimal | None = None  # billing: usage: with the GPUs idle (rate_per_hour: fully active)
+    floor_cost: Decimal | None = None
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,8 @@ class WorkloadQuote:
     duration_s: float | None  # the spec's duration, else max_duration
     cost: Decimal | None  # of duration_s, as metering charges it
     currency: str
+    floor_rate_per_hour: Decimal | None = None  # billing: usage: with its GPUs idle (rate_per_hour: fully active)
+    floor_cost: Decimal | None = None
 
 
 @dataclass(frozen=True)

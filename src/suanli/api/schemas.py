@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from suanli.billing.money import INTERNAL
-from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR
+from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR, DEFAULT_USAGE_FLOOR
 from suanli.workloads.models import parse_memory_mib
 
 
@@ -270,6 +270,12 @@ class OfferOut(Out):
     spot_per_gpu_hour: str | None
     plans_per_gpu_hour: dict[str, str]
     slices_per_hour: dict[str, str] = Field(description="one MIG slice, by profile")
+    usage_per_gpu_hour: str | None = Field(
+        None, description="billing: usage: a GPU-hour fully active (null: not offered by usage)"
+    )
+    usage_floor_per_gpu_hour: str | None = Field(
+        None, description="billing: usage: a GPU-hour idle, the least a held GPU costs"
+    )
     cpu_per_core_hour: str = Field(description="host CPU asked for, on demand (spot: times the spot factor)")
     memory_per_gib_hour: str = Field(description="host memory asked for, on demand (spot: times the spot factor)")
 
@@ -283,7 +289,7 @@ class QuoteIn(In):
     steps: int | None = Field(None, ge=1, le=1_000_000_000)
     gpu: str = Field("any", min_length=1, max_length=64, description="GPU model, or 'any'")
     gpus: int | None = Field(None, ge=1, le=100_000, description="GPU count; default: try a range")
-    billing_mode: Literal["on-demand", "spot"] = "on-demand"
+    billing_mode: Literal["on-demand", "spot", "usage"] = "on-demand"
     rank: Literal["cheapest", "fastest"] = "cheapest"
     limit: int = Field(10, ge=1, le=100)
     cpus_per_gpu: Decimal | None = Field(None, gt=0, le=4096, decimal_places=3, description="host CPU cores a GPU")
@@ -326,6 +332,10 @@ class QuoteOut(Out):
     currency: str
     available_now: bool
     host_rate_per_hour: str = Field("0.00000000", description="the host CPU and memory part of rate_per_hour")
+    floor_rate_per_hour: str | None = Field(
+        None, description="billing: usage: the rate with the GPUs idle (rate_per_hour: fully active); else null"
+    )
+    floor_cost: str | None = Field(None, description="billing: usage: the cost with the GPUs idle throughout")
 
 
 class WorkloadQuoteIn(In):
@@ -355,6 +365,10 @@ class WorkloadQuoteOut(Out):
     duration_s: float | None = Field(description="the spec's duration, else max_duration; null: neither")
     cost: str | None = Field(description="rate x duration_s as metering bills it (to the nearest second)")
     currency: str
+    floor_rate_per_hour: str | None = Field(
+        None, description="billing: usage: the rate with its GPUs idle (rate_per_hour: fully active); else null"
+    )
+    floor_cost: str | None = Field(None, description="billing: usage: the cost with its GPUs idle throughout")
 
 
 GpuName = Annotated[str, Field(min_length=1, max_length=64)]
@@ -377,12 +391,32 @@ class PriceBookIn(In):
     storage_gb_month: Amount = Field(Decimal("0"), ge=0, le=Decimal("100000"), decimal_places=8)
     cpu_core_hour: HourlyPrice = Field(DEFAULT_CPU_CORE_HOUR, description="host CPU, per core-hour")
     memory_gib_hour: HourlyPrice = Field(DEFAULT_MEMORY_GIB_HOUR, description="host memory, per GiB-hour")
+    usage_gpu_hour: dict[GpuName, HourlyPrice] = Field(
+        default_factory=dict, description="billing: usage: per GPU-hour fully active (each model priced on demand too)"
+    )
+    usage_floor: Amount = Field(
+        DEFAULT_USAGE_FLOOR, ge=0, le=1, decimal_places=8, description="the share of it an idle GPU-hour costs"
+    )
     plans: dict[Annotated[str, Field(min_length=1, max_length=32)], PlanPriceIn] = Field(default_factory=dict)
 
 
 class PriceGpuIn(In):
     on_demand: Amount | None = Field(None, ge=0, le=Decimal("100000"), decimal_places=8)
     remove: bool = False
+
+
+class PriceUsageIn(In):
+    """Usage prices to change (`billing: usage`): per GPU-hour fully active by GPU model (null: no longer offered by
+    usage), and/or the floor, the share of that price an idle GPU-hour costs."""
+
+    gpu_hour: dict[GpuName, HourlyPrice | None] = Field(default_factory=dict, max_length=256)
+    floor: Amount | None = Field(None, ge=0, le=1, decimal_places=8)
+
+    @model_validator(mode="after")
+    def _some(self) -> PriceUsageIn:
+        if not self.gpu_hour and self.floor is None:
+            raise ValueError("give gpu_hour, floor or both")
+        return self
 
 
 class PriceHostIn(In):

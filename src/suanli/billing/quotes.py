@@ -44,6 +44,9 @@ class Quote:
     cost: Decimal
     available_now: bool
     host_rate_per_hour: Decimal = Decimal(0)  # the host CPU and memory part of rate_per_hour
+    # billing: usage: rate_per_hour and cost are with the GPUs fully active; these with them idle (the floor)
+    floor_rate_per_hour: Decimal | None = None
+    floor_cost: Decimal | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -58,6 +61,8 @@ class Quote:
             "cost": format(self.cost.quantize(Decimal("0.01")), "f"),
             "available_now": self.available_now,
             "host_rate_per_hour": format(self.host_rate_per_hour, "f"),
+            "floor_rate_per_hour": None if self.floor_rate_per_hour is None else format(self.floor_rate_per_hour, "f"),
+            "floor_cost": None if self.floor_cost is None else format(self.floor_cost.quantize(Decimal("0.01")), "f"),
         }
 
 
@@ -88,7 +93,8 @@ def quote(
     host: tuple[int, int] = (0, 0),
 ) -> list[Quote]:
     """Feasible quotes, best first. `gpus` fixes the count; otherwise a range of counts is tried. `host`: the
-    host CPU (milli-cores) and memory (MiB) each GPU asks for, priced with the GPUs."""
+    host CPU (milli-cores) and memory (MiB) each GPU asks for, priced with the GPUs. Billed by usage, a quote is
+    the range from its GPUs idle throughout (`floor_*`) to fully active (rate and cost), and ranks by the latter."""
     if tokens <= 0:
         raise ValueError("tokens must be positive")
     out: list[Quote] = []
@@ -109,6 +115,8 @@ def quote(
             host_rate = prices.host_rate(host[0] * n, host[1] * n, mode)
             rate = exact(prices.rate(offer.gpu, n, mode) + host_rate)
             cost = exact(rate * Decimal(str(seconds)) / 3600)
+            floor = exact(prices.usage_floor_rate(offer.gpu, n) + host_rate) if mode == "usage" else None
+            floor_cost = exact(floor * Decimal(str(seconds)) / 3600) if floor is not None else None
             plan = {k: getattr(best.plan, k) for k in ("tp", "pp", "cp", "dp", "vp", "mbs", "zero", "recompute")}
             out.append(
                 Quote(
@@ -123,6 +131,8 @@ def quote(
                     cost,
                     n <= offer.free_gpus,
                     host_rate,
+                    floor,
+                    floor_cost,
                 )
             )
     key = (lambda q: (q.cost, q.total_time_s)) if rank == "cheapest" else (lambda q: (q.total_time_s, q.cost))

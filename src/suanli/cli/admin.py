@@ -223,7 +223,8 @@ def ledger_check(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
 
 # ---- prices -------------------------------------------------------------------------------------------------
 prices_app = typer.Typer(
-    help="The price book: show it, or change a GPU's price or the host CPU and memory prices, or load a whole book."
+    help="The price book: show it, or change a GPU's price, its price billed by usage, the host CPU and memory prices, "
+    "or load a whole book."
 )
 app.add_typer(prices_app, name="prices")
 
@@ -235,8 +236,13 @@ def _print_book(book: dict[str, Any]) -> None:
     table.add_column("on demand", justify="right")
     spot = book.get("spot_factor")
     table.add_column(f"spot (x{spot})" if spot else "spot", justify="right")
+    floor = book.get("usage_floor")
+    table.add_column(f"usage: busy (idle x{floor})" if floor else "usage", justify="right")
+    usage = book.get("usage_gpu_hour", {})
     for gpu, price in sorted(book.get("gpu_hour", {}).items()):
-        table.add_row(gpu, money(price), money(Decimal(price) * Decimal(spot)) if spot else "-")
+        busy = usage.get(gpu)
+        by_usage = "-" if busy is None else f"{money(busy)} ({money(Decimal(busy) * Decimal(floor or 0))})"
+        table.add_row(gpu, money(price), money(Decimal(price) * Decimal(spot)) if spot else "-", by_usage)
     console.print(table)
     plans = ", ".join(f"{k} {float(p['discount']):.0%} off" for k, p in book.get("plans", {}).items())
     console.print(f"host: CPU {unit_price(book.get('cpu_core_hour'))}/core-hour, memory "
@@ -295,9 +301,40 @@ def prices_set_host(
                   f"{unit_price(book['memory_gib_hour'])} {cur}/GiB-hour")  # fmt: skip
 
 
+@prices_app.command("set-usage")
+def prices_set_usage(
+    gpu: Annotated[str | None, typer.Argument(metavar="GPU", help="GPU model, e.g. H20.")] = None,
+    price: Annotated[
+        str | None,
+        typer.Argument(metavar="PRICE", help="Per GPU-hour fully active, e.g. 10.625; 'none' stops usage billing."),
+    ] = None,
+    floor: Annotated[
+        str | None, typer.Option("--floor", help="Share of the usage price an idle GPU-hour costs, 0..1, e.g. 0.2.")
+    ] = None,
+    server: ServerOpt = None,
+) -> None:
+    """Set a GPU model's price billed by usage (per GPU-hour fully active) and/or the floor, as a new version of
+    the book; work running keeps the prices it started at. See docs/billing.md."""
+    if (gpu is None) != (price is None):
+        fail("give GPU and PRICE together (PRICE 'none' stops offering GPU by usage)")
+    if gpu is None and floor is None:
+        fail("give GPU PRICE, --floor or both")
+    prices_by_gpu: dict[str, Decimal | None] = {}
+    if gpu is not None and price is not None:
+        prices_by_gpu[gpu] = None if price.strip().lower() == "none" else cred.parse_amount(price, "PRICE")
+    share = cred.parse_amount(floor, "--floor") if floor is not None else None
+    with cred.api(server) as c:
+        book = c.admin_set_usage_prices(prices_by_gpu, share)
+    cur = book.get("currency", "")
+    for name, value in prices_by_gpu.items():
+        said = "no longer billed by usage" if value is None else f"{money(value)} {cur}/GPU-hour fully active"
+        console.print(f"price book v{book['version']}: {name} {said}")
+    console.print(f"price book v{book['version']}: an idle GPU-hour costs {book['usage_floor']} of the usage price")
+
+
 @prices_app.command("remove")
 def prices_remove(gpu: Annotated[str, typer.Argument(help="GPU model.")], server: ServerOpt = None) -> None:
-    """Stop offering a GPU model (it keeps running what runs; nothing new is rented)."""
+    """Stop offering a GPU model, on demand and by usage (it keeps running what runs; nothing new is rented)."""
     with cred.api(server) as c:
         book = c.admin_set_gpu_price(gpu, remove=True)
     console.print(f"price book v{book['version']}: {gpu} is no longer priced")

@@ -44,16 +44,26 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     table = Table(title=f"offers (prices in {cur} per GPU-hour)")
     for col, just in (("GPU", "left"), ("memory", "right"), ("total", "right"), ("free", "right"),
                       ("free in NVLink", "right"), ("free in leaf", "right"), ("reserved", "right"), ("nodes", "right"),
-                      ("on demand", "right"), ("spot", "right"), ("monthly plan", "right")):  # fmt: skip
+                      ("on demand", "right"), ("spot", "right"), ("monthly plan", "right"),
+                      ("usage: idle-busy", "right")):  # fmt: skip
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for o in rows:
         table.add_row(
             o.gpu, f"{o.memory_gb:g} GB", f"{o.total:,}", f"{o.free:,}", str(o.largest_free_nvlink),
             str(o.largest_free_leaf), f"{o.reserved:,}", f"{o.nodes:,}", money(o.on_demand_per_gpu_hour),
             money(o.spot_per_gpu_hour), money(o.plans_per_gpu_hour.get("monthly")),
+            usage_range(o.usage_floor_per_gpu_hour, o.usage_per_gpu_hour),
         )  # fmt: skip
     console.print(table)
     _host_line(rows[0].cpu_per_core_hour, rows[0].memory_per_gib_hour, cur)
+    if any(o.usage_per_gpu_hour is not None for o in rows):
+        console.print("usage (billing: usage): a GPU-hour costs between its idle price and its busy price, by its "
+                      "measured activity; see docs/billing.md")  # fmt: skip
+
+
+def usage_range(idle: Decimal | str | None, busy: Decimal | str | None) -> str:
+    """`2.13-10.63` (billing: usage, from idle to fully active), or '-' when not offered."""
+    return "-" if idle is None or busy is None else f"{money(idle)}-{money(busy)}"
 
 
 def _host_line(cpu: Decimal | str | None, memory: Decimal | str | None, currency: str) -> None:
@@ -78,6 +88,9 @@ def quote(
         int | None, typer.Option("--global-batch", help="Sequences per step (default 256).")
     ] = None,
     spot: Annotated[bool, typer.Option("--spot", help="Price at the spot rate (preemptible).")] = False,
+    usage: Annotated[
+        bool, typer.Option("--usage", help="Price billed by usage: from GPUs idle to fully active.")
+    ] = False,
     rank: Annotated[str, typer.Option("--rank", help="cheapest|fastest.")] = "cheapest",
     limit: Annotated[int, typer.Option("--limit", help="Most quotes to show.")] = 10,
     cpus_per_gpu: Annotated[
@@ -100,6 +113,8 @@ def quote(
     assert model is not None
     if (tokens is None) == (steps is None):
         fail("give exactly one of --tokens and --steps")
+    if spot and usage:
+        fail("give at most one of --spot and --usage")
     n_tokens = parse_count(tokens) if tokens is not None else None
     for value, option in ((steps, "--steps"), (gpus, "--gpus"), (seq_len, "--seq-len"),
                           (global_batch, "--global-batch"), (limit, "--limit")):  # fmt: skip
@@ -111,7 +126,8 @@ def quote(
     with cred.api(server) as c:
         rows = c.quote(
             model, tokens=n_tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
-            global_batch=global_batch, billing_mode="spot" if spot else None, rank=rank, limit=limit,
+            global_batch=global_batch, billing_mode="spot" if spot else "usage" if usage else None, rank=rank,
+            limit=limit,
             cpus_per_gpu=cpus, memory_per_gpu=memory_per_gpu,
         )  # fmt: skip
     if json_out:
@@ -124,7 +140,8 @@ def quote(
     from suanli.cli.jobs import plan_label
 
     size = human_count(n_tokens) + " tokens" if n_tokens is not None else f"{steps:,} steps"
-    table = Table(title=f"{model}, {size}, {'spot' if spot else 'on demand'}, {rank} first")
+    mode = "spot" if spot else "by usage: GPUs idle-fully active" if usage else "on demand"
+    table = Table(title=f"{model}, {size}, {mode}, {rank} first")
     host = any(q.host_rate_per_hour for q in rows)
     cols = ("cluster", "GPU", "GPUs", "plan", "step", "tokens/s", "MFU", "time", "rate/h", *(("host/h",) if host else ()),
             "cost", "free now")  # fmt: skip
@@ -133,8 +150,10 @@ def quote(
     for q in rows:
         table.add_row(
             q.cluster, q.gpu, str(q.gpus), plan_label(q.plan), f"{q.step_time_s:.3g} s", human_count(q.tokens_per_s),
-            pct(q.mfu), human_duration(q.total_time_s), money(q.rate_per_hour),
-            *((unit_price(q.host_rate_per_hour),) if host else ()), f"{money(q.cost)} {q.currency}",
+            pct(q.mfu), human_duration(q.total_time_s), usage_range(q.floor_rate_per_hour, q.rate_per_hour)
+            if q.floor_rate_per_hour is not None else money(q.rate_per_hour),
+            *((unit_price(q.host_rate_per_hour),) if host else ()),
+            f"{usage_range(q.floor_cost, q.cost) if q.floor_cost is not None else money(q.cost)} {q.currency}",
             "yes" if q.available_now else "no",
         )  # fmt: skip
     console.print(table)
@@ -156,11 +175,17 @@ def _quote_spec(file: Path, server: str | None, json_out: bool) -> None:
     for q in rows:
         table.add_row(
             q.gpu or "- (CPU only)", str(q.gpus), host_text(q.cpu_milli, q.memory_mib), q.billing_mode,
-            unit_price(q.gpu_rate_per_hour), unit_price(q.host_rate_per_hour), unit_price(q.rate_per_hour),
+            unit_price(q.gpu_rate_per_hour), unit_price(q.host_rate_per_hour),
+            unit_price(q.rate_per_hour) if q.floor_rate_per_hour is None
+            else f"{unit_price(q.floor_rate_per_hour)}-{unit_price(q.rate_per_hour)}",
             human_duration(q.duration_s) if q.duration_s is not None else "-",
-            money(q.cost) if q.cost is not None else "- (no duration)",
+            "- (no duration)" if q.cost is None else money(q.cost) if q.floor_cost is None
+            else usage_range(q.floor_cost, q.cost),
         )  # fmt: skip
     console.print(table)
+    if any(q.floor_rate_per_hour is not None for q in rows):
+        console.print("billing: usage: rate/h and cost run from the GPUs idle to fully active (GPUs/h: fully "
+                      "active); what it pays lies between, by their measured activity")  # fmt: skip
 
 
 plans_app = typer.Typer(

@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import engines, leases, metering
+from suanli.control import engines, leases, metering, usage
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
@@ -61,7 +61,8 @@ class MeteringLoop:
         lease = max(30.0, 6 * interval)
         while not self.stop_event.is_set():
             try:
-                metering.meter(self.db, self.owner, utcnow(), window_s=self.settings.meter_window_s, lease_s=lease)
+                metering.meter(self.db, self.owner, utcnow(), window_s=self.settings.meter_window_s, lease_s=lease,
+                               usage_policy=usage.policy_of(self.settings))  # fmt: skip
                 self.passes += 1
             except Exception:  # a pass that fails (database restarting) is retried at the next tick
                 log.exception("metering pass failed")

@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from suanli.billing.metering import billable_seconds, cost_of
-from suanli.control import inventory, ledger, workloads
+from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, cost_of
+from suanli.control import inventory, ledger, usage, workloads
 from suanli.control.errors import Invalid
 from suanli.control.settings import Settings
 from suanli.control.telemetry import FleetIndex
@@ -139,7 +139,10 @@ def credit_fault(s: Session, w: Workload, alloc: Allocation, now: datetime, why:
         return Decimal(0)
     # The seconds named are the seconds billed (and credited), by the metering rule: never "30 s" for 31 s paid.
     billed = billable_seconds(max(0.0, (alloc.stopped_at - alloc.started_at).total_seconds()), True)
-    amount = cost_of(alloc.rate_per_hour, billed)
+    if alloc.billing_mode == usage.USAGE:  # what its readings were charged: settled now, so the credit matches it
+        amount = usage.settle_now(s, alloc, now, DEFAULT_WINDOW_S)
+    else:
+        amount = cost_of(alloc.rate_per_hour, billed)
     if amount <= 0:
         return Decimal(0)
     memo = f"{w.name} ({w.id}): {billed} s lost to a hardware fault: {why or w.stop_requested or ''}"[:500]

@@ -4,7 +4,8 @@ The metering loop is a state machine over allocation rows with a lease: a worker
 lease is free or expired, and for each one, in ONE database transaction, posts the charges due (pure
 `billing.metering.charges_due`), advances `metered_until_s` and releases the lease. A crash anywhere
 leaves either all of that or none of it; a crashed worker's rows are taken over when its lease expires;
-and the charge keys make even a stale retry post nothing twice.
+and the charge keys make even a stale retry post nothing twice. Allocations billed by usage are charged the same
+way, from their GPUs' readings (`control/usage.py`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import DEFAULT_WINDOW_S, billable_seconds, charges_due, cost_of
 from suanli.billing.money import ZERO, exact, shown
 from suanli.billing.prices import PriceBook
-from suanli.control import inventory, ledger, prices
+from suanli.control import inventory, ledger, prices, usage
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.db.models import Allocation, Org, User, Workload
@@ -114,7 +115,7 @@ def admitted_row(
     now: datetime,
     hold_minutes: int,
     milli: int = 1000,
-    mode: str = "on-demand",  # on-demand | spot | plan:<id> (prepaid: pass rate 0)
+    mode: str = "on-demand",  # on-demand | spot | usage | plan:<id> (prepaid: pass rate 0)
     allocation_id: str | None = None,
     rate: Decimal | None = None,
     load: OrgLoad | None = None,
@@ -135,14 +136,18 @@ def admitted_row(
         raise Invalid("billing: a plan's GPUs are prepaid; pass their rate")
     if book is None and ((rate is None and gpu_model is not None and gpus > 0) or cpu_milli or memory_mib):
         _, book = prices.current(s)
+    floor = None
     if rate is None:
         rate = ZERO
         if gpu_model is not None and gpus > 0:
             assert book is not None
             try:
                 rate = book.rate(gpu_model, gpus, mode, milli)  # type: ignore[arg-type]
-            except KeyError as e:
+                floor = book.usage_floor_rate(gpu_model, gpus) if mode == "usage" else None
+            except (KeyError, ValueError) as e:
                 raise Invalid(f"gpu: {e.args[0]}") from e
+    if mode == "usage" and floor is None:
+        raise Invalid("billing: usage is billed by the measured activity of whole GPUs at the price book's usage price")
     host = ZERO
     if cpu_milli or memory_mib:
         assert book is not None
@@ -157,8 +162,9 @@ def admitted_row(
     return dict(
         id=allocation_id or new_id("alloc"), org_id=org_id, user_id=user_id, workload=workload, gpu_model=gpu_model,
         gpus=gpus, milli=milli, billing_mode=mode, rate_per_hour=total, cpu_milli=cpu_milli, memory_mib=memory_mib,
-        host_rate_per_hour=host, placement=placement, started_at=now, stopped_at=None, metered_until_s=0,
-        settled=False, charged=ZERO, lock_owner=None, lock_expires_at=None,
+        host_rate_per_hour=host, floor_rate_per_hour=floor, activity_permille_s=0, placement=placement,
+        started_at=now, stopped_at=None, metered_until_s=0, settled=False, charged=ZERO, lock_owner=None,
+        lock_expires_at=None,
     )  # fmt: skip
 
 
@@ -231,7 +237,13 @@ def claim(s: Session, owner: str, now: datetime, lease_s: float, limit: int) -> 
 
 
 def meter_allocation(
-    s: Session, allocation_id: str, owner: str, now: datetime, window_s: int, report: MeterReport
+    s: Session,
+    allocation_id: str,
+    owner: str,
+    now: datetime,
+    window_s: int,
+    report: MeterReport,
+    usage_policy: usage.UsagePolicy = usage.UsagePolicy(),
 ) -> None:
     """Post what is due for one leased allocation and release it, all in the caller's transaction."""
     # The row lock keeps a close (or a worker that took the lease over) from changing the row under us; another
@@ -239,6 +251,13 @@ def meter_allocation(
     a = s.get(Allocation, allocation_id, with_for_update=True, populate_existing=True)
     if a is None or a.lock_owner != owner:
         return  # the lease was lost (expired and taken over): leave the work to the new owner
+    if a.billing_mode == usage.USAGE:  # charged from its GPUs' readings once they are in (control/usage.py)
+        done = usage.meter_allocation(s, a, now, window_s, usage_policy)
+        report.posted, report.repeated = report.posted + done.posted, report.repeated + done.repeated
+        report.amount += done.amount
+        report.settled += done.settled
+        a.lock_owner, a.lock_expires_at = None, None
+        return
     stopped = a.stopped_at is not None
     end = a.stopped_at if stopped else now
     elapsed = max(0.0, (end - a.started_at).total_seconds())
@@ -303,15 +322,17 @@ def meter(
     window_s: int = DEFAULT_WINDOW_S,
     lease_s: float = 60.0,
     batch: int = 200,
+    usage_policy: usage.UsagePolicy = usage.UsagePolicy(),
 ) -> MeterReport:
-    """One pass of the metering loop; `db` is a `suanli.db.engine.Database`."""
+    """One pass of the metering loop; `db` is a `suanli.db.engine.Database`. `usage_policy`: how allocations billed
+    by usage read their GPUs' readings (control/usage.py)."""
     report = MeterReport()
     with db.write() as s, s.begin():
         ids = claim(s, owner, now, lease_s, batch)
     report.claimed = ids
     for allocation_id in ids:
         with db.write() as s, s.begin():
-            meter_allocation(s, allocation_id, owner, now, window_s, report)
+            meter_allocation(s, allocation_id, owner, now, window_s, report, usage_policy)
     return report
 
 

@@ -49,6 +49,8 @@ class GpuOffer:
     spot: Decimal | None
     plans: dict[str, Decimal]  # effective per GPU-hour price of each reserved plan
     slices: dict[str, Decimal]  # per hour of one MIG slice, by profile (MIG-capable GPUs)
+    usage: Decimal | None  # billing: usage, per GPU-hour fully active; None: not offered by usage
+    usage_floor: Decimal | None  # billing: usage, per GPU-hour idle (the least a held GPU costs)
     cpu_core_hour: Decimal  # host CPU and memory work asks for, on demand (CPU-only work pays only these)
     memory_gib_hour: Decimal
     reserved: int = 0  # GPUs active plans reserve (in use by their work or not)
@@ -140,6 +142,8 @@ def _build(s: Session, book: PriceBook, now: datetime) -> Snapshot:
                 spot=book.gpu_rate(model, "spot") if on_demand is not None else None,
                 plans=plans,
                 slices=slices,
+                usage=book.gpu_rate(model, "usage") if book.offered(model, "usage") else None,
+                usage_floor=book.usage_floor_rate(model) if book.offered(model, "usage") else None,
                 cpu_core_hour=book.cpu_core_hour,
                 memory_gib_hour=book.memory_gib_hour,
                 reserved=held.reserved.get(model, 0),
@@ -251,7 +255,7 @@ def _quote(
     found: list[tuple[Quote, str]] = []
     room = False  # some priced offer has `gpus` GPUs free: then an empty answer means no plan fits that count
     for (cid, model), free in sorted(snap.free_by_cluster_model.items()):
-        if (model_filter and model != model_filter) or model not in snap.book.gpu_hour:
+        if (model_filter and model != model_filter) or not snap.book.offered(model, mode):
             continue
         topo = _topology(cache, snap.clusters[cid], model)
         if topo is None or (gpus and gpus > topo.n_gpus):

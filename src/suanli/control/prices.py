@@ -29,22 +29,29 @@ def version(s: Session | Connection) -> int:
 
 
 def validate(body: dict[str, object]) -> PriceBook:
-    """A price book whose GPU models are all catalog models, named canonically."""
+    """A price book whose GPU models are all catalog models, named canonically. A usage price of a model with no
+    on-demand price stays in the book but is not offered (usage is offered beside on-demand only)."""
     try:
         book = PriceBook.model_validate(body)
     except ValidationError as e:
         fields = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         raise Invalid(f"price book: {fields}") from e
-    canonical: dict[str, Decimal] = {}
-    for model, price in book.gpu_hour.items():
+    names = {field: _canonical(field, getattr(book, field)) for field in ("gpu_hour", "usage_gpu_hour")}
+    return book.model_copy(update=names)
+
+
+def _canonical(field: str, prices: dict[str, Decimal]) -> dict[str, Decimal]:
+    """GPU models named as the catalog names them, each once."""
+    out: dict[str, Decimal] = {}
+    for model, price in prices.items():
         try:
             name = catalog.gpu(model).name
         except catalog.CatalogError as e:
-            raise Invalid(f"gpu_hour.{model}: {e}") from e
-        if name in canonical:
-            raise Invalid(f"gpu_hour.{model}: {name} is priced twice")
-        canonical[name] = price
-    return book.model_copy(update={"gpu_hour": canonical})
+            raise Invalid(f"{field}.{model}: {e}") from e
+        if name in out:
+            raise Invalid(f"{field}.{model}: {name} is priced twice")
+        out[name] = price
+    return out
 
 
 def store(s: Session, book: PriceBook, now: datetime, by: str | None) -> int:
@@ -70,13 +77,40 @@ def set_gpu_price(
         raise Invalid(f"gpu: {e}") from e
     _, book = current(s)
     prices = dict(book.gpu_hour)
-    if remove:
+    if remove:  # its usage price stays, not offered: usage is offered beside on-demand only
         prices.pop(name, None)
     else:
         if on_demand is None or on_demand < 0:
             raise Invalid("price: a non-negative amount per GPU-hour")
         prices[name] = on_demand
     new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()}})
+    return store(s, new, now, by), new
+
+
+def set_usage_prices(
+    s: Session, gpu_hour: dict[str, Decimal | None], floor: Decimal | None, now: datetime, by: str | None
+) -> tuple[int, PriceBook]:
+    """Change usage prices per GPU-hour at full activity (None: stop offering that model by usage) and/or the
+    floor (the share of it an idle GPU-hour costs), as a new version of the book. A model must be priced on demand
+    to be given a usage price: usage is offered beside on-demand only."""
+    _, book = current(s)
+    body = book.model_dump(mode="json")
+    usage = dict(body["usage_gpu_hour"])
+    for model, price in gpu_hour.items():
+        try:
+            name = catalog.gpu(model).name
+        except catalog.CatalogError as e:
+            raise Invalid(f"gpu_hour.{model}: {e}") from e
+        if price is None:
+            usage.pop(name, None)
+        elif name not in book.gpu_hour:
+            raise Invalid(f"gpu_hour.{model}: {name} is not priced on demand; usage is offered beside on-demand only")
+        else:
+            usage[name] = str(price)
+    body["usage_gpu_hour"] = usage
+    if floor is not None:
+        body["usage_floor"] = str(floor)
+    new = validate(body)
     return store(s, new, now, by), new
 
 

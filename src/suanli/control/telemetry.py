@@ -197,11 +197,14 @@ class CompactReport:
     more: bool = False  # a sliced call left work for the next one
 
 
-def compact(s: Session, now: datetime, keep: Retention, slice_s: int | None = None) -> CompactReport:
+def compact(
+    s: Session, now: datetime, keep: Retention, slice_s: int | None = None, keep_raw_from_ms: int | None = None
+) -> CompactReport:
     """Roll up what has finished since the last pass, then drop what is past its retention. Idempotent: the
     watermarks move in the same transaction as the rows they cover. With `slice_s`, one call rolls up at most one
     minute and deletes at most `slice_s` seconds of raw samples, and says whether there is `more`: a caller
-    running each call in its own transaction never holds the write lock long (SQLite has only one)."""
+    running each call in its own transaction never holds the write lock long (SQLite has only one).
+    `keep_raw_from_ms`: raw samples from then on stay however old (usage billing has yet to read them)."""
     report = CompactReport()
     now_ms = ms(now)
     minute_end = (now_ms - keep.late_s * 1000) // MINUTE_MS * MINUTE_MS
@@ -236,6 +239,8 @@ def compact(s: Session, now: datetime, keep: Retention, slice_s: int | None = No
         report.hours = (hour_end - start_h) // HOUR_MS
         _set_kv(s, ROLLED[3600], hour_end)
     raw_cut = min(now_ms - keep.raw_s * 1000, rolled_minutes)  # never drop what is not rolled up yet
+    if keep_raw_from_ms is not None:
+        raw_cut = min(raw_cut, keep_raw_from_ms)
     if slice_s is not None and first is not None and raw_cut > first + slice_s * 1000:
         raw_cut, report.more = first + slice_s * 1000, True
     for stmt in (

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import health, inventory, leases, telemetry
+from suanli.control import health, inventory, leases, telemetry, usage
 from suanli.control.ids import utcnow
 from suanli.control.settings import Settings
 from suanli.control.telemetry import FleetIndex
@@ -116,9 +116,11 @@ class TelemetryTicker:
             if f.fatal:
                 log.warning("health: %s GPU %s: %s", f.node, f.gpu, f.reason)
         if self.compacted is None or (now - self.compacted).total_seconds() >= COMPACT_EVERY_S:
+            with self.db.read() as s:  # readings that usage billing has yet to charge stay (control/usage.py)
+                needed = usage.oldest_reading_needed_ms(s, now, usage.policy_of(self.settings).span_s)
             for _ in range(10_000):  # in slices, each its own transaction
                 with self.db.write() as s, s.begin():
-                    if not telemetry.compact(s, now, self.keep, slice_s=COMPACT_SLICE_S).more:
+                    if not telemetry.compact(s, now, self.keep, slice_s=COMPACT_SLICE_S, keep_raw_from_ms=needed).more:
                         break
             self.compacted = now
         self.last = report

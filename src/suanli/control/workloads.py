@@ -22,7 +22,7 @@ from suanli.billing.ledger import org_account
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
-from suanli.control import accounts, inventory, metering
+from suanli.control import accounts, inventory, metering, usage
 from suanli.control.accounts import Principal
 from suanli.control.caches import FleetCache, ModelCapacity, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
@@ -113,14 +113,16 @@ def candidates(
             if m == plan.gpu_model:
                 out.append(Candidate(m, host, host))  # the plan prepaid its GPUs, not the host's cores and memory
             continue
-        if m not in book.gpu_hour:
+        if not book.offered(m, mode if mode != "plan" else "on-demand"):
             continue
         gpu_rate = book.rate(m, want, mode, spec.milli())  # type: ignore[arg-type]
         out.append(Candidate(m, exact(gpu_rate + host), host))
     if plan is not None and not out:
         raise Invalid(f"billing: plan {plan.id} reserves {plan.gpu_model}, which resources.gpu does not allow")
     if not out:
-        raise Invalid(f"resources.gpu: {', '.join(models)} has no price; the operator has not put it up for rent")
+        what = "usage price" if mode == "usage" else "price"
+        raise Invalid(f"resources.gpu: {', '.join(models)} has no {what}; the operator has not put it up for rent"
+                      f"{' billed by usage' if mode == 'usage' else ''}")  # fmt: skip
     ceiling = spec.max_price_per_hour
     if ceiling is not None:
         affordable = [c for c in out if c.rate_per_hour <= ceiling]
@@ -361,9 +363,13 @@ def allocations_of(s: Session, workload_ids: list[str]) -> dict[str, list[Alloca
 
 def cost(allocs: list[Allocation], now: datetime) -> Decimal:
     """What the workload has cost so far: every second of every attempt, by the metering rule (the open
-    attempt's completed seconds), whether or not the metering loop has posted it yet."""
+    attempt's completed seconds), whether or not the metering loop has posted it yet; work billed by usage: what
+    is charged, and the seconds not charged yet at the full rate (`usage.cost_so_far`)."""
     total = ZERO
     for a in allocs:
+        if a.billing_mode == usage.USAGE:
+            total += usage.cost_so_far(a, now)
+            continue
         end = a.stopped_at or now
         seconds = billable_seconds(max(0.0, (end - a.started_at).total_seconds()), a.stopped_at is not None)
         total += cost_of(a.rate_per_hour, seconds)

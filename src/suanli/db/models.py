@@ -282,11 +282,15 @@ class Allocation(Base):
     gpu_model: Mapped[str | None] = mapped_column(String(32), nullable=True)
     gpus: Mapped[int] = mapped_column(Integer)
     milli: Mapped[int] = mapped_column(Integer, default=1000)  # < 1000: one slice of a GPU
-    billing_mode: Mapped[str] = mapped_column(String(48), default="on-demand")  # on-demand | spot | plan:<id>
-    rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)  # all of it: its GPUs' rate plus host_rate_per_hour
+    billing_mode: Mapped[str] = mapped_column(String(48), default="on-demand")  # on-demand | spot | usage | plan:<id>
+    rate_per_hour: Mapped[Decimal] = mapped_column(MONEY)  # all of it: its GPUs' rate (usage: fully active) + host
     cpu_milli: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host CPU held (1000: a core)
     memory_mib: Mapped[int] = mapped_column(Integer, default=0, server_default="0")  # host memory held
     host_rate_per_hour: Mapped[Decimal] = mapped_column(MONEY, default=Decimal(0), server_default="0")  # their part
+    # `billing: usage` only (see billing/usage.py): the rate of its GPUs idle (None: billed by time), and the activity
+    # integral (permille-GPU-seconds) of the seconds charged so far, moved in the transaction that charges them.
+    floor_rate_per_hour: Mapped[Decimal | None] = mapped_column(MONEY, nullable=True)
+    activity_permille_s: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     placement: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # node name -> GPU indices
     started_at: Mapped[datetime]
     stopped_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

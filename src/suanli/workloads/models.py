@@ -43,14 +43,16 @@ RESERVED_ENV_PREFIX = "SUANLI_"
 _NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _IMAGE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
-_BILLING = re.compile(r"on-demand|spot|plan:[A-Za-z0-9_-]{1,32}")
+_BILLING = re.compile(r"on-demand|spot|usage|plan:[A-Za-z0-9_-]{1,32}")
 _CFG = ConfigDict(extra="forbid", frozen=True)
 
 Kind = Literal["job", "instance"]
 Priority = Literal["low", "normal", "high"]
-BillingMode = Literal["on-demand", "spot", "plan"]
+BillingMode = Literal["on-demand", "spot", "usage", "plan"]
 RetryCause = Literal["node-failure", "preemption", "failure"]
 PRIORITY_RANK: dict[str, int] = {"low": 0, "normal": 1, "high": 2}
+CLASS_OF_BILLING: dict[str, PriorityClass] = {"plan": "reserved", "on-demand": "on-demand", "usage": "on-demand",
+                                              "spot": "spot"}  # fmt: skip
 
 
 class FieldError(ValueError):
@@ -403,7 +405,9 @@ class WorkloadSpec(BaseModel):
     @classmethod
     def _billing(cls, v: str) -> str:
         if not _BILLING.fullmatch(v):
-            raise ValueError(f"must be on-demand, spot or plan:<id> (id: 1-32 of A-Z a-z 0-9 _ -); got {brief(v)}")
+            raise ValueError(
+                f"must be on-demand, spot, usage or plan:<id> (id: 1-32 of A-Z a-z 0-9 _ -); got {brief(v)}"
+            )
         return v
 
     @model_validator(mode="after")
@@ -414,6 +418,11 @@ class WorkloadSpec(BaseModel):
             raise FieldError("jupyter", "is for instances (kind: instance); a job's ports go in `ports`")
         if self.ports and self.network == "none":
             raise FieldError("ports", "need the host network: a sandbox with network: none cannot be reached")
+        if self.billing == "usage" and (self.resources.slice is not None or self.gpu_count() == 0):
+            what = (
+                "a GPU slice has no activity reading of its own" if self.resources.slice else "CPU-only work has none"
+            )
+            raise FieldError("billing", f"usage is billed by whole GPUs' measured activity; {what} (use on-demand)")
         if self.duration is not None and self.max_duration is not None and self.duration > self.max_duration:
             longest, declared = format_duration(self.max_duration), format_duration(self.duration)
             raise FieldError("duration", f"must not exceed max_duration ({longest}); got {declared}")
@@ -449,8 +458,9 @@ class WorkloadSpec(BaseModel):
         return self.billing.removeprefix("plan:") if self.billing.startswith("plan:") else None
 
     def priority_class(self) -> PriorityClass:
-        """The scheduler's class: a plan's reserved capacity outranks on-demand, which outranks spot."""
-        return {"plan": "reserved", "on-demand": "on-demand", "spot": "spot"}[self.billing_mode()]  # type: ignore[return-value]
+        """The scheduler's class: a plan's reserved capacity outranks on-demand (and usage, which is not preemptible
+        either), which outranks spot."""
+        return CLASS_OF_BILLING[self.billing_mode()]
 
     def priority_rank(self) -> int:
         """Order within an org's own queue: low 0, normal 1, high 2."""

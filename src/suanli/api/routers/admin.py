@@ -25,6 +25,7 @@ from suanli.api.schemas import (
     PriceBookIn,
     PriceGpuIn,
     PriceHostIn,
+    PriceUsageIn,
     QuotaIn,
     TransactionOut,
     UserOut,
@@ -128,6 +129,16 @@ def put_host_prices(body: PriceHostIn, ctx: Admin) -> dict[str, object]:
     """Change the host prices (per CPU core-hour, per GiB-hour of memory) as a new version of the book."""
     with ctx.db.write() as s, s.begin():
         version, book = prices.set_host_prices(s, body.cpu_core_hour, body.memory_gib_hour, ctx.now, ctx.who.user_id)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+@router.put("/prices/usage")
+@in_thread
+def put_usage_prices(body: PriceUsageIn, ctx: Admin) -> dict[str, object]:
+    """Change usage prices (per GPU-hour fully active; null stops offering a model by usage) and/or the floor (the
+    share of it an idle GPU-hour costs) as a new version of the book. Running work keeps the prices it started at."""
+    with ctx.db.write() as s, s.begin():
+        version, book = prices.set_usage_prices(s, body.gpu_hour, body.floor, ctx.now, ctx.who.user_id)
     return {"version": version, **book.model_dump(mode="json")}
 
 

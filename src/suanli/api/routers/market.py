@@ -18,7 +18,7 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["market"])
 @in_thread
 def get_prices(ctx: Auth) -> dict[str, object]:
     """The price book in force (per GPU-hour on demand, spot factor, slice premium, host CPU per core-hour and
-    memory per GiB-hour, storage, plans)."""
+    memory per GiB-hour, storage, plans, and usage billing's price per GPU-hour fully active and its floor)."""
     with ctx.db.read() as s:
         version, book = prices.current(s)
     return {"version": version, **book.model_dump(mode="json")}
@@ -28,7 +28,8 @@ def get_prices(ctx: Auth) -> dict[str, object]:
 @in_thread
 def get_offers(ctx: Auth) -> list[OfferOut]:
     """Per GPU model: total, free now (less what plans reserve and leave idle), largest free block in one NVLink
-    domain and one leaf, GPUs reserved by plans, prices."""
+    domain and one leaf, GPUs reserved by plans, prices (on demand, spot, plans, slices, usage: fully active and
+    idle)."""
     with ctx.db.read() as s:
         snap = offers.snapshot(s, ctx.srv.offers, ctx.now)
     return [
@@ -39,6 +40,8 @@ def get_offers(ctx: Auth) -> list[OfferOut]:
             spot_per_gpu_hour=None if o.spot is None else money(o.spot),
             plans_per_gpu_hour={k: money(v) for k, v in o.plans.items()},
             slices_per_hour={k: str(v) for k, v in o.slices.items()},
+            usage_per_gpu_hour=None if o.usage is None else money(o.usage),
+            usage_floor_per_gpu_hour=None if o.usage_floor is None else money(o.usage_floor),
             cpu_per_core_hour=money(o.cpu_core_hour), memory_per_gib_hour=money(o.memory_gib_hour),
         )
         for o in snap.offers

@@ -26,7 +26,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.control_plane import admin_token, bearer, signup
+from tests.control_plane import admin_token, bearer, join, signup
 
 API = "/api/v1"
 EXAMPLES = {"sqlite": 20, "postgresql": 10}  # per operation, role and generation mode
@@ -48,7 +48,7 @@ def _roles(api: Any) -> list[Role]:
     node = api.get(f"{API}/admin/nodes", params={"cluster": "main"}, headers=adm).json()[0]["name"]
     tenant, colleague = signup(api, "tenant@example.com"), signup(api, "colleague@example.com")
     team = api.post(f"{API}/orgs", json={"name": "fuzz-team"}, headers=tenant.headers).json()["id"]
-    assert api.post(f"{API}/orgs/{team}/members", json={"email": colleague.email}, headers=tenant.headers).is_success
+    join(api, tenant, team, colleague)
     assert api.post(f"{API}/admin/orgs/{team}/transactions", json={"amount": "500"}, headers=adm).is_success
     spec = {"name": "fuzzed", "kind": "instance", "resources": {"gpus": 0}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=tenant.headers)

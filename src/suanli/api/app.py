@@ -45,7 +45,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
     401: {"model": ErrorOut, "description": "no valid bearer token"},
     402: {"model": ErrorOut, "description": "the balance does not cover it; top up first"},
-    403: {"model": ErrorOut, "description": "not allowed (operators only, or owners only)"},
+    403: {"model": ErrorOut, "description": "not allowed (operators only, or not for the caller's role in the org)"},
     404: {"model": ErrorOut, "description": "not found, or not visible to the caller"},
     409: {"model": ErrorOut, "description": "conflicts with what exists"},
     413: {"model": ErrorOut, "description": "request body too large"},

@@ -87,7 +87,8 @@ def _rows(s: Session, keys: list[str], now: datetime) -> dict[str, LoginThrottle
     `expires_at`) are deleted on the way, so the table holds only what still counts."""
     s.execute(delete(LoginThrottle).where(LoginThrottle.expires_at < now))
     insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    values = [{"key": k, "tat": now, "last_failure_at": None, "expires_at": now} for k in keys]
+    # In key order, like the locks below: two attempts that share buckets take them in one order (no deadlock).
+    values = [{"key": k, "tat": now, "last_failure_at": None, "expires_at": now} for k in sorted(keys)]
     s.execute(insert(LoginThrottle).values(values).on_conflict_do_nothing(index_elements=["key"]))
     q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()
     return {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
@@ -126,11 +127,14 @@ def begin_login(s: Session, email: str, address: str, now: datetime) -> LoginAtt
 def login_succeeded(s: Session, attempt: LoginAttempt, now: datetime) -> None:
     """A correct password: this address's failures for the account are forgiven, and the attempt's count is taken
     back from the address's and the account's buckets."""
-    s.execute(delete(LoginThrottle).where(LoginThrottle.key == attempt.pair))
+    keys = [attempt.pair, attempt.address, attempt.account]
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()  # all at once, in key order
+    rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
     for key, bucket in ((attempt.address, ADDRESS), (attempt.account, ACCOUNT)):
-        row = s.get(LoginThrottle, key, with_for_update=True)
-        if row is not None:
-            row.tat = row.expires_at = max(now, row.tat - bucket.step)
+        if key in rows:
+            rows[key].tat = rows[key].expires_at = max(now, rows[key].tat - bucket.step)
+    if attempt.pair in rows:
+        s.delete(rows[attempt.pair])
 
 
 def begin_signup(s: Session, address: str, bucket: Bucket, now: datetime) -> None:

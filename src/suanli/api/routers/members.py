@@ -17,6 +17,7 @@ from suanli.api.schemas import (
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import memberships
 from suanli.control.memberships import UNSET, InvitationView, MemberView
+from suanli.db.models import Org, User
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])
 
@@ -111,6 +112,5 @@ def accept(invitation_id: str, ctx: Auth) -> OrgOut:
 def decline(invitation_id: str, ctx: Auth) -> InvitationOut:
     with ctx.db.write() as s, s.begin():
         row = memberships.decline(s, ctx.who, invitation_id, ctx.now)
-        org = s.get(memberships.Org, row.org_id)
-        inviter = s.get(memberships.User, row.invited_by)
+        org, inviter = s.get(Org, row.org_id), s.get(User, row.invited_by)
         return _invitation(InvitationView(row, org.name if org else "", inviter.email if inviter else ""))

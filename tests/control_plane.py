@@ -50,6 +50,15 @@ def signup(client: httpx.Client, email: str, password: str = "tenant-password") 
     return Tenant(email, body["token"], body["user"]["id"], body["org"]["id"])
 
 
+def join(client: httpx.Client, owner: Tenant, org_id: str, member: Tenant, role: str = "member") -> None:
+    """`owner` invites `member` into the org with `role`, and `member` accepts: nobody joins without consent."""
+    r = client.post(f"/api/v1/orgs/{org_id}/invitations", json={"email": member.email, "role": role},
+                    headers=owner.headers)  # fmt: skip
+    assert r.status_code == 201, r.text
+    r = client.post(f"/api/v1/invitations/{r.json()['id']}/accept", headers=member.headers)
+    assert r.status_code == 200, r.text
+
+
 def admin_token(client: httpx.Client) -> str:
     r = client.post("/api/v1/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD})
     assert r.status_code == 200, r.text

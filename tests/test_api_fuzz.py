@@ -26,7 +26,7 @@ from schemathesis.checks import (
     status_code_conformance,
 )
 
-from tests.control_plane import admin_token, bearer, signup
+from tests.control_plane import admin_token, bearer, join, signup
 
 API = "/api/v1"
 EXAMPLES = {"sqlite": 20, "postgresql": 10}  # per operation, role and generation mode
@@ -48,7 +48,10 @@ def _roles(api: Any) -> list[Role]:
     node = api.get(f"{API}/admin/nodes", params={"cluster": "main"}, headers=adm).json()[0]["name"]
     tenant, colleague = signup(api, "tenant@example.com"), signup(api, "colleague@example.com")
     team = api.post(f"{API}/orgs", json={"name": "fuzz-team"}, headers=tenant.headers).json()["id"]
-    assert api.post(f"{API}/orgs/{team}/members", json={"email": colleague.email}, headers=tenant.headers).is_success
+    join(api, tenant, team, colleague)
+    invitation = api.post(f"{API}/orgs/{team}/invitations", json={"email": "new@example.com"}, headers=tenant.headers)
+    code = api.post(f"{API}/admin/invites", json={}, headers=adm)
+    assert invitation.status_code == code.status_code == 201, (invitation.text, code.text)
     assert api.post(f"{API}/admin/orgs/{team}/transactions", json={"amount": "500"}, headers=adm).is_success
     spec = {"name": "fuzzed", "kind": "instance", "resources": {"gpus": 0}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=tenant.headers)
@@ -58,7 +61,8 @@ def _roles(api: Any) -> list[Role]:
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
-               "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000"}  # fmt: skip
+               "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
+               "invitation_id": invitation.json()["id"], "code_id": code.json()["id"]}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

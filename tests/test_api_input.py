@@ -124,7 +124,23 @@ def _field_cases(c: Ctx) -> list[tuple[str, str, Any, str, bool]]:
         ("POST", "/signup", {"email": "nul\x00@example.com", "password": "long-enough"}, "email", False),
         ("POST", "/signup", {"email": "pw@example.com", "password": "p" * 2000}, "password", False),
         ("POST", "/login", {"email": "x@example.com", "password": "\x00" * 8}, "password", False),
-        ("POST", f"/orgs/{org}/members", {"email": "x@example.com", "role": "king"}, "role", False),
+        ("POST", f"/orgs/{org}/invitations", {"email": "x@example.com", "role": "king"}, "role", False),
+        (
+            "POST",
+            f"/orgs/{org}/invitations",
+            {"email": "x@example.com", "monthly_spend_limit": 1.5},
+            "monthly_spend_limit",
+            False,
+        ),
+        ("PATCH", f"/orgs/{org}/members/usr_0000000000000000", {}, "body", False),
+        ("PATCH", f"/orgs/{org}/members/usr_0000000000000000", {"role": None}, "role", False),
+        (
+            "POST",
+            "/signup",
+            {"email": "pw@example.com", "password": "long-enough", "invite": "i" * 129},
+            "invite",
+            False,
+        ),
         *[("PUT", f"/admin/orgs/{org}/quota", {"gpus": g}, "gpus", adm) for g in (-1, 10**12, "many", 2**63)],
         ("PUT", f"/admin/orgs/{org}/quota", {}, "body", adm),  # which quota to set: none named
         *[

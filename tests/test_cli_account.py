@@ -15,7 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from tests.control_plane import free_port, live_server
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, live_server
 
 PRESET = "h20-roce800-128"
 NODE = f"{PRESET}.h20-0003"
@@ -136,3 +136,45 @@ def test_cli_errors_without_a_server(tmp_path: Path) -> None:
     assert "exactly one of --tokens and --steps" in both.stderr
     assert "invalid AMOUNT 'ten'" in bad_amount.stderr
     assert bad_email.stderr.startswith("error: email:")
+
+
+def test_cli_signup_keeps_a_saved_login_and_invitations_need_consent(db_url: str, tmp_path: Path) -> None:
+    ops, dana, erin = tmp_path / "ops", tmp_path / "dana", tmp_path / "erin"
+    with live_server(tmp_path / "srv", db_url) as srv:
+        url = srv.url
+        suanli(["login", "--email", ADMIN_EMAIL, "--password-stdin"], ops, url, stdin=f"{ADMIN_PASSWORD}\n")
+        # `suanli signup` where a login is saved: refused, and the login is kept (it was replaced without a word)
+        refused = suanli(["signup", "--email", "dana@example.com", "--password-stdin"], ops, url,
+                         stdin="dana-pass-1\n", code=2)  # fmt: skip
+        assert f"already logged in to {url} as {ADMIN_EMAIL}" in refused.stderr and "--force" in refused.stderr
+        assert creds(ops)[url]["email"] == ADMIN_EMAIL
+        code, _, _ = together(
+            (["admin", "invites", "create", "--uses", "2", "--note", "new team"], ops, url),
+            (["signup", "--email", "dana@example.com", "--password-stdin"], dana, url, {"stdin": "dana-pass-1\n"}),
+            (["signup", "--email", "erin@example.com", "--password-stdin"], erin, url, {"stdin": "erin-pass-1\n"}),
+        )
+        assert code.stdout.startswith("si_") and "2 signups" in code.stderr
+        assert "new team" in suanli(["admin", "invites", "list"], ops, url).stdout
+
+        team = doc(suanli(["orgs", "create", "lab", "--json"], dana, url))["id"]
+        sent = doc(suanli(["orgs", "invite", "lab", "erin@example.com", "--role", "viewer", "--spend-limit", "25",
+                           "--json"], dana, url))  # fmt: skip
+        assert sent["code"].startswith("si_") and sent["state"] == "pending"
+        assert doc(suanli(["orgs", "members", "lab", "--json"], dana, url))[0]["email"] == "dana@example.com"
+        [mine] = doc(suanli(["orgs", "invitations", "--json"], erin, url))
+        assert (mine["id"], mine["org_name"], mine["role"], mine["invited_by"]) == (sent["id"], "lab", "viewer",
+                                                                                    "dana@example.com")  # fmt: skip
+        assert f"joined lab ({team}) as viewer" in suanli(["orgs", "accept", sent["id"]], erin, url).stdout
+        members = {m["email"]: m for m in doc(suanli(["orgs", "members", "lab", "--json"], dana, url))}
+        assert (members["erin@example.com"]["role"], members["erin@example.com"]["monthly_spend_limit"]) == (
+            "viewer", "25.00000000")  # fmt: skip
+        assert "is now member of lab" in suanli(["orgs", "role", "lab", "erin@example.com", "member"], dana, url).stdout
+        assert "no limit" in suanli(["orgs", "spend-limit", "lab", "erin@example.com", "none"], dana, url).stdout
+        last = suanli(["orgs", "role", "lab", "dana@example.com", "admin"], dana, url, code=2)
+        assert "at least one owner" in last.stderr
+        assert "left lab" in suanli(["orgs", "leave", "lab"], erin, url).stdout
+
+        forced = suanli(["signup", "--email", "frank@example.com", "--password-stdin", "--force"], ops, url,
+                        stdin="frank-pass-1\n")  # fmt: skip
+        assert f"replacing the login of {ADMIN_EMAIL}" in forced.stdout
+        assert creds(ops)[url]["email"] == "frank@example.com"

@@ -90,10 +90,20 @@ def test_tenant_journey(db_url: str, tmp_path: Path) -> None:
         # a team org shares its balance with its members
         team = alice.org_create("lab")
         assert (team.personal, team.role) == (False, "owner")
-        assert alice.member_add(team.id, "bob@example.com").role == "member"
+        sent = alice.invite(team.id, "bob@example.com", monthly_spend_limit="50")
+        assert (sent.role, sent.state, sent.monthly_spend_limit) == ("member", "pending", Decimal(50)) and sent.code
+        assert [i.id for i in alice.invitations(team.id)] == [sent.id] and "code" not in repr(sent)
+        assert _status(lambda: bob.balance(team.id)).status == 404, "not a member before accepting"
+        assert [(i.id, i.org_name, i.invited_by) for i in bob.invitations()] == [(sent.id, "lab", "alice@example.com")]
+        assert bob.accept(sent.id).role == "member"
         assert {m.email for m in alice.members(team.id)} == {"alice@example.com", "bob@example.com"}
         assert bob.balance(team.id).balance == 0 and team.id in {o.id for o in bob.orgs()}
-        assert _status(lambda: bob.member_add(team.id, "alice@example.com", "member")).status == 403
+        assert _status(lambda: bob.invite(team.id, "carol@example.com")).status == 403
+        m = alice.member_set(team.id, b.user.id, role="viewer")
+        assert (m.role, m.monthly_spend_limit, m.month_to_date) == ("viewer", Decimal(50), Decimal(0))
+        assert alice.member_set(team.id, b.user.id, monthly_spend_limit=None).monthly_spend_limit is None
+        declined = alice.invite(team.id, "carol@example.com")
+        assert alice.invitation_cancel(team.id, declined.id).state == "cancelled"
         alice.member_remove(team.id, b.user.id)
         assert _status(lambda: bob.balance(team.id)).status == 404
 

@@ -253,7 +253,7 @@ class Sandboxes:
 def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
     if shutil.which("bwrap") is None and not os.environ.get("SUANLI_REQUIRE_BWRAP"):
         pytest.skip("bubblewrap is not installed (apt install bubblewrap)")
-    from tests.control_plane import admin_token, bearer, free_port, live_server, signup
+    from tests.control_plane import admin_token, bearer, free_port, join, live_server, signup
     from tests.test_proxy_e2e import FAST, _submit, _wait_running
 
     tmp = tmp_path_factory.mktemp("proxy-attacks")
@@ -269,8 +269,7 @@ def sandboxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sandboxes]:
                 f"/api/v1/admin/orgs/{org}/transactions", json={"kind": "topup", "amount": "100"}, headers=adm
             )
             assert r.status_code == 201, r.text
-        r = http.post(f"/api/v1/orgs/{team}/members", json={"email": insider.email}, headers=victim.headers)
-        assert r.status_code == 201, r.text
+        join(http, victim, team, insider)
         squat = f"cat > /tmp/squat.py <<'EOF'\n{SQUAT}\nEOF\nexec python3 /tmp/squat.py {port}"
         squat_box = _submit(http, mallory, {"name": "squat", "kind": "instance", "command": squat, "ports": [port],
                                             "resources": {"gpus": 0}})  # fmt: skip

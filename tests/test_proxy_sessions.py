@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from suanli.control import accounts, proxy
+from suanli.control import accounts, memberships, proxy
 from suanli.control.accounts import Principal
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import token_hash, utcnow
@@ -40,7 +40,8 @@ def world(db: Any) -> dict[str, Any]:
         ops, _ = accounts.create_user(s, "ops@example.com", "password-123", now, admin=True)
         mallory, _ = accounts.create_user(s, "mallory@example.com", "password-123", now)
         team = accounts.create_org(s, _principal(alice), "team", now)
-        accounts.add_member(s, _principal(alice), team.id, "bob@example.com", "member")
+        invitation, _ = memberships.invite(s, _principal(alice), team.id, "bob@example.com", "member", None, now)
+        memberships.accept(s, _principal(bob), invitation.id, now)
         _workload(s, "wl_box", team.id, alice.id, ports=(6006,))
         _workload(s, "wl_other", team.id, alice.id)
         _workload(s, "wl_stopped", team.id, alice.id, state="stopped")
@@ -93,6 +94,17 @@ def test_a_member_who_leaves_loses_the_session(db: Any, world: dict[str, Any]) -
         s.query(Membership).filter_by(user_id=world["bob"].user_id, org_id=world["team"]).delete()
     with db.read() as s, pytest.raises(Forbidden, match="no longer a member"):
         proxy.session(s, "wl_box", secret, utcnow())
+
+
+def test_a_viewer_gets_no_ticket_and_a_member_made_viewer_loses_the_session(db: Any, world: dict[str, Any]) -> None:
+    ticket = _ticket(db, world["bob"], "wl_box")
+    with db.write() as s, s.begin():
+        secret, _, _ = proxy.redeem(s, "wl_box", ticket, utcnow())
+        memberships.set_member(s, world["alice"], world["team"], world["bob"].user_id, role="viewer")
+    with db.read() as s, pytest.raises(Forbidden, match="viewer"):
+        proxy.session(s, "wl_box", secret, utcnow())
+    with pytest.raises(Forbidden, match="viewers read only"):
+        _ticket(db, world["bob"], "wl_box")
 
 
 def test_who_gets_a_ticket_into_what(db: Any, world: dict[str, Any]) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from suanli.control import accounts, ssh_keys
+from suanli.control import accounts, memberships, ssh_keys
 from suanli.control.accounts import Principal
 from suanli.control.ids import utcnow
 from suanli.control.ssh_gateway import DbAccess, not_running, parse_username
@@ -41,7 +41,8 @@ def world(db: Any) -> dict[str, Any]:
         bob, _ = accounts.create_user(s, "bob@example.com", "password-123", now)
         mallory, mallory_org = accounts.create_user(s, "mallory@example.com", "password-123", now)
         team = accounts.create_org(s, _principal(alice), "team", now)
-        accounts.add_member(s, _principal(alice), team.id, "bob@example.com", "member")
+        invitation, _ = memberships.invite(s, _principal(alice), team.id, "bob@example.com", "member", None, now)
+        memberships.accept(s, _principal(bob), invitation.id, now)
         ssh_keys.add(s, _principal(bob), KEY, "bob's laptop", now)
         ssh_keys.add(s, _principal(mallory), OTHER_KEY, None, now)
         _workload(s, "wl_box", team.id, alice.id, "box", executor="virtual")
@@ -82,13 +83,20 @@ def test_other_orgs_instances_and_unknown_keys_are_refused_alike(db: Any, world:
 def test_a_removed_key_or_a_member_who_left_no_longer_gets_in(db: Any, world: dict[str, Any]) -> None:
     assert _authorize(db, "box", KEY) is not None
     with db.write() as s, s.begin():
-        accounts.remove_member(s, world["alice"], world["team"], world["bob"])
+        memberships.remove_member(s, world["alice"], world["team"], world["bob"])
     assert _authorize(db, "box", KEY) is None
     mallory = _authorize(db, "box", OTHER_KEY)
     with db.write() as s, s.begin():
         who = Principal(mallory.user_id, mallory.email, False, "", "tok")
         ssh_keys.remove(s, who, ssh_keys.listing(s, who)[0].id)
     assert _authorize(db, "box", OTHER_KEY) is None
+
+
+def test_a_viewer_of_the_org_does_not_get_in(db: Any, world: dict[str, Any]) -> None:
+    assert _authorize(db, "box", KEY) is not None
+    with db.write() as s, s.begin():
+        memberships.set_member(s, world["alice"], world["team"], world["bob"], role="viewer")
+    assert _authorize(db, "box", KEY) is None  # a viewer reads only: no shell into the team's instances
 
 
 def test_what_an_instance_that_does_not_run_answers(db: Any, world: dict[str, Any]) -> None:

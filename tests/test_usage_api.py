@@ -229,7 +229,7 @@ def test_the_sdk_and_the_cli_set_and_show_usage_prices_and_ranges(as_admin: Any,
 
 
 # ---- the migration --------------------------------------------------------------------------------------------
-def test_migration_0017_adds_usage_columns_keeping_allocations_billed_by_time(db_url: str) -> None:
+def test_migration_0014_adds_usage_columns_keeping_allocations_billed_by_time(db_url: str) -> None:
     """Plain ADD COLUMNs on a database with money in it: old allocations are not billed by usage (no floor rate, no
     activity) and keep their rate; down and up again keeps the rows."""
     from alembic import command
@@ -251,7 +251,7 @@ def test_migration_0017_adds_usage_columns_keeping_allocations_billed_by_time(db
                 {"t": "2026-01-01 00:00:00", "rate": 17.5 if db.engine.dialect.name != "sqlite" else 1_750_000_000,
                  "charged": Decimal("0.29166667") if db.engine.dialect.name != "sqlite" else 29_166_667},
             )  # fmt: skip
-        migrate(db.engine, "0017")
+        migrate(db.engine, "0014")
         with db.read() as s:
             a = s.get_one(Allocation, "a")
             assert (a.rate_per_hour, a.charged, a.floor_rate_per_hour, a.activity_permille_s) == (

@@ -33,10 +33,14 @@ from suanli.client_models import (
     Balance,
     Cluster,
     Gpu,
+    Invitation,
+    InviteCode,
     LedgerCheck,
     LogChunk,
     Me,
     Member,
+    NewInvitation,
+    NewInviteCode,
     NewToken,
     Node,
     Offer,
@@ -62,6 +66,7 @@ from suanli.client_models import (
     load,
 )
 from suanli.client_money import StatementCalls
+from suanli.client_orgs import OrgCalls
 from suanli.client_scale import ScaleCalls
 from suanli.client_ssh import SshCalls
 from suanli.client_telemetry import TelemetryCalls
@@ -75,10 +80,14 @@ __all__ = [
     "Client",
     "Cluster",
     "Gpu",
+    "Invitation",
+    "InviteCode",
     "LedgerCheck",
     "LogChunk",
     "Me",
     "Member",
+    "NewInvitation",
+    "NewInviteCode",
     "NewToken",
     "Node",
     "Offer",
@@ -167,7 +176,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
+class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(
@@ -249,9 +258,11 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
         return self.call("GET", "/healthz", auth=False)
 
     # ---- accounts ----
-    def signup(self, email: str, password: str) -> Signup:
-        """A new user with a personal org and the trial credit; the client then uses the returned token."""
-        out = load(Signup, self._post("/signup", {"email": email, "password": password}, auth=False))
+    def signup(self, email: str, password: str, invite: str | None = None) -> Signup:
+        """A new user with a personal org and the trial credit; the client then uses the returned token. `invite`:
+        an invitation's or an operator's invite code, where the server's signup is invite-only."""
+        body = {"email": email, "password": password, **({"invite": invite} if invite else {})}
+        out = load(Signup, self._post("/signup", body, auth=False))
         self.token = out.token
         return out
 
@@ -290,10 +301,8 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls):
     def members(self, org_id: str) -> list[Member]:
         return [load(Member, m) for m in self._get(f"/orgs/{_seg(org_id)}/members")]
 
-    def member_add(self, org_id: str, email: str, role: str = "member") -> Member:
-        return load(Member, self._post(f"/orgs/{_seg(org_id)}/members", {"email": email, "role": role}))
-
     def member_remove(self, org_id: str, user_id: str) -> None:
+        """Remove a member (owners and admins), or leave the org (your own user id)."""
         self.request("DELETE", f"/orgs/{_seg(org_id)}/members/{_seg(user_id)}")
 
     def _org_id(self, org_id: str | None) -> str:

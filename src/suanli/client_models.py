@@ -42,7 +42,48 @@ class Org:
 class Member:
     user_id: str
     email: str
+    role: str  # owner | admin | member | viewer
+    monthly_spend_limit: Decimal | None = None  # most they may spend of the org's money a month; None: no limit
+    month_to_date: Decimal = Decimal(0)  # their charges to the org this calendar month (UTC)
+
+
+@dataclass(frozen=True)
+class Invitation:
+    """An invitation to join an org with a role; the invitee accepts or declines it."""
+
+    id: str
+    org_id: str
+    org_name: str
+    email: str
     role: str
+    monthly_spend_limit: Decimal | None
+    state: str  # pending | accepted | declined | cancelled
+    invited_by: str  # the inviter's email
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class NewInvitation(Invitation):
+    code: str = field(default="", repr=False)  # shown once: signs the invitee up where signup is invite-only
+
+
+@dataclass(frozen=True)
+class InviteCode:
+    """An operator's invite code (where signup is invite-only); the code itself is shown once, at creation."""
+
+    id: str
+    prefix: str
+    note: str
+    uses_left: int
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class NewInviteCode(InviteCode):
+    code: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, instances, market, orgs, plans, ssh, telemetry, workloads
+from suanli.api.routers import admin, auth, instances, market, members, orgs, plans, ssh, telemetry, workloads
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, health, inventory, prices
 from suanli.control.background import BackgroundProcess
@@ -45,12 +45,13 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
     401: {"model": ErrorOut, "description": "no valid bearer token"},
     402: {"model": ErrorOut, "description": "the balance does not cover it; top up first"},
-    403: {"model": ErrorOut, "description": "not allowed (operators only, or owners only)"},
+    403: {"model": ErrorOut, "description": "not allowed (operators only, or not for the caller's role in the org)"},
     404: {"model": ErrorOut, "description": "not found, or not visible to the caller"},
     409: {"model": ErrorOut, "description": "conflicts with what exists"},
     413: {"model": ErrorOut, "description": "request body too large"},
     422: {"model": ValidationErrorOut, "description": "invalid input; `detail` names the field"},
-    503: {"model": ErrorOut, "description": "the database is unavailable right now; retry after `Retry-After`"},
+    429: {"model": ErrorOut, "description": "too many attempts (logins, signups); retry after `Retry-After`"},
+    503: {"model": ErrorOut, "description": "busy or unavailable right now; retry after `Retry-After`"},
 }
 SETTINGS_ENV = "SUANLI_RESOLVED_SETTINGS"
 BOOTSTRAP_LOCK = 0x5A4E_4253
@@ -220,6 +221,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
             if background:
                 background.stop()
             srv.submissions.close()
+            srv.passwords.close()
             await db.aclose()
             db.dispose()
 
@@ -233,7 +235,9 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(exc.retry_after)
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
@@ -271,8 +275,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    routers = (auth.router, orgs.router, plans.router, market.router, admin.router, workloads.router, telemetry.router,
-               ssh.router, instances.router)  # fmt: skip
+    routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
+               telemetry.router, ssh.router, instances.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)

@@ -20,6 +20,7 @@ from suanli.control.caches import FleetCache, PriceCache, TokenCache
 from suanli.control.errors import Invalid, Unauthorized
 from suanli.control.ids import token_hash, utcnow
 from suanli.control.offers import OfferCache
+from suanli.control.passwords import PasswordPool
 from suanli.control.settings import Settings
 from suanli.control.telemetry import FleetIndex
 from suanli.db.engine import Database
@@ -57,8 +58,10 @@ class Server:
     judge: HealthJudge = field(default_factory=HealthJudge)  # health of posted samples (this process's share)
     submissions: GroupCommit[workloads.Submission, dict[str, Any]] = field(init=False)  # checked and written
     # in batches by one thread
+    passwords: PasswordPool = field(init=False)  # argon2 on threads of its own, behind a bounded queue
 
     def __post_init__(self) -> None:
+        self.passwords = PasswordPool(self.settings.password_threads, self.settings.password_queue)
         admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices)
         self.submissions = GroupCommit(self.db, workloads.enqueue_many, prepare=admission, name="submissions")
 
@@ -76,6 +79,12 @@ async def no_nul(request: Request) -> None:
         for name, value in params:
             if isinstance(value, str) and "\x00" in value:
                 raise Invalid(f"{where}.{name}: {NUL_MESSAGE}")
+
+
+def client_address(request: Request) -> str:
+    """The caller's address as uvicorn saw it (behind a reverse proxy: from X-Forwarded-For when the proxy is one
+    uvicorn trusts, FORWARDED_ALLOW_IPS, by default 127.0.0.1)."""
+    return request.client.host if request.client is not None else "unknown"
 
 
 @dataclass(frozen=True)

@@ -94,6 +94,12 @@ class Credentials(In):
     password: str = Field(min_length=1, max_length=1024)
 
 
+class SignupIn(Credentials):
+    invite: str | None = Field(
+        None, min_length=1, max_length=128, description="an invitation's code or an operator's invite code"
+    )
+
+
 class UserOut(Out):
     id: str
     email: str
@@ -174,15 +180,59 @@ class OrgIn(In):
     name: str = Field(min_length=1, max_length=128)
 
 
-class MemberIn(In):
+Role = Literal["owner", "admin", "member", "viewer"]
+SpendLimit = Annotated[Decimal, BeforeValidator(_not_float), Field(ge=0, le=Decimal("1000000000"), decimal_places=8)]
+
+
+class InvitationIn(In):
     email: str = Field(min_length=3, max_length=254)
-    role: Literal["owner", "member"] = "member"
+    role: Role = "member"
+    monthly_spend_limit: SpendLimit | None = Field(None, description="most they may spend a month; null: no limit")
+
+
+class MemberPatch(In):
+    """Only the fields given change; `monthly_spend_limit: null` removes the limit."""
+
+    role: Role | None = None
+    monthly_spend_limit: SpendLimit | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _a_role(cls, v: str | None) -> str | None:
+        if v is None:  # given as null: there is no "no role"
+            raise ValueError("one of owner, admin, member, viewer")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> MemberPatch:
+        if not self.model_fields_set:
+            raise ValueError("give role and/or monthly_spend_limit")
+        return self
 
 
 class MemberOut(Out):
     user_id: str
     email: str
     role: str
+    monthly_spend_limit: str | None = Field(None, description="most they may spend a month; null: no limit")
+    month_to_date: str = Field("0.00000000", description="their charges to the org this calendar month (UTC)")
+
+
+class InvitationOut(Out):
+    id: str
+    org_id: str
+    org_name: str
+    email: str
+    role: str
+    monthly_spend_limit: str | None
+    state: str = Field(description="pending, accepted, declined or cancelled")
+    invited_by: str = Field(description="the inviter's email")
+    created_at: datetime
+    expires_at: datetime
+
+
+class NewInvitationOut(InvitationOut):
+    code: str = Field(description="shown once: where signup is invite-only, the invitee signs up with it")
 
 
 # ---- money --------------------------------------------------------------------------------------------------

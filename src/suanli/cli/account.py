@@ -1,4 +1,5 @@
-"""Tenant commands: sign up, log in and out, who am I, balance and usage, tokens, orgs (offers and quotes: market.py).
+"""Tenant commands: sign up, log in and out, who am I, balance and usage, tokens (orgs: orgs.py; offers and quotes:
+market.py).
 
 All of them talk to a suanli server through `suanli.client.Client` (see `suanli.cli.credentials` for which
 server, which token, and the exit codes).
@@ -12,10 +13,9 @@ import typer
 from rich.table import Table
 
 from suanli.cli import credentials as cred
-from suanli.cli import market
+from suanli.cli import market, orgs
 from suanli.cli.common import (
     JsonOpt,
-    check_choice,
     check_positive,
     console,
     emit_json,
@@ -34,22 +34,38 @@ OrgOpt = Annotated[
 def signup(
     email: EmailOpt,
     password_stdin: PasswordStdinOpt = False,
+    invite: Annotated[
+        str | None,
+        typer.Option(
+            "--invite",
+            metavar="CODE",
+            help="An invitation's code or an operator's invite code (where signup is invite-only).",
+        ),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace the login saved for this server (it is kept otherwise).")
+    ] = False,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Create an account (a personal organisation with the trial credit) and log in."""
+    """Create an account (a personal organisation with the trial credit) and log in as it."""
+    url = cred.resolve(server)
+    current = cred.saved(url)
+    if current.get("token") and not force:
+        fail(f"already logged in to {url} as {current.get('email', 'someone')}; signing up would replace that login: "
+             "'suanli logout' first, pass --force, or use another SUANLI_HOME")  # fmt: skip
     password = cred.read_password(password_stdin, confirm=True)
     with cred.api(server, auth=False) as c:
-        out = c.signup(email, password)
+        out = c.signup(email, password, invite)
     cred.save(c.server, out.token, out.user.email)
     if json_out:
         doc = jsonable(out)
         doc.pop("token", None)
         emit_json({"server": c.server, **doc})
         return
-    console.print(
-        f"signed up [bold]{out.user.email}[/] on {c.server}; balance {money(out.balance)} {out.currency}; logged in"
-    )
+    replaced = f" (replacing the login of {current.get('email')})" if current.get("token") else ""
+    console.print(f"signed up [bold]{out.user.email}[/] on {c.server}; balance {money(out.balance)} {out.currency}; "
+                  f"logged in{replaced}")  # fmt: skip
 
 
 def login(
@@ -61,9 +77,11 @@ def login(
     password = cred.read_password(password_stdin, confirm=False)
     with cred.api(server, auth=False) as c:
         out = c.login(email, password)
+    before = cred.saved(c.server).get("email")
     cred.save(c.server, out.token, out.user.email)
     role = " (admin)" if out.user.is_admin else ""
-    console.print(f"logged in to {c.server} as [bold]{out.user.email}[/]{role}")
+    replaced = f" (replacing the login of {before})" if before and before != out.user.email else ""
+    console.print(f"logged in to {c.server} as [bold]{out.user.email}[/]{role}{replaced}")
 
 
 def logout(server: ServerOpt = None) -> None:
@@ -96,7 +114,7 @@ def whoami(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     u = me.user
     console.print(f"[bold]{u.email}[/]{' (admin)' if u.is_admin else ''} on {c.server}")
     console.print(f"user {u.id}; personal organisation {u.personal_org_id}")
-    console.print(orgs_table(me.orgs))
+    console.print(orgs.orgs_table(me.orgs))
 
 
 # ---- money --------------------------------------------------------------------------------------------------
@@ -246,94 +264,6 @@ def tokens_revoke(
     console.print(f"revoked {t.id} ({t.name})")
 
 
-# ---- organisations ------------------------------------------------------------------------------------------
-orgs_app = typer.Typer(no_args_is_help=True, help="Organisations: share a balance with other users.")
-OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name.")]
-
-
-def orgs_table(rows: Any, title: str = "organisations") -> Table:
-    table = Table(title=title)
-    for col in ("id", "name", "kind", "role", "GPU quota", "CPU quota", "memory quota"):
-        table.add_column(col)
-    for o in rows:
-        quotas = ("-" if q is None else f"{q}{unit}" for q, unit in ((o.quota_gpus, ""), (o.quota_cpus, " cores"),
-                                                                      (o.quota_memory_gib, " GiB")))  # fmt: skip
-        table.add_row(o.id, o.name, "personal" if o.personal else "team", o.role or "-", *quotas)
-    return table
-
-
-@orgs_app.command("list")
-def orgs_list(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
-    """The organisations you belong to, with your role."""
-    with cred.api(server) as c:
-        rows = c.orgs()
-    if json_out:
-        emit_json(jsonable(rows))
-        return
-    console.print(orgs_table(rows))
-
-
-@orgs_app.command("create")
-def orgs_create(
-    name: Annotated[str, typer.Argument(help="A unique name.")], server: ServerOpt = None, json_out: JsonOpt = False
-) -> None:
-    """A team organisation that you own."""
-    with cred.api(server) as c:
-        o = c.org_create(name)
-    if json_out:
-        emit_json(jsonable(o))
-        return
-    console.print(f"created organisation {o.name} ({o.id})")
-
-
-@orgs_app.command("members")
-def orgs_members(org: OrgArg, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
-    """The members of an organisation and their roles."""
-    with cred.api(server) as c:
-        rows = c.members(org_id(c, org) or org)
-    if json_out:
-        emit_json(jsonable(rows))
-        return
-    table = Table(title=f"members of {org}")
-    for col in ("email", "user id", "role"):
-        table.add_column(col)
-    for m in rows:
-        table.add_row(m.email, m.user_id, m.role)
-    console.print(table)
-
-
-@orgs_app.command("add-member")
-def orgs_add_member(
-    org: OrgArg,
-    email: Annotated[str, typer.Argument(help="The user's email (they sign up first).")],
-    role: Annotated[str, typer.Option("--role", help="member|owner.")] = "member",
-    server: ServerOpt = None,
-) -> None:
-    """Add a user to a team organisation you own (or change their role)."""
-    role = check_choice(role, ("member", "owner"), "--role")
-    with cred.api(server) as c:
-        m = c.member_add(org_id(c, org) or org, email, role)
-    console.print(f"{m.email} is now {m.role} of {org}")
-
-
-@orgs_app.command("remove-member")
-def orgs_remove_member(
-    org: OrgArg,
-    user: Annotated[str, typer.Argument(metavar="USER", help="The member's email or user id.")],
-    server: ServerOpt = None,
-) -> None:
-    """Remove a member from a team organisation you own."""
-    with cred.api(server) as c:
-        oid = org_id(c, org) or org
-        uid = user
-        if "@" in user:
-            uid = next((m.user_id for m in c.members(oid) if m.email == user.strip().lower()), "")
-            if not uid:
-                fail(f"USER: {user} is not a member of {org}")
-        c.member_remove(oid, uid)
-    console.print(f"removed {user} from {org}")
-
-
 def register(app: typer.Typer) -> None:
     """Put the tenant commands on the root app."""
     for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami),
@@ -341,5 +271,5 @@ def register(app: typer.Typer) -> None:
                      ("statement", statement)):  # fmt: skip
         app.command(name)(fn)
     app.add_typer(tokens_app, name="tokens")
-    app.add_typer(orgs_app, name="orgs")
+    app.add_typer(orgs.orgs_app, name="orgs")
     app.add_typer(market.plans_app, name="plans")

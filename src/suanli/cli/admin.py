@@ -1,4 +1,4 @@
-"""`suanli admin …`: operator commands (users, money, quotas, prices, clusters and nodes, ledger checks, and the
+"""`suanli admin …`: operator commands (users and invite codes, money, quotas, prices, clusters and nodes, ledger checks, and the
 GPU telemetry commands of `suanli.cli.telemetry`: top, events, fault, node-metrics).
 
 All go through the API with an admin login, except `create-user`, which opens the database directly: it is
@@ -19,6 +19,7 @@ from rich.text import Text
 
 from suanli.cli import credentials as cred
 from suanli.cli import telemetry
+from suanli.cli.admin_invites import invites_app
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, unit_price, when
 from suanli.cli.workloads import span
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
     from suanli.client import Node
 
 app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login; create-user needs none).")
+app.add_typer(invites_app, name="invites")
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node name or id.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (shown in 'suanli admin nodes').")]
@@ -101,7 +103,7 @@ def create_user(
 @app.command("orgs")
 def orgs(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     """Every organisation, with its quotas."""
-    from suanli.cli.account import orgs_table
+    from suanli.cli.orgs import orgs_table
 
     with cred.api(server) as c:
         rows = c.admin_orgs()

@@ -1,4 +1,4 @@
-"""Users, organisations, memberships and API tokens; who may see what.
+"""Users, organisations and API tokens; who may see what (what each role may do: `control.memberships`).
 
 Every user gets a personal organisation (the billing entity) on sign-up, as its owner. Tenant isolation is
 enforced here, not in the routers: `org_for` returns an org only to its members (and admins) and answers
@@ -15,7 +15,7 @@ from decimal import Decimal
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -28,7 +28,6 @@ from suanli.db.models import ApiToken, Membership, Org, User
 _hasher = PasswordHasher()
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}$")
 MIN_PASSWORD = 8
-ROLES = ("owner", "member")
 
 
 @dataclass(frozen=True)
@@ -43,8 +42,13 @@ class Principal:
     token_expires_at: datetime | None = None
 
 
-def _check_credentials(email: str, password: str) -> str:
-    email = email.strip().lower()
+def normalise_email(email: str) -> str:
+    return email.strip().lower()
+
+
+def check_credentials(email: str, password: str) -> str:
+    """The normalised email, or 422 naming the field at fault."""
+    email = normalise_email(email)
     if not EMAIL.match(email):
         raise Invalid(f"email: {email!r} is not an email address")
     if len(password) < MIN_PASSWORD:
@@ -54,18 +58,47 @@ def _check_credentials(email: str, password: str) -> str:
     return email
 
 
+def hash_password(password: str) -> str:
+    """argon2id; ~0.3 s of CPU on purpose: run it in `control.passwords.PasswordPool`, not on a request thread."""
+    return _hasher.hash(password)
+
+
+def verify_password(stored: str | None, password: str) -> bool:
+    """Whether `password` matches the stored hash. With no hash (no such user) it spends the same time and says
+    no: the answer's timing does not tell which emails are registered."""
+    try:
+        if stored is None:
+            _hasher.hash(password)
+            return False
+        return _hasher.verify(stored, password)
+    except (VerificationError, InvalidHashError):
+        return False
+
+
+class EmailTaken(Conflict):
+    """The email belongs to a user already. Operators are told so; a signup is not (see `api.routers.auth`)."""
+
+
 def create_user(
-    s: Session, email: str, password: str, now: datetime, *, admin: bool = False, trial_credit: Decimal = Decimal(0)
+    s: Session,
+    email: str,
+    password: str,
+    now: datetime,
+    *,
+    admin: bool = False,
+    trial_credit: Decimal = Decimal(0),
+    password_hash: str | None = None,
 ) -> tuple[User, Org]:
-    """A user, their personal org (they own it), and the trial credit, once: its key is the user's id."""
-    email = _check_credentials(email, password)
+    """A user, their personal org (they own it), and the trial credit, once: its key is the user's id.
+    `password_hash`: the password hashed already (off the request thread); `password` is then only checked."""
+    email = check_credentials(email, password)
     if s.scalar(select(User.id).where(User.email == email)):
-        raise Conflict(f"email: {email} is already registered")
+        raise EmailTaken(f"email: {email} is already registered")
     org = Org(id=new_id("org"), name=email, personal=True, created_at=now)
     user = User(
         id=new_id("usr"),
         email=email,
-        password_hash=_hasher.hash(password),
+        password_hash=password_hash or hash_password(password),
         is_admin=admin,
         personal_org_id=org.id,
         created_at=now,
@@ -78,7 +111,7 @@ def create_user(
     try:
         s.flush()
     except IntegrityError as e:  # a concurrent sign-up with the same email won the race
-        raise Conflict(f"email: {email} is already registered") from e
+        raise EmailTaken(f"email: {email} is already registered") from e
     if trial_credit > 0:
         tx = transfer(f"trial:{user.id}", "trial_credit", PROMOTIONS, org_account(org.id), trial_credit, "trial credit")
         ledger.post(s, tx, now, org_id=org.id, user_id=user.id)
@@ -109,15 +142,16 @@ def issue_token(
     return row, plain
 
 
-def login(s: Session, email: str, password: str, now: datetime, days: int) -> tuple[User, ApiToken, str]:
-    user = s.scalar(select(User).where(User.email == email.strip().lower()))
-    try:
-        if user is None:
-            _hasher.hash(password)  # spend the same time as a real check: no user enumeration by timing
-            raise VerificationError
-        _hasher.verify(user.password_hash, password)
-    except (VerificationError, InvalidHashError) as e:
-        raise Unauthorized("wrong email or password") from e
+def password_hash_of(s: Session, email: str) -> str | None:
+    """The stored hash of the user with this (normalised) email, or None: `verify_password` then says no."""
+    return s.scalar(select(User.password_hash).where(User.email == email))
+
+
+def finish_login(s: Session, email: str, now: datetime, days: int) -> tuple[User, ApiToken, str]:
+    """After the password was verified: the user and a new login token."""
+    user = s.scalar(select(User).where(User.email == email))
+    if user is None:  # removed while its password was checked
+        raise Unauthorized("wrong email or password")
     row, plain = issue_token(s, user, "login", now, now + timedelta(days=days))
     return user, row, plain
 
@@ -177,14 +211,12 @@ def role_in(s: Session, who: Principal, org_id: str) -> str | None:
     return s.scalar(select(Membership.role).where(Membership.org_id == org_id, Membership.user_id == who.user_id))
 
 
-def org_for(s: Session, who: Principal, org_id: str, *, owner: bool = False) -> Org:
-    """The org, if `who` may see it (member or admin) — and may manage it, with `owner`."""
+def org_for(s: Session, who: Principal, org_id: str) -> Org:
+    """The org, if `who` may see it (a member, or an operator); what each role may do: `control.memberships`."""
     org = s.get(Org, org_id)
     role = role_in(s, who, org_id) if org is not None else None
     if org is None or (role is None and not who.is_admin):
         raise NotFound(f"organisation {org_id} not found")
-    if owner and role != "owner" and not who.is_admin:
-        raise Forbidden(f"organisation {org_id}: only its owners can do this")
     return org
 
 
@@ -226,55 +258,14 @@ def create_org(s: Session, who: Principal, name: str, now: datetime) -> Org:
     problem = org_name_problem(name)
     if problem is not None:
         raise Invalid(f"name: {problem}")
-    if s.scalar(select(Org.id).where(Org.name == name)):
-        raise Conflict(f"name: an organisation called {name!r} exists")
+    if s.scalar(select(Org.id).where(Org.name == name)):  # team names only: an email is never a team's name
+        raise Conflict("name: taken by another organisation; choose another")
     org = Org(id=new_id("org"), name=name, personal=False, created_at=now)
     s.add(org)
     s.flush()
     s.add(Membership(org_id=org.id, user_id=who.user_id, role="owner"))
     s.flush()
     return org
-
-
-def members(s: Session, who: Principal, org_id: str) -> list[tuple[User, str]]:
-    org_for(s, who, org_id)
-    rows = s.execute(
-        select(User, Membership.role)
-        .join(Membership, Membership.user_id == User.id)
-        .where(Membership.org_id == org_id)
-        .order_by(User.email)
-    )
-    return [(u, r) for u, r in rows]
-
-
-def add_member(s: Session, who: Principal, org_id: str, email: str, role: str) -> User:
-    org = org_for(s, who, org_id, owner=True)
-    if org.personal:
-        raise Conflict("a personal organisation has one member; create a team organisation to share")
-    if role not in ROLES:
-        raise Invalid(f"role: one of {', '.join(ROLES)}")
-    target = s.scalar(select(User).where(User.email == email.strip().lower()))
-    if target is None:
-        raise NotFound(f"email: no user {email}")
-    existing = s.get(Membership, (org_id, target.id))
-    if existing is not None:
-        existing.role = role
-    else:
-        s.add(Membership(org_id=org_id, user_id=target.id, role=role))
-    s.flush()
-    return target
-
-
-def remove_member(s: Session, who: Principal, org_id: str, user_id: str) -> None:
-    org_for(s, who, org_id, owner=True)
-    m = s.get(Membership, (org_id, user_id))
-    if m is None:
-        raise NotFound(f"user {user_id} is not a member of {org_id}")
-    if m.role == "owner":
-        owners = s.scalar(select(func.count()).where(Membership.org_id == org_id, Membership.role == "owner"))
-        if (owners or 0) <= 1:
-            raise Conflict("an organisation keeps at least one owner")
-    s.delete(m)
 
 
 # ---- operators ----------------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 class ServiceError(Exception):
     status = 400
+    retry_after: int | None = None  # seconds, sent as Retry-After (429, 503)
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -33,3 +34,13 @@ class Conflict(ServiceError):
 
 class PaymentRequired(ServiceError):
     status = 402
+
+
+class Unavailable(ServiceError):
+    """Busy right now; try again after `retry_after` seconds."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

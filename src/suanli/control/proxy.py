@@ -29,7 +29,7 @@ from pathlib import Path
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import workloads
+from suanli.control import memberships, workloads
 from suanli.control.accounts import Principal
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import new_secret, token_hash
@@ -96,11 +96,8 @@ def prepare_launch(
 
 
 # ---- tickets and sessions -----------------------------------------------------------------------------------------
-def _member(s: Session, user_id: str, org_id: str) -> bool:
-    return (
-        s.scalar(select(Membership.user_id).where(Membership.user_id == user_id, Membership.org_id == org_id))
-        is not None
-    )
+def _role(s: Session, user_id: str, org_id: str) -> str | None:
+    return s.scalar(select(Membership.role).where(Membership.user_id == user_id, Membership.org_id == org_id))
 
 
 def instance_host_label(workload_id: str) -> str:
@@ -136,8 +133,11 @@ def open_ticket(
     """A single-use ticket for the caller into a running workload of one of their orgs: (the workload, the
     ticket, where it leads, when it expires). JupyterLab is for instances; ports for any workload that lists them."""
     w = workloads.get(s, who, ref)
-    if not _member(s, who.user_id, w.org_id):
+    role = _role(s, who.user_id, w.org_id)
+    if role is None:
         raise NotFound(f"workload {ref} not found")  # operators get no way in, as over SSH
+    if role not in memberships.ENTER:
+        raise Forbidden(f"{w.name}: a {role} of its organisation cannot open its instances (viewers read only)")
     spec = workloads.spec_of(w)
     target = target_of(spec, port)
     if target == "lab" and spec.kind != "instance":
@@ -189,8 +189,8 @@ def session(s: Session, workload_id: str, secret: str, now: datetime) -> Grant:
     w = s.get(Workload, workload_id)
     if row is None or row.kind != "session" or row.workload_id != workload_id or row.expires_at < now or w is None:
         raise Forbidden("not signed in to this instance; open it with `suanli jupyter NAME` or `suanli open NAME PORT`")
-    if not _member(s, row.user_id, w.org_id):
-        raise Forbidden("you are no longer a member of this instance's org")
+    if _role(s, row.user_id, w.org_id) not in memberships.ENTER:
+        raise Forbidden("you are no longer a member of this instance's org (or only a viewer)")
     return Grant(row.user_id, workload_id, row.expires_at)
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control import inventory, metering, placing, prices, workloads
+from suanli.control import inventory, memberships, metering, placing, prices, workloads
 from suanli.control.accounts import Principal
 from suanli.control.errors import Conflict, Invalid, ServiceError
 from suanli.db.engine import Database
@@ -46,6 +46,7 @@ def scale(s: Session, who: Principal, ref: str, gpus: int, now: datetime) -> Wor
     """Record that running elastic work should run on `gpus` GPUs; the next scheduling pass carries it out. 409 for
     work that is not elastic or holds no GPUs now; 422 naming `gpus` outside the spec's range."""
     w = workloads.get(s, who, ref, lock=True)
+    memberships.check_work(s, who, w, "scale")
     spec = workloads.spec_of(w)
     lo_hi = spec.gpu_range()
     if lo_hi is None or lo_hi[0] == lo_hi[1]:

@@ -32,6 +32,12 @@ class Settings(BaseModel):
     max_body_bytes: int = Field(1 << 20, ge=1024)
     max_upload_bytes: int = Field(96 << 20, ge=1024, description="largest workload submission (its workdir upload)")
     login_token_days: int = Field(30, ge=1, le=3650)
+    signup: Literal["open", "invite", "closed"] = Field(
+        "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"
+    )
+    signup_per_address_per_hour: int = Field(30, ge=1, le=1_000_000, description="signups from one address an hour")
+    password_threads: int = Field(2, ge=1, le=64, description="threads that hash and check passwords (argon2)")
+    password_queue: int = Field(32, ge=0, le=100_000, description="password checks waiting at most; more get 503")
     meter_interval_s: float = Field(5.0, gt=0, le=3600)
     meter_window_s: int = Field(60, ge=1, le=3600)
     usage_span_s: int | None = Field(

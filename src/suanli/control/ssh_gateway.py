@@ -21,6 +21,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from suanli.control import memberships
 from suanli.control.children import WatchedProcess
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
@@ -79,7 +80,9 @@ class DbAccess(Access):
             emails = dict(owners)
             member_of: dict[str, str] = {}  # org -> the first of the key's users who is a member
             for org_id, user_id in s.execute(select(Membership.org_id, Membership.user_id)
-                                             .where(Membership.user_id.in_(emails)).order_by(Membership.user_id)):  # fmt: skip
+                                             .where(Membership.user_id.in_(emails),
+                                                    Membership.role.in_(memberships.ENTER))  # a viewer reads only
+                                             .order_by(Membership.user_id)):  # fmt: skip
                 member_of.setdefault(org_id, user_id)
             w = s.get(Workload, ref)
             if w is None and member_of:

@@ -22,7 +22,7 @@ from suanli.billing.ledger import org_account
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
-from suanli.control import accounts, inventory, metering, usage
+from suanli.control import accounts, inventory, memberships, metering, usage
 from suanli.control.accounts import Principal
 from suanli.control.caches import FleetCache, ModelCapacity, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
@@ -245,14 +245,20 @@ def admit(
     """Check a submission against the inventory, the price book, the org's quota and balance, and return the row
     to queue. Only reads, so it runs outside the write transaction: on SQLite a submission then holds the single
     write lock for two inserts, not for its checks. (The checks are advisory: the scheduler checks quota and
-    balance again when it places the workload.) The caller's personal org needs no membership check."""
+    balance again when it places the workload.) The caller's personal org needs no membership check; in a team org
+    the caller's role must let them submit and spend, within their monthly spend limit."""
+    access = None
     if org_id is not None and org_id != who.personal_org_id:
-        org_id = accounts.org_for(s, who, org_id).id
+        access = memberships.require(s, who, org_id, "submit", "spend")
+        org_id = access.org.id
     org_id = org_id or who.personal_org_id
     ctx = _context(s, org_id)
     book = prices.book(s, ctx.price_version)
     found = candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
-    _precheck_money(ctx, spec, min(c.rate_per_hour for c in found), hold_minutes)
+    rate = min(c.rate_per_hour for c in found)
+    _precheck_money(ctx, spec, rate, hold_minutes)
+    if access is not None:
+        memberships.check_spend(s, who, access, now, rate=rate, hold_minutes=hold_minutes)
     if workdir is not None and spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
     if workdir is not None and not (workdir / spec.workdir).is_dir():
@@ -379,8 +385,9 @@ def cost(allocs: list[Allocation], now: datetime) -> Decimal:
 # ---- stop and start ---------------------------------------------------------------------------------------------
 def stop(s: Session, who: Principal, ref: str, now: datetime, reason: str = "") -> Workload:
     """Pending or placed work stops at once; running work is asked to stop (the supervisor signals it, waits
-    its grace period and records the end)."""
+    its grace period and records the end). Another member's work: owners and admins only."""
     w = get(s, who, ref, lock=True)
+    memberships.check_work(s, who, w, "stop")
     why = reason or f"stopped by {who.email}"
     if w.state in ("pending", "scheduled"):
         if w.allocation_id is not None and w.state == "scheduled":
@@ -401,8 +408,13 @@ def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = Fa
     """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it.
 
     `no_gpu`: it runs as CPU-only work (1 core and 2 GiB, on demand at the CPU price) to reach its disk, as on
-    AutoDL; its own spec, GPUs and billing (a plan's GPUs too) come back on its next ordinary start."""
+    AutoDL; its own spec, GPUs and billing (a plan's GPUs too) come back on its next ordinary start. Starting needs
+    a role that submits (another member's instance: owners and admins), and charges this month within the
+    caller's spend limit."""
     w = get(s, who, ref, lock=True)
+    memberships.check_work(s, who, w, "start")
+    if w.org_id != who.personal_org_id:
+        memberships.check_spend(s, who, memberships.access(s, who, w.org_id), now)
     if w.kind != "instance":
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:

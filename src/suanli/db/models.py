@@ -127,7 +127,9 @@ class Membership(Base):
     __tablename__ = "memberships"
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id", ondelete="CASCADE"), primary_key=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
-    role: Mapped[str] = mapped_column(String(16))  # owner | member
+    role: Mapped[str] = mapped_column(String(16))  # owner | admin | member | viewer (control.memberships)
+    # The most this member may spend of the org's money in a calendar month (UTC); None: no limit of their own.
+    monthly_spend_limit: Mapped[Decimal | None] = mapped_column(MONEY, nullable=True)
 
 
 class ApiToken(Base):
@@ -175,6 +177,8 @@ class ProxySession(Base):
 
 class LedgerTransaction(Base):
     __tablename__ = "ledger_transactions"
+    # A member's month-to-date charges (their spend limit) read only that member's transactions of the month.
+    __table_args__ = (Index("ix_ledger_transactions_org_user_time", "org_id", "user_id", "created_at"),)
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     key: Mapped[str] = mapped_column(String(200), unique=True)  # idempotency key
     kind: Mapped[str] = mapped_column(String(32))
@@ -403,7 +407,9 @@ class Lease(Base):
     info: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # what the holder reports (its last pass)
 
 
-# Telemetry tables live in their own module; importing them here puts them in `Base.metadata` for migrations.
+# Telemetry and access tables (invitations, signup codes, login throttling) live in their own modules; importing them
+# here puts them in `Base.metadata` for migrations.
+from suanli.db.access import Invitation, LoginThrottle, SignupCode  # noqa: E402
 from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
 
-__all__ = ["GpuRollup", "GpuSampleRow", "InjectedFault", "NodeEvent"]
+__all__ = ["GpuRollup", "GpuSampleRow", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent", "SignupCode"]

@@ -1,7 +1,8 @@
-"""Operator endpoints: users, org quotas and money, clusters and nodes, prices, ledger checks."""
+"""Operator endpoints: users and invite codes, org quotas and money, clusters and nodes, prices, ledger checks."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -16,6 +17,7 @@ from suanli.api.schemas import (
     ClusterIn,
     ClusterOut,
     GpuOut,
+    In,
     MoveIn,
     NodeDetailOut,
     NodeOut,
@@ -33,7 +35,7 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
-from suanli.control import accounts, health, inventory, leases, ledger, prices, workloads
+from suanli.control import accounts, health, inventory, leases, ledger, prices, signups, workloads
 from suanli.control.background import WorkloadLoop, this_server
 from suanli.control.ids import new_id
 from suanli.db.models import ClusterRow
@@ -73,6 +75,49 @@ def patch_user(user_id: str, body: AdminUserPatch, ctx: Admin) -> UserOut:
         out = UserOut.model_validate(accounts.set_admin(s, user_id, body.admin))
     ctx.srv.tokens.forget_all()
     return out
+
+
+class InviteCodeIn(In):
+    uses: int = Field(1, ge=1, le=signups.MAX_USES, description="how many people may sign up with it")
+    expires_in_days: int = Field(7, ge=1, le=signups.MAX_DAYS)
+    note: str = Field("", max_length=200, description="who it is for, to recognise it by")
+
+
+class InviteCodeOut(Out):
+    id: str
+    prefix: str
+    note: str
+    uses_left: int
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+
+
+class NewInviteCodeOut(InviteCodeOut):
+    code: str = Field(description="shown once; signs people up where signup is invite-only")
+
+
+@router.post("/invites", status_code=201)
+@in_thread
+def create_invite_code(body: InviteCodeIn, ctx: Admin) -> NewInviteCodeOut:
+    """An invite code for signup where it is invite-only (`signup: invite`)."""
+    with ctx.db.write() as s, s.begin():
+        row, code = signups.create_code(s, ctx.who, body.uses, body.expires_in_days, body.note, ctx.now)
+        return NewInviteCodeOut(**InviteCodeOut.model_validate(row).model_dump(), code=code)
+
+
+@router.get("/invites")
+@in_thread
+def list_invite_codes(ctx: Admin) -> list[InviteCodeOut]:
+    with ctx.db.read() as s:
+        return [InviteCodeOut.model_validate(r) for r in signups.codes(s)]
+
+
+@router.delete("/invites/{code_id}")
+@in_thread
+def revoke_invite_code(code_id: str, ctx: Admin) -> InviteCodeOut:
+    with ctx.db.write() as s, s.begin():
+        return InviteCodeOut.model_validate(signups.revoke_code(s, code_id, ctx.now))
 
 
 @router.get("/orgs")

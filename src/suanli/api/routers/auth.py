@@ -1,18 +1,20 @@
-"""Sign-up, login, the caller, and API tokens."""
+"""Sign-up, login (throttled, passwords checked on their own threads), the caller, and API tokens."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 
-from suanli.api.deps import Auth, Srv, in_thread
+from suanli.api.deps import Auth, Server, Srv, client_address, in_thread
 from suanli.api.schemas import (
     Credentials,
     MeOut,
     NewTokenOut,
     OrgOut,
     SessionOut,
+    SignupIn,
     SignupOut,
     TokenIn,
     TokenOut,
@@ -20,20 +22,49 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control import accounts, ledger, prices
+from suanli.control import accounts, ledger, memberships, prices, signups, throttle
+from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["accounts"])
 
 
+SIGNUP_REFUSED = "signup: cannot sign up with these details (if you have an account here, log in)"
+
+
 @router.post("/signup", status_code=201)
-@in_thread
-def signup(body: Credentials, srv: Srv) -> SignupOut:
-    """A new user with a personal organisation and the trial credit; returns a login token."""
-    now = utcnow()
+async def signup(body: SignupIn, request: Request, srv: Srv) -> SignupOut:
+    """A new user with a personal organisation and the trial credit; returns a login token. Where the operator
+    made signup invite-only, `invite` is an invitation's code (the user then joins that organisation) or an
+    operator's invite code. An email that cannot sign up gets one message, whatever the reason."""
     cfg = srv.settings
+    email = accounts.check_credentials(body.email, body.password)
+    signups.check_open(cfg.signup, body.invite)
+    slot = srv.passwords.reserve()
+    try:
+        await run_in_threadpool(_count_signup, srv, client_address(request))
+        hashed = await slot.run(accounts.hash_password, body.password)
+    finally:
+        slot.release()
+    return await run_in_threadpool(_create_user, srv, email, body, hashed)
+
+
+def _count_signup(srv: Server, address: str) -> None:
     with srv.db.write() as s, s.begin():
-        user, org = accounts.create_user(s, body.email, body.password, now, trial_credit=cfg.trial_credit)
+        throttle.begin_signup(s, address, throttle.signup_bucket(srv.settings.signup_per_address_per_hour), utcnow())
+
+
+def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> SignupOut:
+    now, cfg = utcnow(), srv.settings
+    with srv.db.write() as s, s.begin():
+        invitation = signups.redeem(s, cfg.signup, email, body.invite, now)
+        try:
+            user, org = accounts.create_user(s, email, body.password, now, trial_credit=cfg.trial_credit,
+                                             password_hash=hashed)  # fmt: skip
+        except accounts.EmailTaken:
+            raise Conflict(SIGNUP_REFUSED) from None  # not "already registered": see docs/control-plane.md
+        if invitation is not None:
+            memberships.join(s, user.id, invitation, now)
         tok, plain = accounts.issue_token(s, user, "login", now, now + timedelta(days=cfg.login_token_days))
         bal = ledger.org_balance(s, org.id)
         currency = prices.current(s)[1].currency
@@ -44,12 +75,32 @@ def signup(body: Credentials, srv: Srv) -> SignupOut:
 
 
 @router.post("/login")
-@in_thread
-def login(body: Credentials, srv: Srv) -> SessionOut:
+async def login(body: Credentials, request: Request, srv: Srv) -> SessionOut:
+    """A login token for a correct password. Attempts are throttled per account, per address and per account from
+    an address (429 with Retry-After; the rule is in docs/control-plane.md)."""
+    email = accounts.normalise_email(body.email)
+    slot = srv.passwords.reserve()
+    try:
+        attempt, stored = await run_in_threadpool(_begin_login, srv, email, client_address(request))
+        ok = await slot.run(accounts.verify_password, stored, body.password)
+    finally:
+        slot.release()
+    if not ok:
+        raise Unauthorized("wrong email or password")
+    return await run_in_threadpool(_finish_login, srv, email, attempt)
+
+
+def _begin_login(srv: Server, email: str, address: str) -> tuple[throttle.LoginAttempt, str | None]:
+    with srv.db.write() as s, s.begin():
+        return throttle.begin_login(s, email, address, utcnow()), accounts.password_hash_of(s, email)
+
+
+def _finish_login(srv: Server, email: str, attempt: throttle.LoginAttempt) -> SessionOut:
     now = utcnow()
     with srv.db.write() as s, s.begin():
-        user, tok, plain = accounts.login(s, body.email, body.password, now, srv.settings.login_token_days)
-    return SessionOut(user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at)
+        user, tok, plain = accounts.finish_login(s, email, now, srv.settings.login_token_days)
+        throttle.login_succeeded(s, attempt, now)
+        return SessionOut(user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at)
 
 
 @router.post("/logout", status_code=204)

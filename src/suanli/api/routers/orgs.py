@@ -1,4 +1,4 @@
-"""Organisations, their members, and their money: balance, transactions, statements, usage."""
+"""Organisations and their money: balance, transactions, statements, usage (members: `members.py`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from fastapi.responses import PlainTextResponse, Response
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import (
     BalanceOut,
-    MemberIn,
-    MemberOut,
     OrgIn,
     OrgOut,
     StatementOut,
@@ -50,28 +48,6 @@ def get_org(org_id: str, ctx: Auth) -> OrgOut:
     with ctx.db.read() as s:
         org = accounts.org_for(s, ctx.who, org_id)
         return OrgOut.model_validate(org).model_copy(update={"role": accounts.role_in(s, ctx.who, org_id)})
-
-
-@router.get("/orgs/{org_id}/members")
-@in_thread
-def list_members(org_id: str, ctx: Auth) -> list[MemberOut]:
-    with ctx.db.read() as s:
-        return [MemberOut(user_id=u.id, email=u.email, role=r) for u, r in accounts.members(s, ctx.who, org_id)]
-
-
-@router.post("/orgs/{org_id}/members", status_code=201)
-@in_thread
-def add_member(org_id: str, body: MemberIn, ctx: Auth) -> MemberOut:
-    with ctx.db.write() as s, s.begin():
-        u = accounts.add_member(s, ctx.who, org_id, body.email, body.role)
-    return MemberOut(user_id=u.id, email=u.email, role=body.role)
-
-
-@router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)
-@in_thread
-def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
-    with ctx.db.write() as s, s.begin():
-        accounts.remove_member(s, ctx.who, org_id, user_id)
 
 
 @router.get("/orgs/{org_id}/balance")

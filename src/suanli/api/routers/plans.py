@@ -10,7 +10,7 @@ from pydantic import Field
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import accounts, plans
+from suanli.control import accounts, memberships, plans
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 
@@ -43,10 +43,12 @@ def _out(p: plans.Plan, now: datetime) -> PlanOut:
 @in_thread
 def buy_plan(org_id: str, body: PlanIn, ctx: Auth) -> PlanOut:
     """Buy GPUs for a period, paid now from the balance (402 when it does not cover the price; 409 naming how many
-    are left when the plans of that GPU model would hold more than its ready nodes have)."""
+    are left when the plans of that GPU model would hold more than its ready nodes have). Roles that spend only,
+    within the buyer's monthly spend limit (403 naming `monthly_spend_limit`)."""
     with ctx.db.write() as s, s.begin():
-        accounts.org_for(s, ctx.who, org_id)
+        access = memberships.require(s, ctx.who, org_id, "spend")
         p = plans.buy(s, org_id, ctx.who.user_id, body.plan, body.gpu, body.gpus, ctx.now, body.key)
+        memberships.check_spend(s, ctx.who, access, ctx.now)  # the purchase is charged already: over, it rolls back
         return _out(p, ctx.now)
 
 

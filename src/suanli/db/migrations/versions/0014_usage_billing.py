@@ -1,7 +1,7 @@
 """pay by compute used: an allocation billed by usage keeps its idle GPUs' rate and the activity it was charged for
 
-Revision ID: 0017
-Revises: 0012
+Revision ID: 0014
+Revises: 0013
 Create Date: 2026-12-03 09:00:00
 
 """
@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = "0017"
-down_revision: str | Sequence[str] | None = "0012"
+revision: str = "0014"
+down_revision: str | Sequence[str] | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,0 +1,147 @@
+"""Login and signup throttling, kept in the database so every server process counts the same attempts.
+
+Each bucket is a generic cell rate (a leaky bucket stored as one time, `tat`: when it is empty again). A bucket of
+capacity C and period P takes C attempts at once and one more every P seconds; its level is `(tat - now) / P`.
+
+A password login counts against three buckets *before* the password is checked (so concurrent guesses cannot
+slip past the limit), and a correct password takes its count back:
+
+- the account from this address (`PAIR`): 5 failures, then one more a minute;
+- this address, any account (`ADDRESS`): 50 failures, then one more every 20 s;
+- the account, any address (`ACCOUNT`): once it holds 20 failures the account is *under attack*, and then an
+  address that has failed a login to it in the last `QUIET_S` (15 minutes) waits out the rest of that time;
+  an address that has not is let through. The bucket holds at most 20 (one more failure a minute leaks away),
+  so the state ends a minute after the failures stop: nobody can keep the account's owner out, and a botnet gets
+  one guess per address per 15 minutes.
+
+Emails that belong to nobody are counted exactly like real ones: a refusal says nothing about who is registered.
+Signups count per address (`signup_bucket`). Keys are SHA-256 digests of the email and the address.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from suanli.control.errors import ServiceError
+from suanli.db.access import LoginThrottle
+
+
+@dataclass(frozen=True)
+class Bucket:
+    capacity: int  # attempts at once
+    period_s: float  # then one more every period
+
+    @property
+    def span(self) -> timedelta:
+        return timedelta(seconds=self.capacity * self.period_s)
+
+    @property
+    def step(self) -> timedelta:
+        return timedelta(seconds=self.period_s)
+
+
+PAIR = Bucket(5, 60.0)
+ADDRESS = Bucket(50, 20.0)
+ACCOUNT = Bucket(20, 60.0)
+QUIET_S = 900.0
+
+
+def signup_bucket(per_hour: int) -> Bucket:
+    """`per_hour` signups from one address at once, then one more every 3600 / `per_hour` seconds."""
+    return Bucket(per_hour, 3600.0 / per_hour)
+
+
+class Throttled(ServiceError):
+    """429 with the seconds to wait (Retry-After)."""
+
+    status = 429
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        self.retry_after = max(1, math.ceil(retry_after))
+        super().__init__(f"{message}; try again in {self.retry_after} s")
+
+
+def _key(kind: str, *parts: str) -> str:
+    return hashlib.sha256("\x00".join((kind, *parts)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class LoginAttempt:
+    """The buckets one login attempt was counted in, so a correct password can take the count back."""
+
+    pair: str
+    address: str
+    account: str
+
+
+def _rows(s: Session, keys: list[str], now: datetime) -> dict[str, LoginThrottle]:
+    """The buckets `keys`, created empty where missing, locked for this transaction. Forgotten buckets (past their
+    `expires_at`) are deleted on the way, so the table holds only what still counts."""
+    s.execute(delete(LoginThrottle).where(LoginThrottle.expires_at < now))
+    insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+    # In key order, like the locks below: two attempts that share buckets take them in one order (no deadlock).
+    values = [{"key": k, "tat": now, "last_failure_at": None, "expires_at": now} for k in sorted(keys)]
+    s.execute(insert(LoginThrottle).values(values).on_conflict_do_nothing(index_elements=["key"]))
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()
+    return {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
+
+
+def _next(row: LoginThrottle, bucket: Bucket, now: datetime) -> tuple[datetime, float]:
+    """The bucket's `tat` after one more attempt, and how many seconds over its capacity that would be."""
+    tat = max(row.tat, now) + bucket.step
+    return tat, (tat - now - bucket.span).total_seconds()
+
+
+def begin_login(s: Session, email: str, address: str, now: datetime) -> LoginAttempt:
+    """Count a login attempt for `email` (normalised) from `address`, or refuse it with 429 (`Throttled`)."""
+    attempt = LoginAttempt(_key("pair", email, address), _key("address", address), _key("account", email))
+    rows = _rows(s, [attempt.pair, attempt.address, attempt.account], now)
+    pair, addr, account = rows[attempt.pair], rows[attempt.address], rows[attempt.account]
+    pair_tat, pair_over = _next(pair, PAIR, now)
+    addr_tat, addr_over = _next(addr, ADDRESS, now)
+    account_tat, account_over = _next(account, ACCOUNT, now)
+    if pair_over > 0:
+        raise Throttled("too many failed logins to this account from your address", pair_over)
+    if addr_over > 0:
+        raise Throttled("too many failed logins from your address", addr_over)
+    if account_over > 0 and pair.last_failure_at is not None:
+        quiet = (pair.last_failure_at + timedelta(seconds=QUIET_S) - now).total_seconds()
+        if quiet > 0:
+            raise Throttled("this account is being guessed at from many addresses, and a login from your address "
+                            "failed lately", quiet)  # fmt: skip
+    quiet_until = now + timedelta(seconds=QUIET_S)
+    pair.tat, pair.last_failure_at, pair.expires_at = pair_tat, now, max(pair_tat, quiet_until)
+    addr.tat = addr.expires_at = addr_tat
+    account.tat = account.expires_at = min(account_tat, now + ACCOUNT.span)  # it never holds more than its capacity
+    return attempt
+
+
+def login_succeeded(s: Session, attempt: LoginAttempt, now: datetime) -> None:
+    """A correct password: this address's failures for the account are forgiven, and the attempt's count is taken
+    back from the address's and the account's buckets."""
+    keys = [attempt.pair, attempt.address, attempt.account]
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()  # all at once, in key order
+    rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
+    for key, bucket in ((attempt.address, ADDRESS), (attempt.account, ACCOUNT)):
+        if key in rows:
+            rows[key].tat = rows[key].expires_at = max(now, rows[key].tat - bucket.step)
+    if attempt.pair in rows:
+        s.delete(rows[attempt.pair])
+
+
+def begin_signup(s: Session, address: str, bucket: Bucket, now: datetime) -> None:
+    """Count a signup from `address`, or refuse it with 429."""
+    key = _key("signup", address)
+    row = _rows(s, [key], now)[key]
+    tat, over = _next(row, bucket, now)
+    if over > 0:
+        raise Throttled("too many signups from your address", over)
+    row.tat = row.expires_at = tat

@@ -1,0 +1,59 @@
+"""Tables of who may get in: invitations to organisations, operators' signup codes, and login throttling.
+
+Secrets (an invitation's code, a signup code) are stored as their SHA-256 only, like API tokens: shown once. The
+throttle's keys are SHA-256 digests too, so the table holds neither emails nor addresses in the clear.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import ForeignKey, Index, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from suanli.db.models import MONEY, Base, UTCDateTime
+
+
+class Invitation(Base):
+    """An invitation to join an org with a role: the invitee (whoever holds `email`) accepts or declines it."""
+
+    __tablename__ = "invitations"
+    __table_args__ = (Index("ix_invitations_email_state", "email", "state"),)
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id", ondelete="CASCADE"), index=True)
+    email: Mapped[str] = mapped_column(String(254))  # normalised (stripped, lower case)
+    role: Mapped[str] = mapped_column(String(16))
+    monthly_spend_limit: Mapped[Decimal | None] = mapped_column(MONEY, nullable=True)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)  # signs the invitee up where signup is invite-only
+    invited_by: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    state: Mapped[str] = mapped_column(String(16))  # pending | accepted | declined | cancelled
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class SignupCode(Base):
+    """An operator's invite code: it lets `uses_left` more people sign up where signup is invite-only."""
+
+    __tablename__ = "signup_codes"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    note: Mapped[str] = mapped_column(String(200), default="")
+    uses_left: Mapped[int] = mapped_column(Integer)
+    created_by: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class LoginThrottle(Base):
+    """One rate-limit bucket (an account, an address, an account from an address, signups from an address) as a
+    generic cell rate: `tat` is when the bucket will be empty again (`control.throttle`)."""
+
+    __tablename__ = "login_throttle"
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # SHA-256 of "kind:value"
+    tat: Mapped[datetime]
+    last_failure_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    expires_at: Mapped[datetime] = mapped_column(index=True)  # nothing is remembered past this: the row may go

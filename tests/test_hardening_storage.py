@@ -310,3 +310,18 @@ def test_one_server_process_sweeps_at_a_time(api: TestClient) -> None:
     srv = api.app.state.server  # type: ignore[attr-defined]
     first, second = StorageLoop(srv.db, srv.settings, "first"), StorageLoop(srv.db, srv.settings, "second")
     assert isinstance(first.tick(), storage.Swept) and second.tick() is None
+
+
+def test_an_upload_counts_for_the_org_that_pays(api: TestClient) -> None:
+    who = signup(api, "t@example.com")
+    team = api.post(f"{API}/orgs", json={"name": "team"}, headers=who.headers).json()["id"]
+    r = api.post(f"{API}/admin/orgs/{team}/transactions", json={"kind": "topup", "amount": "10"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text
+    mine = upload(api, who, tar_gz({"a.py": b"1"})).json()
+    r = submit(api, who, workdir_upload=mine["id"], org=team)
+    assert r.status_code == 422 and r.json()["detail"].startswith("workdir_upload: uploaded for another"), r.text
+    assert used(api, who.org_id) == 0 and used(api, team) == 0, "refused: used up"
+    theirs = upload(api, who, tar_gz({"a.py": b"1"}), org=team).json()
+    assert theirs["org_id"] == team and used(api, team) == 4 * KiB
+    assert submit(api, who, workdir_upload=theirs["id"], org=team).status_code == 201

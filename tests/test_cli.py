@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import json
 import math
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -329,3 +332,45 @@ def test_compare_prices_from_the_default_price_book_when_none_is_given() -> None
     rate = float(default_price_book().gpu_rate("H20"))
     assert row["price_per_gpu_hour"] == rate and row["price_source"].startswith("default price book")
     assert row["cost"] == pytest.approx(16 * row["time_to_train_s"] / 3600 * rate, abs=0.01)
+
+
+# ---- a second `suanli up` -----------------------------------------------------------------------------------------
+class _Healthz(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"status": "ok", "version": __version__, "database": "sqlite"}).encode()
+        self.send_response(200 if self.path == "/healthz" else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("command", ["up", "server"])
+def test_a_second_up_says_suanli_is_running_there_without_printing_up_on(tmp_path: Path, command: str) -> None:
+    """Issue: a second `suanli up` printed "up on …", then died with exit code 3 (its port was taken)."""
+    running = http.server.HTTPServer(("127.0.0.1", 0), _Healthz)  # what a running suanli answers on /healthz
+    threading.Thread(target=running.serve_forever, daemon=True).start()
+    port = running.server_address[1]
+    try:
+        r = RUNNER.invoke(app, [command, "--port", str(port), "--home", str(tmp_path / "home")])
+    finally:
+        running.shutdown()
+        running.server_close()
+    out = r.stdout + r.stderr
+    assert r.exit_code == 2, (r.exit_code, out, r.exception)
+    assert "suanli up on" not in out and "suanli server on" not in out
+    assert f"suanli is already up on http://127.0.0.1:{port} (version {__version__}, database sqlite)" in r.stderr
+    assert not (tmp_path / "home" / "suanli.db").exists(), "nothing was started or written"
+
+
+def test_up_on_a_port_another_program_holds_says_so(tmp_path: Path) -> None:
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r = RUNNER.invoke(app, ["up", "--port", str(port), "--home", str(tmp_path / "home")])
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr, r.exception)
+    assert f"port {port} on 127.0.0.1 is in use by another program" in r.stderr and "suanli up on" not in r.stderr

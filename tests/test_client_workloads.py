@@ -6,7 +6,6 @@ is tested end to end elsewhere. Here: what the client sends, how it reads answer
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import os
@@ -28,6 +27,7 @@ from tests.cli_helpers import invoke
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 WL = "wl_7f3a9c0e12b4d5a6"
+WORKDIRS = "/api/v1/workdirs"
 T0 = "2025-03-01T08:00:00+00:00"
 
 
@@ -65,10 +65,11 @@ class FakeServer:
         self.listing: list[dict[str, Any]] = [workload()]
         self.chunks: list[tuple[str, bool]] = [("", True)]
         self.interrupt_logs = False
+        self.uploads: dict[str, tuple[str | None, bytes]] = {}  # POST /workdirs: id -> (org, .tar.gz)
 
     @property
     def bodies(self) -> list[Any]:
-        return [json.loads(r.content) for r in self.requests if r.method == "POST"]
+        return [json.loads(r.content) for r in self.requests if r.method == "POST" and r.url.path != WORKDIRS]
 
     def calls(self, prefix: str = "/api/v1/workloads") -> list[str]:
         return [f"{r.method} {r.url.path}" for r in self.requests if r.url.path.startswith(prefix)]
@@ -78,6 +79,12 @@ class FakeServer:
         assert request.headers["authorization"] == "Bearer sl_test"
         path = request.url.path.removeprefix("/api/v1")
         parts = path.strip("/").split("/")
+        if request.method == "POST" and request.url.path == WORKDIRS:
+            assert request.headers["content-type"] == "application/octet-stream"
+            upload_id = f"wd_{len(self.uploads):016x}"
+            self.uploads[upload_id] = (request.url.params.get("org"), request.content)
+            return httpx.Response(201, json={"id": upload_id, "org_id": "org_a", "bytes": 4096, "files": 1,
+                                             "expires_at": T0})  # fmt: skip
         if parts[0] != "workloads":
             return httpx.Response(404, json={"detail": f"no route {path}"})
         if request.method == "POST" and len(parts) == 1:
@@ -109,9 +116,11 @@ def client(fake: FakeServer) -> Iterator[Client]:
         yield c
 
 
-def archive_names(body: dict[str, Any]) -> dict[str, bytes | None]:
-    """Member names of the uploaded workdir, with file contents (None for directories)."""
-    raw = base64.b64decode(body["workdir_archive"], validate=True)
+def archive_names(fake: FakeServer, body: dict[str, Any]) -> dict[str, bytes | None]:
+    """Member names of the workdir uploaded for this submission, with file contents (None for directories)."""
+    assert "workdir_archive" not in body
+    org, raw = fake.uploads[body["workdir_upload"]]
+    assert org == body.get("org"), "uploaded for the org that pays"
     with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
         return {m.name: (tar.extractfile(m).read() if m.isfile() else None) for m in tar}  # type: ignore[union-attr]
 
@@ -149,7 +158,8 @@ def test_submit_sends_the_spec_as_given(client: Client, fake: FakeServer, tmp_pa
 def test_submit_uploads_the_workdir_without_caches(client: Client, fake: FakeServer, tmp_path: Path) -> None:
     root = make_workdir(tmp_path / "proj")
     client.submit("name: hello\ncommand: python3 train.py\n", workdir=root)
-    files = archive_names(fake.bodies[0])
+    files = archive_names(fake, fake.bodies[0])
+    assert fake.calls("/api/v1/") == ["POST /api/v1/workdirs", "POST /api/v1/workloads"], "uploaded, then named"
     assert files == {
         "train.py": b"print(1)\n", "pkg": None, "pkg/mod.py": b"x = 1\n", "data": None,
         "data/.gitignore": b"*\n", "sub": None, "empty": None,
@@ -170,7 +180,7 @@ def test_workdir_over_the_limit_is_refused_before_sending(
     assert fake.requests == []
     (root / "weights.bin").write_bytes(bytes(40_000))  # compresses to almost nothing: fits
     client.submit("name: big\ncommand: 'true'\n", workdir=root)
-    assert archive_names(fake.bodies[0]) == {"weights.bin": bytes(40_000)}
+    assert archive_names(fake, fake.bodies[0]) == {"weights.bin": bytes(40_000)}
     with pytest.raises(ValueError, match="not a directory"):
         pack_workdir(root / "weights.bin")
 
@@ -252,14 +262,14 @@ def test_run_uploads_a_jobs_workdir_from_the_spec(cli: FakeServer, tmp_path: Pat
     assert f"submitted {WL} (hello): pending" in out.stdout and f"suanli logs -f {WL}" in out.stdout
     body = cli.bodies[0]
     assert body["spec_yaml"] == (EXAMPLES / "hello.yaml").read_text()
-    files = archive_names(body)
+    files = archive_names(cli, body)
     assert files["hello.py"] == (EXAMPLES / "hello.py").read_bytes() and "hello.yaml" in files
 
     proj = make_workdir(tmp_path / "proj")
     (proj / "job.yaml").write_text("name: t\ncommand: python3 mod.py\nworkdir: pkg\n")  # runs in proj/pkg
     doc = json.loads(invoke(["run", str(proj / "job.yaml"), "--json", "--org", "org_team"]).stdout)
     assert doc["id"] == WL and doc["state"] == "pending"
-    uploaded = archive_names(cli.bodies[1])
+    uploaded = archive_names(cli, cli.bodies[1])
     assert cli.bodies[1]["org"] == "org_team" and {"train.py", "job.yaml", "pkg/mod.py"} <= set(uploaded)
     assert ".git/HEAD" not in uploaded and "pkg/__pycache__/mod.pyc" not in uploaded
 
@@ -267,19 +277,19 @@ def test_run_uploads_a_jobs_workdir_from_the_spec(cli: FakeServer, tmp_path: Pat
     (other / "pkg").mkdir(parents=True)
     (other / "pkg" / "x.py").write_text("x")
     invoke(["run", str(proj / "job.yaml"), "--workdir", str(other)])
-    assert set(archive_names(cli.bodies[2])) == {"pkg", "pkg/x.py"}
+    assert set(archive_names(cli, cli.bodies[2])) == {"pkg", "pkg/x.py"}
     bad = invoke(["run", str(proj / "job.yaml"), "--workdir", str(other / "pkg")], code=2)
     assert "is not a directory (it is looked for in --workdir" in bad.stderr
     (proj / "bare.yaml").write_text("name: t\ncommand: echo hi\n")
     invoke(["run", str(proj / "bare.yaml")])
-    assert "workdir_archive" not in cli.bodies[-1]  # no workdir named: nothing uploaded
-    assert len(cli.bodies) == 4
+    assert "workdir_upload" not in cli.bodies[-1]  # no workdir named: nothing uploaded
+    assert len(cli.bodies) == 4 and len(cli.uploads) == 3
 
 
 def test_run_refuses_bad_input_before_calling(cli: FakeServer, tmp_path: Path) -> None:
     instance = EXAMPLES / "instance.yaml"
     invoke(["run", str(instance)])
-    assert "workdir_archive" not in cli.bodies[0]  # an instance uploads nothing
+    assert "workdir_upload" not in cli.bodies[0] and cli.uploads == {}  # an instance uploads nothing
     bad = invoke(["run", str(instance), "--workdir", str(tmp_path)], code=2)
     assert bad.stderr.startswith("error: --workdir: only a job uploads a workdir")
     missing = tmp_path / "job.yaml"
@@ -308,7 +318,7 @@ def test_run_follow_shows_the_queue_then_the_log_then_the_end(cli: FakeServer) -
     assert "running on h20-roce800-128.h20-0001, h20-roce800-128.h20-0002: started" in lines
     assert cli_workloads.where({f"n{i}": (0,) for i in range(8)}) == "8 nodes (n0, n1, …)"
     assert lines[-3:] == ["hello", "no newline", f"{WL} succeeded in 12s, cost ¥0.41"]
-    assert "workdir_archive" not in cli.bodies[0]  # leaf64 has no workdir
+    assert "workdir_upload" not in cli.bodies[0] and cli.uploads == {}  # leaf64 has no workdir
 
 
 def test_run_follow_failure_and_detach(cli: FakeServer) -> None:

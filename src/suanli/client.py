@@ -15,7 +15,6 @@ one-line message.
 
 from __future__ import annotations
 
-import base64
 import os
 import time
 from collections.abc import Collection, Iterator
@@ -207,28 +206,44 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls):
 
     # ---- transport ----
     def request(
-        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        auth: bool = True,
+        content: bytes | None = None,
+        content_type: str | None = None,
     ) -> httpx.Response:
         """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx. A
         read the server answers 503 (its database cannot serve right now) is tried again after its Retry-After, up
         to `READ_RETRIES` times; a write is not, as it may have been applied."""
         url = path if path.startswith(("/api/", "/healthz", "/metrics")) else f"{API}{path}"
         headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
-        r = self._send(method, url, json, params, headers)
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        r = self._send(method, url, json, params, headers, content)
         for _ in range(READ_RETRIES if method in ("GET", "HEAD") else 0):
             if r.status_code != 503:
                 break
             time.sleep(_retry_after(r))
-            r = self._send(method, url, json, params, headers)
+            r = self._send(method, url, json, params, headers, content)
         if r.is_error:
             raise _error(r)
         return r
 
     def _send(
-        self, method: str, url: str, json: Any, params: dict[str, Any] | None, headers: dict[str, str]
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        params: dict[str, Any] | None,
+        headers: dict[str, str],
+        content: bytes | None = None,
     ) -> httpx.Response:
         try:
-            return self._http.request(method, url, json=json, params=params, headers=headers)
+            return self._http.request(method, url, json=json, params=params, headers=headers, content=content)
         except httpx.TimeoutException as e:
             raise ApiError(0, f"suanli server at {self.server} did not answer in time ({type(e).__name__})") from e
         except httpx.TransportError as e:
@@ -403,12 +418,16 @@ class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls):
         self, spec: str | dict[str, Any] | Path, *, workdir: Path | str | None = None, org_id: str | None = None
     ) -> Workload:
         """Submit a job or an instance: `spec` is YAML text, a dict, or a Path to a YAML file. `workdir` is
-        packed (`pack_workdir`) and uploaded with it; `org_id` None: the caller's personal org."""
+        packed (`pack_workdir`) and uploaded first (`POST /workdirs`), then named by the submission; `org_id` None:
+        the caller's personal org."""
         if isinstance(spec, str) and "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
             raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
         body = _spec_body(spec, org_id)
         if workdir is not None:
-            body["workdir_archive"] = base64.b64encode(pack_workdir(workdir)).decode("ascii")
+            packed = pack_workdir(workdir)
+            up = self.request("POST", "/workdirs", params=_params(org=org_id), content=packed,
+                              content_type="application/octet-stream")  # fmt: skip
+            body["workdir_upload"] = up.json()["id"]
         return load(Workload, self._post("/workloads", body))
 
     def workloads(self, *, all: bool = False, org_id: str | None = None) -> list[Workload]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -34,16 +35,21 @@ class _TooLarge(Exception):
     pass
 
 
-def _anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
+def _entry(path: Path, arcname: str, st: os.stat_result) -> tarfile.TarInfo:
+    """A directory or regular file's header, anonymous (no owner names or ids), with its mode and mtime."""
+    info = tarfile.TarInfo(arcname)
+    info.type = tarfile.DIRTYPE if stat.S_ISDIR(st.st_mode) else tarfile.REGTYPE
+    info.size = st.st_size if info.type == tarfile.REGTYPE else 0
+    info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
     return info
 
 
 def pack_workdir(root: Path | str, limit: int | None = None) -> bytes:
     """A job's working directory as a .tar.gz in memory (names relative to `root`), without `.git`,
     `__pycache__` and `.venv` anywhere in it; a ValueError once the archive grows past `limit` bytes
-    (default WORKDIR_LIMIT, what the server accepts)."""
+    (default WORKDIR_LIMIT, what the server accepts). Only directories and regular files go up, as the server
+    unpacks nothing else: a hard-linked file goes as a file each time it appears, and a symbolic link or a
+    special file is a ValueError naming it."""
     limit = WORKDIR_LIMIT if limit is None else limit
     root = Path(root).expanduser()
     if not root.is_dir():
@@ -56,7 +62,18 @@ def pack_workdir(root: Path | str, limit: int | None = None) -> bytes:
                 base = Path(top)
                 for name in [*dirs, *sorted(files)]:
                     path = base / name
-                    tar.add(path, arcname=path.relative_to(root).as_posix(), recursive=False, filter=_anonymous)
+                    st = path.lstat()
+                    arcname = path.relative_to(root).as_posix()
+                    if stat.S_ISLNK(st.st_mode):
+                        raise ValueError(f"workdir {root}: {arcname} is a symbolic link; the server unpacks only "
+                                         "files and directories (copy what it points to, or remove it)")  # fmt: skip
+                    if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                        raise ValueError(f"workdir {root}: {arcname} is not a file or a directory")
+                    if stat.S_ISDIR(st.st_mode):
+                        tar.addfile(_entry(path, arcname, st))
+                        continue
+                    with path.open("rb") as f:
+                        tar.addfile(_entry(path, arcname, st), f)
     except _TooLarge:
         skipped = ", ".join(sorted(WORKDIR_SKIP))
         raise ValueError(

@@ -22,7 +22,19 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.routers import admin, auth, instances, market, members, orgs, plans, ssh, telemetry, workloads
+from suanli.api.routers import (
+    admin,
+    auth,
+    instances,
+    market,
+    members,
+    orgs,
+    plans,
+    ssh,
+    telemetry,
+    workdirs,
+    workloads,
+)
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
 from suanli.control import accounts, health, inventory, prices
 from suanli.control.background import BackgroundProcess
@@ -276,12 +288,13 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
-               telemetry.router, ssh.router, instances.router)  # fmt: skip
+               telemetry.router, ssh.router, instances.router, workdirs.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     app.include_router(instances.pages)
-    uploads = {f"{API}/workloads": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
+    # Every other route, /workloads too (its JSON is parsed whole), takes max_body_bytes.
+    uploads = {f"{API}/workdirs": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads)
     if settings.proxy_url:
         from suanli.api.proxy_origins import InstanceOrigins

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 from pathlib import Path
 from typing import Annotated
 
@@ -61,6 +63,7 @@ def server(
     flags = {"host": host, "port": port, "db": db, "home": home, "background": False if no_background else None,
              "virtual": virtual or None, "ssh_port": ssh_port, "ray_address": ray, "slurm": slurm or None}  # fmt: skip
     settings = _settings(flags, config)
+    _port_free(settings)
     typer.echo(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
     )
@@ -131,6 +134,7 @@ def up(
     flags = {"host": host, "port": port, "db": db, "home": home, "virtual": virtual or None, "ssh_port": ssh_port,
              "ray_address": ray, "slurm": slurm or None}  # fmt: skip
     settings = _settings(flags, config)
+    _port_free(settings)
     database = Database(settings.db_url)
     bootstrap(database, settings)
     url = f"http://{settings.host}:{settings.port}"
@@ -170,6 +174,42 @@ def _settings(flags: dict[str, object], config: Path | None) -> Settings:
             fail(f"slurm rest {settings.slurm_rest}: set {TOKEN_ENV} to a token for slurmrestd (`scontrol token`)")
     settings.home.mkdir(parents=True, exist_ok=True)
     return settings
+
+
+def _port_free(settings: Settings) -> None:
+    """Before anything starts or is printed: the port must be free. A suanli server already there is named (a
+    second `suanli up`); another program holding it is said to; either way a non-zero exit."""
+    if settings.port == 0:
+        return
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: TIME_WAIT is no owner
+            sock.bind((settings.host, settings.port))
+    except OSError as e:
+        where = f"{settings.host}:{settings.port}"
+        if e.errno != errno.EADDRINUSE:
+            fail(f"cannot listen on {where}: {e.strerror or e}")
+        probe = "127.0.0.1" if settings.host in ("0.0.0.0", "") else "::1" if settings.host == "::" else settings.host
+        url = f"http://{probe}:{settings.port}" if ":" not in probe else f"http://[{probe}]:{settings.port}"
+        running = _suanli_at(url)
+        if running is not None:
+            fail(f"suanli is already up on {url} ({running}); use it (suanli run …), or stop it first, or give "
+                 "another --port")  # fmt: skip
+        fail(f"port {settings.port} on {settings.host} is in use by another program; give another --port")
+
+
+def _suanli_at(url: str) -> str | None:
+    """`version V, database D` when a suanli server answers at `url`, else None."""
+    import httpx
+
+    try:
+        doc = httpx.get(f"{url}/healthz", timeout=2.0).json()
+    except (httpx.HTTPError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("status") != "ok" or "version" not in doc:
+        return None
+    return f"version {doc['version']}, database {doc.get('database', '?')}"
 
 
 def _sandbox_note(settings: Settings) -> None:

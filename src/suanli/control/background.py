@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import engines, leases, metering, usage
+from suanli.control import engines, leases, metering, storage, usage
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
@@ -30,6 +30,7 @@ from suanli.db.engine import Database
 from suanli.sched import SchedulerConfig
 
 log = logging.getLogger("suanli.background")
+STORAGE_SWEEP_S = 60.0  # seconds between storage sweeps
 PASS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)  # seconds, for /metrics
 
 
@@ -74,6 +75,46 @@ class MeteringLoop:
     def stop(self) -> None:
         self.stop_event.set()
         self.thread.join(timeout=10)
+
+
+class StorageLoop:
+    """Every `STORAGE_SWEEP_S`, by one server process at a time (a lease): expire unused uploads, count the
+    workdirs of jobs that ended, remove those whose retention is over (`control.storage.sweep`). Its own thread:
+    removing a large tree must not hold up a scheduling pass."""
+
+    LEASE = "storage-sweep"
+
+    def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
+        self.db, self.store = db, storage.Store.of(settings)
+        self.owner = owner or worker_id()
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="suanli-storage", daemon=True)
+        self.passes = 0
+
+    def tick(self) -> storage.Swept | None:
+        now = utcnow()
+        if not leases.acquire(self.db, self.LEASE, self.owner, now, 4 * STORAGE_SWEEP_S):
+            return None
+        swept = storage.sweep(self.db, self.store, now)
+        self.passes += 1
+        if swept.expired or swept.removed or swept.orphans:
+            log.info("storage: %s", swept)
+        return swept
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                self.tick()
+            except Exception:
+                log.exception("storage sweep failed")
+            self.stop_event.wait(STORAGE_SWEEP_S)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=30)
 
 
 class WorkloadLoop:
@@ -168,7 +209,7 @@ class WorkloadLoop:
 
 
 class BackgroundProcess(WatchedProcess):
-    """The metering, workload and telemetry loops in a child process of the server (see the module docstring),
+    """The metering, workload, telemetry and storage loops in a child process of the server (see the module docstring),
     started again if it ever exits on its own: without it nothing is scheduled, metered or watched."""
 
     def __init__(self, settings: Settings) -> None:
@@ -200,12 +241,15 @@ def run_background(settings_json: str, server_pid: int) -> None:
     metering_loop = MeteringLoop(db, settings, worker_id(server_pid))
     workload_loop = WorkloadLoop(db, settings, worker_id(server_pid))
     telemetry_loop = TelemetryLoop(db, settings, worker_id(server_pid))
+    storage_loop = StorageLoop(db, settings, worker_id(server_pid))
     metering_loop.start()
     workload_loop.start()
     telemetry_loop.start()
+    storage_loop.start()
     while not stop.wait(1.0):
         if os.getppid() != server_pid:
             break
+    storage_loop.stop()
     telemetry_loop.stop()
     workload_loop.stop()
     metering_loop.stop()

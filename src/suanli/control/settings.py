@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from suanli.control.errors import Invalid
 from suanli.sched.policies import POLICIES
+from suanli.storage.archive import DEFAULT_LIMITS
 
 
 class Settings(BaseModel):
@@ -30,7 +31,15 @@ class Settings(BaseModel):
     admin_email: str | None = None
     admin_password: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)
-    max_upload_bytes: int = Field(96 << 20, ge=1024, description="largest workload submission (its workdir upload)")
+    max_upload_bytes: int = Field(64 << 20, ge=1024, description="largest workdir upload (.tar.gz, POST /workdirs)")
+    workdir_max_bytes: int = Field(
+        DEFAULT_LIMITS.bytes, ge=4096, description="most one upload unpacks to (files in whole 4 KiB blocks)"
+    )
+    workdir_max_files: int = Field(DEFAULT_LIMITS.entries, ge=1, description="most files and directories in an upload")
+    storage_quota_bytes: int = Field(10 << 30, ge=0, description="workdirs an org may keep on the server's disk")
+    workdir_retention_hours: float = Field(
+        168.0, ge=0, le=24 * 3650, description="hours a finished job's workdir is kept before it is removed"
+    )
     login_token_days: int = Field(30, ge=1, le=3650)
     signup: Literal["open", "invite", "closed"] = Field(
         "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"

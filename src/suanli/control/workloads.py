@@ -313,21 +313,6 @@ def enqueue(s: Session, row: dict[str, Any], *, home: Path, workdir: Path) -> No
     workdirs.adopt(workdir, workdirs.upload_dir(home, row["id"]))  # a rename: the upload was unpacked before
 
 
-def discard_upload(staged: Path | None) -> None:
-    """Remove a staged upload that no workload adopted (the submission failed); an adopted one is gone already."""
-    if staged is not None and staged.exists():
-        workdirs.discard(staged)
-
-
-def stage_upload(archive: bytes, home: Path) -> Path:
-    """Unpack an uploaded workdir before the submission's transaction opens: a large archive must not hold the
-    database's write lock while it unpacks. `submit` adopts the directory; the caller removes it on failure."""
-    try:
-        return workdirs.stage(archive, home)
-    except workdirs.ArchiveError as e:
-        raise Invalid(f"workdir_archive: {e}") from e
-
-
 # ---- reads ------------------------------------------------------------------------------------------------------
 def _visible_orgs(s: Session, who: Principal) -> list[str]:
     return [o.id for o, _ in accounts.orgs_of(s, who)]

@@ -338,6 +338,7 @@ class Workload(Base):
         Index("ix_workloads_state", "state", "queued_at"),
         Index("ix_workloads_org_name", "org_id", "name"),
         Index("ix_workloads_scale_to", "scale_to"),  # the few with a size their owner asked for, each pass
+        Index("ix_workloads_finished_at", "finished_at"),  # jobs that ended since the storage sweep last looked
     )
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"))
@@ -395,6 +396,22 @@ class WorkloadEvent(Base):
     at: Mapped[datetime]
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class Workdir(Base):
+    """A workdir kept on the server's disk, counted against its org's storage quota: an upload waiting for the
+    submission that names it (`workload_id` None, removed at `expires_at`), or a job's (its upload, or what a job
+    without one wrote there), until the retention after the job ended removes it."""
+
+    __tablename__ = "workdirs"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id"), index=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id"))
+    workload_id: Mapped[str | None] = mapped_column(ForeignKey("workloads.id"), nullable=True, unique=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # on disk: files in whole 4 KiB blocks, a block per directory
+    files: Mapped[int] = mapped_column(Integer)  # files and directories
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
 
 
 class Lease(Base):

@@ -1,24 +1,27 @@
-"""Where a workload's files live under the data directory, and unpacking an uploaded workdir safely.
-
-An upload is a gzip'd tar from the client. It is unpacked with tarfile's `data` filter (no absolute paths, no
-`..`, no links out of the tree, no devices), under limits on its unpacked size and member count, into a fresh
-directory; a refused archive leaves nothing behind.
-"""
+"""Where a workload's files live under the data directory: an uploaded or staged workdir, an instance's disk, the
+logs of each attempt; how much of the disk a tree holds, and removing one. Unpacking an upload safely is
+`storage.archive`."""
 
 from __future__ import annotations
 
-import io
-import secrets
-import shutil
-import tarfile
+import os
+import stat
 from pathlib import Path
 
-MAX_UNPACKED_BYTES = 1 << 30
-MAX_MEMBERS = 100_000
+from suanli.storage.archive import (
+    DEFAULT_LIMITS,
+    ArchiveError,
+    Limits,
+    NoSpace,
+    TooLarge,
+    Unpacked,
+    footprint,
+    remove_tree,
+    unpack,
+)
 
-
-class ArchiveError(ValueError):
-    pass
+__all__ = ["DEFAULT_LIMITS", "ArchiveError", "Limits", "NoSpace", "TooLarge", "Unpacked", "footprint", "measure", "remove_tree",
+           "unpack"]  # fmt: skip
 
 
 def workload_dir(home: Path, workload_id: str) -> Path:
@@ -26,7 +29,17 @@ def workload_dir(home: Path, workload_id: str) -> Path:
 
 
 def upload_dir(home: Path, workload_id: str) -> Path:
+    """A job's workdir: its upload, unpacked (or an empty directory), and whatever the job writes there."""
     return workload_dir(home, workload_id) / "workdir"
+
+
+def incoming_dir(home: Path) -> Path:
+    """Uploads unpacked and waiting for the submission that names them."""
+    return home / "workloads" / ".incoming"
+
+
+def staged_dir(home: Path, upload_id: str) -> Path:
+    return incoming_dir(home) / upload_id
 
 
 def instance_disk(home: Path, workload_id: str) -> Path:
@@ -38,33 +51,41 @@ def log_dir(home: Path, workload_id: str, attempt: int) -> Path:
     return workload_dir(home, workload_id) / f"attempt-{attempt}"
 
 
-def unpack(archive: bytes, dest: Path) -> None:
-    """Unpack a .tar.gz into `dest` (created; must not exist yet)."""
-    tmp = dest.with_name(dest.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+def measure(root: Path) -> Unpacked:
+    """What a tree holds, counted as an upload is (`footprint`: whole 4 KiB blocks, a block per directory; a link
+    or a special file a block), without following links. A directory the job made unreadable is opened up."""
+    total = entries = 0
+    stack = [root]
+    while stack:
+        d = stack.pop()
         try:
-            with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
-                members = tar.getmembers()
-                if len(members) > MAX_MEMBERS:
-                    raise ArchiveError(f"{len(members)} files; at most {MAX_MEMBERS}")
-                size = sum(m.size for m in members if m.isfile())
-                if size > MAX_UNPACKED_BYTES:
-                    raise ArchiveError(f"unpacks to {size} bytes; at most {MAX_UNPACKED_BYTES}")
-                tar.extractall(tmp, members=members, filter="data")
-        except (tarfile.TarError, EOFError, OSError) as e:
-            raise ArchiveError(f"not a valid .tar.gz ({e})") from e
-        tmp.rename(dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            it = list(os.scandir(d))
+        except PermissionError:
+            try:
+                os.chmod(d, 0o700)
+                it = list(os.scandir(d))
+            except OSError:
+                continue
+        except OSError:
+            continue
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            entries += 1
+            total += footprint(st.st_size if stat.S_ISREG(st.st_mode) else 0)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append(Path(e.path))
+    return Unpacked(total, entries)
 
 
-def stage(archive: bytes, home: Path) -> Path:
+def stage(archive: bytes, home: Path, limits: Limits | None = None) -> Path:
     """Unpack into a fresh directory under `home/workloads/.incoming`, to be adopted by a workload (or discarded)."""
-    dest = home / "workloads" / ".incoming" / secrets.token_hex(8)
-    unpack(archive, dest)
+    import secrets
+
+    dest = incoming_dir(home) / secrets.token_hex(8)
+    unpack(archive, dest, limits)
     return dest
 
 
@@ -75,4 +96,4 @@ def adopt(staged: Path, dest: Path) -> None:
 
 def discard(staged: Path | None) -> None:
     if staged is not None:
-        shutil.rmtree(staged, ignore_errors=True)
+        remove_tree(staged)

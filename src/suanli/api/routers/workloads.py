@@ -18,10 +18,11 @@ from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
 from suanli.control import logs as workload_logs
-from suanli.control import resizing, workloads
-from suanli.control.errors import Invalid
+from suanli.control import resizing, storage, workloads
+from suanli.control.errors import Invalid, NotFound, ServiceError
 from suanli.control.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
+from suanli.storage import workdirs
 from suanli.workloads.models import MAX_GPUS
 from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
@@ -39,12 +40,19 @@ class WorkloadIn(In):
     spec: dict[str, Any] | None = Field(None, description="the workload spec as JSON")
     spec_yaml: str | None = Field(None, max_length=MAX_SPEC_CHARS, description="…or as YAML text")
     org: str | None = Field(None, max_length=64, description="the org that pays; default: your personal org")
-    workdir_archive: str | None = Field(None, description="base64 of a .tar.gz of the job's workdir")
+    workdir_upload: str | None = Field(
+        None, max_length=64, description="a job's workdir uploaded before (`POST /workdirs`): the id it returned"
+    )
+    workdir_archive: str | None = Field(
+        None, description="…or base64 of a small .tar.gz of the job's workdir, the whole body within max_body_bytes"
+    )
 
     @model_validator(mode="after")
     def _one_spec(self) -> WorkloadIn:
         if (self.spec is None) == (self.spec_yaml is None):
             raise ValueError("give exactly one of spec (JSON) or spec_yaml (YAML text)")
+        if self.workdir_upload is not None and self.workdir_archive is not None:
+            raise ValueError("give at most one of workdir_upload and workdir_archive")
         return self
 
 
@@ -152,19 +160,25 @@ def environments(ctx: Auth) -> list[EnvironmentOut]:
 @router.post("/workloads", status_code=201)
 async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     """Submit a job or start an instance. The spec is checked here (422 naming the field); the balance must cover
-    the admission hold (402); the scheduler places it on its next pass."""
-    if body.spec is not None and _length(request) <= ON_LOOP_BYTES:
-        spec = workloads.parse(body.spec)
-    else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
-        spec = await run_in_threadpool(_parse, body)
-    if spec.image is not None or spec.jupyter:  # a few stat calls: fine on the event loop
-        policy = sandbox_policy(ctx.srv.settings)
-        policy.check_image(spec)
-        policy.check_jupyter(spec)
-    if body.workdir_archive is None:  # checked and written with whatever else was submitted meanwhile
+    the admission hold (402); the scheduler places it on its next pass. A job's workdir comes as `workdir_upload`
+    (uploaded before; the submission uses it up, admitted or refused) or inline as `workdir_archive`."""
+    try:
+        if body.spec is not None and _length(request) <= ON_LOOP_BYTES:
+            spec = workloads.parse(body.spec)
+        else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
+            spec = await run_in_threadpool(_parse, body)
+        if spec.image is not None or spec.jupyter:  # a few stat calls: fine on the event loop
+            policy = sandbox_policy(ctx.srv.settings)
+            policy.check_image(spec)
+            policy.check_jupyter(spec)
+    except ServiceError:
+        if body.workdir_upload is not None:
+            await run_in_threadpool(_forfeit, body.workdir_upload, ctx)
+        raise
+    if body.workdir_archive is None and body.workdir_upload is None:  # checked and written with the rest meanwhile
         row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
     else:
-        row = await run_in_threadpool(_admit_upload, body.workdir_archive, spec, body.org, ctx)
+        row = await run_in_threadpool(_admit_upload, body, spec, ctx)
     return _submitted(row, spec, ctx)
 
 
@@ -199,26 +213,55 @@ def _submitted(row: dict[str, Any], spec: WorkloadSpec, ctx: Caller) -> Workload
     )  # fmt: skip
 
 
-def _admit_upload(archive_b64: str, spec: WorkloadSpec, org: str | None, ctx: Caller) -> dict[str, Any]:
-    """Check a submission with an uploaded workdir and queue it in a transaction of its own (adopting the
-    upload is a rename that must not be retried in a batch)."""
-    try:
-        archive = base64.b64decode(archive_b64, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise Invalid("workdir_archive: not valid base64") from e
-    if spec.kind != "job":
-        raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
-    settings = ctx.srv.settings
-    staged = workloads.stage_upload(archive, settings.home)
-    try:
+def _admit_upload(body: WorkloadIn, spec: WorkloadSpec, ctx: Caller) -> dict[str, Any]:
+    """Check a submission with a workdir and queue it in a transaction of its own (moving the upload into place is
+    a rename that must not be retried in a batch). The upload is used up whether the submission is admitted or
+    refused; only the caller's own upload can be named."""
+    store = storage.Store.of(ctx.srv.settings)
+    if body.workdir_archive is not None:
+        try:
+            archive = base64.b64decode(body.workdir_archive, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise Invalid("workdir_archive: not valid base64") from e
+        if spec.kind != "job":
+            raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
+        upload_id = storage.upload(ctx.db, ctx.who, body.org, archive, store, ctx.now, field="workdir_archive").id
+    else:
+        assert body.workdir_upload is not None
+        upload_id = body.workdir_upload
         with ctx.db.read() as s:
-            row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=settings.admission_hold_minutes,
-                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=org, workdir=staged)  # fmt: skip
+            storage.staged(s, ctx.who, upload_id, ctx.now)  # another's upload: 404, and left alone
+    queued: str | None = None
+    try:
+        field = "workdir_archive" if body.workdir_archive is not None else "workdir_upload"
+        if spec.kind != "job":
+            raise Invalid(f"{field}: only a job uploads a workdir; an instance keeps its own disk")
+        staged = workdirs.staged_dir(store.home, upload_id)
+        with ctx.db.read() as s:
+            wd = storage.staged(s, ctx.who, upload_id, ctx.now)
+            row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=ctx.srv.settings.admission_hold_minutes,
+                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
+        if row["org_id"] != wd.org_id:
+            raise Invalid(f"{field}: uploaded for another organisation than the one that pays (upload with its org)")
+        queued = row["id"]
         with ctx.db.write() as s, s.begin():
-            workloads.enqueue(s, row, home=settings.home, workdir=staged)
-    finally:
-        workloads.discard_upload(staged)
+            storage.lock_staged(s, upload_id)
+            workloads.enqueue(s, row, home=store.home, workdir=staged)
+            storage.claim(s, upload_id, row["id"])
+    except BaseException:
+        storage.drop(ctx.db, upload_id, store.home, queued)
+        raise
     return row
+
+
+def _forfeit(upload_id: str, ctx: Caller) -> None:
+    """A submission naming the caller's upload was refused before it reached the upload: the upload is used up."""
+    with ctx.db.read() as s:
+        try:
+            storage.staged(s, ctx.who, upload_id, ctx.now)
+        except NotFound:
+            return
+    storage.drop(ctx.db, upload_id, ctx.srv.settings.home)
 
 
 @router.get("/workloads")

@@ -1,4 +1,5 @@
-"""NVML metrics sampler over an in-memory NVML: units, unsupported readings, lost GPUs, XID events, no NVML at all."""
+"""NVML metrics sampler over an in-memory NVML: units, unsupported readings, lost GPUs, XID events, no NVML at all.
+The fake's utilisation sample buffer is exercised in tests/test_nvml_util_average.py."""
 
 from __future__ import annotations
 
@@ -53,24 +54,34 @@ def gpu(i: int, **over: Any) -> dict[str, Any]:
         "unsupported": set(),
         "lost": False,
         "events": [],  # pending (event type, data)
+        "buffer": [],  # NVML's utilisation sample buffer: (timestamp µs, %), oldest first
+        "value_type": 1,  # NVML_VALUE_TYPE_UNSIGNED_INT, as drivers report utilisation samples
     }
     g.update(over)
     return g
 
 
 class FakeNvml:
-    """In-memory stand-in for `pynvml`'s metrics calls; handles are the GPU dicts themselves."""
+    """In-memory stand-in for `pynvml`'s metrics calls; handles are the GPU dicts themselves.
+
+    `inclusive`: the sample buffer also returns the sample stamped exactly `lastSeenTimeStamp` (a driver that
+    does would count it twice unless the sampler filters it)."""
 
     NVMLError = FakeNVMLError
     NVMLError_NotSupported = FakeNotSupported
     NVMLError_GpuIsLost = FakeGpuIsLost
     NVMLError_Timeout = FakeTimeout
+    NVMLError_NotFound = FakeNotFound
 
-    def __init__(self, gpus: list[dict[str, Any]], init_error: str | None = None, events: bool = True) -> None:
+    def __init__(
+        self, gpus: list[dict[str, Any]], init_error: str | None = None, events: bool = True, inclusive: bool = False
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.events = events
+        self.inclusive = inclusive
         self.calls: list[str] = []
+        self.seen: list[int] = []  # lastSeenTimeStamp of every nvmlDeviceGetSamples call
 
     def _read(self, handle: dict[str, Any], name: str) -> Any:
         if handle["lost"]:
@@ -98,6 +109,22 @@ class FakeNvml:
 
     def nvmlDeviceGetUtilizationRates(self, handle: dict[str, Any]) -> SimpleNamespace:
         return SimpleNamespace(gpu=self._read(handle, "util"), memory=0)
+
+    def nvmlDeviceGetSamples(
+        self, handle: dict[str, Any], sampling_type: int, last_seen: int
+    ) -> tuple[int, list[SimpleNamespace]]:
+        assert sampling_type == 1  # NVML_GPU_UTILIZATION_SAMPLES
+        self.seen.append(last_seen)
+        if handle["lost"]:
+            raise FakeGpuIsLost("GPU is lost")
+        if "samples" in handle["unsupported"]:
+            raise FakeNotSupported("Not Supported")
+        new = [(ts, v) for ts, v in handle["buffer"] if ts > last_seen or (self.inclusive and ts == last_seen)]
+        if not new:
+            raise FakeNotFound("Not Found")  # what NVML answers when no sample is newer than lastSeenTimeStamp
+        field = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")[handle["value_type"]]
+        return handle["value_type"], [SimpleNamespace(timeStamp=ts, sampleValue=SimpleNamespace(**{field: v}))
+                                      for ts, v in new]  # fmt: skip
 
     def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:
         return SimpleNamespace(used=self._read(handle, "used"), total=handle["total"], free=0)
@@ -269,5 +296,6 @@ def test_real_pynvml_on_this_host_never_raises() -> None:
         else:
             assert [x.gpu for x in samples] == list(range(len(samples)))
             assert all(x.error or (x.uuid and x.mem_total_mib > 0) for x in samples)
+            assert all(x.error or sampler.util_source[x.gpu] in ("average", "instant", "none") for x in samples)
     finally:
         sampler.close()

@@ -4,6 +4,15 @@ A host where NVML cannot be used (no `pynvml`, no driver, init failing) is not a
 on "suanli.telemetry" and `sample` returns [] from then on, cheaply, so the node keeps serving CPU work. A reading a
 GPU does not support (power on some boards, ECC on GeForce, utilisation under MIG) is left at 0; a GPU that fails
 as a whole (fallen off the bus, needing a reset) gives a sample with `error` set, which the health rules act on.
+
+Utilisation is the mean over the whole interval since the previous reading, from NVML's own buffer of utilisation
+samples (`nvmlDeviceGetSamples`, one sample every 1/6 to 1 s), not `nvmlDeviceGetUtilizationRates`, which covers
+only the driver's last sample period: a tenant idling exactly when its GPUs are read would otherwise read as idle.
+The mean is a plain one: a device's samples are evenly spaced, so it equals the time-weighted mean, and it needs no
+guess at how long the first sample after the previous reading spans. The newest timestamp seen is kept per GPU and
+passed back, and only samples stamped after it are counted, so none counts in two readings. Where the buffer has no
+new sample (NVML_ERROR_NOT_FOUND) or cannot be read (not supported, no permission, older bindings), the reading
+falls back to `nvmlDeviceGetUtilizationRates`; `util_source` says per GPU which was used.
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_EVENT_TYPE_XID = 0x8  # nvmlEventTypeXidCriticalError
+NVML_GPU_UTILIZATION_SAMPLES = 1  # nvmlSamplingType_t
+# c_nvmlValue_t's member for each nvmlValueType_t (NVML_VALUE_TYPE_DOUBLE = 0 .. NVML_VALUE_TYPE_UNSIGNED_SHORT = 6)
+_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _MAX_EVENTS_PER_SAMPLE = 64  # drained per GPU per sample; more than this in one interval waits for the next
 
 
@@ -32,8 +44,9 @@ class NvmlMetricsLike(Protocol):
     """The slice of `pynvml` the sampler uses; the module itself satisfies it, tests pass an in-memory fake.
 
     Optional on the object (looked up with getattr, older bindings lack some): the error classes
-    NVMLError_FunctionNotFound, NVMLError_NoPermission, NVMLError_Timeout, and
-    nvmlDeviceGetCurrentClocksThrottleReasons (the pre-12.535 name of the clocks-event reasons)."""
+    NVMLError_FunctionNotFound, NVMLError_NoPermission, NVMLError_Timeout, NVMLError_NotFound,
+    nvmlDeviceGetCurrentClocksThrottleReasons (the pre-12.535 name of the clocks-event reasons) and
+    nvmlDeviceGetSamples(handle, sampling_type, last_seen_us) -> (value type, [`.timeStamp` µs, `.sampleValue`])."""
 
     NVMLError: type[Exception]
     NVMLError_NotSupported: type[Exception]
@@ -67,6 +80,19 @@ def _message(e: Exception) -> str:
     return str(e) or type(e).__name__
 
 
+def mean_after(value_type: int, samples: list[Any], after: int) -> tuple[float, int] | None:
+    """The plain mean of the samples stamped after `after` (µs) and the newest stamp; None when there is none.
+    Samples at or before `after` are dropped even if the driver returns them: they were counted last time."""
+    field = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+    values, newest = [], after
+    for s in samples:
+        ts = int(s.timeStamp)
+        if ts > after:
+            values.append(float(getattr(s.sampleValue, field)))
+            newest = max(newest, ts)
+    return (sum(values) / len(values), newest) if values else None
+
+
 class NvmlSampler:
     """Reads every GPU of this node. NVML is initialised on the first `sample` and kept until `close`.
     Not thread-safe: one sampler per agent loop."""
@@ -80,7 +106,12 @@ class NvmlSampler:
         self._uuids: list[str] = []
         self._events: list[Any] = []  # per GPU: its XID event set, or None where unsupported
         self._unsupported: tuple[type[Exception], ...] = ()
+        self._last_seen: list[int] = []  # per GPU: newest utilisation sample counted (µs); 0: none yet
+        self._buffered: list[bool] = []  # per GPU: False once its sample buffer proved unreadable
         self.mig_instances: dict[int, int] = {}  # GPU index -> MIG devices present at the last sample
+        # GPU index -> where the last reading's utilisation came from: "average" (NVML's samples since the previous
+        # reading), "instant" (nvmlDeviceGetUtilizationRates), "none" (neither answered: 0)
+        self.util_source: dict[int, str] = {}
 
     @property
     def disabled_reason(self) -> str | None:
@@ -120,6 +151,8 @@ class NvmlSampler:
         self._handles = [None] * count
         self._uuids = [""] * count
         self._events = [None] * count
+        self._last_seen = [0] * count
+        self._buffered = [True] * count
         for i in range(count):
             with contextlib.suppress(nvml.NVMLError):  # a GPU lost already: retried, and reported, per sample
                 self._device(i)
@@ -172,7 +205,7 @@ class NvmlSampler:
         try:
             h = self._device(i)
             xid = self._xid(i)  # first: a GPU failing below still reports the XID that came with it
-            util = f(nvml.nvmlDeviceGetUtilizationRates, h)
+            util = self._util(i, h)
             mem = f(nvml.nvmlDeviceGetMemoryInfo, h)
             sbe = f(nvml.nvmlDeviceGetTotalEccErrors, h, NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_VOLATILE_ECC)
             dbe = f(nvml.nvmlDeviceGetTotalEccErrors, h, NVML_MEMORY_ERROR_TYPE_UNCORRECTED, NVML_VOLATILE_ECC)
@@ -181,7 +214,7 @@ class NvmlSampler:
                 gpu=i,
                 uuid=self._uuids[i],
                 t=t,
-                util=float(util.gpu) if util is not None else 0.0,
+                util=util,
                 mem_used_mib=int(mem.used) // 2**20 if mem is not None else 0,
                 mem_total_mib=int(mem.total) // 2**20 if mem is not None else 0,
                 temp_c=float(f(nvml.nvmlDeviceGetTemperature, h, NVML_TEMPERATURE_GPU) or 0),
@@ -197,6 +230,38 @@ class NvmlSampler:
             return GpuSample(node=self.node, gpu=i, uuid=self._uuids[i], t=t, xid=xid, error=_message(e))
         self.mig_instances[i] = self._mig_count(h)
         return sample
+
+    def _util(self, i: int, h: Any) -> float:
+        """GPU `i`'s utilisation in %: the mean of its samples since the previous reading, else the instant one."""
+        mean = self._util_average(i, h)
+        if mean is not None:
+            self.util_source[i] = "average"
+            return mean
+        util = self._field(self._nvml.nvmlDeviceGetUtilizationRates, h)
+        self.util_source[i] = "none" if util is None else "instant"
+        return 0.0 if util is None else float(util.gpu)
+
+    def _util_average(self, i: int, h: Any) -> float | None:
+        nvml = self._nvml
+        read = getattr(nvml, "nvmlDeviceGetSamples", None)
+        if read is None or not self._buffered[i]:
+            return None
+        try:
+            value_type, samples = read(h, NVML_GPU_UTILIZATION_SAMPLES, self._last_seen[i])
+        except self._unsupported as e:  # for good on this GPU (MIG, a container without permission): not retried
+            self._buffered[i] = False
+            log.info("node %s GPU %d: no NVML utilisation samples, instant readings (%s)", self.node, i, _message(e))
+            return None
+        except nvml.NVMLError as e:  # NotFound: no sample since the last read; else the instant read decides
+            not_found = getattr(nvml, "NVMLError_NotFound", None)
+            if not_found is None or not isinstance(e, not_found):
+                log.debug("node %s GPU %d: utilisation samples failed: %s", self.node, i, _message(e))
+            return None
+        got = mean_after(int(value_type), list(samples), self._last_seen[i])
+        if got is None:
+            return None
+        mean, self._last_seen[i] = got
+        return mean
 
     def _throttle(self, h: Any) -> int:
         """Clocks-event reasons (renamed from "throttle reasons" in NVML 12.2; older bindings only have those)."""
@@ -255,4 +320,5 @@ class NvmlSampler:
         with contextlib.suppress(nvml.NVMLError):
             nvml.nvmlShutdown()
         self._nvml, self._handles, self._uuids, self._events = None, [], [], []
-        self.mig_instances = {}
+        self._last_seen, self._buffered = [], []
+        self.mig_instances, self.util_source = {}, {}

@@ -15,7 +15,7 @@ class GpuSample:
     gpu: int  # index on the node (NVML order)
     uuid: str
     t: float  # epoch seconds when it was read
-    util: float = 0.0  # % of the interval a kernel ran (NVML utilization.gpu)
+    util: float = 0.0  # % of the time a kernel ran: NVML's samples since the GPU's previous reading, averaged
     mem_used_mib: int = 0
     mem_total_mib: int = 0
     temp_c: float = 0.0

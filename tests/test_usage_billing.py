@@ -272,16 +272,16 @@ def test_billing_usage_is_a_billing_mode_for_whole_gpus_scheduled_as_on_demand()
 
 
 def test_the_worked_example_in_docs_billing_md() -> None:
-    """2 x H20 and 4 cores by usage on the shipped book, stopped after 100.3 s: the numbers docs/billing.md shows."""
+    """2 x H20 and 4 cores by usage on the shipped book, stopped after 100.6 s: the numbers docs/billing.md shows."""
     b = shipped()
     rates = UsageRates(b.rate("H20", 2, "usage"), b.usage_floor_rate("H20", 2), b.host_rate(4000, 0), 2)
     assert (rates.full, rates.floor, rates.host) == (Decimal("21.25"), Decimal("4.25"), Decimal("0.40"))
     gpu0 = [(500 + 5000 * k, permille(90.0)) for k in range(20)]
     gpu1 = [(700 + 5000 * k, permille(30.0)) for k in range(10)]
-    windows, billed = windows_due("al_example", 100.3, True, 0, 60)
+    windows, billed = windows_due("al_example", 100.6, True, 0, 60)
     assert billed == 101 and [(w.start_s, w.end_s) for w in windows] == [(0, 60), (60, 101)]
     assert (gpu_activity(gpu0, 0, 101, 6), gpu_activity(gpu1, 0, 101, 6)) == (90_900, 65_300)
-    first, second = activity([gpu0, gpu1], 0, 60, 6), activity([gpu0, gpu1], 60, 101, 6, until_ms=100_300)
+    first, second = activity([gpu0, gpu1], 0, 60, 6), activity([gpu0, gpu1], 60, 101, 6, until_ms=100_600)
     assert (first, second) == (78_300, 77_900)
     assert window_cost(rates, 0, 60, 0, first) == Decimal("0.26237500")
     assert window_cost(rates, 60, 101, first, second) == Decimal("0.23688889")

@@ -132,8 +132,13 @@ def test_cpu_limit_is_a_cfs_quota_on_the_ranks_own_cgroup(tmp_path: Path) -> Non
 
 def test_a_stop_reaches_the_job_through_bwrap_and_its_exit_code_counts(tmp_path: Path) -> None:
     ex = LocalExecutor()
-    handle = ex.launch(launch(tmp_path, 'trap "echo got TERM; exit 5" TERM; sleep 60 & wait'), time.time())
-    time.sleep(1.0)
+    handle = ex.launch(
+        launch(tmp_path, 'trap "echo got TERM; exit 5" TERM; echo trapped; sleep 60 & wait'), time.time()
+    )
+    log, deadline = tmp_path / "logs" / "rank-0.log", time.monotonic() + 20
+    while not (log.exists() and "trapped" in log.read_text()):  # the trap is set (a fixed sleep raced a busy host)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     ex.stop(handle, time.time())
     deadline = time.monotonic() + 20
     while (st := ex.poll(handle, time.time())).state == "running":

@@ -43,9 +43,8 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     cur = rows[0].currency
     table = Table(title=f"offers (prices in {cur} per GPU-hour)")
     for col, just in (("GPU", "left"), ("memory", "right"), ("total", "right"), ("free", "right"),
-                      ("free in NVLink", "right"), ("free in leaf", "right"), ("reserved", "right"), ("nodes", "right"),
-                      ("on demand", "right"), ("spot", "right"), ("monthly plan", "right"),
-                      ("usage: idle-busy", "right")):  # fmt: skip
+                      ("free NVLink", "right"), ("free leaf", "right"), ("reserved", "right"), ("nodes", "right"),
+                      ("on demand", "right"), ("spot", "right"), ("plan/month", "right"), ("usage", "right")):  # fmt: skip
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for o in rows:
         table.add_row(
@@ -55,10 +54,11 @@ def offers(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
             usage_range(o.usage_floor_per_gpu_hour, o.usage_per_gpu_hour),
         )  # fmt: skip
     console.print(table)
+    console.print("free NVLink, free leaf: the largest free block in one NVLink domain, in one leaf switch")
     _host_line(rows[0].cpu_per_core_hour, rows[0].memory_per_gib_hour, cur)
     if any(o.usage_per_gpu_hour is not None for o in rows):
-        console.print("usage (billing: usage): a GPU-hour costs between its idle price and its busy price, by its "
-                      "measured activity; see docs/billing.md")  # fmt: skip
+        console.print("usage (billing: usage): idle-busy; a GPU-hour costs between its idle price and its busy price, "
+                      "by its measured activity; see docs/billing.md")  # fmt: skip
 
 
 def usage_range(idle: Decimal | str | None, busy: Decimal | str | None) -> str:

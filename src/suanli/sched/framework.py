@@ -70,9 +70,10 @@ class Scheduler:
         result = CycleResult()
         reservation: _Reservation | None = None
         blocked: Request | None = None
-        shrunk = False  # grown elastic jobs give their extra GPUs back (once a cycle) when work is blocked
         examined = 0
         preempt_budget = self.config.max_preemption_attempts if self.policy.preempt is not None else 0
+        shrunk = False  # grown elastic jobs give their extra GPUs back (once a cycle) when work is blocked
+        before: list[Allocation] = []  # the jobs it shrank, as they were
         for pos, req in enumerate(ordered):
             if blocked is not None:
                 stop = ""
@@ -100,7 +101,7 @@ class Scheduler:
                     placed = self._try(work, req, k)
                 if placed.gpus is None and self.policy.elastic and not shrunk:
                     shrunk = True
-                    if self._shrink_grown(work, result):
+                    if self._shrink_grown(work, result, before):
                         k = req.gpus
                         placed = self._try(work, req, k)
                 if placed.gpus is not None and reservation is not None:
@@ -121,6 +122,8 @@ class Scheduler:
                 blocked = req
             if reservation is None and self._wants_reservation(req, now):
                 reservation = self._reserve_for(work, req, now)
+        if before:
+            self._give_back(work, result, before)
         if self.policy.elastic and not result.pending:
             self._grow(work, result)
         return result, work
@@ -299,11 +302,33 @@ class Scheduler:
             self._scaling_models[id(work.cluster)] = model
         return model
 
-    def _shrink_grown(self, work: ClusterState, result: CycleResult) -> bool:
+    def _shrink_grown(self, work: ClusterState, result: CycleResult, before: list[Allocation]) -> bool:
+        """Grown elastic jobs shrink back to their asks (placed again: a resize restarts them anyway, so they may
+        move); `before` gets each one shrunk as it was."""
         grown = [a for a in work.allocations.values() if a.request.elastic and a.gpu_count > a.request.gpus]
         for a in grown:
-            self._resize(work, result, a, a.request.gpus, "shrunk to free GPUs for waiting work")
+            if self._resize(work, result, a, a.request.gpus, "shrunk to free GPUs for waiting work"):
+                before.append(a)
         return bool(grown)
+
+    @staticmethod
+    def _give_back(work: ClusterState, result: CycleResult, before: list[Allocation]) -> None:
+        """A shrink frees GPUs for waiting work: the jobs whose GPUs no work placed in the cycle took (directly, or by
+        a job shrunk later that moved onto them) get them back, and their shrink is undone. Latest shrunk first: a job
+        shrunk later may have moved onto GPUs an earlier one gave up, never the reverse."""
+        undone = set()
+        for a in reversed(before):
+            small = work.allocations[a.id]  # decided this cycle: not preempted since
+            work.unreserve(a.id)
+            held = np.asarray(a.gpus, dtype=np.int64)
+            idle = bool(np.all(work.free[held] == FULL)) and not work.node_exclusive[work.gpu_node[held]].any()
+            if idle and work.host_fits(a):
+                work.reserve(a, restore=True)
+                undone.add(a.id)
+            else:
+                work.reserve(small, restore=True)
+        if undone:
+            result.resized = [r for r in result.resized if r.allocation_id not in undone]
 
     def _grow(self, work: ClusterState, result: CycleResult) -> None:
         """Nothing waits: grow elastic jobs, oldest first, while another GPU still pays (goodput)."""
@@ -369,12 +394,12 @@ class Scheduler:
             out += by_node[node][: gpus - len(out)]
         return tuple(sorted(out))
 
-    def _resize(self, work: ClusterState, result: CycleResult, a: Allocation, want: int, verb: str) -> None:
+    def _resize(self, work: ClusterState, result: CycleResult, a: Allocation, want: int, verb: str) -> bool:
         work.unreserve(a.id)
         placed = self.placer(work, a.request, want)
         if placed.gpus is None or len(placed.gpus) == a.gpu_count:
             work.reserve(a, restore=True)
-            return
+            return False
         new = Allocation(a.id, a.request, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
         work.reserve(new)
         reason = f"{verb}: {a.gpu_count} → {new.gpu_count}"
@@ -383,3 +408,4 @@ class Scheduler:
             result.placed[placed_now[a.id]] = Place(a.id, new.gpus, a.milli, reason)
         else:
             result.resized.append(Resize(a.id, new.gpus, reason))
+        return True

@@ -17,7 +17,8 @@ backfill keeps GPUs busy whenever anything fits; preempting the smallest victims
 than `preempt_collateral` GPUs per GPU needed (spot work taken by a higher class is not counted: spot work exists
 to be preempted), stops a 1-GPU job from evicting a 64-GPU gang (the failure
 mode that makes plain LAS slow on Philly); elastic jobs grow into idle GPUs while the perf model says the
-extra GPUs pay, and shrink back first when work waits (Pollux's jobs finish 3-4x sooner).
+extra GPUs pay, and shrink back first when work waits and can start on what they give back (Pollux's jobs finish
+3-4x sooner).
 """
 
 from __future__ import annotations

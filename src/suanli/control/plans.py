@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from suanli import catalog
@@ -43,9 +44,7 @@ def buy(
     tx_key = f"plan:{org_id}:{key}" if key else f"plan:{plan_id}"
     existing = s.scalar(select(Plan).where(Plan.purchase_key == tx_key))
     if existing is not None:  # a retried purchase: the plan the first attempt bought
-        if (existing.plan, existing.gpu_model, existing.gpus) != (plan, model, gpus):
-            raise Conflict(f"key: {key!r} was already used to buy a different plan")
-        return existing
+        return _bought(existing, plan, model, gpus, key)
     memo = f"{plan} plan: {gpus} x {model}"
     if price > 0:
         ledger.post(s, transfer(tx_key, "plan_purchase", org_account(org_id), REVENUE, price, memo), now,
@@ -53,9 +52,24 @@ def buy(
     row = Plan(id=plan_id, org_id=org_id, user_id=user_id, plan=plan, gpu_model=model, gpus=gpus, price=price,
                purchase_key=tx_key, starts_at=now, ends_at=now + timedelta(hours=book.plans[plan].hours),
                created_at=now)  # fmt: skip
-    s.add(row)
-    s.flush()
+    try:
+        with s.begin_nested():
+            s.add(row)
+            s.flush()
+    except IntegrityError:
+        # The same key raced in and committed first (on PostgreSQL this insert, or the ledger post's, waited for it;
+        # the ledger post then found the same transaction already there): answer with the plan it bought.
+        existing = s.scalar(select(Plan).where(Plan.purchase_key == tx_key))
+        if existing is None:
+            raise
+        return _bought(existing, plan, model, gpus, key)
     return row
+
+
+def _bought(existing: Plan, plan: str, model: str, gpus: int, key: str | None) -> Plan:
+    if (existing.plan, existing.gpu_model, existing.gpus) != (plan, model, gpus):
+        raise Conflict(f"key: {key!r} was already used to buy a different plan")
+    return existing
 
 
 def of_org(s: Session, org_id: str) -> list[Plan]:

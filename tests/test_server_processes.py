@@ -3,6 +3,7 @@ nodes) happens once, and the processes serve the same state."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -70,3 +71,41 @@ def test_workers_slow_to_start_are_waited_for_not_killed(tmp_path: Path) -> None
         assert httpx.get(f"{srv.url}/healthz", timeout=10).status_code == 200
         assert len(spawned(srv.proc.pid)) == 2
     assert "died" not in srv.log.read_text(errors="replace")
+
+
+def test_the_loop_process_stops_in_order_however_many_sigterms_come(tmp_path: Path) -> None:
+    """Its SIGTERM handler set a threading.Event: SIGTERMs arriving while an earlier handler waited for the event's
+    lock nested handlers until the process died of a RecursionError (its leases left to run out), or deadlocked it,
+    and its loops ran on (as an orphan, once its server was killed). Now it stops in order: it releases the loop's
+    lease, so the loop process started in its place leads at once."""
+    env = {"SUANLI_SCHEDULE_INTERVAL_S": "5"}  # the loop's lease lasts 50 s: a leader within 40 s was handed it
+    with (
+        live_server(tmp_path / "home", f"sqlite:///{tmp_path}/s.db", env=env) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as c,
+    ):
+        admin = bearer(admin_token(c))
+
+        def leader() -> int | None:
+            loop = c.get("/api/v1/admin/workloads/summary", headers=admin).json()["loop"]
+            return int(loop["leader"].split("/")[1].split(":")[0]) if loop["this_process"] else None
+
+        deadline = time.monotonic() + 60
+        while (pid := leader()) is None:
+            assert time.monotonic() < deadline, "the loop never led"
+            time.sleep(0.2)
+        storm = time.monotonic() + 5  # back to back, until it exits: many arrive while an earlier handler runs
+        while time.monotonic() < storm and proc_state(pid) not in ("Z", None):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 40
+        while leader() in (None, pid):
+            assert time.monotonic() < deadline, f"no new leader: the old loop process is {proc_state(pid)}"
+            time.sleep(0.2)
+    assert "Traceback" not in srv.log.read_text(errors="replace")
+
+
+def proc_state(pid: int) -> str | None:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

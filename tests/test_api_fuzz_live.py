@@ -8,12 +8,13 @@ Slow (every request crosses a socket and real password hashing runs), so it runs
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import httpx
 
 from tests.control_plane import live_server
-from tests.test_api_fuzz import fuzz_api
+from tests.test_api_fuzz import API, Role, fuzz_api
 
 # per operation, role and generation mode: ~2,000 requests, about a minute on 2 cores; more to explore further
 EXAMPLES = int(os.environ.get("SUANLI_FUZZ_EXAMPLES", "8"))
@@ -27,6 +28,18 @@ def test_a_live_server_answers_no_fuzzed_request_with_a_server_error(tmp_path: P
         httpx.Client(base_url=srv.url, timeout=60) as api,
     ):
         openapi = api.get("/openapi.json").json()
-        fuzz_api(api, openapi, EXAMPLES)
+        roles = fuzz_api(api, openapi, EXAMPLES)
+        _stop_everything(api, roles)
     log = srv.log.read_text(errors="replace")
     assert "Traceback" not in log, log[log.index("Traceback") - 200 :][:3000]
+
+
+def _stop_everything(api: httpx.Client, roles: list[Role]) -> None:
+    """Stop what the fuzzed requests started (instances run until stopped), so no sandbox outlives the server."""
+    deadline = time.monotonic() + 60
+    while active := [(r, w["id"]) for r in roles for w in api.get(f"{API}/workloads", headers=r.headers).json()
+                     if w["state"] not in ("succeeded", "failed", "stopped", "preempted")]:  # fmt: skip
+        assert time.monotonic() < deadline, f"still running: {active}"
+        for r, wid in active:
+            api.post(f"{API}/workloads/{wid}/stop", headers=r.headers)
+        time.sleep(0.5)

@@ -10,9 +10,9 @@ submitting virtual GPU gangs and local CPU jobs, stopping some) until `--answers
 loop leads and work is placed, then for a random 0.5-2.5 s, and kills it: the server process alone (its loop
 process then stops on its parent-death signal), or, with probability `--hard` and always the last time, the loop
 process with it, as a host crash would (the loop's leases then run out: 15 s for the scheduling loop). At the end
-a last restart lets everything finish, including attempts a crash left half-launched (lost after 120 s). See `tests/crash_checks.py` for what each column counts; every
-column but the last must be 0. The last, seconds billed after a workload ended by its executor's own record,
-is issue 18 #4.
+a last restart lets everything finish, including attempts a crash left half-launched (lost after 120 s). See
+`tests/crash_checks.py` for what each column counts; every column but the last must be 0. The last, allocations
+billed after their workload ended by its executor's own record (and the seconds), is issue 18 #4.
 """
 
 from __future__ import annotations

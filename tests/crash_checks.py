@@ -10,6 +10,7 @@
 - balance_mismatch: a running balance not exactly the sum of its entries;
 - misbilled: an allocation whose ledger charges are not `cost_of(rate, seconds)` for its recorded start and stop
   (or, while it runs, for the windows it has been metered), or a charge posted twice (`tests.money_worker.audit`);
+- refused: a submission (all are valid, and the tenants can afford them) answered with a 4xx;
 - server_errors: a 5xx answer to a submission or a stop;
 - unfinished (at the end only): a workload not ended, or an allocation not settled; except, when the caller does
   not wait for them, workloads left `starting` with no handle by a crash during their launch, which the server
@@ -54,6 +55,7 @@ class Invariants:
     unbalanced: int = 0
     balance_mismatch: int = 0
     misbilled: int = 0
+    refused: int = 0
     server_errors: int = 0
     unfinished: int = 0
     launching: int = 0  # reported only: left `starting` with no handle, within the launch grace
@@ -61,8 +63,8 @@ class Invariants:
     past_end_s: int = 0
     problems: list[str] = field(default_factory=list)
 
-    HARD = ("lost", "duplicated", "gpu_held_twice", "unbalanced", "balance_mismatch", "misbilled", "server_errors",
-            "unfinished")  # fmt: skip
+    HARD = ("lost", "duplicated", "gpu_held_twice", "unbalanced", "balance_mismatch", "misbilled", "refused",
+            "server_errors", "unfinished")  # fmt: skip
 
     def add(self, name: str, problem: str) -> None:
         setattr(self, name, getattr(self, name) + 1)
@@ -111,6 +113,9 @@ def check(
     from suanli.db.models import Allocation, Workload
 
     inv = Invariants(server_errors=sum(1 for x in subs if x.status is not None and x.status >= 500))
+    for x in subs:
+        if x.status is not None and 400 <= x.status < 500:
+            inv.add("refused", f"{x.name} answered {x.status}")
     with snapshot(db) as s:
         workloads = list(s.scalars(select(Workload)))
         allocations = list(s.scalars(select(Allocation)))

@@ -224,7 +224,8 @@ class CrashLoop:
 def table(cycles: list[Cycle], final: Invariants) -> str:
     """The invariants per cycle (what the crash left, then what the restart made of it) and at the end, as
     markdown."""
-    cols = ("lost", "duplicated", "gpu_held_twice", "unbalanced", "balance_mismatch", "misbilled", "server_errors")
+    cols = ("lost", "duplicated", "gpu_held_twice", "unbalanced", "balance_mismatch", "misbilled", "refused",
+            "server_errors")  # fmt: skip
     head = ["cycle", "kill -9 of", "submitted (unanswered)", "in flight", *cols, "billed past end (issue #4)"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 

@@ -107,7 +107,8 @@ def live_server(
                 proc.wait()
 
 
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 90.0) -> None:
+    """Until `/healthz` answers; a server on a busy 2-core machine (spawning workers, migrating) may take 30 s."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -119,3 +120,28 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: fl
             pass
         time.sleep(0.1)
     raise RuntimeError(f"server not healthy after {timeout} s: {log.read_text(errors='replace')[-2000:]}")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def spawned(pid: int) -> list[int]:
+    """A server's children started by multiprocessing (API workers, the loop process), not its resource tracker."""
+    return [k for k in children(pid) if "multiprocessing" in (c := cmdline(k)) and "resource_tracker" not in c]

@@ -1,6 +1,7 @@
 """Schema-driven fuzzing of the whole HTTP API: schemathesis generates requests from the app's own OpenAPI
 document, valid ones (with real ids in the path, so they reach the services) and invalid ones, and sends them
-in-process as a tenant and as an operator. No answer may be a 5xx, and every answer must match the documented
+in-process as a tenant and as an operator (`tests/test_api_fuzz_live.py` sends the same to a real server process
+over HTTP). No answer may be a 5xx, and every answer must match the documented
 status codes, content type and response schema.
 
 Bounded: a few examples per operation, role and mode (fewer on PostgreSQL, whose per-request cost is higher);
@@ -119,10 +120,12 @@ def _path_params(path: str) -> list[str]:
     return [part[1:-1] for part in path.split("/") if part.startswith("{") and part.endswith("}")]
 
 
-def test_no_request_gets_a_server_error_or_breaks_the_schema(api: Any, request: pytest.FixtureRequest) -> None:
-    examples = EXAMPLES[request.node.callspec.params["db_url"]]
+def fuzz_api(api: Any, openapi: dict[str, Any], examples: int) -> list[Role]:
+    """Every operation of `openapi`, as a tenant (but not under /admin) and as the operator, valid and invalid
+    requests, `examples` of each, sent with `api` (an httpx client: in-process or to a live server). Fails with
+    every failure found; returns the roles (their tokens still valid)."""
     roles = _roles(api)
-    schema = schemathesis.openapi.from_dict(api.app.openapi())
+    schema = schemathesis.openapi.from_dict(openapi)
     ops = [result.ok() for result in schema.get_all_operations()]
     assert len(ops) >= 30, [op.label for op in ops]
     failures: list[str] = []
@@ -141,3 +144,8 @@ def test_no_request_gets_a_server_error_or_breaks_the_schema(api: Any, request: 
     assert api.get(f"{API}/me", headers=roles[0].headers).status_code == 200, "the tenant stayed logged in"
     check = api.get(f"{API}/admin/ledger/check", headers=roles[1].headers)
     assert check.status_code == 200 and check.json()["ok"], check.text
+    return roles
+
+
+def test_no_request_gets_a_server_error_or_breaks_the_schema(api: Any, request: pytest.FixtureRequest) -> None:
+    fuzz_api(api, api.app.openapi(), EXAMPLES[request.node.callspec.params["db_url"]])

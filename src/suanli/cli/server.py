@@ -94,9 +94,12 @@ def server(
             gateway = GatewayProcess(settings)
             gateway.start()
     os.environ[SETTINGS_ENV] = settings.model_copy(update={"background": False}).model_dump_json()
+    # uvicorn kills a worker that does not answer its health ping within `timeout_worker_healthcheck` (5 s by
+    # default), and a freshly spawned one answers only once it has imported the app: on a busy host that takes
+    # longer, and the default made the server kill and respawn its workers in a loop.
     try:
         uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
-                    workers=workers, log_level=log_level, access_log=False)  # fmt: skip
+                    workers=workers, log_level=log_level, access_log=False, timeout_worker_healthcheck=60)  # fmt: skip
     finally:
         if gateway is not None:
             gateway.stop()

@@ -235,8 +235,11 @@ def run_background(settings_json: str, server_pid: int) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     settings = Settings.model_validate_json(settings_json)
     db = Database(settings.db_url)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # The handler only appends (no lock): one that set a threading.Event deadlocked when a second SIGTERM came
+    # while the first handler held the event's lock (or one came while this thread held it in `wait`), and the loops
+    # then ran on, leading, as an orphan of a killed server.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the server, which stops us in order
     metering_loop = MeteringLoop(db, settings, worker_id(server_pid))
     workload_loop = WorkloadLoop(db, settings, worker_id(server_pid))
@@ -246,9 +249,8 @@ def run_background(settings_json: str, server_pid: int) -> None:
     workload_loop.start()
     telemetry_loop.start()
     storage_loop.start()
-    while not stop.wait(1.0):
-        if os.getppid() != server_pid:
-            break
+    while not stopping and os.getppid() == server_pid:
+        time.sleep(0.2)
     storage_loop.stop()
     telemetry_loop.stop()
     workload_loop.stop()

@@ -20,9 +20,8 @@ from suanli.billing.metering import billable_seconds, cost_of
 from suanli.control import accounts, health, ledger, metering
 from suanli.db.engine import Database
 from suanli.db.models import LedgerTransaction, Workload
-from tests.control_plane import admin_token, bearer, live_server, signup
+from tests.control_plane import admin_token, bearer, live_server, signup, spawned
 from tests.money_worker import audit
-from tests.test_server_processes import _spawned
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 RATE = Decimal("36")  # a cent a second
@@ -120,7 +119,7 @@ def test_a_job_that_ends_while_the_server_is_down_is_charged_to_its_end(tmp_path
         assert r.status_code == 201, r.text
         wid = r.json()["id"]
         _until(http, tenant.headers, wid, ("running",), 60)
-        for pid in _spawned(srv.proc.pid):  # its loop process too, holding the loop's lease: a host crash
+        for pid in spawned(srv.proc.pid):  # its loop process too, holding the loop's lease: a host crash
             os.kill(pid, signal.SIGKILL)
         srv.proc.send_signal(signal.SIGKILL)
         srv.proc.wait()

@@ -182,11 +182,12 @@ class ClusterState:
                 self._count_spot(a, +1)
             if a.request.priority != "reserved" or not a.gpus or a.milli != FULL:
                 continue
-            took = tuple((m, c) for m, c in self._per_model(a.gpus) if a.request.tenant in self.held.get(m, {}))
+            took = tuple((m, c) for m, c in self.per_model(a.gpus) if a.request.tenant in self.held.get(m, {}))
             if took:
                 self.hold_taken[a.id] = took
 
-    def _per_model(self, gpus: ArrayLike) -> list[tuple[str, int]]:
+    def per_model(self, gpus: ArrayLike) -> list[tuple[str, int]]:
+        """(GPU model, how many) of these GPUs."""
         idx, n = np.unique(self.node_model[self.gpu_node[np.asarray(gpus, dtype=np.int64)]], return_counts=True)
         return [(self.models[i], c) for i, c in zip(idx.tolist(), n.tolist(), strict=True)]
 
@@ -195,7 +196,7 @@ class ClusterState:
         if alloc.milli != FULL or not alloc.gpus:
             return
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
-        for m, n in self._per_model(gpus[self.node_ok[self.gpu_node[gpus]]]):
+        for m, n in self.per_model(gpus[self.node_ok[self.gpu_node[gpus]]]):
             self.spot_whole[m] = self.spot_whole.get(m, 0) + sign * n
 
     def idle_gpus(self) -> int:
@@ -290,7 +291,7 @@ class ClusterState:
     def _take_hold(self, alloc: Allocation, whole: NDArray[np.int64]) -> None:
         """A tenant's reserved work takes the whole GPUs it was placed on from its hold on their model."""
         took = []
-        for m, n in self._per_model(whole):
+        for m, n in self.per_model(whole):
             by = self.held.get(m)
             have = by.get(alloc.request.tenant, 0) if by else 0
             if have and by is not None:  # what it takes beyond its hold is not the plan's (placing refuses it)

@@ -203,7 +203,9 @@ def plans_buy(
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Buy a plan; its price is taken from the balance now (refused when the balance does not cover it)."""
+    """Buy a plan, starting now; its price is taken from the balance now. Refused when the balance does not cover it,
+    or when the GPUs are not there to reserve (other plans hold them, or running on-demand work, which is not stopped
+    for a plan; spot work gives way). While it runs, the scheduler keeps its idle GPUs for its work."""
     check_positive(gpus, "--gpus")
     with cred.api(server) as c:
         p = c.plan_buy(plan, gpu, gpus, org_id(c, org), key=key)

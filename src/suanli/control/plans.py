@@ -4,16 +4,19 @@ Buying a plan is one `plan_purchase` ledger transaction (org → revenue) that m
 zero, and a plan row with its period. Its idempotency key comes from the caller, so a retried purchase buys
 once. Workloads billed `plan:<id>` run on the plan's GPUs without per-second charges while it is active.
 
-A plan reserves capacity that exists: the plans of a GPU model whose periods overlap never hold more GPUs than the
-model's ready nodes have (a purchase over that is a 409 saying how many are left), and offers count the GPUs
-reserved and not in use by their plan's work as taken. Purchases queue on one lock row (`kv` `plans_version`,
-bumped first: a row lock on PostgreSQL, the write lock on SQLite), so two cannot both take the last GPUs, and a
-retried key waits for the purchase it repeats and finds its plan.
+A plan reserves capacity that exists when it starts: the plans of a GPU model whose periods overlap, with the GPUs
+running on-demand work holds (it is not stopped for a plan), never take more GPUs than the model's ready nodes have
+(a purchase over that is a 409 saying how many are left); spot work's GPUs count as free, as it gives way to a plan's
+work. Offers count the GPUs reserved and not in use by their plan's work as taken, and the scheduling pass holds them
+back from other work (`reservations`). Purchases queue on one lock row (`kv` `plans_version`, bumped first: a row lock
+on PostgreSQL, the write lock on SQLite), so two cannot both take the last GPUs, and a retried key waits for the
+purchase it repeats and finds its plan; a pass's placements take that row shared (`locked_version`), so a purchase
+never counts GPUs that a placement written meanwhile takes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
@@ -26,9 +29,11 @@ from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.control import ledger, prices
 from suanli.control.errors import Conflict, Invalid, NotFound
 from suanli.control.ids import new_id
-from suanli.db.models import Allocation, KeyValue, Node, Plan
+from suanli.db.models import Allocation, KeyValue, Node, Plan, Workload
+from suanli.workloads.spec import WorkloadSpec
 
-__all__ = ["PLANS_VERSION", "Plan", "Reservations", "buy", "capacity", "get", "of_org", "reservations", "reserved"]
+__all__ = ["PLANS_VERSION", "Plan", "Reservations", "busy", "buy", "capacity", "get", "locked_version", "of_org",
+           "reservations", "reserved", "version"]  # fmt: skip
 
 MAX_PLAN_GPUS = 100_000
 PLANS_VERSION = "plans_version"  # bumped by every purchase: its lock serialises them, offers' caches key on it
@@ -46,6 +51,43 @@ def capacity(s: Session, model: str) -> int:
     total = s.scalar(select(func.coalesce(func.sum(Node.gpu_count), 0))
                      .where(Node.gpu_model == model, Node.state == "ready"))  # fmt: skip
     return int(total or 0)
+
+
+def version(s: Session) -> int:
+    """The plans' version: every purchase bumps it."""
+    return int(s.scalar(select(KeyValue.value).where(KeyValue.key == PLANS_VERSION)) or 0)
+
+
+def locked_version(s: Session) -> int:
+    """The plans' version, the row locked shared until the transaction ends (PostgreSQL; on SQLite the write lock
+    does it): a purchase, which bumps it first, waits for this transaction, and this one sees any purchase before it."""
+    if s.get_bind().dialect.name != "postgresql":
+        return version(s)
+    q = select(KeyValue.value).where(KeyValue.key == PLANS_VERSION).with_for_update(read=True)
+    value = s.scalar(q)
+    if value is None:  # no plan was ever bought: the row to lock is made (a purchase racing this waits for it)
+        s.execute(pg_insert(KeyValue).values(key=PLANS_VERSION, value=0).on_conflict_do_nothing(index_elements=["key"]))
+        value = s.scalar(q)
+    return int(value or 0)
+
+
+def busy(s: Session, model: str) -> int:
+    """GPUs of `model` on ready nodes that running on-demand work holds (work of no plan, not spot): a plan starting
+    now cannot have them. Elastic work counts at the GPUs it asked for (what it grew into it gives back when work
+    waits), unless its owner scaled it."""
+    ready = set(s.scalars(select(Node.name).where(Node.gpu_model == model, Node.state == "ready")))
+    rows = s.execute(
+        select(Allocation.placement, Workload.spec, Workload.scale_to)
+        .outerjoin(Workload, Workload.id == Allocation.workload)
+        .where(Allocation.gpu_model == model, Allocation.stopped_at.is_(None), Allocation.billing_mode != "spot",
+               Allocation.billing_mode.not_like("plan:%"))
+    )  # fmt: skip
+    total = 0
+    for placement, spec, scale_to in rows:
+        held = sum(len(g) for node, g in (placement or {}).items() if node in ready)
+        lo_hi = WorkloadSpec.model_validate(spec).gpu_range() if spec and scale_to is None else None
+        total += min(held, lo_hi[0]) if lo_hi else held
+    return total
 
 
 def reserved(s: Session, model: str, start: datetime, end: datetime) -> int:
@@ -79,11 +121,12 @@ def buy(
             raise Conflict(f"key: {key!r} was already used to buy a different plan")
         return existing
     ends = now + timedelta(hours=book.plans[plan].hours)
-    have, held = capacity(s, model), reserved(s, model, now, ends)
-    if held + gpus > have:
-        left = max(0, have - held)
+    have, held, running = capacity(s, model), reserved(s, model, now, ends), busy(s, model)
+    if held + running + gpus > have:
+        left = max(0, have - held - running)
         raise Conflict(f"gpus: {gpus} x {model} asked; {left} of the {have} {model} GPUs in service are left to "
-                       f"reserve until {ends:%Y-%m-%d %H:%M} UTC ({held} reserved by plans)")  # fmt: skip
+                       f"reserve until {ends:%Y-%m-%d %H:%M} UTC ({held} reserved by plans, {running} held by running "
+                       "on-demand work, which a plan does not stop)")  # fmt: skip
     memo = f"{plan} plan: {gpus} x {model}"
     if price > 0:
         ledger.post(s, transfer(tx_key, "plan_purchase", org_account(org_id), REVENUE, price, memo), now,
@@ -97,15 +140,17 @@ def buy(
 
 @dataclass(frozen=True)
 class Reservations:
-    """Plans active at one moment, per GPU model: GPUs reserved, and of those held by no work of their plan."""
+    """Plans active at one moment, per GPU model: GPUs reserved, and of those held by no work of their plan (in all,
+    and per org: what the scheduling pass holds back for that org's plan work; 0 for a plan all in use)."""
 
     reserved: dict[str, int]
     idle: dict[str, int]
     until: datetime | None  # when the first of them ends (the counts change then); None: no active plan
+    idle_by_org: dict[str, dict[str, int]] = field(default_factory=dict)  # model -> org -> GPUs
 
 
 def reservations(s: Session, now: datetime) -> Reservations:
-    active = s.execute(select(Plan.id, Plan.gpu_model, Plan.gpus, Plan.ends_at)
+    active = s.execute(select(Plan.id, Plan.org_id, Plan.gpu_model, Plan.gpus, Plan.ends_at)
                        .where(Plan.starts_at <= now, Plan.ends_at > now)).all()  # fmt: skip
     if not active:
         return Reservations({}, {}, None)
@@ -118,10 +163,14 @@ def reservations(s: Session, now: datetime) -> Reservations:
     )
     held: dict[str, int] = {}
     idle: dict[str, int] = {}
+    by_org: dict[str, dict[str, int]] = {}
     for p in active:
+        left = max(0, p.gpus - int(in_use.get(f"plan:{p.id}") or 0))
         held[p.gpu_model] = held.get(p.gpu_model, 0) + p.gpus
-        idle[p.gpu_model] = idle.get(p.gpu_model, 0) + max(0, p.gpus - int(in_use.get(f"plan:{p.id}") or 0))
-    return Reservations(held, idle, min(p.ends_at for p in active))
+        idle[p.gpu_model] = idle.get(p.gpu_model, 0) + left
+        mine = by_org.setdefault(p.gpu_model, {})
+        mine[p.org_id] = mine.get(p.org_id, 0) + left
+    return Reservations(held, idle, min(p.ends_at for p in active), by_org)
 
 
 def of_org(s: Session, org_id: str) -> list[Plan]:

@@ -5,7 +5,8 @@ The decisions come from the same pure `Scheduler` that `suanli sim` runs. This m
 and allocation rows into a `ClusterState`, pending workloads into `Request`s, and `Place`/`Preempt`/`Resize`/
 `Pending` back into allocation rows and workload transitions (`control.placing` and `control.resizing`, which check
 admission again). Running elastic work is shown to the cycle as elastic (the policy may grow or shrink it), unless its
-owner scaled it (`suanli scale`: then it is held at that size, after the pass carried the owner's size out).
+owner scaled it (`suanli scale`: then it is held at that size, after the pass carried the owner's size out). What
+active plans reserve and their work leaves idle is held back from other work (`control.plan_holds`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import committed, inventory, placing, resizing
+from suanli.control import committed, inventory, placing, plans, resizing
 from suanli.control.engines import ENGINE_KINDS, EXTERNAL_LABEL
+from suanli.control.plan_holds import PlanHolds
 from suanli.control.waste import LiveWaste, live_waste
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
@@ -169,9 +171,10 @@ class SchedulingPass:
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
-            # A top-up of an org whose work waits for balance is a change too.
+            reserved, plans_seen = plans.reservations(s, now), plans.version(s)
+            # A top-up of an org whose work waits for balance is a change too, and so is a plan's start or end.
             signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)),
-                         self.money.signature(s))  # fmt: skip
+                         self.money.signature(s), PlanHolds(reserved.idle_by_org).signature())  # fmt: skip
             fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
             # Nothing queued, and no running elastic work the policy might grow (as of an up-to-date snapshot).
             idle = not queue_rows and self._seen == version and not self.resizer.any_elastic()
@@ -207,17 +210,25 @@ class SchedulingPass:
         left = list(queue)
         t1 = time.perf_counter()
         assert self.scheduler is not None
-        for view in views:
-            if view.topology is None:
-                continue
+        topo = [v for v in views if v.topology is not None]
+        holds = PlanHolds.over(reserved.idle_by_org, [states[v.row_id] for v in topo]) if reserved.idle_by_org else None
+        for view in topo:
             mine = [r for r in left if r.gpus > 0 and _fits_models(r, view.models)]
             state = states[view.row_id]
+            if holds is not None:
+                holds.on(state)
+            elif state.held:  # the last plan ended
+                state.hold({})
             if asks.get(view.row_id):
                 state = self.resizer.scale(self.scheduler, view, state, asks[view.row_id], resizes, waits)
             if not mine and state is states[view.row_id] and not self.resizer.growable(self.scheduler, view.row_id,
                                                                                         state):  # fmt: skip
+                if holds is not None:
+                    holds.after(state, None)
                 continue
-            result, _ = self.scheduler.cycle(state, mine, seconds(now))
+            result, decided = self.scheduler.cycle(state, mine, seconds(now))
+            if holds is not None:
+                holds.after(decided, result)
             placed = set()
             for p in result.placed:
                 placements.append((p.request_id, view, resizing.by_node(view, p.gpus), p.reason))
@@ -246,7 +257,7 @@ class SchedulingPass:
         for rz in resizes:
             placed_gpus[rz.view.row_id] += len(rz.gpus) - len(rz.held)
         report.live = live_waste(states, placed_gpus, [r for r in left if r.id not in placed_ids])
-        self._persist(db, now, placements, preempts, resizes, waits, pending, report)
+        self._persist(db, now, placements, preempts, resizes, waits, pending, report, plans_seen)
         report.total_s = time.perf_counter() - t0
         return report
 
@@ -377,11 +388,13 @@ class SchedulingPass:
         waits: dict[str, str],
         pending: dict[str, tuple[str, int]],
         report: PassReport,
+        plans_seen: int = 0,
     ) -> None:
         """Preemptions and resizes first (their GPUs are what later placements count on), then placements in chunks:
         each chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
         not for a whole pass of thousands. A resize refused (a grow its org cannot afford) and a size its owner asked
-        for that waits are said once in the workload's events."""
+        for that waits are said once in the workload's events. A plan bought since the snapshot (`plans_seen`) leaves
+        the placements not yet written to the next pass, which holds its GPUs back."""
         if preempts:
             with db.write() as s, s.begin():
                 report.preempted += placing.preempt(s, preempts, now)
@@ -389,6 +402,8 @@ class SchedulingPass:
             report.resized = self.resizer.persist(db, now, resizes, waits, self.hold_minutes, self._parsed)
         for i in range(0, len(placements), self.chunk):
             with db.write() as s, s.begin():
+                if plans.locked_version(s) != plans_seen:  # until this commits, no purchase counts GPUs
+                    break
                 placed, refused = placing.place_chunk(s, placements[i : i + self.chunk], now,
                                                       hold_minutes=self.hold_minutes, cache=self._parsed,
                                                       lengths=self.resizer.lengths)  # fmt: skip

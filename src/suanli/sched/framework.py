@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from suanli.sched import holds
 from suanli.sched.placement import PLACEMENTS, PlacementResult, Placer
 from suanli.sched.policies import Policy, PolicyContext, SchedulerConfig, policy
 from suanli.sched.scaling import ScalingModel
@@ -123,7 +124,7 @@ class Scheduler:
             if reservation is None and self._wants_reservation(req, now):
                 reservation = self._reserve_for(work, req, now)
         if before:
-            self._give_back(work, result, before)
+            self._give_back(work, result, before, snapshot)
         if self.policy.elastic and not result.pending:
             self._grow(work, result)
         return result, work
@@ -156,7 +157,7 @@ class Scheduler:
             free = work.free_whole_gpus()
             if free < k:  # cheap filter before the placement plugin scans nodes
                 return PlacementResult(None, f"needs {k} GPUs; {free} free")
-        return self.placer(work, req, k)
+        return holds.place(self.placer, work, req, k, self.policy.class_preemption)
 
     def _commit(
         self,
@@ -239,6 +240,8 @@ class Scheduler:
         # started (least work lost)
         victims.sort(key=lambda a: (a.request.rank, a.gpu_count, -a.start_time))
         scratch = work.copy()
+        spot = self.policy.class_preemption  # spot work's GPUs can be had by a plan's work
+        floor = holds.floor(work, req, spot) if work.held else {}  # what plans hold back from it, to stay to be had
         local = PolicyContext(ctx.config, ctx.now, scratch, dict(ctx.tenant_gpus))
         freed: list[Allocation] = []
         placed = PlacementResult(None, "")
@@ -251,20 +254,22 @@ class Scheduler:
             freed.append(v)
             if scratch.free_whole_gpus() < k and req.milli == FULL:
                 continue
-            placed = self.placer(scratch, req, k)
+            placed = holds.place(self.placer, scratch, req, k, spot)
             if placed.gpus is not None:
                 break
         if placed.gpus is None:
-            return PlacementResult(None, f"preempting up to {len(freed)} jobs would not make room")
+            why = f": {placed.reason}" if floor and placed.reason else ""  # what plans hold back, said
+            return PlacementResult(None, f"preempting up to {len(freed)} jobs would not make room{why}")
         used = set(int(g) for g in placed.gpus)
         if req.exclusive:  # an exclusive gang owns its nodes: nobody may be given back onto them
             nodes = np.unique(scratch.gpu_node[np.asarray(placed.gpus, dtype=np.int64)])
             used = {g for n in nodes for g in scratch.cluster.gpus_of_node(int(n))}
         evicted = []
-        if scratch.tracks_host:  # the placement's CPU and memory count as taken when victims are given back
+        if scratch.tracks_host or floor:  # the placement's GPUs, CPU and memory count as taken when victims come back
             scratch.reserve(Allocation(_SCRATCH + req.id, req, tuple(int(g) for g in placed.gpus), ctx.now, req.milli))
-        for v in freed:  # give back what the placement does not use (nor the CPU and memory beside it)
-            if used.isdisjoint(v.gpus) and scratch.host_fits(v):
+        for v in freed:  # give back what the placement does not use (nor the CPU and memory beside it), while what
+            # plans hold back from the request stays to be had
+            if used.isdisjoint(v.gpus) and scratch.host_fits(v) and holds.keeps(scratch, floor, req, v, spot):
                 scratch.reserve(v, restore=True)
             else:
                 evicted.append(v)
@@ -277,7 +282,7 @@ class Scheduler:
                 f"preemption would evict {lost} GPUs of {classes} gangs (limit "
                 f"{self.config.preempt_collateral:g}x the request)",
             )
-        if scratch.tracks_host:
+        if scratch.tracks_host or floor:
             scratch.unreserve(_SCRATCH + req.id)  # the caller commits the placement
         # commit the statement
         work.__dict__.update(scratch.__dict__)
@@ -311,18 +316,22 @@ class Scheduler:
                 before.append(a)
         return bool(grown)
 
-    @staticmethod
-    def _give_back(work: ClusterState, result: CycleResult, before: list[Allocation]) -> None:
+    def _give_back(
+        self, work: ClusterState, result: CycleResult, before: list[Allocation], start: ClusterState
+    ) -> None:
         """A shrink frees GPUs for waiting work: the jobs whose GPUs no work placed in the cycle took (directly, or by
-        a job shrunk later that moved onto them) get them back, and their shrink is undone. Latest shrunk first: a job
-        shrunk later may have moved onto GPUs an earlier one gave up, never the reverse."""
+        a job shrunk later that moved onto them) get them back, and their shrink is undone (while what plans hold back
+        from them stays to be had, as at the cycle's `start`). Latest shrunk first: a job shrunk later may have moved
+        onto GPUs an earlier one gave up, never the reverse."""
         undone = set()
+        spot = self.policy.class_preemption
         for a in reversed(before):
             small = work.allocations[a.id]  # decided this cycle: not preempted since
             work.unreserve(a.id)
             held = np.asarray(a.gpus, dtype=np.int64)
             idle = bool(np.all(work.free[held] == FULL)) and not work.node_exclusive[work.gpu_node[held]].any()
-            if idle and work.host_fits(a):
+            floor = holds.floor(start, a.request, spot) if work.held else {}
+            if idle and work.host_fits(a) and holds.keeps(work, floor, a.request, a, spot):
                 work.reserve(a, restore=True)
                 undone.add(a.id)
             else:
@@ -337,8 +346,8 @@ class Scheduler:
         for a in sorted(elastic, key=lambda a: a.start_time):
             req = a.request
             assert req.max_gpus is not None
-            free = work.free_whole_gpus()
-            if a.gpu_count >= req.max_gpus or free == 0:
+            free = holds.room(work, req, self.policy.class_preemption) if work.held else work.free_whole_gpus()
+            if a.gpu_count >= req.max_gpus or free <= 0:
                 continue
             model = req.model.preset if req.model else None
             want = self._scaling(work).best_size(req.gpus, a.gpu_count, min(req.max_gpus, a.gpu_count + free), model)
@@ -396,12 +405,16 @@ class Scheduler:
 
     def _resize(self, work: ClusterState, result: CycleResult, a: Allocation, want: int, verb: str) -> bool:
         work.unreserve(a.id)
-        placed = self.placer(work, a.request, want)
-        if placed.gpus is None or len(placed.gpus) == a.gpu_count:
+        placed = holds.place(self.placer, work, a.request, want, self.policy.class_preemption)
+        gpus = None if placed.gpus is None else tuple(int(g) for g in placed.gpus)
+        own = gpus is None and want < a.gpu_count and bool(work.held)  # moving would take GPUs held for plans:
+        if own:
+            gpus = self._subset(work, a, want)  # a shrink keeps some of its own
+        if gpus is None or len(gpus) == a.gpu_count:
             work.reserve(a, restore=True)
             return False
-        new = Allocation(a.id, a.request, tuple(int(g) for g in placed.gpus), a.start_time, a.milli, a.est_end)
-        work.reserve(new)
+        new = Allocation(a.id, a.request, gpus, a.start_time, a.milli, a.est_end)
+        work.reserve(new, restore=own)
         reason = f"{verb}: {a.gpu_count} → {new.gpu_count}"
         placed_now = {p.request_id: i for i, p in enumerate(result.placed)}
         if a.id in placed_now:  # placed in this very cycle: one Place decision with the final GPUs

@@ -8,6 +8,11 @@ maintained incrementally, so placement queries stay O(nodes) NumPy scans even at
 A state may also track each node's host CPU and memory (`host=`): then a request's `cpu_milli` and
 `memory_mib` are taken from the nodes its GPUs are on, and placement skips nodes that lack them (a node
 with free GPUs but no free cores cannot run another pod). Untracked, they cost nothing.
+
+A state may hold GPUs back for tenants' reserved-class work (`hold`: a count per GPU model and tenant, the plans'
+idle reservations); `sched.holds` keeps other work off them. A tenant's reserved allocations take from its hold as
+they are reserved and give back what they took when unreserved; while anything is held, the state also counts the
+whole GPUs of each model that spot work holds (they can be had by preempting it).
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ class ClusterState:
         self.node_ok = np.ones(cluster.n_nodes, dtype=bool)  # False: draining or down, no new work
         self.node_exclusive = np.zeros(cluster.n_nodes, dtype=bool)  # held whole by an exclusive allocation
         self.allocations: dict[str, Allocation] = {}
+        self.held: dict[str, dict[str, int]] = {}  # GPU model -> tenant -> whole GPUs held back for its reserved work
+        self.hold_taken: dict[str, tuple[tuple[str, int], ...]] = {}  # allocation -> (model, GPUs) it took from a hold
+        self.spot_whole: dict[str, int] = {}  # while anything is held: GPU model -> whole GPUs spot work holds
         self._recount()
 
     # ---- copies and derived arrays --------------------------------------------------------------
@@ -87,10 +95,13 @@ class ClusterState:
         new.mem_free = None if self.mem_free is None else self.mem_free.copy()
         new.host_total = self.host_total
         new.allocations = dict(self.allocations)
+        new.held = {m: dict(by) for m, by in self.held.items()}
+        new.hold_taken = dict(self.hold_taken)
+        new.spot_whole = dict(self.spot_whole)
         new.node_whole = self.node_whole.copy()
         new.whole_total = self.whole_total
         # share immutable topology caches
-        for name in ("gpn", "node_leaf", "node_spine", "node_domain", "gpu_node"):
+        for name in ("gpn", "node_leaf", "node_spine", "node_domain", "gpu_node", "models", "node_model"):
             if name in self.__dict__:
                 new.__dict__[name] = self.__dict__[name]
         return new
@@ -121,6 +132,16 @@ class ClusterState:
     def gpu_node(self) -> NDArray[np.int64]:
         return self.cluster.gpu_node
 
+    @cached_property
+    def models(self) -> tuple[str, ...]:
+        """The GPU models of the cluster, sorted (`node_model` indexes them)."""
+        return tuple(sorted({g.gpu.name for g in self.cluster.groups}))
+
+    @cached_property
+    def node_model(self) -> NDArray[np.int64]:
+        per_group = np.array([self.models.index(g.gpu.name) for g in self.cluster.groups], dtype=np.int64)
+        return per_group[self.cluster.node_group]
+
     # ---- queries ------------------------------------------------------------------------------
     @property
     def n_gpus(self) -> int:
@@ -141,6 +162,42 @@ class ClusterState:
     def free_whole_gpus(self) -> int:
         """Whole free healthy GPUs on nodes that take new work (not drained, not held exclusively)."""
         return self.whole_total
+
+    def free_whole_of(self, model: str) -> int:
+        """Whole free healthy GPUs of one model on nodes that take new work."""
+        if model not in self.models:
+            return 0
+        nodes = self.node_ok & ~self.node_exclusive & (self.node_model == self.models.index(model))
+        return int(self.node_whole[nodes].sum())
+
+    def hold(self, counts: dict[str, dict[str, int]]) -> None:
+        """Hold back, of each GPU model, whole GPUs for each tenant's reserved-class work (replacing any held):
+        `{model: {tenant: gpus}}`, what its plans reserve and its work leaves idle (0: a plan all in use). The
+        tenant's reserved allocations running now count as having taken theirs: unreserved (preempted, resized),
+        their GPUs are held for it again."""
+        self.held = {m: {t: max(0, int(n)) for t, n in by.items()} for m, by in counts.items() if by}
+        self.hold_taken, self.spot_whole = {}, {}
+        for a in self.allocations.values():
+            if a.request.priority == "spot" and self.held:
+                self._count_spot(a, +1)
+            if a.request.priority != "reserved" or not a.gpus or a.milli != FULL:
+                continue
+            took = tuple((m, c) for m, c in self.per_model(a.gpus) if a.request.tenant in self.held.get(m, {}))
+            if took:
+                self.hold_taken[a.id] = took
+
+    def per_model(self, gpus: ArrayLike) -> list[tuple[str, int]]:
+        """(GPU model, how many) of these GPUs."""
+        idx, n = np.unique(self.node_model[self.gpu_node[np.asarray(gpus, dtype=np.int64)]], return_counts=True)
+        return [(self.models[i], c) for i, c in zip(idx.tolist(), n.tolist(), strict=True)]
+
+    def _count_spot(self, alloc: Allocation, sign: int) -> None:
+        """Whole GPUs of spot work on nodes that take work, per model (what preempting it would free)."""
+        if alloc.milli != FULL or not alloc.gpus:
+            return
+        gpus = np.asarray(alloc.gpus, dtype=np.int64)
+        for m, n in self.per_model(gpus[self.node_ok[self.gpu_node[gpus]]]):
+            self.spot_whole[m] = self.spot_whole.get(m, 0) + sign * n
 
     def idle_gpus(self) -> int:
         """Healthy GPUs nobody holds any part of, on nodes that take work."""
@@ -220,6 +277,10 @@ class ClusterState:
         was_whole = (self.free[gpus] == FULL) & self.gpu_ok[gpus]
         self.free[gpus] -= alloc.milli
         self._adjust(gpus[was_whole], -1)
+        if self.held and alloc.request.priority == "reserved":
+            self._take_hold(alloc, gpus[was_whole])
+        elif self.held and alloc.request.priority == "spot":
+            self._count_spot(alloc, +1)
         if alloc.request.exclusive and gpus.size:
             nodes = np.unique(self.gpu_node[gpus])
             nodes = nodes[~self.node_exclusive[nodes]]
@@ -227,8 +288,25 @@ class ClusterState:
             self.node_exclusive[nodes] = True
         self.allocations[alloc.id] = alloc
 
+    def _take_hold(self, alloc: Allocation, whole: NDArray[np.int64]) -> None:
+        """A tenant's reserved work takes the whole GPUs it was placed on from its hold on their model."""
+        took = []
+        for m, n in self.per_model(whole):
+            by = self.held.get(m)
+            have = by.get(alloc.request.tenant, 0) if by else 0
+            if have and by is not None:  # what it takes beyond its hold is not the plan's (placing refuses it)
+                by[alloc.request.tenant] = have - min(have, n)
+                took.append((m, min(have, n)))
+        if took:
+            self.hold_taken[alloc.id] = tuple(took)
+
     def unreserve(self, alloc_id: str) -> Allocation:
         alloc = self.allocations.pop(alloc_id)
+        if self.held and alloc.request.priority == "spot":
+            self._count_spot(alloc, -1)
+        for model, n in self.hold_taken.pop(alloc_id, ()):
+            by = self.held.setdefault(model, {})
+            by[alloc.request.tenant] = by.get(alloc.request.tenant, 0) + n
         gpus = np.asarray(alloc.gpus, dtype=np.int64)
         if alloc.request.exclusive and gpus.size:
             nodes = np.unique(self.gpu_node[gpus])

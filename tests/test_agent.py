@@ -71,3 +71,32 @@ def test_the_cli_on_a_host_without_nvml(server, tmp_path: Path) -> None:  # type
     assert p.returncode == 0, p.stderr
     assert "sent 0 samples" in p.stdout and time.monotonic() - t0 < 60
     assert "no GPU readings" in p.stdout  # this machine has no NVIDIA driver
+
+
+def _agent_until_sigterm(burst: int) -> subprocess.CompletedProcess[str]:
+    """`suanli agent` against a server that is not there, sent `burst` SIGTERMs once it runs."""
+    import signal
+
+    cmd = [sys.executable, "-m", "suanli.cli.main", "agent", "--node", "n1", "--server", "http://127.0.0.1:9",
+           "--token", "x", "--interval", "0.5"]  # fmt: skip
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(3)
+    for _ in range(burst):
+        p.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    try:
+        out, _ = p.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        pytest.fail(f"the agent hung after {burst} SIGTERM(s): {out[-500:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out)
+
+
+def test_the_agent_stops_on_sigterm_and_a_storm_of_them_never_hangs_it() -> None:
+    """A SIGTERM handler that set a threading.Event could take the Event's lock while the same thread held it in
+    `wait`, and hang for ever (as the server's loop process did); SIGTERM now acts as Ctrl-C."""
+    one = _agent_until_sigterm(1)
+    assert one.returncode == 0 and "sent 0 samples" in one.stdout, one.stdout
+    storm = _agent_until_sigterm(20)
+    assert storm.returncode in (0, -15), storm.stdout  # ended, by its own exit or the default action of a later one

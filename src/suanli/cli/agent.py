@@ -33,7 +33,9 @@ def agent(
     with Client(cred.resolve(server), token or cred.token_for(cred.resolve(server))) as c:
         loop = AgentLoop(sampler, c.post_samples, interval_s=interval)
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        # SIGTERM acts as Ctrl-C (KeyboardInterrupt, suppressed below): a handler calling stop.set() could take the
+        # Event's lock while this same thread held it inside stop.wait, and deadlock (as the loop process's did).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         with contextlib.suppress(KeyboardInterrupt):
             loop.run(stop, ticks=1 if once else None)
     if sampler.disabled_reason:

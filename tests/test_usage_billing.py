@@ -58,7 +58,7 @@ def brute(readings: list[tuple[int, int | None]], start: int, end: int, span: in
     total = 0
     for j in range(start, end):
         speaking = [p for u, p in readings if p is not None and u >= 0 and (until is None or u < until)
-                    and u // 1000 <= j < u // 1000 + span]  # fmt: skip
+                    and u // 1000 - span < j <= u // 1000]  # fmt: skip
         total += min(speaking) if speaking else FULL
     return total
 
@@ -104,12 +104,22 @@ def test_a_busier_reading_never_lowers_the_activity(
 
 
 def test_activity_by_hand() -> None:
-    """Readings every 5 s speaking for 6 s each: seconds 5 and 10 hear two readings and take the lower."""
+    """Readings every 5 s speaking for the 6 s they average (the second they are taken in and the 5 before it):
+    seconds 5 and 10 hear two readings and take the lower; the seconds after the last reading hear none."""
     r = [(0, 900), (5000, 300), (10_000, 600)]
-    assert gpu_activity(r, 0, 17, 6) == 5 * 900 + 6 * 300 + 5 * 600 + FULL  # second 16: nobody speaks for it
-    assert gpu_activity(r, 0, 16, 6, until_ms=5000) == 5 * 900 + 900 + 10 * FULL  # readings after the stop: none
+    assert gpu_activity(r, 0, 17, 6) == 6 * 300 + 5 * 600 + 6 * FULL  # 0 and 5 take the lower; 11..16: nobody
+    assert gpu_activity(r, 0, 16, 6, until_ms=5000) == 900 + 15 * FULL  # readings after the stop: none
     assert gpu_activity([(-1, 0)], 0, 3, 6) == 3 * FULL  # read before the allocation started: someone else's
-    assert activity([r, []], 0, 5, 6) == 5 * 900 + 5 * FULL  # a GPU without readings is fully active
+    assert activity([r, []], 0, 5, 6) == 5 * 300 + 5 * FULL  # a GPU without readings is fully active
+
+
+def test_a_reading_speaks_for_the_interval_it_averages_not_the_one_after_it() -> None:
+    """NVML's mean covers the interval before the reading: busy for 5 s and then idle, read at 5.2 s (busy) and at
+    10.2 s (idle), the busy seconds are billed busy and the idle ones idle, not the other way round."""
+    r = [(5200, FULL), (10_200, 0)]
+    assert gpu_activity(r, 0, 5, 6) == 5 * FULL  # seconds 0..4: the busy reading's
+    assert gpu_activity(r, 6, 10, 6) == 0  # seconds 6..9: the idle reading's
+    assert gpu_activity(r, 11, 12, 6) == FULL  # second 11: no reading yet speaks for it
     with pytest.raises(ValueError):
         gpu_activity(r, 0, 5, 0)
 
@@ -276,15 +286,15 @@ def test_the_worked_example_in_docs_billing_md() -> None:
     b = shipped()
     rates = UsageRates(b.rate("H20", 2, "usage"), b.usage_floor_rate("H20", 2), b.host_rate(4000, 0), 2)
     assert (rates.full, rates.floor, rates.host) == (Decimal("21.25"), Decimal("4.25"), Decimal("0.40"))
-    gpu0 = [(500 + 5000 * k, permille(90.0)) for k in range(20)]
+    gpu0 = [(500 + 5000 * k, permille(90.0)) for k in range(21)]
     gpu1 = [(700 + 5000 * k, permille(30.0)) for k in range(10)]
     windows, billed = windows_due("al_example", 100.6, True, 0, 60)
     assert billed == 101 and [(w.start_s, w.end_s) for w in windows] == [(0, 60), (60, 101)]
-    assert (gpu_activity(gpu0, 0, 101, 6), gpu_activity(gpu1, 0, 101, 6)) == (90_900, 65_300)
+    assert (gpu_activity(gpu0, 0, 101, 6), gpu_activity(gpu1, 0, 101, 6)) == (90_900, 68_800)
     first, second = activity([gpu0, gpu1], 0, 60, 6), activity([gpu0, gpu1], 60, 101, 6, until_ms=100_600)
-    assert (first, second) == (78_300, 77_900)
-    assert window_cost(rates, 0, 60, 0, first) == Decimal("0.26237500")
+    assert (first, second) == (81_800, 77_900)
+    assert window_cost(rates, 0, 60, 0, first) == Decimal("0.27063889")
     assert window_cost(rates, 60, 101, first, second) == Decimal("0.23688889")
-    assert usage_cost(rates, 101, 156_200) == Decimal("0.49926389")
+    assert usage_cost(rates, 101, 159_700) == Decimal("0.50752778")
     assert (cost_of(Decimal("21.65"), 101), cost_of(Decimal("4.65"), 101)) == (Decimal("0.60740278"),
                                                                               Decimal("0.13045833"))  # fmt: skip

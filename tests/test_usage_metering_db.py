@@ -124,7 +124,7 @@ def expected(
         rows = [(at, min(1000, math.floor(util * 10 + 0.5))) for at, util, error in readings.get(key, [])
                 if not error and (until_ms is None or at < until_ms)]  # fmt: skip
         for j in range(seconds):
-            speaking = [p for at, p in rows if at // 1000 <= j < at // 1000 + SPAN]
+            speaking = [p for at, p in rows if at // 1000 - SPAN < j <= at // 1000]
             total_a += min(speaking) if speaking else 1000
     book = default_price_book()
     full = book.usage_gpu_hour["H20"] * a.gpus

@@ -3,7 +3,7 @@
 Activity. A GPU reading's utilisation (NVML's `utilization.gpu`: the share of time a kernel ran, in %) becomes a whole
 number of permille, `util x 10` rounded half up and clamped to 0..1000 (`permille`); a reading that could not be
 taken (its `error` set) or is not a finite number is no reading. Every reading speaks for `span_s` seconds: the
-second of the allocation it was taken in and the `span_s - 1` after it. A second of one GPU is worth the lowest
+second of the allocation it was taken in and the `span_s - 1` before it (the interval it averages). A second of one GPU is worth the lowest
 permille among the readings that speak for it, or 1000 (fully active) when none does. So a reading that goes
 missing can only raise a bill, never lower it: the tenant runs code on the GPU and may be able to make readings
 fail or vanish, but cannot make one appear (`tests/test_usage_billing.py` checks that deleting any readings never
@@ -59,8 +59,8 @@ def gpu_activity(
     for at_ms, value in readings:
         if value is None or at_ms < 0 or (until_ms is not None and at_ms >= until_ms):
             continue
-        first = at_ms // 1000
-        for j in range(max(first, start_s), min(first + span_s, end_s)):
+        last = at_ms // 1000
+        for j in range(max(last - span_s + 1, start_s), min(last + 1, end_s)):
             if value < seconds[j - start_s]:
                 seconds[j - start_s] = value
     return sum(seconds)

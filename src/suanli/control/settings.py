@@ -51,11 +51,11 @@ class Settings(BaseModel):
     meter_window_s: int = Field(60, ge=1, le=3600)
     usage_span_s: int | None = Field(
         None, ge=1, le=3600,
-        description="billing: usage: seconds one GPU reading speaks for (default: telemetry_interval_s rounded up, "
-        "plus 1); a second no reading speaks for is charged as fully active",
+        description="billing: usage: seconds one GPU reading speaks for, ending with it (default: "
+        "telemetry_interval_s rounded up, plus 1); a second no reading speaks for is charged as fully active",
     )  # fmt: skip
     usage_delay_s: int = Field(
-        30, ge=0, le=3600, description="billing: usage: seconds after a window ends before it is charged"
+        30, ge=0, le=3600, description="billing: usage: seconds after a window ends before it is charged (> span)"
     )
     threads: int = Field(8, ge=1, le=256, description="threads serving route bodies (database calls) per process")
     background: bool = Field(True, description="run the background loops (metering) in this server")

@@ -76,8 +76,8 @@ def readings(s: Session, a: Allocation, start_s: int, end_s: int, span_s: int) -
     gpu_ids = {(name, index): gid for name, index, gid, mig in rows if not mig}
     by_gpu: dict[int, list[Reading]] = {gid: [] for gid in gpu_ids.values()}
     start_ms = epoch_ms(a.started_at)
-    lo = start_ms + max(0, start_s - span_s + 1) * 1000
-    hi = start_ms + end_s * 1000
+    lo = start_ms + start_s * 1000
+    hi = start_ms + (end_s + span_s - 1) * 1000  # a reading speaks for the seconds before it
     if a.stopped_at is not None:
         hi = min(hi, epoch_ms(a.stopped_at))
     r = GpuSampleRow
@@ -161,5 +161,5 @@ def oldest_reading_needed_ms(s: Session, now: datetime, span_s: int) -> int | No
     ).all()  # fmt: skip
     if not rows:
         return None
-    oldest = min(epoch_ms(started) + max(0, paid - span_s + 1) * 1000 for started, paid in rows)
+    oldest = min(epoch_ms(started) + paid * 1000 for started, paid in rows)  # a reading speaks for seconds before it
     return max(oldest, epoch_ms(now) - KEEP_AT_MOST_S * 1000)

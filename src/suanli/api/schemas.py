@@ -31,18 +31,27 @@ MAX_DEPTH = 32
 
 def check_strings(value: object) -> None:
     """Refuse a NUL in any string (PostgreSQL text cannot hold one) and documents nested deeper than MAX_DEPTH
-    (whatever walks them later must not run out of stack); iterative, so a hostile document cannot either."""
-    stack: list[tuple[object, int]] = [(value, 0)]
+    (whatever walks them later must not run out of stack); iterative, so a hostile document cannot either. The
+    message names where in the document the NUL is (`billing`, `env.X`, `args[2]`)."""
+    stack: list[tuple[object, int, str]] = [(value, 0, "")]
     while stack:
-        item, depth = stack.pop()
+        item, depth, at = stack.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                raise ValueError(NUL_MESSAGE)
+                raise ValueError(f"{NUL_MESSAGE} (at {at})" if at else NUL_MESSAGE)
         elif isinstance(item, dict | list | tuple):
             if depth >= MAX_DEPTH:
                 raise ValueError(f"nested more than {MAX_DEPTH} levels deep")
-            children = [x for kv in item.items() for x in kv] if isinstance(item, dict) else list(item)
-            stack.extend((child, depth + 1) for child in children)
+            if isinstance(item, dict):
+                for k, v in item.items():
+                    name = f"{at}.{_key(k)}" if at else _key(k)
+                    stack.extend(((k, depth + 1, f"{name} (its name)"), (v, depth + 1, name)))
+            else:
+                stack.extend((child, depth + 1, f"{at}[{i}]") for i, child in enumerate(item))
+
+
+def _key(k: object) -> str:
+    return repr(k)[:64] if not isinstance(k, str) or "\x00" in k or len(k) > 64 else k
 
 
 def _as_utc(t: datetime) -> datetime:

@@ -12,6 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import httpx
 from sqlalchemy import select
@@ -152,3 +153,44 @@ def test_a_job_that_ends_while_the_server_is_down_is_charged_to_its_end(tmp_path
         assert Decimal(w["cost"]) == want
         check = http.get("/api/v1/admin/ledger/check", headers=bearer(admin_token(http))).json()
         assert check["ok"], check
+
+
+def test_work_preempted_after_it_ended_unseen_is_charged_to_its_end_and_succeeds(api: Any) -> None:
+    """The crash loop's last gap: a virtual job ends (20 s) while no loop watches; the first pass after the restart
+    preempts it at 40 s (the scheduler took its GPUs, closing the allocation then) before the supervisor reads the
+    end, and metering settles it in between. It ran 20 s and finished on its own: it is charged 20 s, net, and it
+    succeeded, not "preempted"."""
+    from suanli.control.ids import utcnow
+    from suanli.control.placing import preempt
+    from suanli.control.scheduling import SchedulingPass
+    from suanli.control.supervisor import Supervisor
+
+    adm = bearer(admin_token(api))
+    r = api.post("/api/v1/admin/clusters", json={"preset": "1x8:H20"}, headers=adm)
+    assert r.status_code == 201, r.text
+    tenant = signup(api, "unseen@example.com")
+    spec = {"name": "short", "command": "train", "duration": 20, "resources": {"gpu": "H20", "gpus": 1}}
+    r = api.post("/api/v1/workloads", json={"spec": spec}, headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    db = api.app.state.server.db
+    sup = Supervisor(api.app.state.server.settings.home)
+    t0 = utcnow().replace(microsecond=0) + timedelta(seconds=5)
+    SchedulingPass().run(db, t0)
+    sup.run(db, t0)
+    metering.meter(db, "m", t0 + timedelta(seconds=10), window_s=1)
+    with db.write() as s, s.begin():
+        assert preempt(s, [(wid, "preempted for on-demand work", "")], t0 + timedelta(seconds=40)) == 1
+    metering.meter(db, "m", t0 + timedelta(seconds=41), window_s=1)  # settles it at the preemption's stop: 40 s
+    sup.run(db, t0 + timedelta(seconds=42))
+    metering.meter(db, "m", t0 + timedelta(seconds=43), window_s=1)
+    w = api.get(f"/api/v1/workloads/{wid}", headers=tenant.headers).json()
+    assert w["state"] == "succeeded", (w["state"], w["reason"])
+    a = w["allocation"]
+    started, stopped = datetime.fromisoformat(a["started_at"]), datetime.fromisoformat(a["stopped_at"])
+    assert (stopped - started).total_seconds() == 20, (started, stopped)
+    with db.read() as s:
+        rows = [r for r in metering.statement(s, tenant.org_id) if r["workload"] and wid in str(r["allocation"])]
+        assert [r["seconds_charged"] for r in rows] == [20], rows
+        assert Decimal(rows[0]["cost"]) == cost_of(Decimal(a["rate_per_hour"]), 20)
+        assert audit(s, 1) == []

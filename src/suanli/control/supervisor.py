@@ -293,6 +293,13 @@ class Supervisor(Launches):
         if ended is not None and w.started_at is not None:  # it ended while nobody watched (server down)
             end = min(now, max(w.started_at, EPOCH + timedelta(seconds=ended)))
         alloc = metering.close_allocation(s, w.allocation_id, end) if w.allocation_id else None
+        # Closed earlier by a preemption that came after the run had ended unseen (a restarted server's first pass):
+        # the stop moves back to the executor's record of the end, and a settled bill gives the seconds back.
+        ended_first = (
+            ended is not None and alloc is not None and alloc.stopped_at is not None and end < alloc.stopped_at
+        )
+        if ended_first and alloc is not None:
+            metering.stop_earlier(s, alloc.id, end, now)
         if alloc is not None and w.started_at is not None:
             held = max(0.0, ((alloc.stopped_at or end) - alloc.started_at).total_seconds())
             w.attained_gpu_s += held * alloc.gpus * alloc.milli / 1000
@@ -301,6 +308,8 @@ class Supervisor(Launches):
         fault = bool(asked and asked.startswith(health.NODE_FAILURE))
         if fault and status.state == "exited" and status.exit_code == 0:
             asked = None  # it ended on its own before the fault was noticed: it succeeded
+        if ended_first and status.state == "exited":
+            asked = None  # it ended on its own before the preemption came: its exit code says how
         if asked and asked.startswith("preempted"):
             state, cause, reason = "preempted", "preemption", asked
         elif asked and fault:

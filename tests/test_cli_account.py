@@ -107,7 +107,7 @@ def test_cli_tenant_and_operator(db_url: str, tmp_path: Path) -> None:
         assert doc(bal)["balance"] == "15.00"
         assert csv.stdout.splitlines() == ["allocation,workload,user,gpu_model,gpus,milli,billing_mode,rate_per_hour,"
                                            "started_at,stopped_at,seconds_charged,cost,cpu_milli,memory_mib,"
-                                           "host_rate_per_hour"]  # fmt: skip
+                                           "host_rate_per_hour,activity"]  # fmt: skip
         assert bad.stderr.startswith("error: model:") and "llama3.1-8b" in bad.stderr
 
         # logging out forgets the login here and revokes the token there (SUANLI_TOKEN replays it)

@@ -188,6 +188,8 @@ def test_a_usage_job_is_charged_the_formula_of_its_readings_window_by_window_and
     assert check["ok"], check
     usage_rows = run.api.get(f"{API}/orgs/{run.tenant.org_id}/usage", headers=run.tenant.headers).json()
     assert [(u["billing_mode"], Decimal(u["cost"])) for u in usage_rows] == [("usage", want)]
+    pct = Decimal(act) / (1000 * a.gpus * seconds) * 100  # the activity its seconds were billed at, as in memos
+    assert usage_rows[0]["activity"] == f"{pct.quantize(Decimal('0.1'))}%", usage_rows[0]
 
 
 def test_no_readings_at_all_is_charged_as_fully_active(run: Run) -> None:

@@ -167,15 +167,15 @@ def usage(
     table = Table(title="usage")
     from suanli.workloads.host import host_text
 
-    for col in ("workload", "user", "GPU", "GPUs", "host", "mode", "started", "stopped", "charged", "cost"):
-        table.add_column(col, justify="right" if col in ("GPUs", "charged", "cost") else "left")
+    for col in ("workload", "user", "GPU", "GPUs", "host", "mode", "started", "stopped", "charged", "active", "cost"):
+        table.add_column(col, justify="right" if col in ("GPUs", "charged", "active", "cost") else "left")
     for r in rows:
         gpus = str(r["gpus"]) if r.get("milli", 1000) == 1000 else f"{r['milli'] / 1000:g}"
         table.add_row(
             r.get("workload") or r["allocation"], r["user"], r.get("gpu_model") or "-", gpus,
             host_text(int(r.get("cpu_milli") or 0), int(r.get("memory_mib") or 0)), r["billing_mode"],
             when(r["started_at"]), when(r.get("stopped_at")), human_duration(float(r["seconds_charged"])),
-            money(r["cost"]),
+            r.get("activity") or "-", money(r["cost"]),
         )  # fmt: skip
     console.print(table)
 

@@ -339,7 +339,7 @@ def meter(
 # ---- statements -----------------------------------------------------------------------------------------------
 STATEMENT_FIELDS = (
     "allocation", "workload", "user", "gpu_model", "gpus", "milli", "billing_mode", "rate_per_hour", "started_at",
-    "stopped_at", "seconds_charged", "cost", "cpu_milli", "memory_mib", "host_rate_per_hour",
+    "stopped_at", "seconds_charged", "cost", "cpu_milli", "memory_mib", "host_rate_per_hour", "activity",
 )  # fmt: skip
 
 
@@ -376,6 +376,9 @@ def statement(
                 "seconds_charged": a.metered_until_s, "cost": format(exact(a.charged), "f"),
                 "cpu_milli": a.cpu_milli, "memory_mib": a.memory_mib,
                 "host_rate_per_hour": format(exact(a.host_rate_per_hour), "f"),
+                # billing: usage: the average activity its charged seconds were billed at (None in other modes)
+                "activity": usage.share(a.activity_permille_s, a.gpus, a.metered_until_s)
+                if a.billing_mode == usage.USAGE else None,
             }
         )  # fmt: skip
     return out

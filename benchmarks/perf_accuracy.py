@@ -290,7 +290,7 @@ def main() -> int:
                     help="which part of the MoE rows to report (the held-out part is never used for tuning)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    moe_path = args.moe or DEFAULT_MOE
+    moe_path = args.moe or DEFAULT.with_name(DEFAULT_MOE.name)
     moe = yaml.safe_load(moe_path.read_text()) if moe_path.exists() else None
     if moe is None and args.moe is not None:
         print(f"MoE reference file not found: {moe_path}", file=sys.stderr)

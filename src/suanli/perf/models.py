@@ -9,6 +9,7 @@ split follow those kinds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 Mixer = Literal["attn", "mamba", "none"]
@@ -124,6 +125,10 @@ class TransformerArch:
 
     def layer_kinds(self) -> tuple[tuple[Mixer, Ffn], ...]:
         """(mixer, ffn) of every layer in order. Hybrid layers interleave evenly (Mamba, MLP, … attention)."""
+        return self._kinds
+
+    @cached_property
+    def _kinds(self) -> tuple[tuple[Mixer, Ffn], ...]:
         if self.is_hybrid:
             n_mlp = self.layers - self.mamba_layers - self.attention_layers
             kinds: list[tuple[Mixer, Ffn]] = []
@@ -199,9 +204,27 @@ class TransformerArch:
             p += routed + self.shared_expert_params + self.hidden * self.experts
         return p
 
-    @property
+    @cached_property
     def layer_params_total(self) -> int:
         return sum(self._layer_params(m, f) for m, f in self.layer_kinds())
+
+    @cached_property
+    def layer_param_split(self) -> tuple[tuple[int, int], ...]:
+        """(non-expert, routed-expert) parameters of every layer in order."""
+        out = []
+        for m, f in self.layer_kinds():
+            routed = self.experts * self.expert_params if f == "moe" else 0
+            out.append((self._layer_params(m, f) - routed, routed))
+        return tuple(out)
+
+    @cached_property
+    def layer_param_prefix(self) -> tuple[tuple[int, int], ...]:
+        """Running totals of `layer_param_split`: entry i covers layers [0, i)."""
+        out, d, e = [(0, 0)], 0, 0
+        for dense, routed in self.layer_param_split:
+            d, e = d + dense, e + routed
+            out.append((d, e))
+        return tuple(out)
 
     @property
     def params_per_layer(self) -> int:
@@ -241,12 +264,16 @@ class TransformerArch:
 
     def linear_flops_per_token(self) -> float:
         """Matmul FLOPs of all weights a token uses, incl. the output projection and MTP modules."""
+        return self._linear_flops
+
+    @cached_property
+    def _linear_flops(self) -> float:
         per = sum(self._mixer_matmul_params(m) + self._ffn_matmul_params(f) for m, f in self.layer_kinds())
         mtp_block = self._mixer_matmul_params("attn") + self._ffn_matmul_params("moe" if self.is_moe else "dense")
         mtp = self.mtp_layers * (mtp_block + 2 * self.hidden * self.hidden + self.hidden * self.vocab)
         return 6.0 * (per + self.hidden * self.vocab + mtp)
 
-    @property
+    @cached_property
     def attention_layer_count(self) -> int:
         return sum(1 for m, _ in self.layer_kinds() if m == "attn") + self.mtp_layers
 

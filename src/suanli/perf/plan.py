@@ -66,7 +66,8 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
     cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8) if job.seq_len >= 4096 * c or c == 1]
     mbss = [fixed["mbs"]] if "mbs" in fixed else [1, 2, 4]
     zeros = [fixed["zero"]] if "zero" in fixed else [1, 3]
-    recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]  # type: ignore[list-item]
+    # selective recompute costs what none costs with flash attention (no s x s scores to keep): not searched
+    recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "full"]  # type: ignore[list-item]
     etps = [fixed["etp"]] if "etp" in fixed else [1]
     for tp in tps:
         for pp in pps:
@@ -118,9 +119,10 @@ def search(
     results: list[TrainEstimate] = []
     group = placement.group_fn()
     gpu = placement.gpu
+    memo: dict[object, object] = {}
     for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
         try:
-            results.append(step_time(job, plan, gpu, placement.n_gpus, group))
+            results.append(step_time(job, plan, gpu, placement.n_gpus, group, memo))
         except PlanError:
             continue
     if not results:

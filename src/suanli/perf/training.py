@@ -155,14 +155,9 @@ class _StageParams:
 
 
 def _stage_params(a: TransformerArch, ranges: list[tuple[int, int]], first: bool, last: bool) -> _StageParams:
-    kinds = a.layer_kinds()
-    dense = expert = 0.0
-    for lo, hi in ranges:
-        for m, f in kinds[lo:hi]:
-            total = a._layer_params(m, f)
-            routed = a.experts * a.expert_params if f == "moe" else 0
-            dense += total - routed
-            expert += routed
+    pre = a.layer_param_prefix
+    dense = float(sum(pre[hi][0] - pre[lo][0] for lo, hi in ranges))
+    expert = float(sum(pre[hi][1] - pre[lo][1] for lo, hi in ranges))
     if first:
         dense += a.vocab * a.hidden
     if last:
@@ -179,6 +174,14 @@ def _split(job: TrainJob, plan: Plan) -> PipelineSplit:
         return split_layers(job.arch.layers, plan.pp, plan.vp)
     except ValueError as e:
         raise PlanError(str(e)) from e
+
+
+def _kind_counts(kinds: tuple[tuple[str, str], ...], ranges: list[tuple[int, int]]) -> dict[tuple[str, str], int]:
+    counts: dict[tuple[str, str], int] = {}
+    for lo, hi in ranges:
+        for k in kinds[lo:hi]:
+            counts[k] = counts.get(k, 0) + 1
+    return counts
 
 
 def _split_for_memory(job: TrainJob, plan: Plan) -> PipelineSplit:
@@ -223,11 +226,8 @@ def memory_per_gpu(job: TrainJob, plan: Plan, gpu: GPUSpec) -> dict[str, float]:
         in_flight = float(min(p.pp - s, m))
         if s == 0 and p.vp > 1 and p.pp > 1:
             in_flight *= 1 + (p.pp - 1) / (p.pp * p.vp)
-        per_token = sum(
-            _act_bytes_per_token(a, kinds[i], p.recompute, job.moe_imbalance)
-            for lo, hi in ranges[s]
-            for i in range(lo, hi)
-        )
+        per_kind = {k: _act_bytes_per_token(a, k, p.recompute, job.moe_imbalance) for k in set(kinds)}
+        per_token = sum(per_kind[k] * n for k, n in _kind_counts(kinds, ranges[s]).items())
         act = per_token * tokens_mb / p.tp * in_flight
         if p.recompute == "full" and ranges[s]:
             lo = ranges[s][0][0]
@@ -279,8 +279,13 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
 
 
-def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: GroupFn) -> TrainEstimate:
-    """Predict one optimizer step of `job` under `plan` on `n_gpus` GPUs laid out as `group` describes."""
+def step_time(
+    job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: GroupFn, memo: dict[object, object] | None = None
+) -> TrainEstimate:
+    """Predict one optimizer step of `job` under `plan` on `n_gpus` GPUs laid out as `group` describes.
+
+    `memo`: a dict the caller keeps across plans of one job on one placement (the plan search), so layer
+    costs that do not depend on pp, vp, dp or ZeRO are computed once."""
     a, p = job.arch, plan
     _validate(job, p, n_gpus)
     split = _split(job, p)
@@ -297,14 +302,20 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
         imbalance=job.moe_imbalance, group=group,
     )  # fmt: skip
     kinds = a.layer_kinds()
-    per_kind = {k: layers.layer_time(env, k) for k in set(kinds)}
+    memo = memo if memo is not None else {}
+    per_kind: dict[object, layers.LayerTime] = {}
+    for k in set(kinds):
+        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        if key not in memo:
+            memo[key] = layers.layer_time(env, k)
+        per_kind[k] = memo[key]  # type: ignore[assignment]
     ranges = split.layer_ranges(p.pp)
     stages: list[layers.LayerTime] = []
     for rs in ranges:
+        counts = _kind_counts(kinds, rs)
         st = layers.LayerTime()
-        for lo, hi in rs:
-            for i in range(lo, hi):
-                st.add(per_kind[kinds[i]])
+        for k, n in counts.items():
+            st.add(per_kind[k].scaled(n))  # type: ignore[index]
         stages.append(st)
     logits = [
         (tokens, a.vocab / p.tp, a.hidden),
@@ -314,7 +325,11 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     t_logits = layers.gemm_time(logits, mm_rate, gpu.sms) + 3 * tokens * a.vocab * 4 / p.tp / hbm
     t_extra_last = t_logits
     if a.mtp_layers:  # each MTP module: projection, one block, its own logits
-        block = layers.layer_time(env, ("attn", "moe" if a.is_moe else "dense")).total
+        mtp_kind = ("attn", "moe" if a.is_moe else "dense")
+        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        if key not in memo:
+            memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
+        block = memo[key].total  # type: ignore[attr-defined]
         proj = layers.gemm_time(layers.fwd_bwd([(tokens, a.hidden, 2 * a.hidden / p.tp)]), mm_rate, gpu.sms)
         t_extra_last += a.mtp_layers * (block + proj + t_logits)
     totals = [st.total for st in stages]

@@ -16,6 +16,7 @@ a hash of each row's configuration into a calibration part and a held-out part (
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -27,7 +28,6 @@ from pathlib import Path
 import yaml
 
 from suanli.perf import Placement, Plan, TrainJob, estimate, evaluate, model_preset
-from suanli.perf.models import TransformerArch
 from suanli.topology import parse
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference" / "calibration.yaml"
@@ -182,7 +182,7 @@ def training_rows(cal: dict) -> list[Row]:
         for i, (gpus, step) in enumerate(zip(run["gpus"], run["step_s"], strict=False)):
             a = arch
             if layers_list:
-                a = TransformerArch(**{**arch.__dict__, "layers": layers_list[i]})
+                a = dataclasses.replace(arch, layers=layers_list[i])
             gbs = gbs_list[i] if gbs_list else None
             tp, pp, cp = cfg.get("tp", 1), cfg.get("pp", 1), cfg.get("cp", 1)
             if gbs is None and "ga" in cfg:  # GBS = DP x MBS x gradient-accumulation steps

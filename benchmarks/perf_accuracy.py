@@ -1,18 +1,24 @@
 """Predicted vs measured: every measured table in the calibration set, with errors.
 
-Usage: python benchmarks/perf_accuracy.py [--calibration PATH] [--json]
+Usage: python benchmarks/perf_accuracy.py [--calibration PATH] [--moe PATH] [--split calibration|held-out|both] [--json]
 
 Reads ../shared/data/perf_reference/calibration.yaml (or --calibration); in a plain clone without ../shared it
 says so and skips the tables that need that file (each table compares with one of its sections). Each measured
 system is described here only by its hardware (GPU, node count, NICs, fabric) and its run configuration (the
 published parallel plan); the model is never given the measured result. Targets (issue): median
 |error| <= 10% and max <= 25% for busbw at sizes >= 1 MiB and for step time.
+
+The Mixture-of-Experts tables read ../shared/data/perf_reference/moe_and_inference.yaml (or --moe): NVIDIA
+Megatron-Bridge's published tokens/s/GPU with full configurations (benchmarks/perf_moe_rows.py), split once by
+a hash of each row's configuration into a calibration part and a held-out part (30%), reported separately.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import re
 import statistics
 import sys
@@ -22,10 +28,10 @@ from pathlib import Path
 import yaml
 
 from suanli.perf import Placement, Plan, TrainJob, estimate, evaluate, model_preset
-from suanli.perf.models import TransformerArch
 from suanli.topology import parse
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference" / "calibration.yaml"
+DEFAULT_MOE = DEFAULT.with_name("moe_and_inference.yaml")
 MiB = 1 << 20
 
 
@@ -44,6 +50,7 @@ class Row:
     predicted: float
     unit: str
     detail: str = ""
+    group: str = ""
 
     @property
     def error(self) -> float:
@@ -175,7 +182,7 @@ def training_rows(cal: dict) -> list[Row]:
         for i, (gpus, step) in enumerate(zip(run["gpus"], run["step_s"], strict=False)):
             a = arch
             if layers_list:
-                a = TransformerArch(**{**arch.__dict__, "layers": layers_list[i]})
+                a = dataclasses.replace(arch, layers=layers_list[i])
             gbs = gbs_list[i] if gbs_list else None
             tp, pp, cp = cfg.get("tp", 1), cfg.get("pp", 1), cfg.get("cp", 1)
             if gbs is None and "ga" in cfg:  # GBS = DP x MBS x gradient-accumulation steps
@@ -206,9 +213,38 @@ def training_rows(cal: dict) -> list[Row]:
     return rows
 
 
+def bridge_rows(moe: dict, moe_only: bool, split: str) -> list[Row]:
+    """Megatron-Bridge training rows (MoE, or the dense ones) of one split: calibration or held-out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from perf_moe_rows import cases
+    from suanli.perf import PlanError
+
+    rows: list[Row] = []
+    for c in cases(moe):
+        if c.moe != moe_only or c.held_out != (split == "held-out"):
+            continue
+        try:
+            est = evaluate(c.job, c.plan, c.placement)
+        except PlanError as e:
+            rows.append(Row(split, c.label, c.measured_step_s, float("nan"), "s", f"refused: {e}", c.group))
+            continue
+        b = est.breakdown
+        detail = (f"mfu {est.mfu:.1%} ep {b.get('ep_exposed', 0) / est.step_time_s:.0%} "
+                  f"bubble {b['pp_bubble'] / est.step_time_s:.0%} fits={est.fits}")  # fmt: skip
+        rows.append(Row(split, c.label, c.measured_step_s, est.step_time_s, "s", detail, c.group))
+    return rows
+
+
 def summarise(rows: list[Row]) -> dict[str, float]:
-    errs = [abs(r.error) for r in rows]
+    errs = [abs(r.error) if r.predicted == r.predicted else math.inf for r in rows]
     return {"n": len(rows), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+
+
+def by_group(rows: list[Row]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.group, []).append(r)
+    return {g: summarise(rs) for g, rs in sorted(groups.items())}
 
 
 # Every table: its key in the --json document, its title, the calibration section it compares with, its rows.
@@ -218,9 +254,21 @@ TABLES = (
 )
 
 
-def tables(cal: dict) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str, str]]]:
+def tables(
+    cal: dict, moe: dict | None = None, split: str = "both"
+) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str, str]]]:
     """(key, title, rows) of each table the calibration data allows, and (title, why) of each it does not."""
     done, skipped = [], []
+    for sp in ("calibration", "held-out"):
+        if split not in (sp, "both"):
+            continue
+        for moe_only, key, what in ((True, "moe_training", "MoE"), (False, "bridge_dense_training", "dense")):
+            title = f"Megatron-Bridge {what} training: step time ({sp} split)"
+            if moe is None:
+                skipped.append((title, "needs moe_and_inference.yaml"))
+                continue
+            rows = bridge_rows(moe, moe_only, sp)
+            (done if rows else skipped).append((f"{key}_{sp}", title, rows) if rows else (title, "no rows"))
     for key, title, section, build in TABLES:
         if section not in cal:
             skipped.append((title, f"needs `{section}` from the calibration file"))
@@ -237,8 +285,16 @@ def tables(cal: dict) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", type=Path, default=None, help=f"default: {DEFAULT}")
+    ap.add_argument("--moe", type=Path, default=None, help=f"default: {DEFAULT_MOE}")
+    ap.add_argument("--split", choices=("calibration", "held-out", "both"), default="both",
+                    help="which part of the MoE rows to report (the held-out part is never used for tuning)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    moe_path = args.moe or DEFAULT.with_name(DEFAULT_MOE.name)
+    moe = yaml.safe_load(moe_path.read_text()) if moe_path.exists() else None
+    if moe is None and args.moe is not None:
+        print(f"MoE reference file not found: {moe_path}", file=sys.stderr)
+        return 2
     path = args.calibration or DEFAULT
     cal: dict = {}
     if path.exists():
@@ -249,11 +305,12 @@ def main() -> int:
     else:  # a plain clone: the measured set lives in ../shared beside the repository
         print(f"calibration file not found: {path} (the measured set lives in ../shared/data/perf_reference beside "
               "the repository; give --calibration PATH); the tables that need it are skipped", file=sys.stderr)  # fmt: skip
-    done, skipped = tables(cal)
+    done, skipped = tables(cal, moe, args.split)
     for title, why in skipped:
         print(f"skipped: {title}: {why}", file=sys.stderr)
     if args.json:
         doc: dict = {key: summarise(rows) for key, _, rows in done}
+        doc["groups"] = {key: by_group(rows) for key, _, rows in done if rows and rows[0].group}
         doc["rows"] = [r.__dict__ | {"error": r.error} for _, _, rows in done for r in rows]
         doc["skipped"] = {title: why for title, why in skipped}
         print(json.dumps(doc, indent=1))
@@ -278,6 +335,11 @@ def main() -> int:
                 style=style,
             )
         con.print(tab)
+        if rows and rows[0].group:
+            for g, gs in by_group(rows).items():
+                con.print(
+                    f"  {g}: n={gs['n']} median |error| {gs['median_abs_error']:.1%} max {gs['max_abs_error']:.1%}"
+                )
         s = summarise(rows)
         con.print(
             f"[bold]{title}[/]: n={s['n']}  median |error| {s['median_abs_error']:.1%}  max |error| {s['max_abs_error']:.1%}"

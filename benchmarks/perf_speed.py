@@ -69,11 +69,22 @@ def cases(repeats: int) -> list[Case]:
     rng = np.random.default_rng(0)
     scattered = np.sort(rng.choice(big.n_gpus, size=1024, replace=False))
     few = max(5, repeats // 10)
+    moe_cluster = parse(
+        {
+            "name": "128x8-h100",
+            "node_groups": [{"name": "n", "count": 128, "gpu": "H100-SXM", "gpus_per_node": 8, "nics": 8}],
+            "fabric": "ib-ndr",
+            "nodes_per_leaf": 32,
+        }
+    )
+    moe_placement = Placement(moe_cluster, moe_cluster.compact_gpus(1024))
+    moe_job = TrainJob(model_preset("deepseek-v3"), "fp8", seq_len=4096, global_batch=8192)
 
     return [
         Case("estimate all_reduce 1 GiB, 2x8 H100", lambda: estimate("all_reduce", GiB, group), "us", 50.0, repeats),
         Case("search llama3.1-70b, 128 H100 (superpod SU)", lambda: search(job, placement), "ms", 1000.0, few),
         Case("evaluate TP4 PP4 CP2 VP5, 128 H100", lambda: evaluate(job, plan, placement), "ms", 10.0, repeats),
+        Case("search deepseek-v3 (671B MoE), 1,024 H100", lambda: search(moe_job, moe_placement), "ms", 2000.0, 3),
         Case("load preset synthetic-100k", lambda: load_preset("synthetic-100k"), "ms", 1000.0, few),
         Case(
             "load synthetic-100k + first query (builds columns)",

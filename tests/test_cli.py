@@ -188,7 +188,18 @@ def test_train_exact_plan_issue_example() -> None:
     doc = run_json(*ISSUE_TRAIN, "--tp", "4", "--pp", "4", "--cp", "2", "--vp", "5", "--mbs", "1")
     assert doc["fits"] is True and doc["searched"] is False
     assert doc["model"] == "llama3.1-70b" and doc["gpus"] == 128 and doc["precision"] == "bf16"
-    assert doc["plan"] == {"tp": 4, "pp": 4, "cp": 2, "vp": 5, "mbs": 1, "zero": 1, "recompute": "none", "dp": 4}
+    assert doc["plan"] == {
+        "tp": 4,
+        "pp": 4,
+        "cp": 2,
+        "vp": 5,
+        "mbs": 1,
+        "zero": 1,
+        "recompute": "none",
+        "dp": 4,
+        "ep": 1,
+        "etp": 1,
+    }
     for key in ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "memory_gib_per_gpu"):
         assert doc[key] > 0
     assert 0 < doc["mfu"] < 1
@@ -242,7 +253,9 @@ def test_train_bad_input_exit_2() -> None:
     assert "B999" in err and "H100-SXM" in err and "GB300" in err
     assert "llama3.1-70b" in bad_input("perf", "train", "--model", "llama9", "--gpus", "8")
     assert "does not divide" in bad_input(*ISSUE_TRAIN, "--tp", "3", "--pp", "4", "--cp", "2")
-    assert "pp*vp" in bad_input(*ISSUE_TRAIN, "--tp", "8", "--pp", "4", "--cp", "1", "--vp", "3")
+    assert "pp*vp" in bad_input(
+        *ISSUE_TRAIN, "--tp", "8", "--pp", "16", "--cp", "1", "--vp", "8"
+    )  # 128 chunks > 80 layers + 2
     assert "zero" in bad_input("perf", "train", "--model", "llama3.1-8b", "--zero", "5")
     assert "selective" in bad_input("perf", "train", "--model", "llama3.1-8b", "--recompute", "some")
     assert "fp8" in bad_input("perf", "train", "--model", "llama3.1-8b", "--gpu", "V100", "--precision", "fp8")

@@ -37,8 +37,13 @@ def test_without_the_calibration_file_it_says_so_and_skips(
     out, err = capsys.readouterr()
     assert f"calibration file not found: {tmp_path}" in err and "../shared" in err
     assert "skipped: Collectives" in err and "skipped: Training" in err
-    assert json.loads(out) == {"rows": [], "skipped": {t: f"needs `{s}` from the calibration file"
-                                                      for _, t, s, _ in module.TABLES}}  # fmt: skip
+    doc = json.loads(out)
+    assert doc["rows"] == [] and doc["groups"] == {}
+    assert doc["skipped"] == {
+        **{t: f"needs `{s}` from the calibration file" for _, t, s, _ in module.TABLES},
+        **{t: "needs moe_and_inference.yaml" for t in doc["skipped"] if t.startswith("Megatron-Bridge")},
+    }
+    assert len(doc["skipped"]) == len(module.TABLES) + 4  # MoE and dense rows, calibration and held-out splits
     assert _run(module, monkeypatch) == 0
     assert _run(module, monkeypatch, "--calibration", str(tmp_path / "nope.yaml")) == 2
 
@@ -54,4 +59,5 @@ def test_a_table_the_file_cannot_feed_is_skipped_and_the_others_print(
     assert _run(module, monkeypatch, "--json", "--calibration", str(partial)) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["extra"]["n"] == 1 and len(doc["rows"]) == 1
-    assert set(doc["skipped"]) == {"Collectives: busbw, sizes >= 1 MiB", "Training: step time"}
+    own = {t for t in doc["skipped"] if not t.startswith("Megatron-Bridge")}
+    assert own == {"Collectives: busbw, sizes >= 1 MiB", "Training: step time"}

@@ -59,12 +59,53 @@ PARAMS = [
     ("nemotron4-340b", 330e9, 345e9),
     ("qwen2.5-72b", 71e9, 74e9),
     ("nemotron4-15b", 14e9, 16.5e9),
+    ("llama3.3-70b", 69e9, 72e9),
+    ("nemotron-h-56b", 55e9, 58e9),
+    ("deepseek-v3", 665e9, 675e9),
+    ("deepseek-r1", 665e9, 675e9),
+    ("kimi-k2", 1.0e12, 1.04e12),
+    ("qwen3-235b-a22b", 233e9, 237e9),
+    ("qwen3-30b-a3b", 30e9, 31e9),
+    ("mixtral-8x7b", 46e9, 47.5e9),
+    ("mixtral-8x22b", 139e9, 142e9),
+    ("gpt-oss-120b", 115e9, 120e9),
+    ("gpt-oss-20b", 20e9, 22e9),
+    ("llama4-maverick", 395e9, 405e9),
+    ("llama4-scout", 105e9, 110e9),
+    ("grok-1", 310e9, 320e9),
+]
+
+# active parameters per token (model cards; embeddings included here, so a little above the cards' figure)
+ACTIVE = [
+    ("deepseek-v3", 36e9, 39e9),
+    ("kimi-k2", 31e9, 34e9),
+    ("qwen3-235b-a22b", 21e9, 23e9),
+    ("qwen3-30b-a3b", 3e9, 3.6e9),
+    ("mixtral-8x7b", 12.5e9, 13.2e9),
+    ("mixtral-8x22b", 38e9, 40e9),
+    ("gpt-oss-120b", 5.1e9, 6e9),
+    ("llama4-maverick", 16.5e9, 18e9),
+    ("llama4-scout", 16.5e9, 18e9),
 ]
 
 
 @pytest.mark.parametrize(("name", "lo", "hi"), PARAMS)
 def test_preset_parameter_counts(name: str, lo: float, hi: float) -> None:
     assert lo <= model_preset(name).params <= hi
+
+
+@pytest.mark.parametrize(("name", "lo", "hi"), ACTIVE)
+def test_moe_preset_active_parameters(name: str, lo: float, hi: float) -> None:
+    assert lo <= model_preset(name).active_params <= hi
+
+
+def test_stated_flops_of_dgxc_benchmarks() -> None:
+    """dgxc-benchmarking states model FLOPs per 8192-token sample (causal attention) for Llama 4 Maverick
+    (8.92e14), Grok-1 (4.27e15) and Nemotron-H 56B (2.816e15): the presets' shapes reproduce them."""
+    for name, stated in (("llama4-maverick", 8.92e14), ("grok-1", 4.27e15), ("nemotron-h-56b", 2.816e15)):
+        a = model_preset(name)
+        flops = (a.linear_flops_per_token() + a.attention_flops_per_token(8192, causal=True)) * 8192
+        assert flops == pytest.approx(stated, rel=0.02), name
 
 
 def test_every_preset_has_a_parameter_range() -> None:
@@ -87,9 +128,10 @@ def test_model_preset_lookup() -> None:
 def test_flops_grow_with_sequence_and_causal_is_half(name: str) -> None:
     a = model_preset(name)
     assert a.model_flops_per_token(8192) > a.model_flops_per_token(4096)
-    assert a.attention_flops_per_token(4096, causal=True) == pytest.approx(a.attention_flops_per_token(4096, False) / 2)
-    # training FLOPs are at least 6 x (non-embedding) params per token
-    assert a.model_flops_per_token(4096) >= 6 * (a.params - a.embedding_params)
+    if not a.sliding_window and not a.is_hybrid:
+        assert a.attention_flops_per_token(4096, True) == pytest.approx(a.attention_flops_per_token(4096, False) / 2)
+    # training FLOPs are at least 6 x (non-embedding) active params per token
+    assert a.model_flops_per_token(4096) >= 6 * (a.active_params - a.embedding_params)
 
 
 # --- memory -------------------------------------------------------------------------------------------
@@ -249,8 +291,7 @@ BAD_PLANS = [
     (Plan(tp=4, pp=4, cp=2, dp=2), 128, 256, 8192, r"tp\*pp\*cp\*dp"),
     (Plan(tp=8, pp=1, dp=16, mbs=1), 128, 100, 8192, "global batch"),
     (Plan(tp=8, pp=1, dp=16, mbs=4), 128, 32, 8192, "global batch"),
-    (Plan(tp=4, pp=3, dp=10, vp=1), 120, 30, 8192, "layers"),
-    (Plan(tp=4, pp=4, dp=8, vp=3), 128, 256, 8192, "layers"),
+    (Plan(tp=1, pp=64, dp=2, vp=2), 128, 256, 8192, "layers cannot fill"),  # 128 chunks > 80 layers + 2
     (Plan(tp=3, pp=1, dp=32), 96, 256, 8192, "heads"),  # 64 query heads do not split three ways
     (Plan(tp=4, pp=1, cp=4, dp=8), 128, 256, 6148, "sequence"),
     (Plan(tp=8, pp=4, vp=2, dp=4), 128, 24, 8192, "interleaved"),
@@ -320,7 +361,8 @@ def test_search_returns_valid_fitting_plans(cluster: str, model: str, gpus: int,
         assert job.global_batch % (p.dp * p.mbs) == 0
         assert job.arch.heads % p.tp == 0
         if p.pp > 1:
-            assert job.arch.layers % (p.pp * p.vp) == 0
+            assert p.pp * p.vp <= job.arch.layers + 2  # Megatron lays out uneven splits; never empty-handed
+            assert sum(r.notes["pipeline_split"]["layers_per_stage"]) == job.arch.layers  # type: ignore[index]
         assert r.step_time_s > 0 and 0 < r.mfu < 1
 
 
@@ -361,3 +403,100 @@ def test_degenerate_plans_are_plan_errors() -> None:
         evaluate(TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 64), Plan(dp=8, mbs=0), pl)
     with pytest.raises(PlanError):
         evaluate(TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 0), Plan(dp=8), pl)
+
+
+# --- Megatron's uneven pipeline splits, expert parallelism -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pp", "vp", "option"),
+    [(16, 1, "account_for_embedding_in_pipeline_split"), (8, 8, "account_for_embedding_in_pipeline_split")],
+)
+def test_405b_pipeline_splits_megatron_runs_are_modelled(pp: int, vp: int, option: str) -> None:
+    """126 layers over PP16 or PP8 x VP8: refused before; Megatron runs them by counting embedding and loss."""
+    job = TrainJob(model_preset("llama3.1-405b"), global_batch=2048)
+    c = _cluster(nodes=pp * 2)
+    est = evaluate(job, Plan(tp=8, pp=pp, vp=vp, dp=2), _compact(c, 16 * pp))
+    split = est.notes["pipeline_split"]
+    assert option in split["megatron_option"]  # type: ignore[index]
+    assert sum(split["layers_per_stage"]) == 126  # type: ignore[index]
+
+
+@settings(max_examples=200, deadline=None)
+@given(layers=st.integers(1, 200), pp=st.sampled_from([1, 2, 3, 4, 8, 16, 32]), vp=st.integers(1, 8))
+def test_pipeline_split_places_every_layer_or_refuses_only_impossible(layers: int, pp: int, vp: int) -> None:
+    from suanli.perf.pipeline import split_layers
+
+    if pp == 1:
+        vp = 1
+    try:
+        split = split_layers(layers, pp, vp)
+    except ValueError:
+        assert pp * vp > layers + 2
+        return
+    assert sum(split.chunks) == layers and len(split.chunks) == pp * vp
+    assert all(n >= 0 for n in split.chunks)
+    assert max(split.chunks) <= -(-(layers + 2) // (pp * vp))  # no chunk above the balanced layout's
+    if layers % (pp * vp) == 0:
+        assert split.option == "even"
+
+
+def _moe_estimate(ep: int, nodes: int, gpus: int, **kw: object) -> object:
+    job = TrainJob(model_preset("qwen3-30b-a3b"), precision="bf16", global_batch=gpus * 4)
+    return evaluate(job, Plan(ep=ep, dp=gpus, **kw), _compact(_cluster(nodes=nodes), gpus))  # type: ignore[arg-type]
+
+
+def test_expert_parallel_all_to_all_is_slower_across_nodes_than_inside_nvlink() -> None:
+    inside = _moe_estimate(8, 2, 16)
+    across = _moe_estimate(16, 2, 16)
+    assert inside.breakdown["ep_exposed"] > 0  # type: ignore[attr-defined]
+    per_rank_inside = inside.breakdown["ep_exposed"]  # type: ignore[attr-defined]
+    assert across.breakdown["ep_exposed"] > 2 * per_rank_inside  # type: ignore[attr-defined]
+
+
+def test_expert_parallel_shards_expert_memory() -> None:
+    m1 = _moe_estimate(1, 1, 8).memory_breakdown  # type: ignore[attr-defined]
+    m8 = _moe_estimate(8, 1, 8).memory_breakdown  # type: ignore[attr-defined]
+    assert m8["weights"] < m1["weights"] / 4
+
+
+def test_moe_imbalance_slows_the_step() -> None:
+    job = TrainJob(model_preset("qwen3-30b-a3b"), global_batch=32)
+    plan, placement = Plan(ep=8, dp=8), _compact(_cluster(), 8)
+    balanced = evaluate(job, plan, placement)
+    skewed = evaluate(TrainJob(job.arch, global_batch=32, moe_imbalance=1.5), plan, placement)
+    assert skewed.step_time_s > balanced.step_time_s
+    assert skewed.notes["moe_imbalance"] == 1.5
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [
+        (Plan(ep=3, dp=8), "experts do not split"),
+        (Plan(ep=16, dp=8), "must divide"),
+        (Plan(ep=8, etp=2, dp=8), "must divide"),
+    ],
+)
+def test_bad_expert_plans_are_refused(plan: Plan, match: str) -> None:
+    job = TrainJob(model_preset("qwen3-30b-a3b"), global_batch=64)
+    with pytest.raises(PlanError, match=match):
+        evaluate(job, plan, _compact(_cluster(), 8))
+
+
+def test_dense_model_refuses_expert_parallelism() -> None:
+    with pytest.raises(PlanError, match="no experts"):
+        evaluate(TrainJob(model_preset("llama3.1-8b"), global_batch=64), Plan(ep=2, dp=8), _compact(_cluster(), 8))
+
+
+def test_default_global_batch_grows_with_gpus() -> None:
+    from suanli.perf import default_global_batch
+
+    assert default_global_batch(8) == 256
+    assert default_global_batch(1024) == 256
+    assert default_global_batch(16384) == 4096
+
+
+def test_search_covers_expert_parallel_plans() -> None:
+    job = TrainJob(model_preset("mixtral-8x7b"), global_batch=256)
+    results = search(job, _compact(_cluster(nodes=4), 32), top=3)
+    assert any(r.plan.ep > 1 for r in results)

@@ -18,9 +18,10 @@ from suanli.perf import (
     model_preset,
     search,
 )
+from suanli.perf.training import TRAIN_PRECISIONS
 
 # ---- training jobs and plans ----------------------------------------------------------------------------
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PRECISIONS = TRAIN_PRECISIONS
 RECOMPUTE = ("none", "selective", "full")
 MODEL = "Model and job"
 PLAN = "Parallel plan (all of --tp/--pp/--cp given: evaluate exactly; otherwise search with the given ones fixed)"
@@ -31,9 +32,25 @@ ModelOpt = Annotated[
         "--model", "-m", help=f"Model preset ({', '.join(MODEL_PRESETS)}) or 'custom'.", rich_help_panel=MODEL
     ),
 ]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16|fp16|fp8|fp32.", rich_help_panel=MODEL)]
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="bf16|fp16|fp8 (per-tensor)|fp8-blockwise|mxfp8|nvfp4 (Blackwell)|fp32.",
+        rich_help_panel=MODEL,
+    ),
+]
 SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (tokens).", rich_help_panel=MODEL)]
 BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.", rich_help_panel=MODEL)]
+AutoBatchOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--global-batch",
+        help="Sequences per optimizer step (default: 256, or a quarter of the GPU count rounded up to a power of two "
+        "when larger).",
+        rich_help_panel=MODEL,
+    ),
+]
 _ARCH = "Custom model (--model custom)"
 LayersOpt = Annotated[int | None, typer.Option("--layers", rich_help_panel=_ARCH)]
 HiddenOpt = Annotated[int | None, typer.Option("--hidden", rich_help_panel=_ARCH)]
@@ -47,6 +64,38 @@ VocabOpt = Annotated[
 ]
 GatedOpt = Annotated[
     bool | None, typer.Option("--gated/--no-gated", help="SwiGLU MLP (default: gated).", rich_help_panel=_ARCH)
+]
+ExpertsOpt = Annotated[int | None, typer.Option("--experts", help="Routed experts (MoE).", rich_help_panel=_ARCH)]
+TopKOpt = Annotated[int | None, typer.Option("--top-k", help="Experts per token.", rich_help_panel=_ARCH)]
+MoeFfnOpt = Annotated[int | None, typer.Option("--moe-ffn", help="Expert FFN inner size.", rich_help_panel=_ARCH)]
+SharedExpertsOpt = Annotated[
+    int | None, typer.Option("--shared-experts", help="Always-on shared experts.", rich_help_panel=_ARCH)
+]
+DenseLayersOpt = Annotated[
+    int | None, typer.Option("--dense-layers", help="Leading dense (non-MoE) layers.", rich_help_panel=_ARCH)
+]
+QLoraOpt = Annotated[int | None, typer.Option("--q-lora-rank", help="MLA query rank.", rich_help_panel=_ARCH)]
+KvLoraOpt = Annotated[
+    int | None, typer.Option("--kv-lora-rank", help="MLA KV rank (turns MLA on).", rich_help_panel=_ARCH)
+]
+QkNopeOpt = Annotated[int | None, typer.Option("--qk-nope-dim", help="MLA per-head QK dim.", rich_help_panel=_ARCH)]
+QkRopeOpt = Annotated[int | None, typer.Option("--qk-rope-dim", help="MLA rotary dim.", rich_help_panel=_ARCH)]
+VHeadOpt = Annotated[int | None, typer.Option("--v-head-dim", help="MLA per-head V dim.", rich_help_panel=_ARCH)]
+MtpOpt = Annotated[
+    int | None, typer.Option("--mtp-layers", help="Multi-token-prediction modules.", rich_help_panel=_ARCH)
+]
+HeadDimOpt = Annotated[
+    int | None, typer.Option("--head-dim", help="Per-head dim (default hidden/heads).", rich_help_panel=_ARCH)
+]
+EpOpt = Annotated[int | None, typer.Option("--ep", help="Expert parallel size (MoE).", rich_help_panel=PLAN)]
+EtpOpt = Annotated[int | None, typer.Option("--etp", help="Expert tensor parallel size (MoE).", rich_help_panel=PLAN)]
+ImbalanceOpt = Annotated[
+    float,
+    typer.Option(
+        "--moe-imbalance",
+        help="Busiest expert-parallel rank's load / the mean (1.0: balanced, as NVIDIA's benchmarks force).",
+        rich_help_panel=MODEL,
+    ),
 ]
 TpOpt = Annotated[int | None, typer.Option("--tp", help="Tensor parallel size.", rich_help_panel=PLAN)]
 PpOpt = Annotated[int | None, typer.Option("--pp", help="Pipeline parallel size.", rich_help_panel=PLAN)]
@@ -63,6 +112,15 @@ TokensOpt = Annotated[
 ]
 
 
+MOE_FIELDS = {
+    "experts": "experts", "top_k": "top_k", "moe_ffn": "moe_ffn", "shared_experts": "shared_experts",
+    "dense_layers": "dense_layers", "q_lora_rank": "q_lora_rank", "kv_lora_rank": "kv_lora_rank",
+    "qk_nope_dim": "qk_nope_dim", "qk_rope_dim": "qk_rope_dim", "v_head_dim": "v_head_dim",
+    "mtp_layers": "mtp_layers", "head_dim": "attn_head_dim",
+}  # fmt: skip
+ZERO_OK = {"shared_experts", "dense_layers", "q_lora_rank", "mtp_layers"}
+
+
 def build_arch(model: str, **dims: Any) -> TransformerArch:
     given = {k: v for k, v in dims.items() if v is not None}
     if model.strip().lower() != "custom":
@@ -73,30 +131,45 @@ def build_arch(model: str, **dims: Any) -> TransformerArch:
     if missing:
         fail(f"--model custom needs {', '.join(missing)}")
     for k, v in given.items():
-        if k != "gated" and v <= 0:
-            fail(f"--{k.replace('_', '-')} must be positive")
-    return TransformerArch(
-        name="custom",
-        layers=given["layers"],
-        hidden=given["hidden"],
-        ffn=given["ffn"],
-        heads=given["heads"],
-        kv_heads=given.get("kv_heads", given["heads"]),
-        vocab=given.get("vocab", 32000),
-        gated_mlp=given.get("gated", True),
-    )
+        if k != "gated" and (v < 0 if k in ZERO_OK else v <= 0):
+            fail(f"--{k.replace('_', '-')} must be {'>= 0' if k in ZERO_OK else 'positive'}")
+        if k != "gated" and v > 10_000_000:
+            fail(f"--{k.replace('_', '-')} must be at most 10,000,000")
+    extra = {MOE_FIELDS[k]: v for k, v in given.items() if k in MOE_FIELDS}
+    if "experts" in extra:
+        extra.setdefault("top_k", 1)
+        extra.setdefault("moe_ffn", given["ffn"])
+    try:
+        return TransformerArch(
+            name="custom",
+            layers=given["layers"],
+            hidden=given["hidden"],
+            ffn=given["ffn"],
+            heads=given["heads"],
+            kv_heads=given.get("kv_heads", given["heads"]),
+            vocab=given.get("vocab", 32000),
+            gated_mlp=given.get("gated", True),
+            **extra,
+        )
+    except ValueError as e:
+        fail(f"custom model: {e}")
 
 
-def build_job(model: str, precision: str, seq_len: int, global_batch: int, **dims: Any) -> TrainJob:
+def build_job(
+    model: str, precision: str, seq_len: int, global_batch: int, moe_imbalance: float = 1.0, **dims: Any
+) -> TrainJob:
     check_positive(seq_len, "--seq-len")
     check_positive(global_batch, "--global-batch")
     prec = check_choice(precision, PRECISIONS, "--precision")
-    return TrainJob(build_arch(model, **dims), prec, seq_len, global_batch)  # type: ignore[arg-type]
+    if not 1.0 <= moe_imbalance <= 64.0:
+        fail("--moe-imbalance must be between 1.0 (balanced) and 64")
+    return TrainJob(build_arch(model, **dims), prec, seq_len, global_batch, moe_imbalance)  # type: ignore[arg-type]
 
 
 def fixed_plan(**plan: Any) -> dict[str, Any]:
-    for k in ("tp", "pp", "cp", "vp", "mbs"):
-        check_positive(plan[k], f"--{k}")
+    for k in ("tp", "pp", "cp", "vp", "mbs", "ep", "etp"):
+        if k in plan:
+            check_positive(plan[k], f"--{k}")
     if plan["zero"] is not None and plan["zero"] not in (0, 1, 2, 3):
         fail(f"--zero must be 0, 1, 2 or 3 (got {plan['zero']})")
     if plan["recompute"] is not None:
@@ -110,7 +183,7 @@ def best_plans(job: TrainJob, system: System, fixed: dict[str, Any], top: int = 
         prod = fixed["tp"] * fixed["pp"] * fixed["cp"]
         if system.n_gpus % prod:
             raise PlanError(f"tp*pp*cp = {prod} does not divide {system.n_gpus} GPUs")
-        defaults = {"vp": 1, "mbs": 1, "zero": 1, "recompute": "none"}
+        defaults = {"vp": 1, "mbs": 1, "zero": 1, "recompute": "none", "ep": 1, "etp": 1}
         plan = Plan(**{**defaults, **fixed, "dp": system.n_gpus // prod})
         return [evaluate(job, plan, system.placement)], False
     return search(job, system.placement, fixed, top=top), True
@@ -134,6 +207,8 @@ def job_header(job: TrainJob, system: System) -> dict[str, Any]:
 
 def plan_label(p: dict[str, Any]) -> str:
     label = f"TP{p['tp']} PP{p['pp']} CP{p['cp']} DP{p['dp']}"
+    if p.get("ep", 1) > 1 or p.get("etp", 1) > 1:
+        label += f" EP{p['ep']} ETP{p['etp']}"
     extra = [f"VP{p['vp']}" if p["vp"] > 1 else "", f"MBS{p['mbs']}", f"ZeRO-{p['zero']}"]
     extra.append("" if p["recompute"] == "none" else f"recompute={p['recompute']}")
     return " ".join([label, *[e for e in extra if e]])

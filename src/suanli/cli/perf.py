@@ -27,28 +27,44 @@ from suanli.cli.common import (
     user_errors,
 )
 from suanli.cli.jobs import (
+    AutoBatchOpt,
     BatchOpt,
     CpOpt,
+    DenseLayersOpt,
+    EpOpt,
+    EtpOpt,
+    ExpertsOpt,
     FfnOpt,
     GatedOpt,
+    HeadDimOpt,
     HeadsOpt,
     HiddenOpt,
+    ImbalanceOpt,
     KvHeadsOpt,
+    KvLoraOpt,
     LayersOpt,
     MbsOpt,
     ModelOpt,
+    MoeFfnOpt,
+    MtpOpt,
     PpOpt,
     PrecisionOpt,
     PriceOpt,
+    QkNopeOpt,
+    QkRopeOpt,
+    QLoraOpt,
     RecomputeOpt,
     SeqLenOpt,
+    SharedExpertsOpt,
     TokensOpt,
+    TopKOpt,
     TpOpt,
+    VHeadOpt,
     VocabOpt,
     VpOpt,
     ZeroOpt,
 )
-from suanli.perf import MODEL_PRESETS, OPS, TrainEstimate, estimate, search
+from suanli.perf import MODEL_PRESETS, OPS, TrainEstimate, default_global_batch, estimate, search
 
 app = typer.Typer(no_args_is_help=True, help="Performance model: collectives, training step time, parallel plans.")
 
@@ -120,7 +136,7 @@ def train(
     model: ModelOpt,
     precision: PrecisionOpt = "bf16",
     seq_len: SeqLenOpt = 4096,
-    global_batch: BatchOpt = 256,
+    global_batch: AutoBatchOpt = None,
     layers: LayersOpt = None,
     hidden: HiddenOpt = None,
     ffn: FfnOpt = None,
@@ -128,6 +144,19 @@ def train(
     kv_heads: KvHeadsOpt = None,
     vocab: VocabOpt = None,
     gated: GatedOpt = None,
+    experts: ExpertsOpt = None,
+    top_k: TopKOpt = None,
+    moe_ffn: MoeFfnOpt = None,
+    shared_experts: SharedExpertsOpt = None,
+    dense_layers: DenseLayersOpt = None,
+    q_lora_rank: QLoraOpt = None,
+    kv_lora_rank: KvLoraOpt = None,
+    qk_nope_dim: QkNopeOpt = None,
+    qk_rope_dim: QkRopeOpt = None,
+    v_head_dim: VHeadOpt = None,
+    mtp_layers: MtpOpt = None,
+    head_dim: HeadDimOpt = None,
+    moe_imbalance: ImbalanceOpt = 1.0,
     cluster: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -144,22 +173,29 @@ def train(
     mbs: MbsOpt = None,
     zero: ZeroOpt = None,
     recompute: RecomputeOpt = None,
+    ep: EpOpt = None,
+    etp: EtpOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     tokens: TokensOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Step time, throughput, MFU and memory of one training job (exact plan, or the best one found)."""
     with user_errors():
-        job = jobs.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
-                   kv_heads=kv_heads, vocab=vocab, gated=gated)  # fmt: skip
-        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
-        n_tokens = common.parse_count(tokens) if tokens is not None else None
-        if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
-            fail("--price-per-gpu-hour must be >= 0")
         system = common.resolve_system(
             cluster=cluster, gpu=gpu, nodes=nodes, gpus=gpus, gpus_per_node=gpus_per_node,
             intra=intra, nics=nics, nic_gbps=nic_gbps, fabric=fabric,
         )  # fmt: skip
+        gbs = global_batch if global_batch is not None else default_global_batch(system.n_gpus)
+        job = jobs.build_job(model, precision, seq_len, gbs, moe_imbalance, layers=layers, hidden=hidden, ffn=ffn,
+                   heads=heads, kv_heads=kv_heads, vocab=vocab, gated=gated, experts=experts, top_k=top_k,
+                   moe_ffn=moe_ffn, shared_experts=shared_experts, dense_layers=dense_layers,
+                   q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_dim=qk_nope_dim,
+                   qk_rope_dim=qk_rope_dim, v_head_dim=v_head_dim, mtp_layers=mtp_layers,
+                   head_dim=head_dim)  # fmt: skip
+        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute, ep=ep, etp=etp)
+        n_tokens = common.parse_count(tokens) if tokens is not None else None
+        if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
+            fail("--price-per-gpu-hour must be >= 0")
         (est,), searched = jobs.best_plans(job, system, fixed)
     doc = {**jobs.job_header(job, system), "searched": searched, **est.as_dict()}
     doc["memory_capacity_gib"] = round(system.gpu.memory_GB * 1e9 / 2**30, 2)
@@ -221,7 +257,7 @@ def plan(
     model: ModelOpt,
     precision: PrecisionOpt = "bf16",
     seq_len: SeqLenOpt = 4096,
-    global_batch: BatchOpt = 256,
+    global_batch: AutoBatchOpt = None,
     layers: LayersOpt = None,
     hidden: HiddenOpt = None,
     ffn: FfnOpt = None,
@@ -229,6 +265,19 @@ def plan(
     kv_heads: KvHeadsOpt = None,
     vocab: VocabOpt = None,
     gated: GatedOpt = None,
+    experts: ExpertsOpt = None,
+    top_k: TopKOpt = None,
+    moe_ffn: MoeFfnOpt = None,
+    shared_experts: SharedExpertsOpt = None,
+    dense_layers: DenseLayersOpt = None,
+    q_lora_rank: QLoraOpt = None,
+    kv_lora_rank: KvLoraOpt = None,
+    qk_nope_dim: QkNopeOpt = None,
+    qk_rope_dim: QkRopeOpt = None,
+    v_head_dim: VHeadOpt = None,
+    mtp_layers: MtpOpt = None,
+    head_dim: HeadDimOpt = None,
+    moe_imbalance: ImbalanceOpt = 1.0,
     cluster: ClusterOpt = None,
     gpu: GpuOpt = None,
     nodes: NodesOpt = None,
@@ -245,19 +294,26 @@ def plan(
     mbs: MbsOpt = None,
     zero: ZeroOpt = None,
     recompute: RecomputeOpt = None,
+    ep: EpOpt = None,
+    etp: EtpOpt = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to list.")] = 5,
     json_out: JsonOpt = False,
 ) -> None:
     """The fastest parallel plans that fit in memory, best first (none fit: the smallest, flagged)."""
     with user_errors():
-        job = jobs.build_job(model, precision, seq_len, global_batch, layers=layers, hidden=hidden, ffn=ffn, heads=heads,
-                   kv_heads=kv_heads, vocab=vocab, gated=gated)  # fmt: skip
-        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute)
-        common.check_positive(top, "--top")
         system = common.resolve_system(
             cluster=cluster, gpu=gpu, nodes=nodes, gpus=gpus, gpus_per_node=gpus_per_node,
             intra=intra, nics=nics, nic_gbps=nic_gbps, fabric=fabric,
         )  # fmt: skip
+        gbs = global_batch if global_batch is not None else default_global_batch(system.n_gpus)
+        job = jobs.build_job(model, precision, seq_len, gbs, moe_imbalance, layers=layers, hidden=hidden, ffn=ffn,
+                   heads=heads, kv_heads=kv_heads, vocab=vocab, gated=gated, experts=experts, top_k=top_k,
+                   moe_ffn=moe_ffn, shared_experts=shared_experts, dense_layers=dense_layers,
+                   q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_dim=qk_nope_dim,
+                   qk_rope_dim=qk_rope_dim, v_head_dim=v_head_dim, mtp_layers=mtp_layers,
+                   head_dim=head_dim)  # fmt: skip
+        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute, ep=ep, etp=etp)
+        common.check_positive(top, "--top")
         results = search(job, system.placement, fixed, top=top)
     plans = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]
     if json_out:
@@ -394,18 +450,26 @@ def compare(
 def models(json_out: JsonOpt = False) -> None:
     """The model presets --model accepts."""
     rows = [
-        {"name": a.name, "params": a.params, "layers": a.layers, "hidden": a.hidden, "ffn": a.ffn, "heads": a.heads,
-         "kv_heads": a.kv_heads, "vocab": a.vocab, "gated_mlp": a.gated_mlp}
+        {"name": a.name, "params": a.params, "active_params": a.active_params, "layers": a.layers, "hidden": a.hidden,
+         "ffn": a.ffn, "heads": a.heads, "kv_heads": a.kv_heads, "vocab": a.vocab, "gated_mlp": a.gated_mlp,
+         "experts": a.experts, "top_k": a.top_k, "moe_ffn": a.moe_ffn, "shared_experts": a.shared_experts,
+         "dense_layers": a.dense_layers, "mla": a.is_mla, "mtp_layers": a.mtp_layers, "mamba_layers": a.mamba_layers,
+         "sources": dict(a.sources)}
         for a in MODEL_PRESETS.values()
     ]  # fmt: skip
     if json_out:
         common.emit_json(rows)
         return
     table = Table(title="model presets (or --model custom --layers … --hidden … --ffn … --heads …)")
-    for col in ("name", "params", "layers", "hidden", "ffn", "heads", "kv heads", "vocab", "MLP"):
-        table.add_column(col, justify="left" if col in ("name", "MLP") else "right")
+    for col in ("name", "params", "active", "layers", "hidden", "heads", "kv heads", "vocab", "experts", "attention"):
+        table.add_column(col, justify="left" if col in ("name", "experts", "attention") else "right")
     for r in rows:
-        vals = [r["name"], common.human_count(r["params"]), *(str(r[k]) for k in ("layers", "hidden", "ffn", "heads",
-                "kv_heads", "vocab")), "gated" if r["gated_mlp"] else "plain"]  # fmt: skip
+        experts = f"{r['experts']} top-{r['top_k']}" + (
+            f" +{r['shared_experts']} shared" if r["shared_experts"] else ""
+        )
+        attn = "MLA" if r["mla"] else ("hybrid Mamba" if r["mamba_layers"] else "GQA")
+        vals = [r["name"], common.human_count(r["params"]), common.human_count(r["active_params"]),
+                *(str(r[k]) for k in ("layers", "hidden", "heads", "kv_heads", "vocab")),
+                experts if r["experts"] else "dense", attn + (f" +{r['mtp_layers']} MTP" if r["mtp_layers"] else "")]  # fmt: skip
         table.add_row(*vals)
     console.print(table)

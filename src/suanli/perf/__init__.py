@@ -1,8 +1,9 @@
 """Analytic performance model: collectives, training step time, memory and plan search. Pure."""
 
 from suanli.perf.collectives import OPS, CollectiveEstimate, bus_factor, estimate, sweep
-from suanli.perf.models import MODEL_PRESETS, TransformerArch, model_preset
-from suanli.perf.plan import Placement, candidate_plans, evaluate, search
+from suanli.perf.models import TransformerArch, model_preset
+from suanli.perf.plan import Placement, candidate_plans, default_global_batch, evaluate, search
+from suanli.perf.presets import MODEL_PRESETS
 from suanli.perf.training import Plan, PlanError, TrainEstimate, TrainJob, memory_per_gpu, step_time
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "TransformerArch",
     "bus_factor",
     "candidate_plans",
+    "default_global_batch",
     "estimate",
     "evaluate",
     "memory_per_gpu",

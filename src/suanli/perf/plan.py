@@ -57,7 +57,8 @@ def _divisors(n: int, cap: int) -> list[int]:
 
 
 def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, object] | None = None) -> Iterator[Plan]:
-    """Every plan worth trying: TP inside one NVLink domain, PP over layers, CP over the sequence."""
+    """Every plan worth trying: TP inside one NVLink domain, PP over layers (Megatron's uneven splits
+    included), CP over the sequence, EP over the experts (MoE models)."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     a = job.arch
     tps = [fixed["tp"]] if "tp" in fixed else _divisors(n_gpus, min(domain, 8, a.heads))
@@ -65,17 +66,27 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
     cps = [fixed["cp"]] if "cp" in fixed else [c for c in (1, 2, 4, 8) if job.seq_len >= 4096 * c or c == 1]
     mbss = [fixed["mbs"]] if "mbs" in fixed else [1, 2, 4]
     zeros = [fixed["zero"]] if "zero" in fixed else [1, 3]
-    recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "selective", "full"]  # type: ignore[list-item]
+    # selective recompute costs what none costs with flash attention (no s x s scores to keep): not searched
+    recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "full"]  # type: ignore[list-item]
+    etps = [fixed["etp"]] if "etp" in fixed else [1]
     for tp in tps:
         for pp in pps:
             for cp in cps:
                 if n_gpus % (tp * pp * cp):
                     continue
                 dp = n_gpus // (tp * pp * cp)
+                stage = tp * cp * dp
+                if "ep" in fixed:
+                    eps = [int(fixed["ep"])]  # type: ignore[call-overload]
+                elif a.is_moe:
+                    eps = [e for e in (1, 2, 4, 8, 16, 32, 64, 128) if a.experts % e == 0 and stage % e == 0]
+                    eps = eps[-3:]  # the widest expert splits: fewer experts and less optimizer state per GPU
+                else:
+                    eps = [1]
                 vps = [fixed["vp"]] if "vp" in fixed else sorted({1} | ({v for v in (2, 3, 4, 5, 6, 8) if pp > 1}))
                 for vp in vps:
-                    if pp > 1 and a.layers % (pp * vp):
-                        continue
+                    if pp > 1 and pp * vp > a.layers + 2:
+                        continue  # more pipeline chunks than layers: Megatron cannot lay it out
                     if pp == 1 and vp != 1:
                         continue
                     for mbs in mbss:
@@ -84,8 +95,21 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
                         for zero in zeros:
                             if zero >= 3 and pp > 1:
                                 continue  # ZeRO-3 with pipelining is not a Megatron configuration
-                            for rec in recs:
-                                yield Plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec, dp=dp)
+                            for ep in eps:
+                                for etp in etps:
+                                    if stage % (ep * etp):
+                                        continue
+                                    for rec in recs:
+                                        yield Plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec,
+                                                   dp=dp, ep=ep, etp=etp)  # fmt: skip
+
+
+def default_global_batch(n_gpus: int) -> int:
+    """Sequences per step when none is given: 256, or more at scale so every data-parallel rank still gets
+    a few micro-batches (a quarter of the GPU count, a power of two: 4,096 on 16,384 GPUs, as Llama 3 405B
+    trained with 16M-token batches)."""
+    want = max(256, n_gpus // 4)
+    return 1 << (want - 1).bit_length()
 
 
 def search(
@@ -95,14 +119,17 @@ def search(
     results: list[TrainEstimate] = []
     group = placement.group_fn()
     gpu = placement.gpu
+    memo: dict[object, object] = {}
     for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
         try:
-            results.append(step_time(job, plan, gpu, placement.n_gpus, group))
+            results.append(step_time(job, plan, gpu, placement.n_gpus, group, memo))
         except PlanError:
             continue
     if not results:
         raise PlanError(
-            "no parallel plan matches these GPUs, model and batch (check --gpus, --global-batch, fixed sizes)"
+            f"no parallel plan matches these GPUs, model and batch: global batch {job.global_batch} must be a "
+            f"multiple of data-parallel size x micro-batch on {placement.n_gpus} GPUs (try --global-batch "
+            f"{default_global_batch(placement.n_gpus * 4)} or fewer GPUs; check fixed sizes)"
         )
     fitting = sorted((r for r in results if r.fits), key=lambda r: r.step_time_s)
     if fitting:

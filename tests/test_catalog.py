@@ -215,7 +215,7 @@ def test_sources_are_non_empty_citations() -> None:
 
 @pytest.mark.parametrize("g", all_gpus(), ids=lambda g: g.name)
 def test_gpu_figures_are_sane(g: GPUSpec) -> None:
-    assert set(g.tflops) == set(PRECISIONS), f"{g.name} must list all six precisions (null where absent)"
+    assert set(g.tflops) == set(PRECISIONS), f"{g.name} must list every precision (null where absent)"
     assert g.memory_GB > 0 and g.mem_bw_GBps > 0 and g.tdp_W > 0
     assert g.tflops["fp32"], f"{g.name} has no fp32 rate"
     assert g.tflops["fp16"], f"{g.name} has no fp16 tensor rate"
@@ -226,6 +226,8 @@ def test_gpu_figures_are_sane(g: GPUSpec) -> None:
         assert g.tflops["fp16"] == g.tflops["bf16"]
     if g.tflops["fp8"] is not None and g.tflops["bf16"] is not None:
         assert g.tflops["fp8"] >= g.tflops["bf16"]
+    if g.tflops["fp4"] is not None:
+        assert g.arch == "blackwell" and g.tflops["fp8"] is not None and g.tflops["fp4"] >= 2 * g.tflops["fp8"]
     if g.tflops["tf32"] is not None and g.tflops["bf16"] is not None:
         assert g.tflops["tf32"] <= g.tflops["bf16"]
     assert g.pcie_gen in (3, 4, 5, 6)

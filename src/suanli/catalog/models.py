@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "int8"]
-PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+Precision = Literal["fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8"]
+PRECISIONS: tuple[Precision, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "int8")
 Quality = Literal["read", "read-third-party", "recalled", "derived"]
 Arch = Literal["volta", "turing", "ampere", "ada", "hopper", "blackwell"]
 

@@ -18,9 +18,10 @@ from suanli.perf import (
     model_preset,
     search,
 )
+from suanli.perf.training import TRAIN_PRECISIONS
 
 # ---- training jobs and plans ----------------------------------------------------------------------------
-PRECISIONS = ("bf16", "fp16", "fp8", "fp32")
+PRECISIONS = TRAIN_PRECISIONS
 RECOMPUTE = ("none", "selective", "full")
 MODEL = "Model and job"
 PLAN = "Parallel plan (all of --tp/--pp/--cp given: evaluate exactly; otherwise search with the given ones fixed)"
@@ -31,7 +32,14 @@ ModelOpt = Annotated[
         "--model", "-m", help=f"Model preset ({', '.join(MODEL_PRESETS)}) or 'custom'.", rich_help_panel=MODEL
     ),
 ]
-PrecisionOpt = Annotated[str, typer.Option("--precision", help="bf16|fp16|fp8|fp32.", rich_help_panel=MODEL)]
+PrecisionOpt = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="bf16|fp16|fp8 (per-tensor)|fp8-blockwise|mxfp8|nvfp4 (Blackwell)|fp32.",
+        rich_help_panel=MODEL,
+    ),
+]
 SeqLenOpt = Annotated[int, typer.Option("--seq-len", help="Sequence length (tokens).", rich_help_panel=MODEL)]
 BatchOpt = Annotated[int, typer.Option("--global-batch", help="Sequences per optimizer step.", rich_help_panel=MODEL)]
 _ARCH = "Custom model (--model custom)"

@@ -394,18 +394,26 @@ def compare(
 def models(json_out: JsonOpt = False) -> None:
     """The model presets --model accepts."""
     rows = [
-        {"name": a.name, "params": a.params, "layers": a.layers, "hidden": a.hidden, "ffn": a.ffn, "heads": a.heads,
-         "kv_heads": a.kv_heads, "vocab": a.vocab, "gated_mlp": a.gated_mlp}
+        {"name": a.name, "params": a.params, "active_params": a.active_params, "layers": a.layers, "hidden": a.hidden,
+         "ffn": a.ffn, "heads": a.heads, "kv_heads": a.kv_heads, "vocab": a.vocab, "gated_mlp": a.gated_mlp,
+         "experts": a.experts, "top_k": a.top_k, "moe_ffn": a.moe_ffn, "shared_experts": a.shared_experts,
+         "dense_layers": a.dense_layers, "mla": a.is_mla, "mtp_layers": a.mtp_layers, "mamba_layers": a.mamba_layers,
+         "sources": dict(a.sources)}
         for a in MODEL_PRESETS.values()
     ]  # fmt: skip
     if json_out:
         common.emit_json(rows)
         return
     table = Table(title="model presets (or --model custom --layers … --hidden … --ffn … --heads …)")
-    for col in ("name", "params", "layers", "hidden", "ffn", "heads", "kv heads", "vocab", "MLP"):
-        table.add_column(col, justify="left" if col in ("name", "MLP") else "right")
+    for col in ("name", "params", "active", "layers", "hidden", "heads", "kv heads", "vocab", "experts", "attention"):
+        table.add_column(col, justify="left" if col in ("name", "experts", "attention") else "right")
     for r in rows:
-        vals = [r["name"], common.human_count(r["params"]), *(str(r[k]) for k in ("layers", "hidden", "ffn", "heads",
-                "kv_heads", "vocab")), "gated" if r["gated_mlp"] else "plain"]  # fmt: skip
+        experts = f"{r['experts']} top-{r['top_k']}" + (
+            f" +{r['shared_experts']} shared" if r["shared_experts"] else ""
+        )
+        attn = "MLA" if r["mla"] else ("hybrid Mamba" if r["mamba_layers"] else "GQA")
+        vals = [r["name"], common.human_count(r["params"]), common.human_count(r["active_params"]),
+                *(str(r[k]) for k in ("layers", "hidden", "heads", "kv_heads", "vocab")),
+                experts if r["experts"] else "dense", attn + (f" +{r['mtp_layers']} MTP" if r["mtp_layers"] else "")]  # fmt: skip
         table.add_row(*vals)
     console.print(table)

@@ -2,8 +2,9 @@
 
 from suanli.perf.collectives import OPS, CollectiveEstimate, bus_factor, estimate, sweep
 from suanli.perf.inference import ServeEstimate, ServeWorkload, serve
-from suanli.perf.models import MODEL_PRESETS, TransformerArch, model_preset
+from suanli.perf.models import TransformerArch, model_preset
 from suanli.perf.plan import Placement, candidate_plans, evaluate, search
+from suanli.perf.presets import MODEL_PRESETS
 from suanli.perf.serve_shape import SERVE_PRECISIONS, Layout, ServeError, ServeShape, shape_of
 from suanli.perf.training import Plan, PlanError, TrainEstimate, TrainJob, memory_per_gpu, step_time
 

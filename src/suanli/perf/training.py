@@ -20,13 +20,24 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from suanli.catalog import GPUSpec
+from suanli.catalog import GPUSpec, Precision
 from suanli.perf import collectives
 from suanli.perf.models import TransformerArch
 from suanli.topology.model import CommGroup
 
 Recompute = Literal["none", "selective", "full"]
-TrainPrecision = Literal["bf16", "fp16", "fp8", "fp32"]
+TrainPrecision = Literal["bf16", "fp16", "fp8", "fp8-blockwise", "mxfp8", "nvfp4", "fp32"]
+TRAIN_PRECISIONS: tuple[TrainPrecision, ...] = ("bf16", "fp16", "fp8", "fp8-blockwise", "mxfp8", "nvfp4", "fp32")
+# the tensor-core rate each training recipe's GEMMs run at: FP8 per-tensor (delayed/current scaling) and
+# blockwise (DeepSeek-V3 style 1x128/128x128) and MXFP8 (32-element blocks, Blackwell) all run FP8 GEMMs;
+# NVFP4 (16-element blocks) runs FP4 GEMMs on Blackwell
+TENSOR_PRECISION: dict[str, Precision] = {"fp32": "tf32", "fp8-blockwise": "fp8", "mxfp8": "fp8", "nvfp4": "fp4"}
+LOW_PRECISION = ("fp8", "fp8-blockwise", "mxfp8", "nvfp4")
+
+
+def tensor_precision(precision: TrainPrecision) -> Precision:
+    return TENSOR_PRECISION.get(precision, precision)  # type: ignore[return-value]
+
 
 # ---- physical constants of the model (global: none is fitted to a reference case) ---------------
 DEFAULT_MATMUL_EFFICIENCY = 0.70  # GPUs without a published MAMF measurement
@@ -150,7 +161,7 @@ def memory_per_gpu(job: TrainJob, plan: Plan, gpu: GPUSpec) -> dict[str, float]:
     layers_stage = math.ceil(a.layers / plan.pp)
     params = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / plan.tp
     nd = plan.dp * plan.cp  # distributed optimizer shards over DP x CP
-    weight_b = 2.0 + (1.0 if job.precision == "fp8" else 0.0)
+    weight_b = 2.0 + (1.0 if job.precision in LOW_PRECISION else 0.0)
     if job.precision == "fp32":
         weight_b = 4.0
     grad_b = 4.0 if job.precision == "fp32" else 2.0
@@ -179,7 +190,7 @@ def memory_per_gpu(job: TrainJob, plan: Plan, gpu: GPUSpec) -> dict[str, float]:
 
 def _matmul_rate(gpu: GPUSpec, precision: TrainPrecision) -> float:
     """Achievable dense matmul FLOP/s."""
-    prec = "tf32" if precision == "fp32" else precision
+    prec = tensor_precision(precision)
     eff = gpu.matmul_efficiency.get(prec, DEFAULT_MATMUL_EFFICIENCY)
     return gpu.peak_tflops(prec) * 1e12 * eff * SUSTAINED_CLOCK_FACTOR
 
@@ -207,7 +218,9 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
 
     mm_rate = _matmul_rate(gpu, job.precision)
-    attn_rate = _matmul_rate(gpu, "bf16" if job.precision in ("fp8", "bf16") else job.precision) * ATTENTION_VS_MATMUL
+    attn_rate = (
+        _matmul_rate(gpu, "bf16" if job.precision in (*LOW_PRECISION, "bf16") else job.precision) * ATTENTION_VS_MATMUL
+    )
     hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
     act_b = 4 if job.precision == "fp32" else 2
 
@@ -220,7 +233,7 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     attn_flops = 3.5 * 4 * job.seq_len * a.hidden * tokens / 2 / p.tp
     t_attn = attn_flops / attn_rate
     elem_bytes = 3 * (10 * a.hidden + (3 if a.gated_mlp else 2) * a.ffn) * act_b * tokens / p.tp
-    if job.precision == "fp8":
+    if job.precision in LOW_PRECISION:
         elem_bytes *= 1.5  # cast/transposes of every GEMM input to fp8
     t_elem = elem_bytes / hbm
     t_launch = KERNELS_PER_LAYER * KERNEL_OVERHEAD_US * 1e-6
@@ -289,7 +302,7 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     step = t_pipeline + t_dp + t_opt
     total_tokens = job.global_batch * job.seq_len
     model_flops = a.model_flops_per_token(job.seq_len) * total_tokens
-    peak = gpu.peak_tflops("tf32" if job.precision == "fp32" else job.precision) * 1e12
+    peak = gpu.peak_tflops(tensor_precision(job.precision)) * 1e12
     achieved = model_flops / step / n_gpus
     mem = memory_per_gpu(job, p, gpu)
     mem_total = sum(mem.values())

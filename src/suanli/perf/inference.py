@@ -66,6 +66,10 @@ ATTENTION_FWD_VS_MATMUL = 0.75
 KERNELS_PER_LAYER = 12  # fused inference layer: norms, QKV, rope/KV write, attention, O, MLP, all-reduces
 ITERATION_OVERHEAD_US = 300.0  # scheduler, sampling and host work per engine iteration
 FP4_SPEEDUP = 2.0  # NVFP4 tensor cores run at twice the FP8 rate
+# Routed experts run as grouped GEMMs (one problem per expert, FP8 scales per expert) behind routing, permute and
+# un-permute kernels; TensorRT-LLM's MoE path reaches about this share of a dense GEMM's rate. A stated assumption,
+# set on the tuned MoE rows as a whole (the held-out rows check it), not per row.
+MOE_GEMM_EFFICIENCY = 0.70
 SMALL_TILE_M = 64  # the smallest M tile of Hopper/Blackwell tensor-core GEMMs (wgmma M = 64)
 
 
@@ -134,19 +138,27 @@ class _Engine:
         self.hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
         self.wb = WEIGHT_BYTES[precision]
         tp, h = lay.tp, s.hidden
-        q = s.heads * s.head_dim
-        kv = s.kv_heads * s.head_dim
-        # (n, k) of each weight matrix on one GPU: attention, dense MLP, shared experts
-        self.attn_gemms = [((q + 2 * kv) / tp, h), (h, q / tp)]
-        if s.attn_params != h * q * 2 + 2 * h * kv:  # MLA and other attention blocks: one GEMM of its size
+        q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        # (n, k) of each weight matrix on one GPU: attention, Mamba mixer, dense MLP, shared experts
+        if not s.kv_latent and s.attn_params == 2 * h * q + 2 * h * kv:
+            self.attn_gemms = [((q + 2 * kv) / tp, h), (h, q / tp)]
+        else:  # MLA: its projections as one GEMM of their total size
             self.attn_gemms = [(s.attn_params / h / tp, h)]
-        up = 2 if s.gated else 1
+        self.mamba_gemms = [(s.mamba_params / h / tp, h)] if s.mamba_params else []
+        up = s.mlp_mult - 1
         self.dense_mlp = [(up * s.ffn / tp, h), (h, s.ffn / tp)]
-        shared_ffn = s.mlp_params / ((3 if s.gated else 2) * h) if s.mlp_params else 0.0
-        self.shared_mlp = [(up * shared_ffn / tp, h), (h, shared_ffn / tp)] if shared_ffn else []
+        self.shared_mlp = [(up * s.shared_ffn / tp, h), (h, s.shared_ffn / tp)] if s.shared_ffn else []
+        if s.is_moe:
+            self.shared_mlp.append((s.experts, h))  # the router
         self.kv_layer_bytes = s.kv_elems_per_token_layer(tp) * KV_BYTES[precision]
+        # attention work per (query, key) pair and head: QK^T and AV (MLA decode: absorbed, over the latent)
+        self.pair_flops = 2 * (s.head_dim + s.v_dim)
+        self.decode_pair_flops = 2 * (2 * s.kv_latent) if s.kv_latent else self.pair_flops
+        self.n_layers = math.ceil(s.layers / lay.pp)
+        self.n_attn = math.ceil(s.attn_layers / lay.pp)
+        self.n_mamba = math.ceil(s.mamba_layers / lay.pp)
         self.n_moe = math.ceil(s.moe_layers / lay.pp)
-        self.n_dense = math.ceil((s.layers - s.moe_layers) / lay.pp)
+        self.n_dense = math.ceil(s.dense_layers / lay.pp)
         self._coll: dict[tuple[str, int, int], float] = {}
 
     # -- pieces -------------------------------------------------------------------------------------------------
@@ -175,7 +187,7 @@ class _Engine:
         per_expert = rows / max(touched, 1e-9)
         flops = 2 * rows * (n_up * s.hidden + n_down * k_down)
         eff = _gemm_eff(max(per_expert, 1.0), n_up, self.gpu.sms)
-        tc = flops / (self.mm_rate * eff)
+        tc = flops / (self.mm_rate * eff * MOE_GEMM_EFFICIENCY)
         tm = (touched * (n_up * s.hidden + n_down * k_down) * self.wb + rows * 4 * s.hidden * ACT_BYTES) / self.hbm
         return (tc, 0.0) if tc >= tm else (0.0, tm)
 
@@ -194,35 +206,35 @@ class _Engine:
         s, lay = self.s, self.lay
         tokens = dec + pre
         out = {"compute": 0.0, "memory": 0.0, "communication": 0.0, "overhead": 0.0}
-        layers = self.n_dense + self.n_moe
 
         def add(pair: tuple[float, float], times: float) -> None:
             out["compute"] += pair[0] * times
             out["memory"] += pair[1] * times
 
-        add(self._gemms(self.attn_gemms, tokens), layers)
+        add(self._gemms(self.attn_gemms, tokens), self.n_attn)
+        if self.n_mamba:
+            add(self._gemms(self.mamba_gemms, tokens), self.n_mamba)
         add(self._gemms(self.dense_mlp, tokens), self.n_dense)
         if self.n_moe:
             add(self._gemms(self.shared_mlp, tokens), self.n_moe)
             add(self._moe(tokens), self.n_moe)
         heads = s.heads / lay.tp
         # decode attention: read the KV cache; prefill: causal flash attention over each prompt
-        d_flops = 4 * dec * ctx * heads * s.head_dim
-        d_bytes = dec * ctx * self.kv_layer_bytes
-        add(
-            (d_flops / self.attn_rate, 0.0)
-            if d_flops / self.attn_rate > d_bytes / self.hbm
-            else (0.0, d_bytes / self.hbm),
-            layers,
-        )
-        out["compute"] += layers * 4 * pre * (pre_len / 2) * heads * s.head_dim / self.attn_rate
-        ffn_act = s.ffn if not s.is_moe else s.top_k * s.expert_ffn
-        out["memory"] += layers * tokens * (10 * s.hidden + 3 * ffn_act / lay.tp) * ACT_BYTES / self.hbm
-        out["overhead"] += layers * KERNELS_PER_LAYER * KERNEL_OVERHEAD_US * 1e-6
+        kv_layers = s.kv_layers_at(ctx) / max(s.attn_layers, 1) * self.n_attn
+        d_comp = dec * ctx * heads * self.decode_pair_flops / self.attn_rate
+        d_mem = dec * ctx * self.kv_layer_bytes / self.hbm
+        add((d_comp, 0.0) if d_comp > d_mem else (0.0, d_mem), kv_layers)
+        keys = pre_len / 2 if not s.window else min(pre_len / 2, s.window)
+        out["compute"] += self.n_attn * pre * keys * heads * self.pair_flops / self.attn_rate
+        ffn_act = s.ffn if not s.is_moe else s.top_k * s.expert_ffn + s.shared_ffn
+        out["memory"] += self.n_layers * tokens * (10 * s.hidden + 3 * ffn_act / lay.tp) * ACT_BYTES / self.hbm
+        out["overhead"] += self.n_layers * KERNELS_PER_LAYER * KERNEL_OVERHEAD_US * 1e-6
         comm = 0.0
         if lay.tp > 1:
             ar = self._collective("all_reduce", tokens * s.hidden * ACT_BYTES, lay.tp, 1)
-            comm += ar * (2 * self.n_dense + (1 if lay.attn_dp > 1 else 2) * self.n_moe)
+            # one after each mixer and each MLP; an MoE block's outputs travel by all-to-all when attention is
+            # data-parallel inside the stage
+            comm += ar * (self.n_attn + self.n_mamba + self.n_dense + (0 if lay.attn_dp > 1 else self.n_moe))
         if self.n_moe and lay.attn_dp > 1:
             size = tokens * s.top_k * s.hidden * ACT_BYTES
             if lay.ep > 1:
@@ -282,7 +294,7 @@ def estimate(
     if w.input_len < 1 or w.output_len < 1:
         raise ServeError("--input-len and --output-len must be at least 1")
     mem = memory_per_gpu(s, lay, precision, gpu)
-    kv_tok = kv_bytes_per_token(s, lay, precision)
+    kv_tok = kv_bytes_per_token(s, lay, precision, w.input_len + w.output_len)
     kv_tokens = mem["kv_cache"] / kv_tok
     reserved = math.ceil((w.input_len + w.output_len) / TOKENS_PER_BLOCK) * TOKENS_PER_BLOCK
     b_kv = int(kv_tokens // reserved)

@@ -31,75 +31,88 @@ class ServeError(ValueError):
 
 @dataclass(frozen=True)
 class ServeShape:
-    """Per-layer sizes a forward pass touches. MoE fields are zero for a dense model."""
+    """Per-layer sizes a forward pass touches. Counts of each layer kind; MoE fields are zero for a dense model."""
 
     name: str
-    layers: int
+    layers: int  # all layers (the pipeline splits these)
     hidden: int
     heads: int
     kv_heads: int
-    head_dim: int
+    head_dim: int  # query/key width per head (MLA: nope + rope)
+    v_dim: int
     vocab: int
-    attn_params: int  # per layer
-    mlp_params: int  # dense MLP per layer (or the shared experts of an MoE layer)
+    attn_layers: int  # layers with an attention mixer (they hold KV cache)
+    attn_params: int  # per attention layer
+    mamba_layers: int
+    mamba_params: int  # per Mamba-2 layer (constant-size state: no KV cache)
+    dense_layers: int  # layers with a dense MLP
     ffn: int  # dense FFN inner size
     gated: bool
+    moe_layers: int = 0
     experts: int = 0
     top_k: int = 0
     expert_ffn: int = 0
-    moe_layers: int = 0  # layers with routed experts (the rest are dense)
+    shared_ffn: int = 0  # total inner size of the always-on shared experts
     kv_latent: int = 0  # MLA: compressed KV (+ decoupled RoPE key) per token per layer, shared by all heads
+    window: int = 0  # sliding-window attention: these layers keep at most `window` tokens
+    window_layers: int = 0
 
     @property
     def is_moe(self) -> bool:
         return self.experts > 0
 
     @property
+    def mlp_mult(self) -> int:
+        return 3 if self.gated else 2
+
+    @property
     def expert_params(self) -> int:
-        return (3 if self.gated else 2) * self.hidden * self.expert_ffn
+        return self.mlp_mult * self.hidden * self.expert_ffn
 
     def kv_elems_per_token_layer(self, tp: int) -> float:
-        """KV cache entries one GPU keeps per token and layer: each TP rank keeps at least one KV head; MLA's
-        latent is not split by heads, so every rank keeps all of it."""
+        """KV cache entries one GPU keeps per token and attention layer: each TP rank keeps at least one KV head;
+        MLA's latent is not split by heads, so every rank keeps all of it."""
         if self.kv_latent:
             return float(self.kv_latent)
-        return 2.0 * math.ceil(self.kv_heads / tp) * self.head_dim
+        return math.ceil(self.kv_heads / tp) * (self.head_dim + self.v_dim)
 
-    def total_params(self) -> float:
-        dense_layers = self.layers - self.moe_layers
-        per_dense = self.attn_params + (3 if self.gated else 2) * self.hidden * self.ffn
-        per_moe = self.attn_params + self.mlp_params + self.experts * self.expert_params
-        return dense_layers * per_dense + self.moe_layers * per_moe + 2 * self.vocab * self.hidden
+    def kv_layers_at(self, ctx: float) -> float:
+        """Attention layers' worth of KV a sequence of `ctx` tokens holds (windowed layers hold at most the
+        window), in units of full layers."""
+        if not self.window or ctx <= self.window:
+            return float(self.attn_layers)
+        return self.attn_layers - self.window_layers + self.window_layers * self.window / ctx
 
 
 def shape_of(arch: TransformerArch) -> ServeShape:
-    """The serving view of an architecture; reads the MoE/MLA fields where the architecture has them."""
-    experts = int(getattr(arch, "experts", 0) or 0)
-    top_k = int(getattr(arch, "top_k", 0) or 0)
-    moe_ffn = int(getattr(arch, "moe_ffn", 0) or 0) or arch.ffn
-    shared = int(getattr(arch, "shared_experts", 0) or 0)
-    dense_layers = int(getattr(arch, "dense_layers", 0) or 0)
-    kv_lora = int(getattr(arch, "kv_lora_rank", 0) or 0)
-    rope = int(getattr(arch, "qk_rope_dim", 0) or getattr(arch, "qk_rope_head_dim", 0) or 0)
-    gated = arch.gated_mlp
-    mlp = shared * (3 if gated else 2) * arch.hidden * moe_ffn if experts else arch.mlp_params_per_layer
+    """The serving view of an architecture (dense, MoE, MLA, sliding-window or hybrid Mamba)."""
+    kinds = arch.layer_kinds()
+    attn = sum(1 for m, _ in kinds if m == "attn")
+    shared = arch.shared_experts * (arch.shared_ffn or arch.moe_ffn)
     return ServeShape(
         name=arch.name,
         layers=arch.layers,
         hidden=arch.hidden,
         heads=arch.heads,
         kv_heads=arch.kv_heads,
-        head_dim=arch.head_dim,
+        head_dim=arch.qk_head_dim,
+        v_dim=arch.v_dim,
         vocab=arch.vocab,
+        attn_layers=attn,
         attn_params=arch.attn_params_per_layer,
-        mlp_params=mlp,
+        mamba_layers=sum(1 for m, _ in kinds if m == "mamba"),
+        mamba_params=arch.mamba_params_per_layer if arch.is_hybrid else 0,
+        dense_layers=sum(1 for _, f in kinds if f == "dense"),
         ffn=arch.ffn,
-        gated=gated,
-        experts=experts,
-        top_k=top_k if experts else 0,
-        expert_ffn=moe_ffn if experts else 0,
-        moe_layers=(arch.layers - dense_layers) if experts else 0,
-        kv_latent=(kv_lora + rope) if kv_lora else 0,
+        gated=arch.gated_mlp,
+        moe_layers=sum(1 for _, f in kinds if f == "moe"),
+        experts=arch.experts,
+        top_k=arch.top_k,
+        expert_ffn=arch.moe_ffn if arch.is_moe else 0,
+        shared_ffn=shared if arch.is_moe else 0,
+        kv_latent=(arch.kv_lora_rank + arch.qk_rope_dim) if arch.is_mla else 0,
+        window=arch.sliding_window,
+        window_layers=min(arch.sliding_layers, attn) if arch.sliding_window else 0,
     )
 
 
@@ -149,22 +162,27 @@ def check_layout(s: ServeShape, lay: Layout) -> None:
         raise ServeError(f"the expert FFN ({s.expert_ffn}) does not split over {lay.etp} GPUs (raise --ep)")
 
 
+def _per_stage(count: int, lay: Layout) -> int:
+    return math.ceil(count / lay.pp)
+
+
 def weight_bytes_per_gpu(s: ServeShape, lay: Layout, precision: ServePrecision) -> float:
-    """Weights on the busiest GPU: its stage's layers, and the embedding or LM head (both when pp = 1)."""
-    wb = WEIGHT_BYTES[precision]
-    moe_per_stage = math.ceil(s.moe_layers / lay.pp)
-    dense_per_stage = math.ceil((s.layers - s.moe_layers) / lay.pp)
-    dense_mlp = (3 if s.gated else 2) * s.hidden * s.ffn
-    per_gpu = dense_per_stage * (s.attn_params + dense_mlp) / lay.tp
-    per_gpu += moe_per_stage * (s.attn_params + s.mlp_params) / lay.tp
-    per_gpu += moe_per_stage * s.experts * s.expert_params / lay.stage_gpus
+    """Weights on the busiest GPU: its stage's share of each layer kind, and the embedding or LM head (both when
+    pp = 1). Experts spread over all the stage's GPUs, everything else over the TP group."""
+    per_tp = _per_stage(s.attn_layers, lay) * s.attn_params + _per_stage(s.mamba_layers, lay) * s.mamba_params
+    per_tp += _per_stage(s.dense_layers, lay) * s.mlp_mult * s.hidden * s.ffn
+    moe = _per_stage(s.moe_layers, lay)
+    per_tp += moe * (s.mlp_mult * s.hidden * s.shared_ffn + s.hidden * s.experts)
+    per_gpu = per_tp / lay.tp + moe * s.experts * s.expert_params / lay.stage_gpus
     emb = s.vocab * s.hidden * (2 if lay.pp == 1 else 1) / lay.tp
-    return per_gpu * wb + emb * EMBEDDING_BYTES
+    return per_gpu * WEIGHT_BYTES[precision] + emb * EMBEDDING_BYTES
 
 
-def kv_bytes_per_token(s: ServeShape, lay: Layout, precision: ServePrecision) -> float:
-    """KV cache bytes one GPU holds per token of context (its stage's layers)."""
-    return math.ceil(s.layers / lay.pp) * s.kv_elems_per_token_layer(lay.tp) * KV_BYTES[precision]
+def kv_bytes_per_token(s: ServeShape, lay: Layout, precision: ServePrecision, ctx: float = 0.0) -> float:
+    """KV cache bytes one GPU holds per token of context (its stage's attention layers) for sequences `ctx`
+    tokens long (windowed layers keep only their window)."""
+    layers = s.kv_layers_at(ctx) if ctx else float(s.attn_layers)
+    return layers / lay.pp * s.kv_elems_per_token_layer(lay.tp) * KV_BYTES[precision]
 
 
 def check_precision(gpu: GPUSpec, precision: ServePrecision) -> None:

@@ -9,7 +9,7 @@ from rich.table import Table
 
 from suanli import catalog
 from suanli.billing import default_price_book
-from suanli.cli import common, jobs
+from suanli.cli import common, jobs, perf_serve
 from suanli.cli.common import (
     ClusterOpt,
     FabricOpt,
@@ -417,3 +417,7 @@ def models(json_out: JsonOpt = False) -> None:
                 experts if r["experts"] else "dense", attn + (f" +{r['mtp_layers']} MTP" if r["mtp_layers"] else "")]  # fmt: skip
         table.add_row(*vals)
     console.print(table)
+
+
+app.command("serve")(perf_serve.serve_cmd)
+app.command("serve-plan")(perf_serve.serve_plan_cmd)

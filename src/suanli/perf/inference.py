@@ -49,10 +49,7 @@ from suanli.perf.training import (
     KERNEL_OVERHEAD_US,
     RUNTIME_RESERVE_BYTES,
     SUSTAINED_CLOCK_FACTOR,
-    TILE_M,
-    TILE_N,
     GroupFn,
-    gemm_efficiency,
 )
 
 # ---- serving engine facts (TensorRT-LLM defaults; none fitted to a measurement) ------------------------------
@@ -73,12 +70,12 @@ MOE_GEMM_EFFICIENCY = 0.70
 SMALL_TILE_M = 64  # the smallest M tile of Hopper/Blackwell tensor-core GEMMs (wgmma M = 64)
 
 
-def _gemm_eff(m: float, n: float, sms: int) -> float:
-    """Useful share of tensor-core time: a GEMM with fewer big tiles than SMs runs split-K/stream-K kernels that
-    fill every SM and waste only the padding of M to a 64-row tile; bigger ones lose their last wave's idle SMs."""
-    if math.ceil(m / TILE_M) * math.ceil(n / TILE_N) >= sms:
-        return gemm_efficiency(m, n, sms)
-    return m / (math.ceil(m / SMALL_TILE_M) * SMALL_TILE_M)
+def _gemm_eff(m: float) -> float:
+    """Useful share of tensor-core time of a GEMM with `m` token rows. Inference GEMM kernels (split-K/stream-K)
+    spread partial waves over every SM, so what is lost is the padding of M to a 64-row tile: a whole tile below
+    64 rows, and on average half a tile above (batch sizes and per-expert token counts vary from step to step),
+    which keeps the cost monotone in the batch."""
+    return m / max(SMALL_TILE_M, m + SMALL_TILE_M / 2)
 
 
 @dataclass(frozen=True)
@@ -166,7 +163,7 @@ class _Engine:
         """(compute-bound seconds, memory-bound seconds) of GEMMs over `tokens` rows: each at its own roofline."""
         comp = mem = 0.0
         for n, k in shapes:
-            tc = 2 * tokens * n * k / (self.mm_rate * _gemm_eff(max(tokens, 1.0), n, self.gpu.sms))
+            tc = 2 * tokens * n * k / (self.mm_rate * _gemm_eff(max(tokens, 1.0)))
             tm = (n * k * self.wb + tokens * (n + k) * ACT_BYTES) / self.hbm
             if tc >= tm:
                 comp += tc
@@ -186,7 +183,7 @@ class _Engine:
         k_down = s.expert_ffn / lay.etp
         per_expert = rows / max(touched, 1e-9)
         flops = 2 * rows * (n_up * s.hidden + n_down * k_down)
-        eff = _gemm_eff(max(per_expert, 1.0), n_up, self.gpu.sms)
+        eff = _gemm_eff(max(per_expert, 1.0))
         tc = flops / (self.mm_rate * eff * MOE_GEMM_EFFICIENCY)
         tm = (touched * (n_up * s.hidden + n_down * k_down) * self.wb + rows * 4 * s.hidden * ACT_BYTES) / self.hbm
         return (tc, 0.0) if tc >= tm else (0.0, tm)
@@ -251,7 +248,7 @@ class _Engine:
         s, lay = self.s, self.lay
         rows = dec + pre_seqs
         n = s.vocab / lay.tp
-        tc = 2 * rows * n * s.hidden / (self.mm_rate * _gemm_eff(max(rows, 1.0), n, self.gpu.sms))
+        tc = 2 * rows * n * s.hidden / (self.mm_rate * _gemm_eff(max(rows, 1.0)))
         tm = (n * s.hidden * EMBEDDING_BYTES + rows * n * 4 * 2) / self.hbm
         return max(tc, tm)
 

@@ -1,20 +1,28 @@
 """Predicted vs measured: every measured table in the calibration set, with errors.
 
-Usage: python benchmarks/perf_accuracy.py [--calibration PATH] [--reference PATH] [--split all|tune|holdout] [--json]
+Usage: python benchmarks/perf_accuracy.py [--calibration PATH] [--moe PATH] [--split calibration|held-out|both] [--json]
 
 Reads ../shared/data/perf_reference/calibration.yaml (or --calibration); in a plain clone without ../shared it
 says so and skips the tables that need that file (each table compares with one of its sections). Each measured
 system is described here only by its hardware (GPU, node count, NICs, fabric) and its run configuration (the
 published parallel plan); the model is never given the measured result. Targets (issue): median
-|error| <= 10% and max <= 25% for busbw at sizes >= 1 MiB and for step time; serving output throughput (the
-inference rows of ../shared/data/perf_reference/moe_and_inference.yaml, or --reference) median <= 15%, max <= 35%,
-reported separately for the rows tuned against and the held-out quarter (`perf_serving_rows.py`).
+|error| <= 10% and max <= 25% for busbw at sizes >= 1 MiB and for step time.
+
+The Mixture-of-Experts tables read ../shared/data/perf_reference/moe_and_inference.yaml (or --moe): NVIDIA
+Megatron-Bridge's published tokens/s/GPU with full configurations (benchmarks/perf_moe_rows.py), split once by
+a hash of each row's configuration into a calibration part and a held-out part (30%), reported separately.
+
+The serving tables read the `inference:` rows of the same file: TensorRT-LLM's max-throughput and online-serving
+measurements (benchmarks/perf_serving_rows.py), output tokens/s predicted by `perf serve` for each; a quarter of
+them, chosen by a hash of each row's identity before the serving model existed, is held out. Targets: median
+|error| <= 15%, max <= 35%.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import sys
@@ -39,22 +47,8 @@ from suanli.perf.models import TransformerArch
 from suanli.topology import parse
 
 DEFAULT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference" / "calibration.yaml"
+DEFAULT_MOE = DEFAULT.with_name("moe_and_inference.yaml")
 MiB = 1 << 20
-
-
-def _sibling(name: str):
-    """A module beside this script (the benchmarks folder is not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-serving = _sibling("perf_serving_rows")
 
 
 def cluster(gpu: str, nodes: int, gpn: int, fabric: str | None = None, nics: int = 8, nic_gbps: float | None = None):
@@ -72,6 +66,7 @@ class Row:
     predicted: float
     unit: str
     detail: str = ""
+    group: str = ""
 
     @property
     def error(self) -> float:
@@ -234,42 +229,69 @@ def training_rows(cal: dict) -> list[Row]:
     return rows
 
 
-def serving_table(ref: dict, split: str) -> tuple[list[Row], list[str]]:
-    """Predicted vs measured output tokens/s of each serving row in `split` (tune | holdout | all), and the rows
-    skipped (model without a preset here)."""
+def bridge_rows(moe: dict, moe_only: bool, split: str) -> list[Row]:
+    """Megatron-Bridge training rows (MoE, or the dense ones) of one split: calibration or held-out."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from perf_moe_rows import cases
+    from suanli.perf import PlanError
+
     rows: list[Row] = []
-    skipped: list[str] = []
-    for r in serving.serving_rows(ref):
-        if split != "all" and r.held_out != (split == "holdout"):
+    for c in cases(moe):
+        if c.moe != moe_only or c.held_out != (split == "held-out"):
             continue
         try:
-            arch = model_preset(r.model)
-        except ValueError:
-            skipped.append(r.row_id)
+            est = evaluate(c.job, c.plan, c.placement)
+        except PlanError as e:
+            rows.append(Row(split, c.label, c.measured_step_s, float("nan"), "s", f"refused: {e}", c.group))
             continue
-        c = cluster(r.gpu, max(1, r.gpus // 8), min(8, r.gpus))
-        placement = Placement(c, c.compact_gpus(r.gpus))
-        precision = "fp8" if r.precision == "fp8" else "bf16"
-        w = ServeWorkload(r.input_len, r.output_len, rate=r.rate, num_requests=r.num_requests)
+        b = est.breakdown
+        detail = (f"mfu {est.mfu:.1%} ep {b.get('ep_exposed', 0) / est.step_time_s:.0%} "
+                  f"bubble {b['pp_bubble'] / est.step_time_s:.0%} fits={est.fits}")  # fmt: skip
+        rows.append(Row(split, c.label, c.measured_step_s, est.step_time_s, "s", detail, c.group))
+    return rows
+
+
+def serving_rows(ref: dict, split: str) -> list[Row]:
+    """Predicted vs measured output tokens/s of each TensorRT-LLM serving row in `split` (calibration | held-out).
+    Rows of models without a preset, or whose layout the model refuses, show as refused (an infinite error)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from perf_serving_rows import serving_rows as load
+
+    rows: list[Row] = []
+    for r in load(ref):
+        if r.held_out != (split == "held-out"):
+            continue
+        what = f"{r.model} {r.gpu} TP{r.tp} {r.precision} {r.input_len}/{r.output_len}"
+        what += f" @{r.rate:g}/s" if r.rate is not None else " max"
         try:
-            e = serve(arch, placement.gpu, Layout(r.gpus, r.tp, r.pp), precision, w, placement.group_fn())
-        except ServeError as err:
-            skipped.append(f"{r.row_id}: {err}")
+            c = cluster(r.gpu, max(1, r.gpus // 8), min(8, r.gpus))
+            placement = Placement(c, c.compact_gpus(r.gpus))
+            precision = "fp8" if r.precision == "fp8" else "bf16"
+            w = ServeWorkload(r.input_len, r.output_len, rate=r.rate, num_requests=r.num_requests)
+            e = serve(model_preset(r.model), placement.gpu, Layout(r.gpus, r.tp, r.pp), precision, w,
+                      placement.group_fn())  # fmt: skip
+        except (ServeError, ValueError) as err:
+            rows.append(Row(split, what, r.measured_tokens_per_s, float("nan"), "tok/s", f"refused: {err}", r.group))
             continue
         lat = ""
         if r.measured_itl_ms is not None:
             ttft = "-" if e.ttft_s is None else f"{e.ttft_s * 1e3:.0f}"
             lat = f" ttft {ttft}/{r.measured_ttft_ms:.0f} ms itl {e.itl_s * 1e3:.1f}/{r.measured_itl_ms:.0f} ms"
-        what = f"{r.model} {r.gpu} TP{r.tp} {r.precision} {r.input_len}/{r.output_len}"
-        what += f" @{r.rate:g}/s" if r.rate is not None else " max"
-        rows.append(Row(("held-out " if r.held_out else "") + r.group.split("_v")[0], what, r.measured_tokens_per_s,
-                        e.tokens_per_s, "tok/s", f"B={e.batch:.0f}/{e.max_batch} {e.bound}{lat}"))  # fmt: skip
-    return rows, skipped
+        detail = f"B={e.batch:.0f}/{e.max_batch} {e.bound}{lat}"
+        rows.append(Row(split, what, r.measured_tokens_per_s, e.tokens_per_s, "tok/s", detail, r.group))
+    return rows
 
 
 def summarise(rows: list[Row]) -> dict[str, float]:
-    errs = [abs(r.error) for r in rows]
+    errs = [abs(r.error) if r.predicted == r.predicted else math.inf for r in rows]
     return {"n": len(rows), "median_abs_error": statistics.median(errs), "max_abs_error": max(errs)}
+
+
+def by_group(rows: list[Row]) -> dict[str, dict[str, float]]:
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.group, []).append(r)
+    return {g: summarise(rs) for g, rs in sorted(groups.items())}
 
 
 # Every table: its key in the --json document, its title, the calibration section it compares with, its rows.
@@ -279,9 +301,27 @@ TABLES = (
 )
 
 
-def tables(cal: dict) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str, str]]]:
+def tables(
+    cal: dict, moe: dict | None = None, split: str = "both"
+) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str, str]]]:
     """(key, title, rows) of each table the calibration data allows, and (title, why) of each it does not."""
     done, skipped = [], []
+    for sp in ("calibration", "held-out"):
+        if split not in (sp, "both"):
+            continue
+        for moe_only, key, what in ((True, "moe_training", "MoE"), (False, "bridge_dense_training", "dense")):
+            title = f"Megatron-Bridge {what} training: step time ({sp} split)"
+            if moe is None:
+                skipped.append((title, "needs moe_and_inference.yaml"))
+                continue
+            rows = bridge_rows(moe, moe_only, sp)
+            (done if rows else skipped).append((f"{key}_{sp}", title, rows) if rows else (title, "no rows"))
+        title = f"TensorRT-LLM serving: output tokens/s ({sp} split)"
+        if moe is None:
+            skipped.append((title, "needs moe_and_inference.yaml"))
+            continue
+        rows = serving_rows(moe, sp)
+        (done if rows else skipped).append((f"serving_{sp}", title, rows) if rows else (title, "no rows"))
     for key, title, section, build in TABLES:
         if section not in cal:
             skipped.append((title, f"needs `{section}` from the calibration file"))
@@ -298,11 +338,16 @@ def tables(cal: dict) -> tuple[list[tuple[str, str, list[Row]]], list[tuple[str,
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", type=Path, default=None, help=f"default: {DEFAULT}")
-    ap.add_argument("--reference", type=Path, default=None, help=f"serving rows; default: {serving.DEFAULT_REFERENCE}")
-    ap.add_argument("--split", choices=("all", "tune", "holdout"), default="all",
-                    help="serving rows: those the model was tuned against, the held-out quarter, or both")  # fmt: skip
+    ap.add_argument("--moe", type=Path, default=None, help=f"default: {DEFAULT_MOE}")
+    ap.add_argument("--split", choices=("calibration", "held-out", "both"), default="both",
+                    help="which part of the MoE rows to report (the held-out part is never used for tuning)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    moe_path = args.moe or DEFAULT_MOE
+    moe = yaml.safe_load(moe_path.read_text()) if moe_path.exists() else None
+    if moe is None and args.moe is not None:
+        print(f"MoE reference file not found: {moe_path}", file=sys.stderr)
+        return 2
     path = args.calibration or DEFAULT
     cal: dict = {}
     if path.exists():
@@ -313,30 +358,12 @@ def main() -> int:
     else:  # a plain clone: the measured set lives in ../shared beside the repository
         print(f"calibration file not found: {path} (the measured set lives in ../shared/data/perf_reference beside "
               "the repository; give --calibration PATH); the tables that need it are skipped", file=sys.stderr)  # fmt: skip
-    done, skipped = tables(cal)
-    ref_path = args.reference or serving.DEFAULT_REFERENCE
-    if ref_path.exists():
-        ref = yaml.safe_load(ref_path.read_text()) or {}
-        for split in ("tune", "holdout"):
-            if args.split not in ("all", split):
-                continue
-            title = f"Serving ({'held-out rows' if split == 'holdout' else 'rows tuned against'}): output tokens/s"
-            rows, missing = serving_table(ref, split)
-            if missing:
-                print(f"{title}: {len(missing)} rows skipped: " + "; ".join(missing[:3]) + " ...", file=sys.stderr)
-            (done if rows else skipped).append((f"serving_{split}", title, rows) if rows else (title, "no rows"))
-    elif args.reference is not None:
-        print(f"reference file not found: {ref_path}", file=sys.stderr)
-        return 2
-    else:
-        skipped.append(("Serving: output tokens/s", f"needs {ref_path.name} from ../shared/data/perf_reference"))
+    done, skipped = tables(cal, moe, args.split)
     for title, why in skipped:
         print(f"skipped: {title}: {why}", file=sys.stderr)
     if args.json:
         doc: dict = {key: summarise(rows) for key, _, rows in done}
-        for key, _, rows in done:
-            if key.startswith("serving"):
-                doc[key]["groups"] = {g: summarise([r for r in rows if r.table == g]) for g in {r.table for r in rows}}
+        doc["groups"] = {key: by_group(rows) for key, _, rows in done if rows and rows[0].group}
         doc["rows"] = [r.__dict__ | {"error": r.error} for _, _, rows in done for r in rows]
         doc["skipped"] = {title: why for title, why in skipped}
         print(json.dumps(doc, indent=1))
@@ -361,18 +388,19 @@ def main() -> int:
                 style=style,
             )
         con.print(tab)
+        if rows and rows[0].group:
+            for g, gs in by_group(rows).items():
+                con.print(
+                    f"  {g}: n={gs['n']} median |error| {gs['median_abs_error']:.1%} max {gs['max_abs_error']:.1%}"
+                )
         s = summarise(rows)
-        target = "median <= 15%, max <= 35%" if title.startswith("Serving") else "median <= 10%, max <= 25%"
+        target = (
+            "median <= 15%, max <= 35%" if title.startswith("TensorRT-LLM serving") else "median <= 10%, max <= 25%"
+        )
         con.print(
             f"[bold]{title}[/]: n={s['n']}  median |error| {s['median_abs_error']:.1%}  max |error| {s['max_abs_error']:.1%}"
-            f"  (target: {target})"
+            f"  (target: {target})\n"
         )
-        groups = sorted({r.table for r in rows})
-        if len(groups) > 1:
-            for g in groups:
-                gs = summarise([r for r in rows if r.table == g])
-                con.print(f"  {g}: n={gs['n']}  median {gs['median_abs_error']:.1%}  max {gs['max_abs_error']:.1%}")
-        con.print()
     return 0
 
 

@@ -291,8 +291,7 @@ BAD_PLANS = [
     (Plan(tp=4, pp=4, cp=2, dp=2), 128, 256, 8192, r"tp\*pp\*cp\*dp"),
     (Plan(tp=8, pp=1, dp=16, mbs=1), 128, 100, 8192, "global batch"),
     (Plan(tp=8, pp=1, dp=16, mbs=4), 128, 32, 8192, "global batch"),
-    (Plan(tp=4, pp=3, dp=10, vp=1), 120, 30, 8192, "layers"),
-    (Plan(tp=4, pp=4, dp=8, vp=3), 128, 256, 8192, "layers"),
+    (Plan(tp=1, pp=64, dp=2, vp=2), 128, 256, 8192, "layers cannot fill"),  # 128 chunks > 80 layers + 2
     (Plan(tp=3, pp=1, dp=32), 96, 256, 8192, "heads"),  # 64 query heads do not split three ways
     (Plan(tp=4, pp=1, cp=4, dp=8), 128, 256, 6148, "sequence"),
     (Plan(tp=8, pp=4, vp=2, dp=4), 128, 24, 8192, "interleaved"),

@@ -202,9 +202,15 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
         net_steps = {"all_reduce": 2 * (nd - 1)}.get(op, nd - 1) if nd > 1 else 0
         if op == "all_to_all":
             # all-to-all is n-1 parallel point-to-point exchanges; NCCL cannot stripe one peer's
-            # traffic over several NICs, so a rank gets its own NIC share only.
+            # traffic over several NICs, so a rank gets its own NIC share only. Only the share bound for
+            # other domains crosses the NIC ((n - ppn) of the n-1 peers); the rest moves over NVLink at
+            # the same time, so the bus rate (n-1 peers' data per unit time) is the NIC rate scaled up.
             steps, net_steps = 1, 1 if nd > 1 else 0
-            ring_bus = min(intra, _rank_nic_bw(g)) if nd > 1 else intra
+            if nd > 1:
+                remote = (n - g.ranks_per_domain) / max(n - 1, 1)
+                ring_bus = min(intra, _rank_nic_bw(g) / max(remote, 1e-9))
+            else:
+                ring_bus = intra
         for p, proto in _protocols(g):
             intra_lat = _intra_hop(g, link, "ring", p)
             lat = BASE_LAT["ring"][p] + (steps - net_steps) * intra_lat

@@ -15,14 +15,14 @@ MFU uses the Megatron/NeMo FLOP formula (see `TransformerArch.model_flops_per_to
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from suanli.catalog import GPUSpec, Precision
-from suanli.perf import collectives
+from suanli.perf import collectives, layers
 from suanli.perf.models import TransformerArch
+from suanli.perf.pipeline import OPTION_TEXT, PipelineSplit, split_layers
 from suanli.topology.model import CommGroup
 
 Recompute = Literal["none", "selective", "full"]
@@ -48,36 +48,14 @@ ATTENTION_VS_MATMUL = 0.50
 # which peaks (and short MAMF sweeps) are measured.
 SUSTAINED_CLOCK_FACTOR = 0.90
 HBM_EFFICIENCY = 0.89  # STREAM triad / peak HBM bandwidth (H100: 2.97 of 3.35 TB/s)
-KERNEL_OVERHEAD_US = 5.0  # launch gap + tail effect per kernel
-KERNELS_PER_LAYER = 100  # forward + backward kernels of one transformer layer (norms, GEMMs, attention, casts)
 RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, allocator fragmentation
 GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
-# Tensor-core GEMMs run as waves of output tiles, one tile per SM: a GEMM whose tile count is not a
-# multiple of the SM count leaves SMs idle in its last wave (wave quantisation). 128x256 is the tile
-# cuBLAS/CUTLASS pick for large bf16/fp8 GEMMs on Ampere and Hopper.
-TILE_M, TILE_N = 128, 256
-
-
-def gemm_efficiency(m: float, n: float, sms: int) -> float:
-    """Useful fraction of the SM-time a GEMM with an m x n output occupies (partial tiles, last wave)."""
-    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
-    waves = math.ceil(tiles / sms)
-    return (m * n) / (waves * sms * TILE_M * TILE_N)
-
-
-def _gemm_time(shapes: list[tuple[float, float, float]], rate: float, sms: int) -> float:
-    """Seconds for GEMMs given as (m, n, k) at an achievable `rate` FLOP/s before wave quantisation."""
-    return sum(2 * m * n * k / (rate * gemm_efficiency(m, n, sms)) for m, n, k in shapes)
-
-
-def _layer_gemms(a: TransformerArch, tokens: float, tp: int) -> list[tuple[float, float, float]]:
-    """(m, n, k) of one layer's forward, input-gradient and weight-gradient GEMMs on one TP rank."""
-    h, kv = a.hidden, a.kv_heads * a.head_dim
-    up = (2 if a.gated_mlp else 1) * a.ffn
-    fwd = [(tokens, (h + 2 * kv) / tp, h), (tokens, h, h / tp), (tokens, up / tp, h), (tokens, h, a.ffn / tp)]
-    dgrad = [(m, k, n) for m, n, k in fwd]
-    wgrad = [(k, n, m) for m, n, k in fwd]
-    return fwd + dgrad + wgrad
+# Expert load imbalance: the busiest EP rank's (token, expert) rows / the mean. NVIDIA's published MoE
+# benchmarks force-balance routing (Megatron-Bridge performance summary footnote), hence 1.0 by default;
+# real runs with auxiliary-loss-free balancing sit above it and can say so (--moe-imbalance).
+DEFAULT_MOE_IMBALANCE = 1.0
+TILE_M, TILE_N = layers.TILE_M, layers.TILE_N
+gemm_efficiency = layers.gemm_efficiency
 
 
 @dataclass(frozen=True)
@@ -90,10 +68,13 @@ class Plan:
     zero: int = 1
     recompute: Recompute = "none"
     dp: int = 1
+    ep: int = 1  # expert parallel: experts split over ep ranks (inside the tp*cp*dp ranks of a stage)
+    etp: int = 1  # expert tensor parallel: each expert's FFN split over etp ranks
 
     def label(self) -> str:
+        moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
         return (
-            f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp} VP{self.vp} MBS{self.mbs} "
+            f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
         )
 
@@ -104,6 +85,7 @@ class TrainJob:
     precision: TrainPrecision = "bf16"
     seq_len: int = 4096
     global_batch: int = 256  # sequences per optimizer step
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE  # busiest expert-parallel rank's load / the mean
 
 
 @dataclass(frozen=True)
@@ -117,10 +99,12 @@ class TrainEstimate:
     tflops_per_gpu: float
     breakdown: dict[str, float] = field(default_factory=dict)
     memory_breakdown: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, object] = field(default_factory=dict)  # pipeline split option, expert imbalance
 
     def as_dict(self) -> dict[str, object]:
         plan = {k: v for k, v in asdict(self.plan).items()}
         return {
+            **self.notes,
             "step_time_s": round(self.step_time_s, 4),
             "tokens_per_s": round(self.tokens_per_s, 1),
             "mfu": round(self.mfu, 4),
@@ -141,51 +125,119 @@ class PlanError(ValueError):
     """A parallel plan that cannot be laid out on the GPUs (with the reason)."""
 
 
-def _act_bytes_per_token_layer(arch: TransformerArch, recompute: Recompute) -> float:
-    """Activation bytes kept for backward per token per layer in 16-bit (Korthikanti et al. 2022 style).
-
-    Flash attention keeps no s×s scores, so `selective` saves nothing further on top of it.
-    """
-    h, kv = arch.hidden, arch.kv_heads * arch.head_dim
+def _act_bytes_per_token(a: TransformerArch, kind: tuple[str, str], recompute: Recompute, imbalance: float) -> float:
+    """Activation bytes one layer keeps for backward per token, 16-bit (Korthikanti et al. 2022 style, flash
+    attention: no s x s scores, so `selective` saves nothing further). Full recompute keeps the layer input."""
+    h = a.hidden
     if recompute == "full":
         return 2.0 * h
-    attn = 2 * (h + h + (h + 2 * kv) + h + h)  # norm in, qkv in, q/k/v, attention out, o-proj out
-    mlp = 2 * (h + h) + (2 * 3 * arch.ffn if arch.gated_mlp else 2 * 2 * arch.ffn)
-    masks = 2 * h  # residual/dropout bookkeeping
-    return float(attn + mlp + masks)
+    mixer, ffn = kind
+    out = 0.0
+    if mixer == "attn":
+        qkv = a.heads * a.qk_head_dim + a.kv_heads * (a.qk_head_dim + a.v_dim)
+        out += 2 * (4 * h + qkv) + 2 * h  # norm in, qkv in, q/k/v, attention out, o-proj out; dropout masks
+    elif mixer == "mamba":
+        di = a.mamba_expand * h
+        out += 2 * (4 * h + 2 * di + 2 * a.mamba_groups * a.mamba_state) + 2 * h
+    mult = 3 if a.gated_mlp else 2
+    if ffn == "dense":
+        out += 2 * (h + h) + 2 * mult * a.ffn
+    elif ffn == "moe":
+        shared = a.shared_experts * (a.shared_ffn or a.moe_ffn)
+        out += 2 * (h + h) + a.top_k * imbalance * (2 * h + 2 * mult * a.moe_ffn) + 2 * mult * shared
+    return out
+
+
+@dataclass(frozen=True)
+class _StageParams:
+    dense: float  # parameters replicated over the data-parallel group (split by TP)
+    expert: float  # routed-expert parameters (split by EP x ETP)
+
+
+def _stage_params(a: TransformerArch, ranges: list[tuple[int, int]], first: bool, last: bool) -> _StageParams:
+    kinds = a.layer_kinds()
+    dense = expert = 0.0
+    for lo, hi in ranges:
+        for m, f in kinds[lo:hi]:
+            total = a._layer_params(m, f)
+            routed = a.experts * a.expert_params if f == "moe" else 0
+            dense += total - routed
+            expert += routed
+    if first:
+        dense += a.vocab * a.hidden
+    if last:
+        dense += a.vocab * a.hidden * (0 if a.tied_embeddings else 1) + a.hidden
+        if a.mtp_layers:
+            routed = a.mtp_layers * a.experts * a.expert_params if a.is_moe else 0
+            dense += a.mtp_params - routed
+            expert += routed
+    return _StageParams(dense, expert)
+
+
+def _split(job: TrainJob, plan: Plan) -> PipelineSplit:
+    try:
+        return split_layers(job.arch.layers, plan.pp, plan.vp)
+    except ValueError as e:
+        raise PlanError(str(e)) from e
+
+
+def _split_for_memory(job: TrainJob, plan: Plan) -> PipelineSplit:
+    """The split memory is counted on; a plan Megatron cannot lay out still gets its layers spread evenly
+    (memory answers for any plan; step_time refuses the impossible ones)."""
+    try:
+        return split_layers(job.arch.layers, plan.pp, plan.vp)
+    except ValueError:
+        per = -(-job.arch.layers // plan.pp)
+        sizes = [max(0, min(per, job.arch.layers - per * s)) for s in range(plan.pp)]
+        return PipelineSplit(tuple(sizes), "layout")
+
+
+def _expert_dp(plan: Plan) -> int:
+    return max(1, plan.tp * plan.cp * plan.dp // (plan.ep * plan.etp))
 
 
 def memory_per_gpu(job: TrainJob, plan: Plan, gpu: GPUSpec) -> dict[str, float]:
-    """Bytes per GPU on the busiest pipeline stage (the first: embedding + most in-flight micro-batches)."""
-    a = job.arch
-    layers_stage = math.ceil(a.layers / plan.pp)
-    params = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / plan.tp
-    nd = plan.dp * plan.cp  # distributed optimizer shards over DP x CP
-    weight_b = 2.0 + (1.0 if job.precision in LOW_PRECISION else 0.0)
-    if job.precision == "fp32":
-        weight_b = 4.0
+    """Bytes per GPU on the busiest pipeline stage (the first: most in-flight micro-batches; or the last:
+    logits and MTP)."""
+    a, p = job.arch, plan
+    split = _split_for_memory(job, p)
+    ranges = split.layer_ranges(p.pp)
+    nd, edp = p.dp * p.cp, _expert_dp(p)  # distributed optimizer shards dense state over DP x CP
+    weight_b = 4.0 if job.precision == "fp32" else 2.0 + (1.0 if job.precision in LOW_PRECISION else 0.0)
     grad_b = 4.0 if job.precision == "fp32" else 2.0
     opt_b = 12.0  # fp32 master weights + Adam m and v
-    zero = plan.zero
-    weights = params * weight_b / (nd if zero >= 3 else 1)
-    grads = params * grad_b / (nd if zero >= 2 else 1)
-    optim = params * opt_b / (nd if zero >= 1 else 1)
-    tokens_mb = plan.mbs * job.seq_len / plan.cp
-    in_flight = min(plan.pp, max(1, job.global_batch // (plan.dp * plan.mbs)))
-    if plan.vp > 1 and plan.pp > 1:
-        in_flight = in_flight * (1 + (plan.pp - 1) / (plan.pp * plan.vp))
-    act = _act_bytes_per_token_layer(a, plan.recompute) * tokens_mb / plan.tp * layers_stage * in_flight
-    if plan.recompute == "full":
-        act += _act_bytes_per_token_layer(a, "none") * tokens_mb / plan.tp  # one layer re-materialised
-    logits = 4.0 * tokens_mb * a.vocab / plan.tp if plan.pp == 1 else 0.0
-    return {
-        "weights": weights,
-        "gradients": grads,
-        "optimizer": optim,
-        "activations": act,
-        "logits": logits,
-        "runtime": RUNTIME_RESERVE_BYTES,
-    }
+    tokens_mb = p.mbs * job.seq_len / p.cp
+    m = max(1, job.global_batch // (p.dp * p.mbs))
+    kinds = a.layer_kinds()
+    best: dict[str, float] = {}
+    for s in sorted({0, p.pp - 1}):
+        sp = _stage_params(a, ranges[s], s == 0, s == p.pp - 1)
+        dense, expert = sp.dense / p.tp, sp.expert / (p.ep * p.etp)
+
+        def shard(x: float, y: float, stage: int) -> float:
+            return x / (nd if p.zero >= stage else 1) + y / (edp if p.zero >= stage else 1)
+
+        weights = shard(dense * weight_b, expert * weight_b, 3)
+        grads = shard(dense * grad_b, expert * grad_b, 2)
+        optim = shard(dense * opt_b, expert * opt_b, 1)
+        in_flight = float(min(p.pp - s, m))
+        if s == 0 and p.vp > 1 and p.pp > 1:
+            in_flight *= 1 + (p.pp - 1) / (p.pp * p.vp)
+        per_token = sum(
+            _act_bytes_per_token(a, kinds[i], p.recompute, job.moe_imbalance)
+            for lo, hi in ranges[s]
+            for i in range(lo, hi)
+        )
+        act = per_token * tokens_mb / p.tp * in_flight
+        if p.recompute == "full" and ranges[s]:
+            lo = ranges[s][0][0]
+            act += _act_bytes_per_token(a, kinds[min(lo, a.layers - 1)], "none", job.moe_imbalance) * tokens_mb / p.tp
+        logits = 4.0 * tokens_mb * a.vocab / p.tp * (1 + a.mtp_layers) if s == p.pp - 1 else 0.0
+        mem = {"weights": weights, "gradients": grads, "optimizer": optim, "activations": act, "logits": logits,
+               "runtime": RUNTIME_RESERVE_BYTES}  # fmt: skip
+        if sum(mem.values()) > sum(best.values()):
+            best = mem
+    return best
 
 
 def _matmul_rate(gpu: GPUSpec, precision: TrainPrecision) -> float:
@@ -195,78 +247,80 @@ def _matmul_rate(gpu: GPUSpec, precision: TrainPrecision) -> float:
     return gpu.peak_tflops(prec) * 1e12 * eff * SUSTAINED_CLOCK_FACTOR
 
 
-def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: GroupFn) -> TrainEstimate:
-    """Predict one optimizer step of `job` under `plan` on `n_gpus` GPUs laid out as `group` describes."""
+def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
     a = job.arch
-    p = plan
-    if min(p.tp, p.pp, p.cp, p.dp, p.vp, p.mbs) < 1:
-        raise PlanError("tp, pp, cp, dp, vp and mbs must all be at least 1")
+    if min(p.tp, p.pp, p.cp, p.dp, p.vp, p.mbs, p.ep, p.etp) < 1:
+        raise PlanError("tp, pp, cp, dp, vp, ep, etp and mbs must all be at least 1")
     if job.global_batch < 1 or job.seq_len < 1:
         raise PlanError("global batch and sequence length must be at least 1")
+    if not 1.0 <= job.moe_imbalance <= 64.0:
+        raise PlanError("moe imbalance must be between 1 (balanced) and 64")
     if p.tp * p.pp * p.cp * p.dp != n_gpus:
         raise PlanError(f"tp*pp*cp*dp = {p.tp * p.pp * p.cp * p.dp} != {n_gpus} GPUs")
     if job.global_batch % (p.dp * p.mbs):
         raise PlanError(f"global batch {job.global_batch} is not a multiple of dp*mbs = {p.dp * p.mbs}")
-    if a.layers % (p.pp * p.vp) and p.pp > 1:
-        raise PlanError(f"{a.layers} layers do not split into pp*vp = {p.pp * p.vp} chunks")
     if a.heads % p.tp or (a.kv_heads % p.tp and p.tp % a.kv_heads):
         raise PlanError(f"{a.heads} heads / {a.kv_heads} KV heads do not split over tp={p.tp}")
     if job.seq_len % (2 * p.cp) and p.cp > 1:
         raise PlanError(f"sequence length {job.seq_len} does not split into 2*cp = {2 * p.cp} chunks")
-    m = job.global_batch // (p.dp * p.mbs)  # micro-batches per pipeline per step
+    if (p.ep > 1 or p.etp > 1) and not a.is_moe:
+        raise PlanError(f"{a.name} has no experts: ep and etp must be 1")
+    if a.is_moe:
+        if a.experts % p.ep:
+            raise PlanError(f"{a.experts} experts do not split over ep={p.ep}")
+        if (p.tp * p.cp * p.dp) % (p.ep * p.etp):
+            raise PlanError(
+                f"ep*etp = {p.ep * p.etp} must divide tp*cp*dp = {p.tp * p.cp * p.dp} (the ranks of a stage)"
+            )
+        if a.moe_ffn % p.etp:
+            raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
+    m = job.global_batch // (p.dp * p.mbs)
     if p.pp > 1 and p.vp > 1 and m % p.pp:
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
 
+
+def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: GroupFn) -> TrainEstimate:
+    """Predict one optimizer step of `job` under `plan` on `n_gpus` GPUs laid out as `group` describes."""
+    a, p = job.arch, plan
+    _validate(job, p, n_gpus)
+    split = _split(job, p)
+    m = job.global_batch // (p.dp * p.mbs)  # micro-batches per pipeline per step
     mm_rate = _matmul_rate(gpu, job.precision)
-    attn_rate = (
-        _matmul_rate(gpu, "bf16" if job.precision in (*LOW_PRECISION, "bf16") else job.precision) * ATTENTION_VS_MATMUL
-    )
+    attn_rate = _matmul_rate(gpu, "bf16" if job.precision in (*LOW_PRECISION, "bf16") else job.precision)
     hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
     act_b = 4 if job.precision == "fp32" else 2
-
     tokens = p.mbs * job.seq_len / p.cp  # tokens each CP rank processes per micro-batch
-    layers_stage = a.layers / p.pp
-
-    # -- per layer, per micro-batch, on one GPU -------------------------------------------------------
-    t_lin = _gemm_time(_layer_gemms(a, tokens, p.tp), mm_rate, gpu.sms)
-    # causal: half the s×s products; flash attention's backward recomputes QK^T, so fwd+bwd is 3.5x fwd
-    attn_flops = 3.5 * 4 * job.seq_len * a.hidden * tokens / 2 / p.tp
-    t_attn = attn_flops / attn_rate
-    elem_bytes = 3 * (10 * a.hidden + (3 if a.gated_mlp else 2) * a.ffn) * act_b * tokens / p.tp
-    if job.precision in LOW_PRECISION:
-        elem_bytes *= 1.5  # cast/transposes of every GEMM input to fp8
-    t_elem = elem_bytes / hbm
-    t_launch = KERNELS_PER_LAYER * KERNEL_OVERHEAD_US * 1e-6
-    recompute_frac = {"none": 0.0, "selective": 0.0, "full": 1.0 / 3.0}[p.recompute]
-    t_recompute = recompute_frac * (t_lin + t_attn + t_elem)
-
-    t_tp = 0.0
-    if p.tp > 1:
-        tp_group = group(1, p.tp)
-        size = int(tokens * a.hidden * act_b)  # sequence-parallel all-gather / reduce-scatter buffer
-        ag = collectives.estimate("all_gather", size, tp_group).time_us * 1e-6
-        rs = collectives.estimate("reduce_scatter", size, tp_group).time_us * 1e-6
-        n_coll = 8 + (4 if p.recompute == "full" else 0)
-        per = (ag + rs) / 2
-        gemm_adjacent = t_lin / 12  # 4 GEMMs x (fwd, dgrad, wgrad)
-        t_tp = n_coll * (max(0.0, per - gemm_adjacent) + per / p.tp)
-
-    t_cp = 0.0
-    if p.cp > 1:
-        cp_group = group(p.tp, p.cp)
-        kv_bytes = int(tokens * 2 * a.kv_heads * a.head_dim * act_b / min(p.tp, a.kv_heads))
-        hop = collectives.estimate("send_recv", kv_bytes, cp_group).time_us * 1e-6
-        t_cp = max(0.0, 3 * (p.cp - 1) * hop - t_attn)
-
-    t_layer = t_lin + t_attn + t_elem + t_launch + t_recompute + t_tp + t_cp
+    env = layers.LayerEnv(
+        arch=a, seq_len=job.seq_len, tokens=tokens, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.etp, mm_rate=mm_rate,
+        attn_rate=attn_rate * ATTENTION_VS_MATMUL, hbm=hbm, sms=gpu.sms, act_b=act_b,
+        low_precision=job.precision in LOW_PRECISION, full_recompute=p.recompute == "full",
+        imbalance=job.moe_imbalance, group=group,
+    )  # fmt: skip
+    kinds = a.layer_kinds()
+    per_kind = {k: layers.layer_time(env, k) for k in set(kinds)}
+    ranges = split.layer_ranges(p.pp)
+    stages: list[layers.LayerTime] = []
+    for rs in ranges:
+        st = layers.LayerTime()
+        for lo, hi in rs:
+            for i in range(lo, hi):
+                st.add(per_kind[kinds[i]])
+        stages.append(st)
     logits = [
         (tokens, a.vocab / p.tp, a.hidden),
         (tokens, a.hidden, a.vocab / p.tp),
         (a.hidden, a.vocab / p.tp, tokens),
     ]
-    t_logits = _gemm_time(logits, mm_rate, gpu.sms) + 3 * tokens * a.vocab * 4 / p.tp / hbm
-    t_mb = layers_stage * t_layer + (t_logits if p.pp == 1 else 0.0)  # a typical stage
-    t_mb_slowest = layers_stage * t_layer + t_logits  # the last stage also computes the logits
+    t_logits = layers.gemm_time(logits, mm_rate, gpu.sms) + 3 * tokens * a.vocab * 4 / p.tp / hbm
+    t_extra_last = t_logits
+    if a.mtp_layers:  # each MTP module: projection, one block, its own logits
+        block = layers.layer_time(env, ("attn", "moe" if a.is_moe else "dense")).total
+        proj = layers.gemm_time(layers.fwd_bwd([(tokens, a.hidden, 2 * a.hidden / p.tp)]), mm_rate, gpu.sms)
+        t_extra_last += a.mtp_layers * (block + proj + t_logits)
+    totals = [st.total for st in stages]
+    t_mb = sum(totals) / p.pp + (t_extra_last if p.pp == 1 else 0.0)  # a typical stage
+    slowest = max(range(p.pp), key=lambda s: totals[s] + (t_extra_last if s == p.pp - 1 else 0.0))
+    t_mb_slowest = totals[slowest] + (t_extra_last if slowest == p.pp - 1 else 0.0)
 
     t_pp = 0.0
     if p.pp > 1:
@@ -277,27 +331,36 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     bubble = (p.pp - 1) / p.vp * t_mb if p.pp > 1 else 0.0
     t_pipeline = m * t_mb_slowest + bubble + t_pp
 
-    # -- data parallel -----------------------------------------------------------------------------
-    nd = p.dp * p.cp
+    # -- data parallel: dense gradients over DP x CP, expert gradients over the expert-data-parallel group --
+    nd, edp = p.dp * p.cp, _expert_dp(p)
+    sps = [_stage_params(a, ranges[s], s == 0, s == p.pp - 1) for s in range(p.pp)]
+    big = max(sps, key=lambda x: x.dense / p.tp + x.expert / (p.ep * p.etp))
+    dense_gpu, expert_gpu = big.dense / p.tp, big.expert / (p.ep * p.etp)
     t_dp = 0.0
-    if nd > 1:
-        dp_group = group(p.tp, nd)  # Megatron order tp-cp-dp: the DP x CP group is strided by tp
-        params_gpu = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / p.tp
-        grad_bytes = int(params_gpu * 4)  # gradients are reduced in fp32 (Megatron main_grad)
-        param_bytes = int(params_gpu * act_b)
+    parts = [(dense_gpu, nd, group(p.tp, nd) if nd > 1 else None)]
+    if expert_gpu and edp > 1:
+        parts.append((expert_gpu, edp, group(p.ep * p.etp, edp)))
+    t_rs = t_ag = 0.0
+    per_mb = 0.0
+    for params_gpu, size, g in parts:
+        if g is None or size <= 1:
+            continue
+        grad_bytes, param_bytes = int(params_gpu * 4), int(params_gpu * act_b)  # fp32 main grads
         if p.zero >= 3:
-            ag = collectives.estimate("all_gather", param_bytes, dp_group).time_us * 1e-6
-            rs = collectives.estimate("reduce_scatter", param_bytes, dp_group).time_us * 1e-6
-            per_mb = 2 * ag + rs  # gather for forward and backward, reduce gradients, every micro-batch
-            t_dp = m * max(0.0, per_mb - t_mb)
+            ag = collectives.estimate("all_gather", param_bytes, g).time_us * 1e-6
+            rs = collectives.estimate("reduce_scatter", param_bytes, g).time_us * 1e-6
+            per_mb += 2 * ag + rs  # gather for forward and backward, reduce gradients, every micro-batch
         else:
-            rs = collectives.estimate("reduce_scatter" if p.zero >= 1 else "all_reduce", grad_bytes, dp_group)
-            ag = collectives.estimate("all_gather", param_bytes, dp_group) if p.zero >= 1 else None
-            t_rs = rs.time_us * 1e-6
-            t_ag = ag.time_us * 1e-6 if ag else 0.0
-            t_dp = max(0.0, t_rs - GRAD_BUCKETS_EXPOSED * 2 / 3 * t_mb) + max(0.0, t_ag - t_mb / 3)
-    params_shard = (layers_stage * a.params_per_layer + a.vocab * a.hidden) / p.tp / (nd if p.zero >= 1 else 1)
-    t_opt = params_shard * 32 / hbm  # read+write master, m, v, grad; write bf16 weight
+            op = "reduce_scatter" if p.zero >= 1 else "all_reduce"
+            t_rs += collectives.estimate(op, grad_bytes, g).time_us * 1e-6
+            if p.zero >= 1:
+                t_ag += collectives.estimate("all_gather", param_bytes, g).time_us * 1e-6
+    if p.zero >= 3:
+        t_dp = m * max(0.0, per_mb - t_mb)
+    else:
+        t_dp = max(0.0, t_rs - GRAD_BUCKETS_EXPOSED * 2 / 3 * t_mb) + max(0.0, t_ag - t_mb / 3)
+    shard = dense_gpu / (nd if p.zero >= 1 else 1) + expert_gpu / (edp if p.zero >= 1 else 1)
+    t_opt = shard * 32 / hbm  # read+write master, m, v, grad; write bf16 weight
 
     step = t_pipeline + t_dp + t_opt
     total_tokens = job.global_batch * job.seq_len
@@ -306,19 +369,30 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
     achieved = model_flops / step / n_gpus
     mem = memory_per_gpu(job, p, gpu)
     mem_total = sum(mem.values())
-    per_step = m
+    sl = stages[slowest]
+    extra = t_extra_last if slowest == p.pp - 1 else 0.0
     breakdown = {
-        "compute_linear": per_step * layers_stage * t_lin + per_step * t_logits,
-        "compute_attention": per_step * layers_stage * t_attn,
-        "elementwise": per_step * layers_stage * (t_elem + t_launch),
-        "recompute": per_step * layers_stage * t_recompute,
-        "tp_exposed": per_step * layers_stage * t_tp,
-        "cp_exposed": per_step * layers_stage * t_cp,
+        "compute_linear": m * (sl.linear + extra),
+        "compute_attention": m * sl.attention,
+        "elementwise": m * (sl.elementwise + sl.launch),
+        "recompute": m * sl.recompute,
+        "tp_exposed": m * sl.tp,
+        "cp_exposed": m * sl.cp,
+        "ep_exposed": m * sl.ep,
         "pp_bubble": bubble,
         "pp_p2p": t_pp,
         "dp_exposed": t_dp,
         "optimizer": t_opt,
     }
+    notes: dict[str, object] = {}
+    if p.pp > 1:
+        notes["pipeline_split"] = {
+            "layers_per_stage": split.stage_layers(p.pp),
+            "megatron_option": OPTION_TEXT[split.option] or "none",
+        }
+    if a.is_moe:
+        notes["moe_imbalance"] = job.moe_imbalance
+        notes["expert_data_parallel"] = edp
     return TrainEstimate(
         plan=p,
         fits=mem_total <= gpu.memory_GB * 1e9,
@@ -329,4 +403,5 @@ def step_time(job: TrainJob, plan: Plan, gpu: GPUSpec, n_gpus: int, group: Group
         tflops_per_gpu=achieved / 1e12,
         breakdown=breakdown,
         memory_breakdown=mem,
+        notes=notes,
     )

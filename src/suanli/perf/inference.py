@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 from suanli.catalog import GPUSpec
 from suanli.perf import collectives
+from suanli.perf.layers import KERNEL_OVERHEAD_US
 from suanli.perf.models import TransformerArch
 from suanli.perf.serve_shape import (
     ACT_BYTES,
@@ -46,7 +47,6 @@ from suanli.perf.serve_shape import (
 from suanli.perf.training import (
     DEFAULT_MATMUL_EFFICIENCY,
     HBM_EFFICIENCY,
-    KERNEL_OVERHEAD_US,
     RUNTIME_RESERVE_BYTES,
     SUSTAINED_CLOCK_FACTOR,
     GroupFn,

@@ -50,7 +50,9 @@ from suanli.cli.jobs import (
 )
 from suanli.perf import MODEL_PRESETS, OPS, TrainEstimate, estimate, search
 
-app = typer.Typer(no_args_is_help=True, help="Performance model: collectives, training step time, parallel plans.")
+app = typer.Typer(
+    no_args_is_help=True, help="Performance model: collectives, training step time, parallel plans, LLM serving."
+)
 
 
 @app.command()

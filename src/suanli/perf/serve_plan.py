@@ -30,7 +30,7 @@ from suanli.perf.serve_shape import (
 )
 from suanli.perf.training import GroupFn
 
-RATE_STEPS = 24  # bisection steps on the request rate (relative resolution ~ 1e-7 of the saturation rate)
+RATE_STEPS = 16  # bisection steps on the request rate (resolution 1.5e-5 of the saturation rate)
 MILLION = Decimal(1_000_000)
 SECONDS_PER_HOUR = Decimal(3600)
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from pathlib import Path
 
-DEFAULT_REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "perf_reference"
-DEFAULT_REFERENCE = DEFAULT_REFERENCE / "moe_and_inference.yaml"
 HOLDOUT_MODULUS = 4  # one row in four (by hash) is held out
 
 # Names the reference uses for models and GPUs → the project's presets and catalog names.

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from suanli.perf import Placement, Plan, TrainJob, estimate, evaluate, model_preset, search
+from suanli.perf import (
+    Layout,
+    Placement,
+    Plan,
+    ServeWorkload,
+    TrainJob,
+    estimate,
+    evaluate,
+    model_preset,
+    search,
+    serve,
+)
 from suanli.topology import load_preset, parse
 
 GiB = 1 << 30
@@ -65,6 +76,20 @@ def cases(repeats: int) -> list[Case]:
     job = TrainJob(model_preset("llama3.1-70b"), "bf16", seq_len=8192, global_batch=256)
     plan = Plan(tp=4, pp=4, cp=2, vp=5, dp=4)
 
+    h200 = parse(
+        {
+            "name": "1x8-h200",
+            "node_groups": [{"name": "n", "count": 1, "gpu": "H200", "gpus_per_node": 8, "nics": 8}],
+            "fabric": "ib-ndr",
+        }
+    )
+    serve_at = Placement(h200, h200.compact_gpus(8))
+    ds, llama = model_preset("deepseek-v3"), model_preset("llama3.1-70b")
+
+    def serve_case(arch, lay: Layout, w: ServeWorkload):  # a fresh placement each time: no warm caches
+        gpu = serve_at.gpu
+        return lambda: serve(arch, gpu, lay, "fp8", w, Placement(h200, serve_at.gpus).group_fn())
+
     big = load_preset("synthetic-100k")
     rng = np.random.default_rng(0)
     scattered = np.sort(rng.choice(big.n_gpus, size=1024, replace=False))
@@ -85,6 +110,27 @@ def cases(repeats: int) -> list[Case]:
         Case("search llama3.1-70b, 128 H100 (superpod SU)", lambda: search(job, placement), "ms", 1000.0, few),
         Case("evaluate TP4 PP4 CP2 VP5, 128 H100", lambda: evaluate(job, plan, placement), "ms", 10.0, repeats),
         Case("search deepseek-v3 (671B MoE), 1,024 H100", lambda: search(moe_job, moe_placement), "ms", 2000.0, 3),
+        Case(
+            "perf serve llama3.1-70b TP8 H200, rate 10/s",
+            serve_case(llama, Layout(8, 8), ServeWorkload(1024, 1024, rate=10.0)),
+            "ms",
+            5.0,
+            repeats,
+        ),
+        Case(
+            "perf serve deepseek-v3 TP8 EP8 H200, rate 2/s",
+            serve_case(ds, Layout(8, 8, ep=8), ServeWorkload(1024, 1024, rate=2.0)),
+            "ms",
+            5.0,
+            repeats,
+        ),
+        Case(
+            "perf serve deepseek-v3 TP1 EP8 H200, max throughput",
+            serve_case(ds, Layout(8, 1, ep=8), ServeWorkload(1024, 1024, num_requests=3000)),
+            "ms",
+            5.0,
+            repeats,
+        ),
         Case("load preset synthetic-100k", lambda: load_preset("synthetic-100k"), "ms", 1000.0, few),
         Case(
             "load synthetic-100k + first query (builds columns)",

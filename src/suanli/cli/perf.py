@@ -9,7 +9,7 @@ from rich.table import Table
 
 from suanli import catalog
 from suanli.billing import default_price_book
-from suanli.cli import common, jobs
+from suanli.cli import common, jobs, perf_serve
 from suanli.cli.common import (
     ClusterOpt,
     FabricOpt,
@@ -66,7 +66,9 @@ from suanli.cli.jobs import (
 )
 from suanli.perf import MODEL_PRESETS, OPS, TrainEstimate, default_global_batch, estimate, search
 
-app = typer.Typer(no_args_is_help=True, help="Performance model: collectives, training step time, parallel plans.")
+app = typer.Typer(
+    no_args_is_help=True, help="Performance model: collectives, training step time, parallel plans, LLM serving."
+)
 
 
 @app.command()
@@ -473,3 +475,7 @@ def models(json_out: JsonOpt = False) -> None:
                 experts if r["experts"] else "dense", attn + (f" +{r['mtp_layers']} MTP" if r["mtp_layers"] else "")]  # fmt: skip
         table.add_row(*vals)
     console.print(table)
+
+
+app.command("serve")(perf_serve.serve_cmd)
+app.command("serve-plan")(perf_serve.serve_plan_cmd)

@@ -65,6 +65,21 @@ def admin_token(client: httpx.Client) -> str:
     return r.json()["token"]
 
 
+class InProcess(httpx.BaseTransport):
+    """The SDK's httpx over an in-process test client (`api`), whichever HTTP package that client is built on
+    (Starlette's test client moves to `httpx2` when it is installed, whose transports the SDK's httpx cannot use)."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        r = self.api.request(request.method, str(request.url), headers=dict(request.headers), content=request.read())
+        headers = [
+            (k, v) for k, v in r.headers.multi_items() if k.lower() not in ("content-encoding", "content-length")
+        ]
+        return httpx.Response(r.status_code, headers=headers, content=r.content)  # the body comes decoded
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

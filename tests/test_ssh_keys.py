@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from suanli.control.ssh_keys import MAX_KEYS_PER_USER
 from suanli.ssh.keys import MAX_KEY_CHARS, BadKey, parse
-from tests.control_plane import signup
+from tests.control_plane import InProcess, signup
 from tests.ssh_helpers import keygen
 
 API = "/api/v1"
@@ -137,7 +137,7 @@ def test_the_sdk_and_the_gateway_info(api: Any, keys: dict[str, str], tmp_path: 
     from suanli.client import Client
 
     signup(api, "me@example.com")
-    c = Client("http://testserver", transport=api._transport)  # the in-process app, over the SDK
+    c = Client("http://testserver", transport=InProcess(api))  # the in-process app, over the SDK
     c.login("me@example.com", "tenant-password")
     pub = tmp_path / "id.pub"
     pub.write_text(keys["ecdsa"])

@@ -294,6 +294,7 @@ def by_group(rows: list[Row]) -> dict[str, dict[str, float]]:
     return {g: summarise(rs) for g, rs in sorted(groups.items())}
 
 
+PUBLISHED_TITLE = "Collectives: published nccl-tests (A3 Mega TCPXO, B200), sizes >= 1 MiB"
 # Every table: its key in the --json document, its title, the calibration section it compares with, its rows.
 TABLES = (
     ("collectives", "Collectives: busbw, sizes >= 1 MiB", "measured_collectives", collective_rows),
@@ -322,6 +323,12 @@ def tables(
             continue
         rows = serving_rows(moe, sp)
         (done if rows else skipped).append((f"serving_{sp}", title, rows) if rows else (title, "no rows"))
+    here = str(Path(__file__).resolve().parent)
+    if here not in sys.path:  # loaded as a module (tests), not run as a script
+        sys.path.insert(0, here)
+    from perf_published_rows import published_rows  # data in the repository: runs in a plain clone too
+
+    done.append(("collectives_published", PUBLISHED_TITLE, published_rows(Row)))
     for key, title, section, build in TABLES:
         if section not in cal:
             skipped.append((title, f"needs `{section}` from the calibration file"))

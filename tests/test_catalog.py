@@ -326,7 +326,7 @@ def test_records_are_frozen() -> None:
         ("efa", 100, "efa-100"),
         ("efa", 400, "efa-400"),
         ("tcpx", 200, "tcpx-200"),
-        ("tcpxo", 200, "tcpx-200"),
+        ("tcpxo", 200, "tcpxo-200"),
     ],
 )
 def test_fabric_for_exact_rate(kind: str, gbps: float, expected: str) -> None:
@@ -368,7 +368,8 @@ def test_fabric_for_unknown_kind() -> None:
         ("xdr", "ib-xdr"),
         ("efa", "efa-100"),
         ("tcpx", "tcpx-200"),
-        ("tcpxo", "tcpx-200"),
+        ("tcpxo", "tcpxo-200"),
+        ("a3-mega", "tcpxo-200"),
     ],
 )
 def test_fabric_alias_resolves(alias: str, expected: str) -> None:

@@ -451,7 +451,23 @@ def test_expert_parallel_all_to_all_is_slower_across_nodes_than_inside_nvlink() 
     across = _moe_estimate(16, 2, 16)
     assert inside.breakdown["ep_exposed"] > 0  # type: ignore[attr-defined]
     per_rank_inside = inside.breakdown["ep_exposed"]  # type: ignore[attr-defined]
-    assert across.breakdown["ep_exposed"] > 2 * per_rank_inside  # type: ignore[attr-defined]
+    # slower across the NICs even though each token crosses the network once per node (DeepEP-style dispatch)
+    assert across.breakdown["ep_exposed"] > 1.1 * per_rank_inside  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("experts", "k", "domains"), [(128, 8, 2), (256, 8, 4), (128, 4, 8), (8, 2, 2), (64, 1, 4)])
+def test_dispatch_sends_a_token_once_per_remote_domain(experts: int, k: int, domains: int) -> None:
+    """A token's copies over the network: at most one per other domain, never more than a plain all-to-all's
+    k*(d-1)/d, and for top-1 exactly the plain all-to-all's share."""
+    from suanli.perf.layers import remote_domain_copies
+
+    copies = remote_domain_copies(experts, k, domains)
+    plain = k * (domains - 1) / domains
+    assert copies <= min(domains - 1, plain) + 1e-9
+    assert copies > 0
+    if k == 1:
+        assert copies == pytest.approx(plain)
+    assert remote_domain_copies(experts, k, 1) == 0.0
 
 
 def test_expert_parallel_shards_expert_memory() -> None:

@@ -114,13 +114,14 @@ FABRIC_KIND_ALIASES = {
     "tcp": "ethernet",
     "efa": "efa",
     "tcpx": "tcpx",
-    "tcpxo": "tcpx",
+    "tcpxo": "tcpxo",
     "gpudirect-tcpx": "tcpx",
+    "gpudirect-tcpxo": "tcpxo",
 }
 
 
 def fabric_for(kind: str, port_Gbps: float) -> FabricSpec:
-    """The catalog fabric of a technology (`infiniband`, `roce`, `ethernet`, `efa`, `tcpx`) at a port rate.
+    """The catalog fabric of a technology (`infiniband`, `roce`, `ethernet`, `efa`, `tcpx`, `tcpxo`) at a port rate.
 
     Falls back to the closest rate of the same technology, scaled to the requested rate, so an operator's
     `--nic-gbps 200 --fabric efa` still gets EFA's latencies and efficiency.

@@ -78,13 +78,19 @@ class FabricSpec(_Frozen):
 
     name: str
     aliases: tuple[str, ...] = ()
-    kind: Literal["ethernet", "roce", "infiniband", "efa", "tcpx"]
+    kind: Literal["ethernet", "roce", "infiniband", "efa", "tcpx", "tcpxo"]
     port_Gbps: float = Field(gt=0, description="line rate of one NIC port, Gb/s")
     rdma: bool
     nic_latency_us: float = Field(ge=0, description="one NIC traversal (send or receive side)")
     switch_hop_latency_us: float = Field(ge=0)
     efficiency: float = Field(gt=0, le=1, description="achievable NCCL bus bandwidth / line rate per NIC")
     in_network_reduction: bool = False
+    # What NCCL may run on a cluster of this fabric: a vendor net plugin that supports only some algorithms
+    # or protocols is deployed with NCCL_ALGO / NCCL_PROTO / NCCL_NVLS_ENABLE set process-wide (GCP's
+    # GPUDirect-TCPX: Ring + Simple, no NVLS), so the restriction holds inside a node too.
+    nccl_algorithms: tuple[Literal["ring", "tree"], ...] = ("ring", "tree")
+    nccl_protocols: tuple[Literal["LL", "LL128", "Simple"], ...] = ("LL", "LL128", "Simple")
+    nvls: bool = True
     sources: dict[str, Source]
 
     @property

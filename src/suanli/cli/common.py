@@ -44,7 +44,7 @@ NVL72_GPUS = 72
 _S = "System (a --cluster, or a homogeneous system built from the flags)"
 _CLUSTER = "Cluster preset name, NxG[:MODEL] shorthand (e.g. 16x8:H100) or a cluster YAML file."
 _NICS = "Scale-out NICs per node (default: one per GPU on NVLink boards, else 1)."
-_FABRIC = f"Scale-out fabric kind: infiniband|ib|roce|ethernet|efa|tcpx (default: {DEFAULT_FABRIC_KIND})."
+_FABRIC = f"Scale-out fabric kind: infiniband|ib|roce|ethernet|efa|tcpx|tcpxo (default: {DEFAULT_FABRIC_KIND})."
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print exactly one JSON document on stdout.")]
 ClusterOpt = Annotated[

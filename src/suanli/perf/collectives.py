@@ -176,12 +176,25 @@ def _net_lat(g: CommGroup, proto: int, algorithm: str) -> float:
 def _protocols(g: CommGroup) -> list[tuple[int, str]]:
     """LL and LL128 rely on in-order delivery of flag-tagged lines; EFA's SRD transport reorders, so
     NCCL over EFA (aws-ofi-nccl) runs the Simple protocol only across nodes; over kernel TCP there is no
-    GPUDirect path and NCCL leaves LL128 off."""
+    GPUDirect path and NCCL leaves LL128 off. A fabric whose NCCL plugin supports only some protocols
+    (GPUDirect-TCPX/TCPXO: Simple) is deployed with NCCL_PROTO set for the whole process, inside a node too."""
+    allowed = g.fabric.nccl_protocols if g.fabric is not None else PROTOCOLS
     if g.domains > 1 and g.fabric is not None and g.fabric.kind == "efa":
-        return [(2, "Simple")]
-    if g.domains > 1 and g.fabric is not None and not g.fabric.rdma:
-        return [(0, "LL"), (2, "Simple")]  # NCCL enables LL128 across nodes only with GPUDirect RDMA
-    return list(enumerate(PROTOCOLS))
+        out = [(2, "Simple")]
+    elif g.domains > 1 and g.fabric is not None and not g.fabric.rdma:
+        out = [(0, "LL"), (2, "Simple")]  # NCCL enables LL128 across nodes only with GPUDirect RDMA
+    else:
+        out = list(enumerate(PROTOCOLS))
+    return [(p, name) for p, name in out if name in allowed]
+
+
+def _algorithm_ok(g: CommGroup, algorithm: str) -> bool:
+    """NCCL_ALGO / NCCL_NVLS_ENABLE as the fabric's plugin requires them (TCPX: Ring only, no NVLS)."""
+    if g.fabric is None:
+        return True
+    if algorithm in ("nvls", "nvls_tree"):
+        return g.fabric.nvls
+    return algorithm in g.fabric.nccl_algorithms
 
 
 def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
@@ -195,7 +208,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
     inter = _inter_node_bw(g) if nd > 1 else math.inf
 
     # ---- ring: every rank sends bf*S over its outgoing edge; edges crossing domains share the NICs --
-    if op != "send_recv":
+    if op != "send_recv" and (_algorithm_ok(g, "ring") or op == "all_to_all"):
         # busbw ceiling: the slowest edge; inter-domain edges carry one ring's boundary traffic per NIC
         ring_bus = min(intra, inter) if nd > 1 else intra
         steps = {"all_reduce": 2 * (n - 1), "broadcast": n - 1, "reduce": n - 1}.get(op, n - 1)
@@ -227,7 +240,7 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             out.append(_split("ring", proto, BASE_LAT["ring"][p], lat, alg))
 
     # ---- tree (hierarchical: chain inside the domain, double binary tree across domains) --------
-    if op in ("all_reduce", "broadcast", "reduce") and nd > 1:
+    if op in ("all_reduce", "broadcast", "reduce") and nd > 1 and _algorithm_ok(g, "tree"):
         # across domains each domain sends and receives 2(N-1)/N x S for all-reduce (N = domains),
         # instead of 2(n-1)/n x S (n = ranks) for ring: on 2 nodes, tree busbw can exceed the NICs.
         tree_factor = 2.0 * (nd - 1) / nd if op == "all_reduce" else 1.0
@@ -245,7 +258,12 @@ def _candidates(op: Op, g: CommGroup) -> list[_Candidate]:
             out.append(_split("tree", proto, BASE_LAT["tree"][p], lat, alg))
 
     # ---- NVLS: NVSwitch multimem reduce/broadcast, Simple protocol only --------------------------
-    nvls_ok = g.nvls and op in ("all_reduce", "all_gather", "reduce_scatter") and ppn >= MIN_NVLS_RANKS.get(arch, 99)
+    nvls_ok = (
+        g.nvls
+        and _algorithm_ok(g, "nvls")
+        and op in ("all_reduce", "all_gather", "reduce_scatter")
+        and ppn >= MIN_NVLS_RANKS.get(arch, 99)
+    )
     if nvls_ok:
         eff = NVLS_EFFICIENCY.get(arch, 0.8)
         # each GPU moves S (all_reduce) or (n-1)/n S in and out through its NVLink ports

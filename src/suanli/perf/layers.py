@@ -31,6 +31,7 @@ KERNELS_PER_SUBLAYER = 50  # forward + backward kernels of one mixer or one MLP 
 # backward: ~30 kernels forward, ~2x backward (Megatron MoE layer profile, estimate)
 MOE_EXTRA_KERNELS = 90
 SSD_CHUNK = 256  # Mamba-2 chunked scan: intra-chunk quadratic part over 256-token chunks
+HDIM64_ATTENTION_EFFICIENCY = 0.77  # flash attention at head dim 64 vs 128 (FlashAttention-3 paper, fig. 5)
 
 
 def gemm_efficiency(m: float, n: float, sms: int) -> float:
@@ -140,6 +141,15 @@ def _tp_exposed(env: LayerEnv, t_lin: float, sublayers: int) -> float:
     return n_coll * (max(0.0, per - adjacent) + per / env.tp)
 
 
+def head_dim_efficiency(qk_head_dim: int) -> float:
+    """Flash-attention throughput relative to 128-dim heads: a 64-dim head does half the work per loaded K/V
+    tile, so the softmax and memory traffic weigh more. FlashAttention-3 (Shah et al. 2024, fig. 5, H100 BF16
+    forward at 16k tokens): 497 TFLOPS at head dim 64 vs 648 at 128 (0.77). Linear in between; 1.0 from 128 up."""
+    if qk_head_dim >= 128:
+        return 1.0
+    return HDIM64_ATTENTION_EFFICIENCY + (1 - HDIM64_ATTENTION_EFFICIENCY) * max(0, qk_head_dim - 64) / 64
+
+
 def mixer_time(env: LayerEnv, mixer: Mixer) -> LayerTime:
     a, t, tp = env.arch, env.tokens, env.tp
     out = LayerTime()
@@ -151,7 +161,7 @@ def mixer_time(env: LayerEnv, mixer: Mixer) -> LayerTime:
         per_key = 2 * a.heads * (a.qk_head_dim + a.v_dim)
         seq_eff = env.seq_len / 2  # causal: half the (query, key) pairs
         flops = 3.5 * per_key * seq_eff * t / tp  # flash attention fwd+bwd = 3.5x forward (bwd recomputes QK^T)
-        out.attention = flops / env.attn_rate
+        out.attention = flops / (env.attn_rate * head_dim_efficiency(a.qk_head_dim))
         if env.cp > 1:
             g = env.group(tp, env.cp)
             kv = int(t * 2 * a.kv_heads * a.head_dim * env.act_b / min(tp, a.kv_heads))
@@ -202,13 +212,34 @@ def ffn_time(env: LayerEnv, ffn: Ffn) -> LayerTime:
     return out
 
 
+def remote_domain_copies(experts: int, top_k: int, domains: int) -> float:
+    """Expected distinct other NVLink domains one token's top-k experts fall in (experts spread evenly, k
+    drawn without replacement): what crosses the network when the dispatcher sends a token once per domain."""
+    if domains <= 1:
+        return 0.0
+    per = experts / domains
+    p_none = 1.0
+    for i in range(min(top_k, experts)):
+        p_none *= max(0.0, (experts - per - i) / (experts - i))
+    return (domains - 1) * (1.0 - p_none)
+
+
 def moe_alltoall_time(env: LayerEnv, rows: float) -> float:
-    """Dispatch + combine all-to-alls, forward and backward (and the forward again under full recompute)."""
+    """Dispatch + combine all-to-alls, forward and backward (and the forward again under full recompute).
+
+    Across NVLink domains the dispatcher (DeepEP / HybridEP, what NVIDIA's MoE recipes run) sends a token once
+    per destination domain and fans it out over NVLink there (DeepSeek-V3 report, sec. 3.2.2; DeepEP's
+    internode kernels), so the network carries `remote_domain_copies` copies of each token instead of the
+    `top_k * (domains-1)/domains` a plain all-to-all would."""
     if env.ep <= 1:
         return 0.0
     g = env.group(env.etp, env.ep)
-    size = int(rows * env.arch.hidden * 2)  # rows travel in 16 bits
-    one = collectives.estimate("all_to_all", size, g).time_us * 1e-6
+    a = env.arch
+    size = rows * a.hidden * 2  # rows travel in 16 bits
+    if g.domains > 1 and a.top_k > 1:
+        plain = a.top_k * (g.domains - 1) / g.domains
+        size *= min(1.0, remote_domain_copies(a.experts, a.top_k, g.domains) / plain)
+    one = collectives.estimate("all_to_all", int(size), g).time_us * 1e-6
     return one * (4 + (2 if env.full_recompute else 0))
 
 

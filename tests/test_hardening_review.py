@@ -3,15 +3,21 @@ plans, admission). Each test is an attack that worked before its fix; in-process
 
 from __future__ import annotations
 
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from suanli.api.app import create_app
-from suanli.control import throttle
-from tests.control_plane import settings, signup
+from suanli.billing.money import exact
+from suanli.control import prices, throttle
+from suanli.control.ids import utcnow
+from suanli.control.scheduling import SchedulingPass
+from suanli.db.models import Workload
+from tests.control_plane import admin_token, bearer, join, settings, signup
 
 API = "/api/v1"
 PASSWORD = "victim-password"
@@ -79,3 +85,41 @@ def test_signups_from_one_ipv6_64_share_one_limit(db_url: str, tmp_path: Path, c
 )  # fmt: skip
 def test_what_an_address_counts_as(address: str, counted: str) -> None:
     assert throttle.counted_address(address) == counted
+
+
+# ---- spend limits hold at placement, not only at submission -------------------------------------------------------
+def test_a_member_cannot_queue_past_their_spend_limit(api: TestClient) -> None:
+    """A submission counted only the member's *running* work against their limit; four queued at once each saw
+    nothing running, and the scheduling pass then started all four on the team's money."""
+    operator = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
+    owner, alice = signup(api, "owner@example.com"), signup(api, "alice@example.com")
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, alice, "member")
+    assert (
+        api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "10000"}, headers=operator).status_code == 201
+    )
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    with srv.db.read() as s:
+        rate = prices.current(s)[1].rate("H20", 1, "on-demand", 1000)
+    hold = srv.settings.admission_hold_minutes
+    limit = exact(rate * hold / 60 * Decimal("1.5"))  # one job's hold fits, two do not
+    r = api.patch(f"{API}/orgs/{org}/members/{alice.user_id}", json={"monthly_spend_limit": str(limit)},
+                  headers=owner.headers)  # fmt: skip
+    assert r.status_code == 200, r.text
+    spec = {"command": "true", "duration": 3600, "resources": {"gpu": "H20", "gpus": 1}}
+    ids = []
+    for i in range(4):
+        r = api.post(f"{API}/workloads", json={"spec": {**spec, "name": f"a{i}"}, "org": org}, headers=alice.headers)
+        assert r.status_code == 201, r.text
+        ids.append(r.json()["id"])
+    r = api.post(f"{API}/workloads", json={"spec": {**spec, "name": "boss"}, "org": org}, headers=owner.headers)
+    boss = r.json()["id"]
+    SchedulingPass().run(srv.db, utcnow())
+    with srv.db.read() as s:
+        started = s.scalars(select(Workload.id).where(Workload.id.in_(ids), Workload.state != "pending")).all()
+        waiting = s.scalars(select(Workload.pending_reason).where(Workload.id.in_(ids), Workload.state == "pending"))
+        reasons = list(waiting)
+        assert s.get(Workload, boss).state != "pending", "a member without a limit is not held back"
+    assert len(started) == 1, f"{len(started)} of alice's jobs started on a limit that holds one"
+    assert reasons and all("monthly_spend_limit" in why for why in reasons), reasons

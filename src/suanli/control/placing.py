@@ -1,6 +1,6 @@
 """Persisting what a scheduling pass decided: preemptions, and placements a chunk at a time, each placement's
-admission (balance, quota, plan) checked again under its org's row lock. A refused placement writes nothing
-and stays pending with the reason.
+admission (balance, quota, plan, the member's spend limit) checked again under its org's row lock. A refused
+placement writes nothing and stays pending with the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control import metering, prices, workloads
+from suanli.control import memberships, metering, prices, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
 from suanli.workloads.host import host_text
@@ -103,6 +103,7 @@ def place_chunk(
     events: list[dict[str, Any]] = []
     refused: dict[str, tuple[str, int]] = {}
     plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
+    spending: dict[tuple[str, str], memberships.Spending | None] = {}  # members' spend limits, counting this chunk's
     for wid, view, placement, reason in items:
         r = rows.get(wid)
         if r is None or r.state != "pending" or r.stop_requested:
@@ -143,6 +144,17 @@ def place_chunk(
             break
         if alloc is None:
             refused[wid] = (f"cannot start yet: {refusal}", 0)
+            continue
+        if (r.org_id, r.user_id) not in spending:  # a personal org's work passes no limit, as at submission
+            personal = loads[r.org_id].org.personal
+            spending[(r.org_id, r.user_id)] = None if personal else memberships.spending(s, r.org_id, r.user_id, now)
+        member = spending[(r.org_id, r.user_id)]
+        over = member.admit(alloc["rate_per_hour"], hold_minutes) if member and alloc["rate_per_hour"] else None
+        if over is not None:  # queued work counted at submission saw none of the member's other queued work
+            load = loads[r.org_id]
+            load.rate, load.gpus = load.rate - alloc["rate_per_hour"], load.gpus - alloc["gpus"]
+            load.cpu_milli, load.memory_mib = load.cpu_milli - alloc["cpu_milli"], load.memory_mib - alloc["memory_mib"]
+            refused[wid] = (f"cannot start yet: {over}", 0)
             continue
         where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
         more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""

@@ -123,3 +123,31 @@ def test_a_member_cannot_queue_past_their_spend_limit(api: TestClient) -> None:
         assert s.get(Workload, boss).state != "pending", "a member without a limit is not held back"
     assert len(started) == 1, f"{len(started)} of alice's jobs started on a limit that holds one"
     assert reasons and all("monthly_spend_limit" in why for why in reasons), reasons
+
+
+# ---- queue flooding -----------------------------------------------------------------------------------------------
+def test_an_org_cannot_flood_the_queue(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> None:
+    """A submission counted only running work against the balance: a ¥10 tenant could queue without end, and every
+    scheduling pass (and every other tenant's work) paid for walking it."""
+    app = create_app(settings(tmp_path / "home", db_url, max_queued_per_org=3))
+    with TestClient(app) as api:
+        operator = bearer(admin_token(api))
+        assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
+        flood, other = signup(api, "flood@example.com"), signup(api, "other@example.com")
+        spec = {"command": "true", "duration": 60, "resources": {"gpus": 0}}
+
+        def submit(who: Any, name: str) -> Any:
+            return api.post(f"{API}/workloads", json={"spec": {**spec, "name": name}}, headers=who.headers)
+
+        ids = []
+        for i in range(3):
+            r = submit(flood, f"j{i}")
+            assert r.status_code == 201, r.text
+            ids.append(r.json()["id"])
+        r = submit(flood, "j3")
+        assert r.status_code == 409, r.text
+        why = r.json()["detail"]
+        assert why.startswith("queue: ") and "max_queued_per_org" in why and "3 workloads waiting" in why, why
+        assert submit(other, "mine").status_code == 201, "another org's queue is its own"
+        assert api.post(f"{API}/workloads/{ids[0]}/stop", headers=flood.headers).status_code == 200
+        assert submit(flood, "j4").status_code == 201, "room again once one left the queue"

@@ -3,6 +3,8 @@ plans, admission). Each test is an attack that worked before its fix; in-process
 
 from __future__ import annotations
 
+import io
+import tarfile
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.billing.money import exact
-from suanli.control import prices, throttle
+from suanli.control import prices, storage, throttle
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
 from suanli.db.models import Workload
@@ -151,3 +153,54 @@ def test_an_org_cannot_flood_the_queue(db_url: str, tmp_path: Path, cheap_passwo
         assert submit(other, "mine").status_code == 201, "another org's queue is its own"
         assert api.post(f"{API}/workloads/{ids[0]}/stop", headers=flood.headers).status_code == 200
         assert submit(flood, "j4").status_code == 201, "room again once one left the queue"
+
+
+# ---- storage: uploads nobody submitted ------------------------------------------------------------------------------
+def _tar_gz(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _upload(api: TestClient, who: Any, data: bytes, **params: str) -> Any:
+    return api.post(f"{API}/workdirs", content=data, params=params,
+                    headers={**who.headers, "Content-Type": "application/gzip"})  # fmt: skip
+
+
+@pytest.fixture
+def small_disk(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Any:
+    app = create_app(settings(tmp_path / "home", db_url, storage_quota_bytes=64 << 10, workdir_max_bytes=48 << 10))
+    with TestClient(app) as api:
+        yield api
+
+
+def test_team_orgs_do_not_multiply_what_one_user_keeps_staged(small_disk: TestClient) -> None:
+    """Orgs cost nothing to create and each had its own storage quota: one user kept a quota's worth of uploads in
+    each of as many team orgs as they cared to make (an hour each, and again)."""
+    api = small_disk
+    who = signup(api, "hoarder@example.com")
+    teams = [api.post(f"{API}/orgs", json={"name": f"t{i}"}, headers=who.headers).json()["id"] for i in range(3)]
+    blob = _tar_gz({"data.bin": b"x" * (40 << 10)})  # 40 KiB of a 64 KiB quota
+    r = _upload(api, who, blob, org=teams[0])
+    assert r.status_code == 201, r.text
+    for org in [*teams[1:], who.org_id]:
+        r = _upload(api, who, blob, org=org)
+        assert r.status_code == 409, r.text
+        assert r.json()["detail"].startswith("upload: ") and "storage_quota_bytes" in r.json()["detail"], r.text
+    other = signup(api, "other@example.com")
+    assert _upload(api, other, blob).status_code == 201, "another user's uploads are their own"
+
+
+def test_empty_uploads_cannot_pile_up(small_disk: TestClient) -> None:
+    """An empty archive was counted as 0 bytes: uploads without end, each a row and a directory for an hour."""
+    api = small_disk
+    who = signup(api, "empty@example.com")
+    empty = _tar_gz({})
+    codes = [_upload(api, who, empty).status_code for _ in range(storage.MAX_STAGED + 1)]
+    assert codes == [201] * storage.MAX_STAGED + [409], codes
+    r = _upload(api, who, empty)
+    assert "uploads waiting" in r.json()["detail"] and r.json()["detail"].startswith("upload: "), r.text

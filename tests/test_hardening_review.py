@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import tarfile
+import threading
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.billing.money import exact
-from suanli.control import prices, storage, throttle
+from suanli.control import accounts, prices, storage, throttle
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
 from suanli.db.models import Workload
@@ -204,3 +205,29 @@ def test_empty_uploads_cannot_pile_up(small_disk: TestClient) -> None:
     assert codes == [201] * storage.MAX_STAGED + [409], codes
     r = _upload(api, who, empty)
     assert "uploads waiting" in r.json()["detail"] and r.json()["detail"].startswith("upload: "), r.text
+
+
+# ---- known smells ----------------------------------------------------------------------------------------------------
+def test_an_operator_creating_a_user_hashes_off_the_request_threads_and_outside_a_transaction(
+    api: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`POST /admin/users` hashed the password (argon2, ~0.3 s of CPU) on a request thread inside its write
+    transaction: on SQLite every other write in the server waited for the hash."""
+    seen: list[tuple[str, bool]] = []
+    real = accounts.hash_password
+    srv = api.app.state.server  # type: ignore[attr-defined]
+
+    def spy(password: str) -> str:
+        seen.append((threading.current_thread().name, srv.db.engine.pool.checkedout() > 0))
+        return real(password)
+
+    monkeypatch.setattr(accounts, "hash_password", spy)
+    r = api.post(f"{API}/admin/users", json={"email": "new@example.com", "password": "a-long-password"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text
+    assert len(seen) == 1 and seen[0][0].startswith("passwords"), seen
+    assert not seen[0][1], "no database connection is held while the password is hashed"
+    assert _login(api, "new@example.com", "a-long-password").status_code == 200
+    r = api.post(f"{API}/admin/users", json={"email": "new@example.com", "password": "a-long-password"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 409, r.text

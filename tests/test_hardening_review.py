@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.billing.money import exact
-from suanli.control import accounts, prices, storage, throttle
+from suanli.control import accounts, memberships, prices, storage, throttle
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
 from suanli.db.models import Workload
@@ -231,3 +231,28 @@ def test_an_operator_creating_a_user_hashes_off_the_request_threads_and_outside_
     r = api.post(f"{API}/admin/users", json={"email": "new@example.com", "password": "a-long-password"},
                  headers=bearer(admin_token(api)))  # fmt: skip
     assert r.status_code == 409, r.text
+
+
+def test_patching_a_member_reads_that_member_only(api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PATCH /orgs/{id}/members/{uid}` answered by listing every member with this month's charges of all of them
+    (the org's whole month of usage transactions) to pick one."""
+    owner = signup(api, "owner@example.com")
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    people = [signup(api, f"m{i}@example.com") for i in range(3)]
+    for p in people:
+        join(api, owner, org, p, "member")
+    summed: list[str | None] = []
+    real = memberships.month_to_date
+
+    def spy(s: Any, org_id: str, now: Any, user_id: str | None = None) -> Any:
+        summed.append(user_id)
+        return real(s, org_id, now, user_id)
+
+    monkeypatch.setattr(memberships, "month_to_date", spy)
+    r = api.patch(f"{API}/orgs/{org}/members/{people[1].user_id}", json={"role": "admin", "monthly_spend_limit": "5"},
+                  headers=owner.headers)  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert summed == [people[1].user_id], summed
+    listed = next(m for m in api.get(f"{API}/orgs/{org}/members", headers=owner.headers).json()
+                  if m["user_id"] == people[1].user_id)  # fmt: skip
+    assert r.json() == listed and listed["role"] == "admin" and listed["monthly_spend_limit"] == "5.00000000"

@@ -214,6 +214,20 @@ def members(s: Session, who: Principal, org_id: str, now: datetime) -> list[Memb
     return [MemberView(uid, email, role, limit, spent.get(uid, Decimal(0))) for uid, email, role, limit in rows]
 
 
+def member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime) -> MemberView:
+    """One member, as `members` lists them (reading that member's charges only)."""
+    require(s, who, org_id, "read")
+    row = s.execute(
+        select(User.email, Membership.role, Membership.monthly_spend_limit)
+        .join(Membership, Membership.user_id == User.id)
+        .where(Membership.org_id == org_id, Membership.user_id == user_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"user {user_id} is not a member of {org_id}")
+    spent = month_to_date(s, org_id, now, user_id).get(user_id, Decimal(0))
+    return MemberView(user_id, row.email, row.role, row.monthly_spend_limit, spent)
+
+
 def _keep_an_owner(s: Session, org_id: str) -> None:
     """Refuse to take away the last owner. The owners' rows are locked, so two owners demoting each other at once
     are taken one after the other and the second is refused."""

@@ -51,7 +51,7 @@ def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> Mem
     limit = body.monthly_spend_limit if "monthly_spend_limit" in body.model_fields_set else UNSET
     with ctx.db.write() as s, s.begin():
         memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit)
-        return next(_member(m) for m in memberships.members(s, ctx.who, org_id, ctx.now) if m.user_id == user_id)
+        return _member(memberships.member(s, ctx.who, org_id, user_id, ctx.now))
 
 
 @router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)

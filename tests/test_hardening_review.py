@@ -374,3 +374,31 @@ def test_a_members_email_in_a_usage_csv_is_text_not_a_formula(api: TestClient) -
     r = api.get(f"{API}/orgs/{org}/statement", params={"format": "csv"}, headers=owner.headers)
     rows = list(csv.DictReader(io.StringIO(r.text)))
     assert rows[0]["memo"] == "'-2+3" and rows[0]["amount"] == "100.00000000", rows
+
+
+# ---- owners' invitations are owners' business ------------------------------------------------------------------------
+def test_an_admin_cannot_cancel_or_replace_an_owners_invitation(api: TestClient) -> None:
+    """Inviting, making or removing owners is for owners; but an admin could cancel an owner's invitation of a new
+    owner, or replace it (inviting the same email again cancelled it) with one as a mere member."""
+    owner, adm, newcomer = (signup(api, f"{n}@example.com") for n in ("owner", "adm", "newcomer"))
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, adm, "admin")
+    inv = api.post(f"{API}/orgs/{org}/invitations", json={"email": newcomer.email, "role": "owner"},
+                   headers=owner.headers).json()  # fmt: skip
+    r = api.delete(f"{API}/orgs/{org}/invitations/{inv['id']}", headers=adm.headers)
+    assert r.status_code == 403 and "owners" in r.json()["detail"], r.text
+    r = api.post(f"{API}/orgs/{org}/invitations", json={"email": newcomer.email, "role": "member"}, headers=adm.headers)
+    assert r.status_code == 403 and "owners" in r.json()["detail"], r.text
+    mine = api.get(f"{API}/invitations", headers=newcomer.headers).json()
+    assert [(i["id"], i["role"], i["state"]) for i in mine] == [(inv["id"], "owner", "pending")], mine
+    # An admin's own invitations stay theirs to cancel or replace, and an owner may cancel the owner invitation.
+    other = api.post(f"{API}/orgs/{org}/invitations", json={"email": "x@example.com"}, headers=adm.headers).json()
+    r = api.post(
+        f"{API}/orgs/{org}/invitations", json={"email": "x@example.com", "role": "viewer"}, headers=adm.headers
+    )
+    assert r.status_code == 201, r.text
+    assert api.delete(f"{API}/orgs/{org}/invitations/{other['id']}", headers=adm.headers).status_code == 200
+    r = api.delete(f"{API}/orgs/{org}/invitations/{inv['id']}", headers=owner.headers)
+    assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
+    r = api.delete(f"{API}/orgs/{org}/invitations/{other['id']}", headers=owner.headers)
+    assert r.json()["invited_by"] == adm.email, "the answer names who invited, not who cancelled"

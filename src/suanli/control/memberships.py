@@ -303,6 +303,10 @@ def invite(
         raise Conflict(f"email: {email} is already a member of {org_id}")
     pending = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.state == "pending",
                                           Invitation.expires_at > now)  # fmt: skip
+    replaced = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.email == email,
+                                           Invitation.state == "pending", Invitation.role == "owner")  # fmt: skip
+    if not a.can("owners") and s.scalar(replaced.limit(1)) is not None:  # inviting again cancels it
+        raise _refuse(a, "owners")
     s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.email == email,
                                        Invitation.state == "pending").values(state="cancelled", decided_at=now))  # fmt: skip
     if len(s.scalars(pending.limit(MAX_PENDING)).all()) >= MAX_PENDING:
@@ -317,10 +321,12 @@ def invite(
 
 
 def cancel(s: Session, who: Principal, org_id: str, invitation_id: str, now: datetime) -> Invitation:
-    require(s, who, org_id, "manage")
+    a = require(s, who, org_id, "manage")
     row = s.get(Invitation, invitation_id)
     if row is None or row.org_id != org_id:
         raise NotFound(f"invitation {invitation_id} not found")
+    if row.role == "owner" and row.state == "pending" and not a.can("owners"):
+        raise _refuse(a, "owners")
     if row.state == "pending":
         row.state, row.decided_at = "cancelled", now
     return row

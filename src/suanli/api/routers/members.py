@@ -86,7 +86,9 @@ def org_invitations(org_id: str, ctx: Auth) -> list[InvitationOut]:
 def cancel_invitation(org_id: str, invitation_id: str, ctx: Auth) -> InvitationOut:
     with ctx.db.write() as s, s.begin():
         row = memberships.cancel(s, ctx.who, org_id, invitation_id, ctx.now)
-        return _invitation(InvitationView(row, memberships.access(s, ctx.who, org_id).org.name, ctx.who.email))
+        inviter = s.get(User, row.invited_by)  # who invited, not who cancels
+        return _invitation(InvitationView(row, memberships.access(s, ctx.who, org_id).org.name,
+                                          inviter.email if inviter else ""))  # fmt: skip
 
 
 @router.get("/invitations")

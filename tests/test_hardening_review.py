@@ -402,3 +402,33 @@ def test_an_admin_cannot_cancel_or_replace_an_owners_invitation(api: TestClient)
     assert r.status_code == 200 and r.json()["state"] == "cancelled", r.text
     r = api.delete(f"{API}/orgs/{org}/invitations/{other['id']}", headers=owner.headers)
     assert r.json()["invited_by"] == adm.email, "the answer names who invited, not who cancelled"
+
+
+def test_an_invitation_dies_with_its_inviters_right_to_make_it(api: TestClient) -> None:
+    """An admin about to be demoted invited a second account of theirs as admin; demoted, they accepted it and were
+    an admin again. An invitation is accepted only while whoever made it may still invite with that role."""
+    owner, adm, alt = (signup(api, f"{n}@example.com") for n in ("owner", "adm", "alt"))
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, adm, "admin")
+    inv = api.post(f"{API}/orgs/{org}/invitations", json={"email": alt.email, "role": "admin"}, headers=adm.headers)
+    assert inv.status_code == 201, inv.text
+    r = api.patch(f"{API}/orgs/{org}/members/{adm.user_id}", json={"role": "member"}, headers=owner.headers)
+    assert r.status_code == 200, r.text
+    r = api.post(f"{API}/invitations/{inv.json()['id']}/accept", headers=alt.headers)
+    assert r.status_code == 409 and "was cancelled" in r.json()["detail"], r.text
+    members = {m["email"] for m in api.get(f"{API}/orgs/{org}/members", headers=owner.headers).json()}
+    assert alt.email not in members
+    assert api.get(f"{API}/invitations", headers=alt.headers).json() == [], "it is no longer offered"
+    # Removed, an admin's invitations go with them; a demotion to admin keeps those an admin may make.
+    api.patch(f"{API}/orgs/{org}/members/{adm.user_id}", json={"role": "admin"}, headers=owner.headers)
+    inv = api.post(f"{API}/orgs/{org}/invitations", json={"email": alt.email}, headers=adm.headers).json()
+    assert api.delete(f"{API}/orgs/{org}/members/{adm.user_id}", headers=owner.headers).status_code == 204
+    assert api.post(f"{API}/invitations/{inv['id']}/accept", headers=alt.headers).status_code == 409
+    # The same with an invitation code at signup, where signup is by invitation.
+    code = api.post(f"{API}/orgs/{org}/invitations", json={"email": "late@example.com", "role": "member"},
+                    headers=owner.headers).json()["code"]  # fmt: skip
+    r = api.patch(f"{API}/orgs/{org}/members/{owner.user_id}", json={"role": "owner"}, headers=owner.headers)
+    assert r.status_code == 200, r.text
+    r = api.post(f"{API}/signup", json={"email": "late@example.com", "password": PASSWORD, "invite": code})
+    assert r.status_code == 201 and org in {o["id"] for o in api.get(f"{API}/me", headers={
+        "Authorization": f"Bearer {r.json()['token']}"}).json()["orgs"]}, r.text  # fmt: skip

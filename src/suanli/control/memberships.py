@@ -19,7 +19,7 @@ from suanli.billing.ledger import org_account
 from suanli.billing.money import exact
 from suanli.control.accounts import EMAIL, Principal, normalise_email
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
-from suanli.control.ids import new_id, new_secret, token_hash
+from suanli.control.ids import new_id, new_secret, token_hash, utcnow
 from suanli.db.access import Invitation
 from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction, Membership, Org, User, Workload
 
@@ -247,10 +247,27 @@ def _target(s: Session, org_id: str, user_id: str) -> Membership:
 UNSET = object()
 
 
+def _drop_invitations(s: Session, org_id: str, user_id: str, role: str | None, now: datetime) -> None:
+    """Cancel the pending invitations `user_id` made in the org that their new `role` (None: no longer a member)
+    may not make: an invitation carries its maker's right, and a demoted admin must not come back through one."""
+    rights = RIGHTS.get(role or "", frozenset())
+    if "manage" not in rights:
+        roles: tuple[str, ...] = ROLES
+    elif "owners" not in rights:
+        roles = ("owner",)
+    else:
+        return
+    s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.invited_by == user_id,
+                                       Invitation.state == "pending", Invitation.role.in_(roles))
+              .values(state="cancelled", decided_at=now))  # fmt: skip
+
+
 def set_member(
-    s: Session, who: Principal, org_id: str, user_id: str, *, role: str | None = None, limit: object = UNSET
-) -> Membership:
-    """Change a member's role and/or monthly spend limit (`limit` None: no limit; UNSET: unchanged)."""
+    s: Session, who: Principal, org_id: str, user_id: str, *, role: str | None = None, limit: object = UNSET,
+    now: datetime | None = None,
+) -> Membership:  # fmt: skip
+    """Change a member's role and/or monthly spend limit (`limit` None: no limit; UNSET: unchanged). Invitations
+    they made that their new role may not make are cancelled."""
     a = require(s, who, org_id, "manage")
     m = _target(s, org_id, user_id)
     if role is not None and role not in ROLES:
@@ -261,6 +278,8 @@ def set_member(
         raise Forbidden(f"organisation {org_id}: you cannot change your own role or spend limit; ask an owner")
     if role is not None and m.role == "owner" and role != "owner":
         _keep_an_owner(s, org_id)
+    if role is not None and role != m.role:
+        _drop_invitations(s, org_id, user_id, role, now or utcnow())
     if role is not None:
         m.role = role
     if limit is not UNSET:
@@ -269,14 +288,16 @@ def set_member(
     return m
 
 
-def remove_member(s: Session, who: Principal, org_id: str, user_id: str) -> None:
-    """Anyone may leave; removing someone else takes `manage` (and `owners` for an owner). The last owner stays."""
+def remove_member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime | None = None) -> None:
+    """Anyone may leave; removing someone else takes `manage` (and `owners` for an owner). The last owner stays.
+    The invitations they made and nobody answered yet are cancelled."""
     access(s, who, org_id)  # 404 to outsiders before anything is said about the user
     m = _target(s, org_id, user_id)
     if user_id != who.user_id:
         require(s, who, org_id, *(("manage", "owners") if m.role == "owner" else ("manage",)))
     if m.role == "owner":
         _keep_an_owner(s, org_id)
+    _drop_invitations(s, org_id, user_id, None, now or utcnow())
     s.delete(m)
 
 

@@ -50,7 +50,7 @@ def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> Mem
     """Change a member's role and/or monthly spend limit (owners and admins; owners alone touch owners)."""
     limit = body.monthly_spend_limit if "monthly_spend_limit" in body.model_fields_set else UNSET
     with ctx.db.write() as s, s.begin():
-        memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit)
+        memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit, now=ctx.now)
         return _member(memberships.member(s, ctx.who, org_id, user_id, ctx.now))
 
 
@@ -59,7 +59,7 @@ def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> Mem
 def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
     """Remove a member (owners and admins), or leave (anyone, yourself); the last owner stays."""
     with ctx.db.write() as s, s.begin():
-        memberships.remove_member(s, ctx.who, org_id, user_id)
+        memberships.remove_member(s, ctx.who, org_id, user_id, ctx.now)
 
 
 @router.post("/orgs/{org_id}/invitations", status_code=201)

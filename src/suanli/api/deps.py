@@ -62,7 +62,8 @@ class Server:
 
     def __post_init__(self) -> None:
         self.passwords = PasswordPool(self.settings.password_threads, self.settings.password_queue)
-        admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices)
+        admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices,
+                                        self.settings.max_queued_per_org)  # fmt: skip
         self.submissions = GroupCommit(self.db, workloads.enqueue_many, prepare=admission, name="submissions")
 
 

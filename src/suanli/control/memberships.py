@@ -19,7 +19,7 @@ from suanli.billing.ledger import org_account
 from suanli.billing.money import exact
 from suanli.control.accounts import EMAIL, Principal, normalise_email
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
-from suanli.control.ids import new_id, new_secret, token_hash
+from suanli.control.ids import new_id, new_secret, token_hash, utcnow
 from suanli.db.access import Invitation
 from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction, Membership, Org, User, Workload
 
@@ -115,30 +115,75 @@ def month_to_date(s: Session, org_id: str, now: datetime, user_id: str | None = 
     return {uid: exact(-Decimal(net or 0)) for uid, net in s.execute(q) if uid is not None}
 
 
+def running_rate(s: Session, org_id: str, user_id: str) -> Decimal:
+    """The hourly rate of the member's work running in the org now."""
+    running = s.scalar(
+        select(func.sum(Allocation.rate_per_hour)).where(
+            Allocation.org_id == org_id, Allocation.user_id == user_id, Allocation.stopped_at.is_(None)
+        )
+    )
+    return exact(Decimal(running or 0))
+
+
+def spend_refusal(
+    org_id: str, limit: Decimal, spent: Decimal, running: Decimal, *, rate: Decimal = Decimal(0),
+    hold_minutes: int = 0, price: Decimal = Decimal(0),
+) -> str | None:  # fmt: skip
+    """Why this would take the member past their limit (naming `monthly_spend_limit`), or None: this month's
+    charges `spent`, plus `hold_minutes` of their `running` work and the new work's `rate` (the hold admission asks
+    of the balance), plus a `price` paid now (a plan)."""
+    held = exact((running + rate) * hold_minutes / 60)
+    if spent + held + price <= limit:
+        return None
+    parts = [f"{spent:.2f} is charged this month"]
+    if held:
+        parts.append(f"{hold_minutes} minutes of your running work and this ({rate:.2f}/h) hold {held:.2f}")
+    if price:
+        parts.append(f"this costs {price:.2f}")
+    return (f"monthly_spend_limit: you may spend {limit:.2f} of organisation {org_id}'s money a month; "
+            f"{', and '.join(parts)}; ask an owner or admin to raise your limit")  # fmt: skip
+
+
 def check_spend(
     s: Session, who: Principal, a: Access, now: datetime, *, rate: Decimal = Decimal(0), hold_minutes: int = 0,
     price: Decimal = Decimal(0),
 ) -> None:  # fmt: skip
-    """Refuse (403 naming `monthly_spend_limit`) what would take the member past their limit: this month's charges,
-    plus `hold_minutes` of their running work and the new work's `rate` (the hold admission asks of the balance),
-    plus a `price` paid now (a plan)."""
+    """Refuse (403 naming `monthly_spend_limit`) what would take the member past their limit (`spend_refusal`)."""
     if a.spend_limit is None:
         return
     spent = month_to_date(s, a.org.id, now, who.user_id).get(who.user_id, Decimal(0))
-    running = s.scalar(
-        select(func.sum(Allocation.rate_per_hour)).where(
-            Allocation.org_id == a.org.id, Allocation.user_id == who.user_id, Allocation.stopped_at.is_(None)
-        )
-    )
-    held = exact((Decimal(running or 0) + rate) * hold_minutes / 60)
-    if spent + held + price > a.spend_limit:
-        parts = [f"{spent:.2f} is charged this month"]
-        if held:
-            parts.append(f"{hold_minutes} minutes of your running work and this ({rate:.2f}/h) hold {held:.2f}")
-        if price:
-            parts.append(f"this costs {price:.2f}")
-        raise Forbidden(f"monthly_spend_limit: you may spend {a.spend_limit:.2f} of organisation {a.org.id}'s money a "
-                        f"month; {', and '.join(parts)}; ask an owner or admin to raise your limit")  # fmt: skip
+    why = spend_refusal(a.org.id, a.spend_limit, spent, running_rate(s, a.org.id, who.user_id), rate=rate,
+                        hold_minutes=hold_minutes, price=price)  # fmt: skip
+    if why is not None:
+        raise Forbidden(why)
+
+
+@dataclass
+class Spending:
+    """A member's limit, this month's charges and the rate of their running work in one org, read at placement
+    (under the org's row lock) and added to as a scheduling pass places more of their work."""
+
+    org_id: str
+    limit: Decimal
+    spent: Decimal
+    running: Decimal
+
+    def admit(self, rate: Decimal, hold_minutes: int) -> str | None:
+        """Count work at `rate` as running, or say why the limit refuses it."""
+        why = spend_refusal(self.org_id, self.limit, self.spent, self.running, rate=rate, hold_minutes=hold_minutes)
+        if why is None:
+            self.running += rate
+        return why
+
+
+def spending(s: Session, org_id: str, user_id: str, now: datetime) -> Spending | None:
+    """The member's `Spending` in the org; None where they have no limit (or are not a member: an operator)."""
+    limit = s.scalar(select(Membership.monthly_spend_limit).where(Membership.org_id == org_id,
+                                                                  Membership.user_id == user_id))  # fmt: skip
+    if limit is None:
+        return None
+    spent = month_to_date(s, org_id, now, user_id).get(user_id, Decimal(0))
+    return Spending(org_id, exact(Decimal(limit)), spent, running_rate(s, org_id, user_id))
 
 
 def check_limit(limit: Decimal | None) -> Decimal | None:
@@ -169,6 +214,20 @@ def members(s: Session, who: Principal, org_id: str, now: datetime) -> list[Memb
     return [MemberView(uid, email, role, limit, spent.get(uid, Decimal(0))) for uid, email, role, limit in rows]
 
 
+def member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime) -> MemberView:
+    """One member, as `members` lists them (reading that member's charges only)."""
+    require(s, who, org_id, "read")
+    row = s.execute(
+        select(User.email, Membership.role, Membership.monthly_spend_limit)
+        .join(Membership, Membership.user_id == User.id)
+        .where(Membership.org_id == org_id, Membership.user_id == user_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"user {user_id} is not a member of {org_id}")
+    spent = month_to_date(s, org_id, now, user_id).get(user_id, Decimal(0))
+    return MemberView(user_id, row.email, row.role, row.monthly_spend_limit, spent)
+
+
 def _keep_an_owner(s: Session, org_id: str) -> None:
     """Refuse to take away the last owner. The owners' rows are locked, so two owners demoting each other at once
     are taken one after the other and the second is refused."""
@@ -188,10 +247,27 @@ def _target(s: Session, org_id: str, user_id: str) -> Membership:
 UNSET = object()
 
 
+def _drop_invitations(s: Session, org_id: str, user_id: str, role: str | None, now: datetime) -> None:
+    """Cancel the pending invitations `user_id` made in the org that their new `role` (None: no longer a member)
+    may not make: an invitation carries its maker's right, and a demoted admin must not come back through one."""
+    rights = RIGHTS.get(role or "", frozenset())
+    if "manage" not in rights:
+        roles: tuple[str, ...] = ROLES
+    elif "owners" not in rights:
+        roles = ("owner",)
+    else:
+        return
+    s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.invited_by == user_id,
+                                       Invitation.state == "pending", Invitation.role.in_(roles))
+              .values(state="cancelled", decided_at=now))  # fmt: skip
+
+
 def set_member(
-    s: Session, who: Principal, org_id: str, user_id: str, *, role: str | None = None, limit: object = UNSET
-) -> Membership:
-    """Change a member's role and/or monthly spend limit (`limit` None: no limit; UNSET: unchanged)."""
+    s: Session, who: Principal, org_id: str, user_id: str, *, role: str | None = None, limit: object = UNSET,
+    now: datetime | None = None,
+) -> Membership:  # fmt: skip
+    """Change a member's role and/or monthly spend limit (`limit` None: no limit; UNSET: unchanged). Invitations
+    they made that their new role may not make are cancelled."""
     a = require(s, who, org_id, "manage")
     m = _target(s, org_id, user_id)
     if role is not None and role not in ROLES:
@@ -202,6 +278,8 @@ def set_member(
         raise Forbidden(f"organisation {org_id}: you cannot change your own role or spend limit; ask an owner")
     if role is not None and m.role == "owner" and role != "owner":
         _keep_an_owner(s, org_id)
+    if role is not None and role != m.role:
+        _drop_invitations(s, org_id, user_id, role, now or utcnow())
     if role is not None:
         m.role = role
     if limit is not UNSET:
@@ -210,14 +288,16 @@ def set_member(
     return m
 
 
-def remove_member(s: Session, who: Principal, org_id: str, user_id: str) -> None:
-    """Anyone may leave; removing someone else takes `manage` (and `owners` for an owner). The last owner stays."""
+def remove_member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime | None = None) -> None:
+    """Anyone may leave; removing someone else takes `manage` (and `owners` for an owner). The last owner stays.
+    The invitations they made and nobody answered yet are cancelled."""
     access(s, who, org_id)  # 404 to outsiders before anything is said about the user
     m = _target(s, org_id, user_id)
     if user_id != who.user_id:
         require(s, who, org_id, *(("manage", "owners") if m.role == "owner" else ("manage",)))
     if m.role == "owner":
         _keep_an_owner(s, org_id)
+    _drop_invitations(s, org_id, user_id, None, now or utcnow())
     s.delete(m)
 
 
@@ -244,6 +324,10 @@ def invite(
         raise Conflict(f"email: {email} is already a member of {org_id}")
     pending = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.state == "pending",
                                           Invitation.expires_at > now)  # fmt: skip
+    replaced = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.email == email,
+                                           Invitation.state == "pending", Invitation.role == "owner")  # fmt: skip
+    if not a.can("owners") and s.scalar(replaced.limit(1)) is not None:  # inviting again cancels it
+        raise _refuse(a, "owners")
     s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.email == email,
                                        Invitation.state == "pending").values(state="cancelled", decided_at=now))  # fmt: skip
     if len(s.scalars(pending.limit(MAX_PENDING)).all()) >= MAX_PENDING:
@@ -258,10 +342,12 @@ def invite(
 
 
 def cancel(s: Session, who: Principal, org_id: str, invitation_id: str, now: datetime) -> Invitation:
-    require(s, who, org_id, "manage")
+    a = require(s, who, org_id, "manage")
     row = s.get(Invitation, invitation_id)
     if row is None or row.org_id != org_id:
         raise NotFound(f"invitation {invitation_id} not found")
+    if row.role == "owner" and row.state == "pending" and not a.can("owners"):
+        raise _refuse(a, "owners")
     if row.state == "pending":
         row.state, row.decided_at = "cancelled", now
     return row

@@ -27,6 +27,7 @@ from suanli.billing.prices import PriceBook
 from suanli.control import inventory, ledger, prices, usage
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
+from suanli.control.statement import cell as statement_cell
 from suanli.db.models import Allocation, Org, User, Workload
 from suanli.workloads.host import cores, gib
 
@@ -343,6 +344,9 @@ STATEMENT_FIELDS = (
 )  # fmt: skip
 
 
+STATEMENT_TEXT = ("allocation", "workload", "user", "gpu_model", "billing_mode")  # a formula-like start is escaped
+
+
 def statement(
     s: Session,
     org_id: str,
@@ -389,5 +393,6 @@ def statement_csv(rows: list[dict[str, Any]]) -> str:
     w = csv.DictWriter(buf, fieldnames=STATEMENT_FIELDS, lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({k: "" if r[k] is None else r[k] for k in STATEMENT_FIELDS})
+        w.writerow({k: "" if r[k] is None else statement_cell(r[k]) if k in STATEMENT_TEXT else r[k]
+                    for k in STATEMENT_FIELDS})  # fmt: skip
     return buf.getvalue()

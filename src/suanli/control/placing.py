@@ -1,6 +1,6 @@
 """Persisting what a scheduling pass decided: preemptions, and placements a chunk at a time, each placement's
-admission (balance, quota, plan) checked again under its org's row lock. A refused placement writes nothing
-and stays pending with the reason.
+admission (balance, quota, plan, the member's spend limit) checked again under its org's row lock. A refused
+placement writes nothing and stays pending with the reason.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control import metering, prices, workloads
+from suanli.control import memberships, metering, prices, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.models import Allocation, Plan, Workload, WorkloadEvent
 from suanli.workloads.host import host_text
@@ -103,6 +103,7 @@ def place_chunk(
     events: list[dict[str, Any]] = []
     refused: dict[str, tuple[str, int]] = {}
     plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
+    spending: dict[tuple[str, str], memberships.Spending | None] = {}  # members' spend limits, counting this chunk's
     for wid, view, placement, reason in items:
         r = rows.get(wid)
         if r is None or r.state != "pending" or r.stop_requested:
@@ -119,6 +120,7 @@ def place_chunk(
             if why is not None:
                 refused[wid] = (why, 0)
                 continue
+        member = member_spending(s, spending, loads[r.org_id], r.user_id, now)
         elastic = spec.gpu_range()
         alloc, refusal = None, ""
         # Elastic work grown into idle GPUs at placement (the `elastic` plugin) but over what the org may hold
@@ -136,6 +138,11 @@ def place_chunk(
                 )  # fmt: skip
             except ServiceError as e:
                 refusal = refusal or e.message
+                continue
+            over = member.admit(alloc["rate_per_hour"], hold_minutes) if member and alloc["rate_per_hour"] else None
+            if over is not None:  # a submission saw none of the member's queued work: the limit holds here
+                unadmit(loads[r.org_id], alloc)
+                alloc, refusal = None, refusal or over
                 continue
             if size < gpus:
                 reason = f"{reason + '; ' if reason else ''}{size} of {gpus} GPUs admitted: {refusal}"
@@ -175,6 +182,24 @@ def place_chunk(
         )  # fmt: skip
         s.execute(insert(WorkloadEvent.__table__), events)
     return len(allocs), refused
+
+
+def member_spending(
+    s: Session, cache: dict[tuple[str, str], memberships.Spending | None], load: metering.OrgLoad, user_id: str,
+    now: datetime,
+) -> memberships.Spending | None:  # fmt: skip
+    """The member's spend limit and what counts against it, read once per pass under the org's row lock (held by
+    `load`); None without a limit, and in a personal org (as at submission)."""
+    key = (load.org.id, user_id)
+    if key not in cache:
+        cache[key] = None if load.org.personal else memberships.spending(s, load.org.id, user_id, now)
+    return cache[key]
+
+
+def unadmit(load: metering.OrgLoad, row: dict[str, Any]) -> None:
+    """Take back from `load` an allocation row `metering.admitted_row` counted in it, but that is not opened."""
+    load.rate, load.gpus = load.rate - row["rate_per_hour"], load.gpus - row["gpus"]
+    load.cpu_milli, load.memory_mib = load.cpu_milli - row["cpu_milli"], load.memory_mib - row["memory_mib"]
 
 
 def _first_gpus(placement: dict[str, list[int]], n: int) -> dict[str, list[int]]:

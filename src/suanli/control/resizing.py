@@ -159,6 +159,7 @@ def carry_out(
     _, book = prices.current(s)
     loads: dict[str, metering.OrgLoad] = {}
     plan_use: dict[str, int] = {}
+    spending: dict[tuple[str, str], memberships.Spending | None] = {}
     done, refused = 0, {}
     for it in items:
         w = s.get(Workload, it.workload, with_for_update=True, populate_existing=True)
@@ -202,6 +203,13 @@ def carry_out(
                     allocation_id=f"{w.id}.{w.attempt + 1}", rate=ZERO if plan else None, load=load, book=book,
                     cpu_milli=cpu, memory_mib=mem, check=grow,
                 )  # fmt: skip
+                member = placing.member_spending(s, spending, load, w.user_id, now) if grow else None
+                more = row["rate_per_hour"] - old.rate_per_hour
+                over = member.admit(more, hold_minutes) if member is not None and more > 0 else None
+                if over is not None:  # a grow spends more of the org's money: within the member's limit
+                    placing.unadmit(load, row)
+                    row = None
+                    raise Conflict(over)
                 break
             except ServiceError as e:
                 refusal = refusal or e.message

@@ -167,7 +167,7 @@ class SchedulingPass:
             views = self._views
             version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
             queue_rows = list(s.execute(
-                select(w.id, w.name, w.org_id, w.attempt, w.submitted_at, w.queued_at, w.attained_gpu_s)
+                select(w.id, w.name, w.org_id, w.user_id, w.attempt, w.submitted_at, w.queued_at, w.attained_gpu_s)
                 .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
             ))  # fmt: skip
             report.queued = len(queue_rows)
@@ -186,7 +186,7 @@ class SchedulingPass:
             self._signature, self._last_run = signature, now
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
-            self.money.read(s, {r.org_id for r in queue_rows})
+            self.money.read(s, {r.org_id for r in queue_rows}, {(r.org_id, r.user_id) for r in queue_rows}, now)
             states = self._snapshot(s, views)
             self._seen = version
             asks = self.resizer.pin(self._states, self._held, resizing.asked(s))
@@ -201,7 +201,8 @@ class SchedulingPass:
         # What each org runs and has queued counts against its balance: the work it cannot pay for waits unseen by the
         # cycle, which then never hands GPUs to work admission would refuse while others' work waits (`committed`).
         models = frozenset(m for v in views if v.topology is not None for m in v.models)
-        queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes)
+        users = {r.id: r.user_id for r in queue_rows}
+        queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes, users)
         placements: list[placing.Placement] = []
         preempts: list[tuple[str, str, str]] = []
         resizes: list[resizing.ResizeItem] = []

@@ -28,6 +28,9 @@ class Settings(BaseModel):
     currency: str = Field("CNY", pattern=r"^[A-Z]{3}$", description="currency of the shipped default price book")
     trial_credit: Decimal = Field(Decimal("10.00"), ge=0, le=1_000_000)
     admission_hold_minutes: int = Field(10, ge=0, le=60 * 24 * 31)
+    max_queued_per_org: int = Field(
+        1000, ge=1, le=1_000_000, description="workloads an org may have waiting (pending) at once; more: 409"
+    )
     admin_email: str | None = None
     admin_password: str | None = None
     max_body_bytes: int = Field(1 << 20, ge=1024)

@@ -83,16 +83,28 @@ def page(
     return Page(org_id, book.currency, opening, closing, rows, rows[-1]["id"] if more else None)
 
 
+FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet run a cell as a formula
+TEXT = ("kind", "workload", "workload_name", "memo", "key")  # the fields that are text, not amounts or times
+
+
+def cell(value: Any) -> Any:
+    """A text cell that a spreadsheet would run as a formula (it starts with = + - @, a tab or a carriage return)
+    starts with an apostrophe instead, so a member's email or a memo is shown, never run (CSV injection). Only
+    text fields go through here: amounts keep their sign."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA) else value
+
+
 def _fixed(value: Any) -> str:
     return format(exact(value if value is not None else ZERO), "f")
 
 
 def to_csv(rows: list[dict[str, Any]], header: bool = True) -> str:
-    """The rows as CSV: exact decimals (8 places), ISO times, empty cells for what a row lacks."""
+    """The rows as CSV: exact decimals (8 places), ISO times, empty cells for what a row lacks, text that starts
+    like a formula behind an apostrophe (`cell`)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=FIELDS, lineterminator="\n")
     if header:
         w.writeheader()
     for r in rows:
-        w.writerow({k: "" if r[k] is None else r[k] for k in FIELDS})
+        w.writerow({k: "" if r[k] is None else cell(r[k]) if k in TEXT else r[k] for k in FIELDS})
     return buf.getvalue()

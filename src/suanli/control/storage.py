@@ -3,7 +3,8 @@
 An upload (`POST /workdirs`, or a small one inline in a submission) is unpacked under the bounds of one upload
 (`workdir_max_bytes`, `workdir_max_files`) and under what is left of its org's `storage_quota_bytes`, then kept
 as a staged workdir (a `workdirs` row) for the submission that names it: the first submission by its uploader uses
-it, admitted or refused; one never named is removed after `STAGED_TTL`. A job's workdir is counted as long as it
+it, admitted or refused; one never named is removed after `STAGED_TTL`. Orgs cost nothing to create, so what one
+user keeps staged is bounded over all their orgs too: at most `MAX_STAGED` uploads, and `storage_quota_bytes`. A job's workdir is counted as long as it
 is kept: its upload as it came, and once the job ended what the job left there (a job without an upload too).
 `sweep` removes it `workdir_retention_hours` after the job ended. An instance's disk is kept while the instance
 exists and is not counted here.
@@ -28,7 +29,7 @@ from suanli.control.errors import Conflict, Invalid, NotFound, ServiceError
 from suanli.control.ids import new_id
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
-from suanli.db.models import KeyValue, Org, Workdir, Workload, WorkloadEvent
+from suanli.db.models import KeyValue, Org, User, Workdir, Workload, WorkloadEvent
 from suanli.storage import workdirs
 
 log = logging.getLogger("suanli.storage")
@@ -37,6 +38,7 @@ ORPHAN_AGE = timedelta(hours=2)  # a leftover in .incoming no row knows (a crash
 SWEEP_LAG = timedelta(seconds=60)  # jobs that ended this recently wait a pass: their end may not be committed yet
 WATERMARK = "storage_finished_until"  # kv: jobs that ended up to here (µs since the epoch) were looked at
 BATCH = 1000
+MAX_STAGED = 100  # uploads one user may keep waiting for a submission at once, over all orgs (each a row, a directory)
 TERMINAL = ("succeeded", "failed", "stopped", "preempted")
 
 
@@ -80,6 +82,24 @@ def usage(s: Session, org_id: str) -> int:
     return int(s.scalar(select(func.coalesce(func.sum(Workdir.bytes), 0)).where(Workdir.org_id == org_id)) or 0)
 
 
+def staged_by(s: Session, user_id: str) -> tuple[int, int]:
+    """(uploads, bytes) the user keeps staged, in every org: uploaded, not yet named by a submission, not yet
+    removed (expired ones still hold their disk until the sweep)."""
+    n, size = s.execute(
+        select(func.count(), func.coalesce(func.sum(Workdir.bytes), 0))
+        .where(Workdir.workload_id.is_(None), Workdir.user_id == user_id)
+    ).one()  # fmt: skip
+    return int(n), int(size or 0)
+
+
+def _mine_over(field: str, store: Store, n: int, mine: int, rest: str) -> Conflict:
+    if n >= MAX_STAGED:
+        return Conflict(f"{field}: you have {n} uploads waiting for a submission, the most one user may keep; name "
+                        f"them in submissions, or wait up to {STAGED_TTL.seconds // 60} minutes for them to expire")  # fmt: skip
+    return Conflict(f"{field}: you keep {mine} bytes of uploads no submission has named yet, over all your "
+                    f"organisations{rest}; each user may keep storage_quota_bytes ({store.quota}) of them")  # fmt: skip
+
+
 def paying_org(s: Session, who: Principal, org: str | None) -> Org:
     """The org a submission (and its upload) is for: `org`, where the caller's role may submit (a viewer may not
     fill a team's storage), or its personal org."""
@@ -105,9 +125,12 @@ def upload(
     with db.read() as s:
         paying = paying_org(s, who, org)
         used = usage(s, paying.id)
+        n, mine = staged_by(s, who.user_id)
     if used >= store.quota:
         raise _over(field, paying, store, used, ", and none is left")
-    room = store.quota - used
+    if n >= MAX_STAGED or mine >= store.quota:
+        raise _mine_over(field, store, n, mine, "")
+    room = min(store.quota - used, store.quota - mine)
     limits = workdirs.Limits(min(store.limits.bytes, room), store.limits.entries)
     upload_id = new_id("wd")
     dest = workdirs.staged_dir(store.home, upload_id)
@@ -115,6 +138,8 @@ def upload(
         got = workdirs.unpack(source, dest, limits)
     except workdirs.TooLarge as e:
         if e.what == "bytes" and e.limit < store.limits.bytes:
+            if room < store.quota - used:
+                raise _mine_over(field, store, n, mine, f", and this unpacks to more than the {room} left") from None
             raise _over(field, paying, store, used, f" and this unpacks to more than the {room} left") from None
         setting = ("workdir_max_bytes, counting each file in whole 4 KiB blocks" if e.what == "bytes"
                    else "workdir_max_files")  # fmt: skip
@@ -126,10 +151,14 @@ def upload(
     expires = now + STAGED_TTL
     try:
         with db.write() as s, s.begin():
-            s.get(Org, paying.id, with_for_update=True)  # uploads of one org are counted one at a time
+            s.get(User, who.user_id, with_for_update=True)  # uploads of one user, then of one org, one at a time
+            s.get(Org, paying.id, with_for_update=True)
             used = usage(s, paying.id)
             if used + got.bytes > store.quota:
                 raise _over(field, paying, store, used, f" and this unpacks to {got.bytes}")
+            n, mine = staged_by(s, who.user_id)
+            if n >= MAX_STAGED or mine + got.bytes > store.quota:
+                raise _mine_over(field, store, n, mine, f", and this unpacks to {got.bytes}")
             s.add(Workdir(id=upload_id, org_id=paying.id, user_id=who.user_id, workload_id=None, bytes=got.bytes,
                           files=got.files, created_at=now, expires_at=expires))  # fmt: skip
     except BaseException:

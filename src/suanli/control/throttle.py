@@ -16,11 +16,16 @@ slip past the limit), and a correct password takes its count back:
 
 Emails that belong to nobody are counted exactly like real ones: a refusal says nothing about who is registered.
 Signups count per address (`signup_bucket`). Keys are SHA-256 digests of the email and the address.
+
+An address is counted as `counted_address` says: an IPv4 address as it is (also written as IPv6, `::ffff:a.b.c.d`),
+an IPv6 address by its /64. A host is given a whole /64 and may use any address in it: counted one by one, it would
+never meet a per-address limit.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -69,6 +74,19 @@ class Throttled(ServiceError):
         super().__init__(f"{message}; try again in {self.retry_after} s")
 
 
+def counted_address(address: str) -> str:
+    """What the per-address limits count `address` as: IPv4 as it is, IPv6 by its /64, anything else as given."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])  # a zone (fe80::1%eth0) names a link, not a host
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 def _key(kind: str, *parts: str) -> str:
     return hashlib.sha256("\x00".join((kind, *parts)).encode()).hexdigest()
 
@@ -102,6 +120,7 @@ def _next(row: LoginThrottle, bucket: Bucket, now: datetime) -> tuple[datetime, 
 
 def begin_login(s: Session, email: str, address: str, now: datetime) -> LoginAttempt:
     """Count a login attempt for `email` (normalised) from `address`, or refuse it with 429 (`Throttled`)."""
+    address = counted_address(address)
     attempt = LoginAttempt(_key("pair", email, address), _key("address", address), _key("account", email))
     rows = _rows(s, [attempt.pair, attempt.address, attempt.account], now)
     pair, addr, account = rows[attempt.pair], rows[attempt.address], rows[attempt.account]
@@ -139,7 +158,7 @@ def login_succeeded(s: Session, attempt: LoginAttempt, now: datetime) -> None:
 
 def begin_signup(s: Session, address: str, bucket: Bucket, now: datetime) -> None:
     """Count a signup from `address`, or refuse it with 429."""
-    key = _key("signup", address)
+    key = _key("signup", counted_address(address))
     row = _rows(s, [key], now)[key]
     tat, over = _next(row, bucket, now)
     if over > 0:

@@ -33,6 +33,7 @@ from suanli.workloads.host import cores, gib, host_text
 from suanli.workloads.spec import SpecError, WorkloadSpec, parse_spec
 
 ACTIVE = ("pending", "scheduled", "starting", "running")
+MAX_QUEUED = 1000  # pending workloads an org may have at once (settings `max_queued_per_org`)
 TERMINAL = ("succeeded", "failed", "stopped", "preempted")
 LIST_LIMIT = 1000
 
@@ -165,6 +166,7 @@ class SubmitContext:
     open_rate: Decimal
     quota_cpus: int | None = None
     quota_memory_gib: int | None = None
+    queued: int = 0  # its pending workloads, counted up to the cap
 
 
 # One round trip, and plain SQL: building this as an expression on every submission cost more than running it.
@@ -176,25 +178,35 @@ _CONTEXT = text(
            o.quota_memory_gib AS quota_memory_gib,
            (SELECT balance FROM account_balances WHERE account = :account) AS balance,
            (SELECT COALESCE(SUM(rate_per_hour), 0) FROM allocations
-             WHERE org_id = :org AND stopped_at IS NULL) AS open_rate
+             WHERE org_id = :org AND stopped_at IS NULL) AS open_rate,
+           (SELECT COUNT(*) FROM (SELECT 1 FROM workloads
+             WHERE org_id = :org AND state = 'pending' LIMIT :queue_cap) q) AS queued
       FROM orgs o WHERE o.id = :org
     """
 ).columns(
     column("price_version", Integer), column("fleet_version", BigInteger), column("name", String),
     column("quota_gpus", Integer), column("quota_cpus", Integer), column("quota_memory_gib", Integer),
-    column("balance", MONEY), column("open_rate", MONEY),
+    column("balance", MONEY), column("open_rate", MONEY), column("queued", Integer),
 )  # fmt: skip
 
 
-def _context(s: Session, org_id: str) -> SubmitContext:
-    row = s.execute(
-        _CONTEXT, {"fleet_key": inventory.FLEET_VERSION, "account": org_account(org_id), "org": org_id}
-    ).one_or_none()
+def _context(s: Session, org_id: str, queue_cap: int = MAX_QUEUED) -> SubmitContext:
+    args = {"fleet_key": inventory.FLEET_VERSION, "account": org_account(org_id), "org": org_id, "queue_cap": queue_cap}
+    row = s.execute(_CONTEXT, args).one_or_none()
     if row is None:
         raise NotFound(f"organisation {org_id} not found")
     return SubmitContext(row.price_version or 0, row.fleet_version or 0, row.name, row.quota_gpus,
                          exact(Decimal(row.balance or 0)), exact(Decimal(row.open_rate or 0)), row.quota_cpus,
-                         row.quota_memory_gib)  # fmt: skip
+                         row.quota_memory_gib, int(row.queued or 0))  # fmt: skip
+
+
+def _check_queue(ctx: SubmitContext, max_queued: int) -> None:
+    """Refuse work past `max_queued` waiting workloads of the org: a submission's balance check counts only
+    running work, so without a bound a tenant could queue without end, and every scheduling pass walks the queue.
+    (Advisory like the other checks: submissions in flight at once may each see room for one more.)"""
+    if ctx.queued >= max_queued:
+        raise Conflict(f"queue: {ctx.org_name} has {ctx.queued} workloads waiting, the most an organisation may "
+                       "(max_queued_per_org); wait for some to start, or stop some")  # fmt: skip
 
 
 def _precheck_money(ctx: SubmitContext, spec: WorkloadSpec, rate: Decimal, hold_minutes: int) -> None:
@@ -241,6 +253,7 @@ def admit(
     prices: PriceCache,
     org_id: str | None = None,
     workdir: Path | None = None,
+    max_queued: int = MAX_QUEUED,
 ) -> dict[str, Any]:
     """Check a submission against the inventory, the price book, the org's quota and balance, and return the row
     to queue. Only reads, so it runs outside the write transaction: on SQLite a submission then holds the single
@@ -252,7 +265,8 @@ def admit(
         access = memberships.require(s, who, org_id, "submit", "spend")
         org_id = access.org.id
     org_id = org_id or who.personal_org_id
-    ctx = _context(s, org_id)
+    ctx = _context(s, org_id, max_queued)
+    _check_queue(ctx, max_queued)
     book = prices.book(s, ctx.price_version)
     found = candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
     rate = min(c.rate_per_hour for c in found)
@@ -292,10 +306,11 @@ class Admission:
     hold_minutes: int
     fleet: FleetCache
     prices: PriceCache
+    max_queued: int = MAX_QUEUED
 
     def __call__(self, s: Session, sub: Submission) -> dict[str, Any]:
         return admit(s, sub.who, sub.spec, sub.now, hold_minutes=self.hold_minutes, fleet=self.fleet,
-                     prices=self.prices, org_id=sub.org_id)  # fmt: skip
+                     prices=self.prices, org_id=sub.org_id, max_queued=self.max_queued)  # fmt: skip
 
 
 def enqueue_many(s: Session, rows: Sequence[dict[str, Any]]) -> None:

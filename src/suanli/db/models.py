@@ -337,6 +337,7 @@ class Workload(Base):
     __table_args__ = (
         Index("ix_workloads_state", "state", "queued_at"),
         Index("ix_workloads_org_name", "org_id", "name"),
+        Index("ix_workloads_org_state", "org_id", "state"),  # an org's waiting work, counted at each submission
         Index("ix_workloads_scale_to", "scale_to"),  # the few with a size their owner asked for, each pass
         Index("ix_workloads_finished_at", "finished_at"),  # jobs that ended since the storage sweep last looked
     )

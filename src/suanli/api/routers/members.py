@@ -50,8 +50,8 @@ def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> Mem
     """Change a member's role and/or monthly spend limit (owners and admins; owners alone touch owners)."""
     limit = body.monthly_spend_limit if "monthly_spend_limit" in body.model_fields_set else UNSET
     with ctx.db.write() as s, s.begin():
-        memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit)
-        return next(_member(m) for m in memberships.members(s, ctx.who, org_id, ctx.now) if m.user_id == user_id)
+        memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit, now=ctx.now)
+        return _member(memberships.member(s, ctx.who, org_id, user_id, ctx.now))
 
 
 @router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)
@@ -59,7 +59,7 @@ def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> Mem
 def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
     """Remove a member (owners and admins), or leave (anyone, yourself); the last owner stays."""
     with ctx.db.write() as s, s.begin():
-        memberships.remove_member(s, ctx.who, org_id, user_id)
+        memberships.remove_member(s, ctx.who, org_id, user_id, ctx.now)
 
 
 @router.post("/orgs/{org_id}/invitations", status_code=201)
@@ -86,7 +86,9 @@ def org_invitations(org_id: str, ctx: Auth) -> list[InvitationOut]:
 def cancel_invitation(org_id: str, invitation_id: str, ctx: Auth) -> InvitationOut:
     with ctx.db.write() as s, s.begin():
         row = memberships.cancel(s, ctx.who, org_id, invitation_id, ctx.now)
-        return _invitation(InvitationView(row, memberships.access(s, ctx.who, org_id).org.name, ctx.who.email))
+        inviter = s.get(User, row.invited_by)  # who invited, not who cancels
+        return _invitation(InvitationView(row, memberships.access(s, ctx.who, org_id).org.name,
+                                          inviter.email if inviter else ""))  # fmt: skip
 
 
 @router.get("/invitations")

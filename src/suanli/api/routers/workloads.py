@@ -240,7 +240,8 @@ def _admit_upload(body: WorkloadIn, spec: WorkloadSpec, ctx: Caller) -> dict[str
         with ctx.db.read() as s:
             wd = storage.staged(s, ctx.who, upload_id, ctx.now)
             row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=ctx.srv.settings.admission_hold_minutes,
-                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged)  # fmt: skip
+                                  fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged,
+                                  max_queued=ctx.srv.settings.max_queued_per_org)  # fmt: skip
         if row["org_id"] != wd.org_id:
             raise Invalid(f"{field}: uploaded for another organisation than the one that pays (upload with its org)")
         queued = row["id"]

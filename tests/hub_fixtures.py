@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-WORDS = "hello world the a of to and in is it".split()
+WORDS = ["hello", "world", "the", "a", "of", "to", "and", "in", "is", "it"]
 
 
 def need(*packages: str) -> None:

@@ -9,6 +9,7 @@ torch and transformers is not counted), in three ways, interleaved run by run:
 
 - hub: sandboxed, the entry bound read-only at /hub with the platform's variables, loaded as "ORG/NAME" offline;
 - plain: sandboxed, the same files as a plain directory bound read-only, loaded by path;
+- hub-host: unsandboxed, the hub directory on the host (links to blobs), loaded as "ORG/NAME" offline;
 - host: unsandboxed, the plain directory on the host, loaded by path.
 
 Files are in the page cache after the first run of each (the first is shown apart). Prints medians.
@@ -31,9 +32,10 @@ from suanli.executors.local import LocalExecutor
 from suanli.storage.hub import HubStore
 
 REPO = "bench/llama-random"
-PROBE = (
-    "import time, sys\n"
+PROBE = (  # torch and the model's code imported first: transformers imports lazily, inside from_pretrained
+    "import time, sys, torch\n"
     "from transformers import AutoModelForCausalLM\n"
+    "import transformers.models.llama.modeling_llama\n"
     "t = time.perf_counter()\n"
     "m = AutoModelForCausalLM.from_pretrained(sys.argv[1])\n"
     "print('load_s', time.perf_counter() - t, sum(p.numel() for p in m.parameters()))\n"
@@ -81,6 +83,8 @@ def main() -> None:
         os.chmod(base, 0o755)
         plain = base / "plain"
         params = build(plain, args.hidden, args.layers)
+        for p in plain.iterdir():  # save_pretrained writes weights 0600: the sandbox's own uid could not read them
+            p.chmod(0o644)
         size = sum(p.stat().st_size for p in plain.iterdir())
         stored = HubStore(base / "hubdir").add_dir("model", REPO, plain)
         binds = hub.binds(HubStore(base / "hubdir"), [stored])
@@ -91,8 +95,9 @@ def main() -> None:
         plain_box = SandboxRequest(uid=uid, gid=uid, mounts=(*extra, (str(plain), "/model", False)))
         ways = {
             "hub": (REPO, hub_box, binds.env),
-            "plain": ("/model", plain_box, {}),
-            "host": (str(plain), None, {}),
+            "plain": ("/model", plain_box, {"HF_HUB_OFFLINE": "1"}),
+            "hub-host": (REPO, None, hub.binds(HubStore(base / "hubdir"), [stored], sandboxed=False).env),
+            "host": (str(plain), None, {"HF_HUB_OFFLINE": "1"}),
         }
         times: dict[str, list[float]] = {k: [] for k in ways}
         n = 0
@@ -101,11 +106,11 @@ def main() -> None:
                 n += 1
                 times[name].append(run_job(base, n, target, box, env))
         print(f"model: {params / 1e6:.1f}M parameters, {size / 1e6:.0f} MB on disk; {args.runs} runs after a first")
-        print(f"{'way':<6} {'first s':>8} {'median s':>9} {'min s':>7} {'vs host':>8}")
+        print(f"{'way':<9} {'first s':>8} {'median s':>9} {'min s':>7} {'median vs host':>15}")
         host = statistics.median(times["host"][1:])
         for name, ts in times.items():
             med = statistics.median(ts[1:])
-            print(f"{name:<6} {ts[0]:>8.3f} {med:>9.3f} {min(ts[1:]):>7.3f} {med / host:>7.2f}x")
+            print(f"{name:<9} {ts[0]:>8.3f} {med:>9.3f} {min(ts[1:]):>7.3f} {med / host:>14.2f}x")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 without walking every org's queue or the org's whole history
 
 Revision ID: 0020
-Revises: 0015
+Revises: 0017
 Create Date: 2026-12-02 21:00:00
 
 """
@@ -13,7 +13,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision: str = "0020"
-down_revision: str | Sequence[str] | None = "0015"
+down_revision: str | Sequence[str] | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

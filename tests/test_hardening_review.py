@@ -470,3 +470,38 @@ def test_a_statement_page_reads_a_page_not_the_orgs_whole_history(db_url: str) -
                 assert "SCAN ledger_entries" not in plan and "B-TREE FOR GROUP BY" not in plan, (sql, plan)
     finally:
         db.dispose()
+
+
+# ---- leaving the team leaves its queue -----------------------------------------------------------------------------
+def test_a_removed_or_demoted_member_s_queued_work_does_not_start_on_the_teams_money(api: TestClient) -> None:
+    """An owner removed a member (or made them a viewer, who may not spend); their queued jobs stayed pending and
+    the next scheduling pass started them on the team's money."""
+    operator = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
+    owner, alice, bob = (signup(api, f"{n}@example.com") for n in ("owner", "alice", "bob"))
+    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, alice, "member")
+    join(api, owner, org, bob, "member")
+    assert (
+        api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "1000"}, headers=operator).status_code == 201
+    )
+    spec = {"command": "true", "duration": 60, "resources": {"gpus": 0}}
+
+    def submit(who: Any, name: str, org_id: str | None = org) -> str:
+        r = api.post(f"{API}/workloads", json={"spec": {**spec, "name": name}, "org": org_id}, headers=who.headers)
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    alices, bobs = [submit(alice, "a1"), submit(alice, "a2")], [submit(bob, "b1")]
+    own = submit(alice, "mine", None)  # in her personal org: not the team's business
+    assert api.delete(f"{API}/orgs/{org}/members/{alice.user_id}", headers=owner.headers).status_code == 204
+    r = api.patch(f"{API}/orgs/{org}/members/{bob.user_id}", json={"role": "viewer"}, headers=owner.headers)
+    assert r.status_code == 200, r.text
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    SchedulingPass().run(srv.db, utcnow())
+    with srv.db.read() as s:
+        rows = {w.id: w for w in s.scalars(select(Workload))}
+    for wid in alices + bobs:
+        assert rows[wid].state == "stopped", (rows[wid].state, rows[wid].reason)
+    assert "no longer a member" in rows[alices[0]].reason and "viewer" in rows[bobs[0]].reason
+    assert rows[own].state != "stopped"

@@ -2,8 +2,9 @@
 the workload it paid for (usage and what settling gave back), and the balance after it.
 
 The balance after a transaction is the sum of the org's entries up to it in posting order (transaction id), which
-is what the running balance holds; one statement computes it with a window sum, so a page and its balances are
-read from one snapshot. Pages are keyed by transaction id (`after_id`), at most `MAX_PAGE` rows each.
+is what the running balance holds: a page sums the entries before its first row (one range of the index by
+account and transaction id) and adds its rows' amounts, in one snapshot. Pages are keyed by transaction id
+(`after_id`), at most `MAX_PAGE` rows each.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from suanli.billing.ledger import org_account
 from suanli.billing.money import ZERO, exact
@@ -40,47 +41,56 @@ class Page:
 def page(
     s: Session, org_id: str, *, since: datetime | None = None, after_id: int | None = None, limit: int = MAX_PAGE
 ) -> Page:
-    """One page of the org's statement, from the first transaction at or after `since` and after `after_id`."""
+    """One page of the org's statement, from the first transaction at or after `since` and after `after_id`. It
+    reads the page's own entries and, for the balance before it, one range of the org's entries in the index
+    by account and transaction (a window over the whole history cost every page ~1.5 s at 300,000 transactions),
+    in one statement: one snapshot."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit: 1..{MAX_PAGE}")
     acct = org_account(org_id)
-    per_tx = (
-        select(LedgerEntry.tx_id.label("tx_id"), func.sum(LedgerEntry.amount).label("net"))
-        .where(LedgerEntry.account == acct)
-        .group_by(LedgerEntry.tx_id)
-        .subquery()
-    )
-    running = select(
-        per_tx.c.tx_id, per_tx.c.net, func.sum(per_tx.c.net).over(order_by=per_tx.c.tx_id).label("balance")
-    ).subquery()
-    tx = LedgerTransaction
-    q = (
-        select(tx.id, tx.created_at, tx.kind, running.c.net, running.c.balance, Allocation.workload, Workload.name,
-               tx.allocation_id, tx.memo, tx.key)
-        .join(running, running.c.tx_id == tx.id)
-        .outerjoin(Allocation, Allocation.id == tx.allocation_id)
-        .outerjoin(Workload, (Workload.id == Allocation.workload) & (Workload.org_id == org_id))
-    )  # fmt: skip
-    if after_id is not None:
-        q = q.where(tx.id > after_id)
+    e, tx = LedgerEntry, LedgerTransaction
+    start = after_id or 0
     if since is not None:  # from the first transaction posted at or after `since`: the pages stay contiguous
-        first = select(func.min(per_tx.c.tx_id)).join(tx, tx.id == per_tx.c.tx_id).where(tx.created_at >= since)
-        q = q.where(tx.id >= first.scalar_subquery())
-    found = s.execute(q.order_by(tx.id).limit(limit + 1)).all()
+        first = s.scalar(select(func.min(tx.id)).where(tx.created_at >= since,
+                                                       tx.id.in_(select(e.tx_id).where(e.account == acct))))  # fmt: skip
+        start = max(start, first - 1) if first is not None else None  # type: ignore[assignment]
+    found = []
+    if start is not None:
+        nets = (
+            select(e.tx_id.label("tx_id"), func.sum(e.amount).label("net"))
+            .where(e.account == acct, e.tx_id > start)
+            .group_by(e.tx_id)
+            .order_by(e.tx_id)
+            .limit(limit + 1)
+            .subquery()
+        )
+        earlier = aliased(LedgerEntry)
+        opening_q = select(func.coalesce(func.sum(earlier.amount), 0)).where(earlier.account == acct,
+                                                                             earlier.tx_id <= start)  # fmt: skip
+        q = (
+            select(tx.id, tx.created_at, tx.kind, nets.c.net, Allocation.workload, Workload.name, tx.allocation_id,
+                   tx.memo, tx.key, opening_q.scalar_subquery().label("opening"))
+            .join(nets, nets.c.tx_id == tx.id)
+            .outerjoin(Allocation, Allocation.id == tx.allocation_id)
+            .outerjoin(Workload, (Workload.id == Allocation.workload) & (Workload.org_id == org_id))
+            .order_by(tx.id)
+        )  # fmt: skip
+        found = s.execute(q).all()
     more = len(found) > limit
     found = found[:limit]
-    rows = [
-        {"id": r[0], "created_at": r[1].isoformat(), "kind": r[2], "amount": _fixed(r[3]), "balance": _fixed(r[4]),
-         "workload": r[5] or None, "workload_name": r[6], "allocation": r[7], "memo": r[8], "key": r[9]}
-        for r in found
-    ]  # fmt: skip
-    if found:
-        opening, closing = exact(found[0][4] - found[0][3]), exact(found[-1][4])
+    if found:  # the entries up to the cursor, read with the rows
+        opening = exact(found[0][9] if found[0][9] is not None else ZERO)
     else:  # nothing at or after the cursor: the balance after every entry
-        total = select(func.coalesce(func.sum(LedgerEntry.amount), 0)).where(LedgerEntry.account == acct)
-        opening = closing = exact(s.scalar(total) or ZERO)
+        opening = exact(s.scalar(select(func.coalesce(func.sum(e.amount), 0)).where(e.account == acct)) or ZERO)
+    rows, balance = [], opening
+    for r in found:
+        net = exact(r[3] if r[3] is not None else ZERO)
+        balance += net
+        rows.append({"id": r[0], "created_at": r[1].isoformat(), "kind": r[2], "amount": format(net, "f"),
+                     "balance": format(balance, "f"), "workload": r[4] or None, "workload_name": r[5],
+                     "allocation": r[6], "memo": r[7], "key": r[8]})  # fmt: skip
     _, book = prices.current(s)
-    return Page(org_id, book.currency, opening, closing, rows, rows[-1]["id"] if more else None)
+    return Page(org_id, book.currency, opening, balance, rows, rows[-1]["id"] if more else None)
 
 
 FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet run a cell as a formula
@@ -92,10 +102,6 @@ def cell(value: Any) -> Any:
     starts with an apostrophe instead, so a member's email or a memo is shown, never run (CSV injection). Only
     text fields go through here: amounts keep their sign."""
     return "'" + value if isinstance(value, str) and value.startswith(FORMULA) else value
-
-
-def _fixed(value: Any) -> str:
-    return format(exact(value if value is not None else ZERO), "f")
 
 
 def to_csv(rows: list[dict[str, Any]], header: bool = True) -> str:

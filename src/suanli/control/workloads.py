@@ -404,6 +404,18 @@ def stop(s: Session, who: Principal, ref: str, now: datetime, reason: str = "") 
     return w
 
 
+def stop_queued(s: Session, org_id: str, user_id: str, why: str, now: datetime) -> int:
+    """Stop the user's work still waiting in the org's queue (they may no longer spend its money: removed, or made
+    a viewer); what runs goes on, as with a spend limit. Returns how many stopped."""
+    rows = s.scalars(select(Workload).where(Workload.org_id == org_id, Workload.state == "pending",
+                                            Workload.user_id == user_id).with_for_update())  # fmt: skip
+    n = 0
+    for w in rows:
+        transition(s, w, "stopped", why, now)
+        n += 1
+    return n
+
+
 def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = False) -> Workload:
     """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it.
 

@@ -192,6 +192,8 @@ class LedgerTransaction(Base):
 
 class LedgerEntry(Base):
     __tablename__ = "ledger_entries"
+    # A statement page: its rows and the balance before them, read as one range of an org's entries in tx order.
+    __table_args__ = (Index("ix_ledger_entries_account_tx", "account", "tx_id", "amount"),)
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True)
     tx_id: Mapped[int] = mapped_column(ForeignKey("ledger_transactions.id"), index=True)
     account: Mapped[str] = mapped_column(String(64), index=True)

@@ -15,7 +15,7 @@ from suanli.api.schemas import (
     money,
 )
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import memberships
+from suanli.control import memberships, workloads
 from suanli.control.memberships import UNSET, InvitationView, MemberView
 from suanli.db.models import Org, User
 
@@ -47,19 +47,26 @@ def list_members(org_id: str, ctx: Auth) -> list[MemberOut]:
 @router.patch("/orgs/{org_id}/members/{user_id}")
 @in_thread
 def patch_member(org_id: str, user_id: str, body: MemberPatch, ctx: Auth) -> MemberOut:
-    """Change a member's role and/or monthly spend limit (owners and admins; owners alone touch owners)."""
+    """Change a member's role and/or monthly spend limit (owners and admins; owners alone touch owners). Made a
+    viewer, their work still queued in the org stops."""
     limit = body.monthly_spend_limit if "monthly_spend_limit" in body.model_fields_set else UNSET
     with ctx.db.write() as s, s.begin():
         memberships.set_member(s, ctx.who, org_id, user_id, role=body.role, limit=limit, now=ctx.now)
+        if body.role is not None and "spend" not in memberships.RIGHTS[body.role]:
+            why = f"stopped: its submitter is now a {body.role} of {org_id}, who may not spend its money"
+            workloads.stop_queued(s, org_id, user_id, why, ctx.now)
         return _member(memberships.member(s, ctx.who, org_id, user_id, ctx.now))
 
 
 @router.delete("/orgs/{org_id}/members/{user_id}", status_code=204)
 @in_thread
 def remove_member(org_id: str, user_id: str, ctx: Auth) -> None:
-    """Remove a member (owners and admins), or leave (anyone, yourself); the last owner stays."""
+    """Remove a member (owners and admins), or leave (anyone, yourself); the last owner stays. Their work still
+    queued in the org stops (what runs goes on)."""
     with ctx.db.write() as s, s.begin():
         memberships.remove_member(s, ctx.who, org_id, user_id, ctx.now)
+        why = f"stopped: its submitter is no longer a member of {org_id}"
+        workloads.stop_queued(s, org_id, user_id, why, ctx.now)
 
 
 @router.post("/orgs/{org_id}/invitations", status_code=201)

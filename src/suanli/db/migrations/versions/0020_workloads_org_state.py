@@ -1,5 +1,6 @@
 """workloads: an index on (org_id, state), so a submission counts its org's waiting work (max_queued_per_org)
-without walking every org's queue or the org's whole history
+without walking every org's queue or the org's whole history; ledger_entries: an index on (account, tx_id, amount),
+so a statement page reads its rows and the balance before them as ranges, not a window over the org's history
 
 Revision ID: 0020
 Revises: 0017
@@ -21,8 +22,10 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     """Upgrade schema: a plain CREATE INDEX (no batch table copy of workloads: see 0006)."""
     op.create_index("ix_workloads_org_state", "workloads", ["org_id", "state"])
+    op.create_index("ix_ledger_entries_account_tx", "ledger_entries", ["account", "tx_id", "amount"])
 
 
 def downgrade() -> None:
     """Downgrade schema (plain DROP INDEX)."""
+    op.drop_index("ix_ledger_entries_account_tx", table_name="ledger_entries")
     op.drop_index("ix_workloads_org_state", table_name="workloads")

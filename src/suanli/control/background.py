@@ -133,7 +133,8 @@ class WorkloadLoop:
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
                                      balance_grace_minutes=settings.balance_grace_minutes,
                                      interval_s=settings.schedule_interval_s,
-                                     sandboxes=sandbox_policy(settings))  # fmt: skip
+                                     sandboxes=sandbox_policy(settings),
+                                     volumes_root=settings.volumes_root)  # fmt: skip
         found = engines.configured(settings)
         self.supervisor.executors.update({e.kind: e.executor for e in found})
         self.engines = engines.EngineSync(found, settings.engine_fabric, settings.engine_nics, settings.engine_sync_s)

@@ -11,14 +11,14 @@ import json
 import os
 import socket
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import proxy
+from suanli.control import proxy, volumes
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import seconds
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
@@ -36,6 +36,7 @@ def free_port() -> int:
 class Launches:
     if TYPE_CHECKING:  # provided by `Supervisor`
         home: Path
+        volumes_root: Path | None
         grace_s: float
         sandboxes: SandboxPolicy
 
@@ -83,6 +84,10 @@ class Launches:
             s.execute(insert(WorkloadEvent.__table__), events)
         return len(updates)
 
+    def _volume_mounts(self, s: Session, w: Workload, spec: WorkloadSpec) -> list[tuple[str, str, bool]]:
+        root = self.volumes_root or self.home / "volumes"
+        return _volume_mounts_of(s, w, spec, root, datetime.now(UTC))
+
     def _launch_of(self, s: Session, w: Workload, duration_s: float | None = None) -> Launch:
         spec = WorkloadSpec.model_validate(w.spec)
         alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
@@ -108,6 +113,8 @@ class Launches:
         if w.executor != "virtual":
             user = s.get(User, w.user_id)
             sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
+            if sandbox is not None and spec.volumes:
+                sandbox = replace(sandbox, mounts=(*sandbox.mounts, *self._volume_mounts(s, w, spec)))
         command = spec.command or "exec sleep infinity"
         extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
         if w.restart_reason:  # resize, preemption, failure or node-failure: the ranks may resume from a checkpoint
@@ -125,6 +132,19 @@ class Launches:
             duration_s=duration_s if duration_s is not None else _length(w, spec),
             extra_env=extra_env, sandbox=sandbox,
         )  # fmt: skip
+
+
+def _volume_mounts_of(
+    s: Session, w: Workload, spec: WorkloadSpec, root: Path, now: datetime
+) -> list[tuple[str, str, bool]]:
+    """The spec's volumes as (host path, path in the sandbox, writable); one bound read-only against the spec's word
+    (its org's money ran out, or it is over its size) says so in the workload's events."""
+    out = []
+    for m in volumes.host_mounts(s, root, w.org_id, spec.volumes):
+        if m.note:
+            s.add(WorkloadEvent(workload_id=w.id, at=now, state=w.state, reason=m.note))
+        out.append((m.source, m.dest, m.writable))
+    return out
 
 
 def _length(w: Workload, spec: WorkloadSpec) -> float | None:

@@ -40,6 +40,13 @@ class Settings(BaseModel):
     workdir_retention_hours: float = Field(
         168.0, ge=0, le=24 * 3650, description="hours a finished job's workdir is kept before it is removed"
     )
+    volumes_dir: Path | None = Field(
+        None, description="where volumes live (the local backend): on a cluster, the nodes' shared filesystem; "
+        "default: volumes/ in the data directory",
+    )  # fmt: skip
+    volume_max_bytes: int = Field(1 << 40, ge=1 << 20, le=1 << 50, description="the largest volume a tenant may make")
+    volumes_per_org: int = Field(100, ge=0, le=100_000, description="most volumes one org may have")
+    volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")
     login_token_days: int = Field(30, ge=1, le=3650)
     signup: Literal["open", "invite", "closed"] = Field(
         "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"
@@ -172,6 +179,10 @@ class Settings(BaseModel):
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES)}")
         return v
+
+    @property
+    def volumes_root(self) -> Path:
+        return self.volumes_dir or self.home / "volumes"
 
     @property
     def db_url(self) -> str:

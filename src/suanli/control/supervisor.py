@@ -48,6 +48,7 @@ class SupervisorReport:
 class Supervisor(Launches):
     home: Path
     grace_s: float = 10.0
+    volumes_root: Path | None = None  # `volumes_dir` (None: volumes/ in `home`)
     balance_grace_minutes: float = 5.0
     interval_s: float = 0.5  # how often the loop runs a pass (`schedule_interval_s`): a stop for money is asked early
     executors: dict[str, Executor] = field(default_factory=dict)

@@ -428,5 +428,16 @@ class Lease(Base):
 # here puts them in `Base.metadata` for migrations.
 from suanli.db.access import Invitation, LoginThrottle, SignupCode  # noqa: E402
 from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
+from suanli.db.volumes import Volume, VolumeVersion  # noqa: E402
 
-__all__ = ["GpuRollup", "GpuSampleRow", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent", "SignupCode"]
+__all__ = [
+    "GpuRollup",
+    "GpuSampleRow",
+    "InjectedFault",
+    "Invitation",
+    "LoginThrottle",
+    "NodeEvent",
+    "SignupCode",
+    "Volume",
+    "VolumeVersion",
+]

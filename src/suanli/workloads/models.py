@@ -30,6 +30,7 @@ from suanli.perf import MODEL_PRESETS
 from suanli.sched.state import host_share
 from suanli.sched.types import FULL, ModelHint, PriorityClass, Request, mig_milli
 from suanli.workloads.durations import brief, format_duration, parse_duration
+from suanli.workloads.volumes import VolumeMount, VolumeRuleError, check_mounts
 
 MAX_GPUS = 65536
 MAX_NODES = 8192
@@ -307,6 +308,23 @@ class WorkloadSpec(BaseModel):
     image: str | None = None  # a named environment the operator published (`suanli environments`)
     jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy
     ports: tuple[StrictInt, ...] = ()  # loopback ports served through the proxy at /i/<id>/port/<N>/
+    volumes: tuple[VolumeMount, ...] = ()  # the org's volumes (or `name@N` versions) bound into the sandbox
+
+    @field_validator("volumes", mode="before")
+    @classmethod
+    def _volumes_list(cls, v: object) -> object:
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be a list of {name, path, read_only}, e.g. [{name: data, path: /data}]")
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: tuple[VolumeMount, ...]) -> tuple[VolumeMount, ...]:
+        try:
+            check_mounts(v)
+        except VolumeRuleError as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @field_validator("ports", mode="before")
     @classmethod

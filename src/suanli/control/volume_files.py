@@ -1,0 +1,93 @@
+"""Moving files in and out of a volume: who may, how much room is left, and keeping the volume's usage current.
+
+The bytes themselves stream through `storage.volumes` (the API route feeds a `Writer` as the body arrives, and
+streams reads out a chunk at a time): nothing is held whole in memory. A copy in is refused past the volume's size
+(counted as the quota counts: files in whole 4 KiB blocks), and while the org's balance is exhausted (the volume is
+read-only then). Paths are checked by `workloads.volumes.clean_path`; the tree is walked without following links.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from suanli.control import volumes
+from suanli.control.accounts import Principal
+from suanli.control.errors import Invalid, PaymentRequired, ServiceError
+from suanli.db.engine import Database
+from suanli.db.volumes import Volume
+from suanli.storage import volumes as store
+from suanli.storage.archive import footprint
+from suanli.workloads import volumes as rules
+
+
+class InsufficientStorage(ServiceError):
+    status = 507
+
+
+@dataclass(frozen=True)
+class Target:
+    volume_id: str
+    name: str
+    paths: store.Paths
+    room: int  # bytes a copy in may still add
+
+
+def clean(path: str, *, allow_root: bool = True) -> str:
+    try:
+        return rules.clean_path(path, allow_root=allow_root)
+    except rules.VolumeRuleError as e:
+        raise Invalid(f"path: {e}") from None
+
+
+def for_read(db: Database, who: Principal, ref: str, org: str | None, lim: volumes.Limits) -> Target:
+    with db.read() as s:
+        v = volumes.get(s, who, ref, org, volumes.READ)
+        return Target(v.id, v.name, volumes.paths(lim, v), 0)
+
+
+def for_write(
+    db: Database, who: Principal, ref: str, org: str | None, lim: volumes.Limits, now: datetime, room: bool = True
+) -> Target:
+    """The volume, if the caller may write to it and it is writable; what it holds is measured now (workloads
+    write to it too) and the room left is its size less that (none left: 507, unless not `room`: a removal)."""
+    with db.read() as s:
+        v = volumes.get(s, who, ref, org, volumes.WRITE)
+    if v.state == "read-only":
+        raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted; top up first")
+    p = volumes.paths(lim, v)
+    used = store.measure(p.data)
+    _record(db, v.id, used.bytes, used.files, now)
+    room_needed, room = room, v.size_bytes - used.bytes
+    if room <= 0 and room_needed:
+        raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes); "
+                                  "remove files or resize it")  # fmt: skip
+    return Target(v.id, v.name, p, room)
+
+
+def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) -> None:
+    with db.write() as s, s.begin():
+        v = s.get(Volume, volume_id, with_for_update=True)
+        if v is not None:
+            v.used_bytes, v.files, v.measured_at = used, files, now
+            if v.state == "full" and used <= v.size_bytes:
+                v.state = "ready"
+
+
+def wrote(db: Database, t: Target, added: int, replaced: int, now: datetime) -> None:
+    """After a file is in place: its blocks counted (less the file it replaced)."""
+    with db.write() as s, s.begin():
+        v = s.get(Volume, t.volume_id, with_for_update=True)
+        if v is not None:
+            v.used_bytes = max(0, v.used_bytes + footprint(added) - replaced)
+            v.measured_at = now
+
+
+def remeasure(db: Database, t: Target, now: datetime) -> store.Usage:
+    used = store.measure(t.paths.data)
+    _record(db, t.volume_id, used.bytes, used.files, now)
+    return used
+
+
+def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
+    return InsufficientStorage(f"volume {t.name}: {e}; remove files or resize it")

@@ -1,0 +1,594 @@
+"""The local volume backend: a volume is a directory tree on the server's disk (on a cluster, the operator's
+shared filesystem), and its versions are trees of hard links into a content-addressed blob store of its org.
+
+Layout under the volumes root (`volumes_dir`):
+
+    <org>/blobs/ab/abcdef…        one file per distinct content (sha256), read-only, shared by every version of
+                                  every volume of the org: unchanged files are stored once
+    <org>/vols/<volume>/data/      the live tree, bound into sandboxes
+    <org>/vols/<volume>/versions/<N>/tree/, manifest.json    a version: hard links to blobs, and path → sha, size
+    <org>/vols/<volume>/state.json   path → (inode, size, mtime, ctime, sha): files not changed since the last
+                                  snapshot are not read again
+    <org>/vols/<volume>/partial/   uploads under way (resumable), outside what a workload sees
+
+The live tree is written by tenants' workloads, so the server never follows a link in it: every path is opened a
+component at a time relative to a directory descriptor, with O_NOFOLLOW, and walks use `os.fwalk`. A link a
+workload made is kept as a link (in versions too) and never read through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unpack
+
+CHUNK = 1 << 20
+STATE = "state.json"
+LINK = "symlink:"  # a manifest entry of a link: (LINK + target, 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class VolumeFileError(ValueError):
+    """A path that is not what the operation needs (missing, a link, a directory where a file is wanted)."""
+
+
+class OverSize(ValueError):
+    """A write would take the volume past its size."""
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path  # the volume's own directory
+    blobs: Path  # its org's blob store
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def versions(self) -> Path:
+        return self.root / "versions"
+
+    @property
+    def partial(self) -> Path:
+        return self.root / "partial"
+
+    def version(self, n: int) -> Path:
+        return self.versions / str(n)
+
+
+def paths(volumes_dir: Path, org_id: str, volume_id: str) -> Paths:
+    return Paths(volumes_dir / org_id / "vols" / volume_id, volumes_dir / org_id / "blobs")
+
+
+def create(p: Paths) -> None:
+    for d in (p.data, p.versions, p.partial, p.blobs):
+        d.mkdir(parents=True, exist_ok=True)
+
+
+def destroy(p: Paths) -> None:
+    """Remove the volume and every version, then the blobs nothing links to any more."""
+    remove_tree(p.root)
+    gc(p.blobs)
+
+
+def gc(blobs: Path) -> int:
+    """Remove blobs no version links to (a link count of one: the store's own). Returns bytes freed."""
+    freed = 0
+    for _dirpath, _, files, dfd in os.fwalk(blobs, follow_symlinks=False):
+        for name in files:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                if st.st_nlink == 1:
+                    os.unlink(name, dir_fd=dfd)
+                    freed += st.st_size
+            except OSError:
+                continue
+    return freed
+
+
+# ---- safe paths ----------------------------------------------------------------------------------------------------
+def _split(rel: str) -> list[str]:
+    return [x for x in rel.split("/") if x]
+
+
+@contextlib.contextmanager
+def open_dir(base: Path, parts: list[str], create: bool = False) -> Iterator[int]:
+    """A descriptor of base/parts…, every component opened with O_NOFOLLOW (made when `create`)."""
+    fd = os.open(base, _DIR_FLAGS)
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            try:
+                nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                raise VolumeFileError(f"{'/'.join(parts)}: no such directory") from None
+            except (NotADirectoryError, OSError) as e:
+                if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                    raise VolumeFileError(
+                        f"{'/'.join(parts)}: {part} is not a directory (links are not followed)"
+                    ) from None
+                raise
+            os.close(fd)
+            fd = nxt
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def open_file(data: Path, rel: str) -> tuple[int, os.stat_result]:
+    """A descriptor of a regular file of the tree (not through a link), and its stat."""
+    parts = _split(rel)
+    if not parts:
+        raise VolumeFileError("name a file, not the volume's root")
+    with open_dir(data, parts[:-1]) as dfd:
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+        except FileNotFoundError:
+            raise VolumeFileError(f"{rel}: no such file") from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise VolumeFileError(f"{rel}: a link; links are not followed") from None
+            raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise VolumeFileError(f"{rel}: {'a directory' if stat.S_ISDIR(st.st_mode) else 'not a regular file'}")
+    return fd, st
+
+
+def kind(data: Path, rel: str) -> str:
+    """'dir', 'file', 'link', 'other' or 'missing' (of the entry itself, not what a link points at)."""
+    parts = _split(rel)
+    if not parts:
+        return "dir"
+    try:
+        with open_dir(data, parts[:-1]) as dfd:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+    except (VolumeFileError, FileNotFoundError):
+        return "missing"
+    return _kind(st.st_mode)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "dir"
+    if stat.S_ISREG(mode):
+        return "file"
+    return "link" if stat.S_ISLNK(mode) else "other"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    kind: str
+    size: int
+    mtime_ns: int
+
+
+def listdir(data: Path, rel: str, limit: int, after: str = "") -> list[Entry]:
+    """Entries of a directory of the tree, by name, at most `limit` after `after`."""
+    out: list[Entry] = []
+    with open_dir(data, _split(rel)) as dfd:
+        names = sorted(n for n in os.listdir(dfd) if n > after)
+        for name in names[:limit]:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            out.append(Entry(name, _kind(st.st_mode), st.st_size if stat.S_ISREG(st.st_mode) else 0, st.st_mtime_ns))
+    return out
+
+
+def remove(data: Path, rel: str) -> None:
+    parts = _split(rel)
+    if not parts:
+        raise VolumeFileError("the volume's root is removed with `volumes rm`")
+    with open_dir(data, parts[:-1]) as dfd:
+        try:
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            raise VolumeFileError(f"{rel}: no such file") from None
+        if stat.S_ISDIR(st.st_mode):
+            tmp = f".suanli-rm-{os.getpid()}-{st.st_ino}"
+            os.rename(parts[-1], tmp, src_dir_fd=dfd, dst_dir_fd=dfd)
+            remove_tree(Path(f"/proc/self/fd/{dfd}") / tmp)
+        else:
+            os.unlink(parts[-1], dir_fd=dfd)
+
+
+# ---- usage ---------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Usage:
+    bytes: int  # files in whole 4 KiB blocks, a block per directory or link (as workdirs are counted)
+    files: int
+
+
+def measure(top: Path) -> Usage:
+    total = entries = 0
+    for _, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
+        entries += len(dirs) + len(files)
+        total += footprint(0) * len(dirs)
+        for name in files:
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            total += footprint(st.st_size if stat.S_ISREG(st.st_mode) else 0)
+    return Usage(total, entries)
+
+
+# ---- writing files in: resumable, checksummed ----------------------------------------------------------------------
+def partial_path(p: Paths, rel: str) -> Path:
+    return p.partial / hashlib.sha256(rel.encode()).hexdigest()
+
+
+def partial_size(p: Paths, rel: str) -> int:
+    try:
+        return partial_path(p, rel).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class Writer:
+    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, at most `room` more
+    than the volume holds; `finish` checks the whole file's sha256 and moves it into the tree."""
+
+    def __init__(self, p: Paths, rel: str, offset: int, room: int) -> None:
+        self.p, self.rel, self.room = p, rel, room
+        path = partial_path(p, rel)
+        have = partial_size(p, rel)
+        if offset > have:
+            raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
+        self.f = open(path, "r+b" if have else "wb")  # noqa: SIM115 - closed by finish/abort
+        self.f.truncate(offset)
+        self.f.seek(0)
+        self.hash = hashlib.sha256()
+        while self.f.tell() < offset:  # a resumed upload: the received part is hashed again, from disk
+            chunk = self.f.read(min(CHUNK, offset - self.f.tell()))
+            if not chunk:
+                break
+            self.hash.update(chunk)
+        self.f.seek(offset)
+        self.written = offset
+
+    def write(self, chunk: bytes) -> None:
+        if footprint(self.written + len(chunk)) > self.room:
+            raise OverSize(f"this file would need more than the {self.room} bytes left in the volume")
+        self.f.write(chunk)
+        self.hash.update(chunk)
+        self.written += len(chunk)
+
+    def finish(self, sha256: str | None) -> tuple[str, int, int]:
+        """(sha256, bytes, bytes it replaced) once the file is whole and in place."""
+        self.f.flush()
+        os.fsync(self.f.fileno())
+        self.f.close()
+        digest = self.hash.hexdigest()
+        src = partial_path(self.p, self.rel)
+        if sha256 is not None and sha256 != digest:
+            src.unlink(missing_ok=True)
+            raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+        parts = _split(self.rel)
+        with open_dir(self.p.data, parts[:-1], create=True) as dfd:
+            replaced = 0
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    src.unlink(missing_ok=True)
+                    raise VolumeFileError(f"{self.rel}: a directory is there")
+                replaced = footprint(st.st_size)
+            os.chmod(src, 0o644)
+            pfd = os.open(self.p.partial, _DIR_FLAGS)
+            try:
+                os.replace(src.name, parts[-1], src_dir_fd=pfd, dst_dir_fd=dfd)
+            finally:
+                os.close(pfd)
+        return digest, self.written, replaced
+
+    def abort(self) -> None:
+        """Keep what arrived (the client resumes from it)."""
+        with contextlib.suppress(OSError):
+            self.f.close()
+
+
+def put_tree(
+    p: Paths, rel: str, source: BinaryIO, room: int, max_files: int, sha256: str | None = None
+) -> tuple[int, int, str]:
+    """Unpack a plain tar stream beside the tree, check the stream's sha256 (when given), then merge it into the
+    directory `rel` (existing files it names are replaced) within `room` bytes. Returns (bytes, files, sha256)."""
+    hashing = _Hashing(source)
+    tmp = Path(tempfile.mkdtemp(prefix="tar-", dir=p.partial))
+    try:
+        try:
+            got = unpack(hashing, tmp / "t", Limits(room, max_files), gzip=False)
+        except TooLarge as e:
+            if e.what == "bytes":
+                raise OverSize(f"the tree unpacks to more than the {room} bytes left in the volume") from None
+            raise
+        hashing.drain()
+        digest = hashing.hash.hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise VolumeFileError(f"sha256: the stream received hashes to {digest}, not {sha256}; send it again")
+        with open_dir(p.data, _split(rel), create=True) as dfd:
+            _merge(str(tmp / "t"), dfd)
+        return got.bytes, got.files, digest
+    finally:
+        remove_tree(tmp)
+
+
+class _Hashing:
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw, self.hash = raw, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.raw.read(n)
+        self.hash.update(chunk)
+        return chunk
+
+    def drain(self) -> None:
+        while self.read(CHUNK):
+            pass
+
+
+def _merge(src: str, dst_fd: int) -> None:
+    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced."""
+    for entry in os.scandir(src):
+        try:
+            st = os.stat(entry.name, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if entry.is_dir(follow_symlinks=False):
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dst_fd)
+                try:
+                    _merge(entry.path, sub)
+                finally:
+                    os.close(sub)
+                continue
+            if st is not None:
+                os.unlink(entry.name, dir_fd=dst_fd)
+            os.rename(entry.path, entry.name, dst_dir_fd=dst_fd)
+        else:
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise VolumeFileError(f"{entry.name}: a directory is there")
+            os.replace(entry.path, entry.name, dst_dir_fd=dst_fd)
+
+
+# ---- reading files out ---------------------------------------------------------------------------------------------
+def read_range(fd: int, start: int, length: int) -> Iterator[bytes]:
+    """`length` bytes from `start` of an open file, a chunk at a time; closes it."""
+    try:
+        pos, end = start, start + length
+        while pos < end:
+            chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def file_sha256(p: Paths, rel: str) -> tuple[str, int]:
+    """The sha256 and size of a file of the tree (from the snapshot cache when unchanged since, else read)."""
+    fd, st = open_file(p.data, rel)
+    try:
+        cached = _load_state(p).get(rel)
+        if cached is not None and tuple(cached[:4]) == _key(st):
+            return str(cached[4]), st.st_size
+        h = hashlib.sha256()
+        pos = 0
+        while chunk := os.pread(fd, CHUNK, pos):
+            h.update(chunk)
+            pos += len(chunk)
+        return h.hexdigest(), st.st_size
+    finally:
+        os.close(fd)
+
+
+def tar_tree(data: Path, rel: str) -> Iterator[bytes]:
+    """A plain tar of the directory `rel` of the tree as it streams (regular files, directories, links as links),
+    read through directory descriptors: a link a workload swaps in is stored as a link, never followed."""
+    sink = _Sink()
+    with open_dir(data, _split(rel)) as top, tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            base = "" if dirpath == "." else dirpath[2:] + "/"
+            for name in sorted(dirs) + sorted(files):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                info = tarfile.TarInfo(base + name)
+                info.mtime, info.mode = int(st.st_mtime), st.st_mode & 0o777
+                if stat.S_ISDIR(st.st_mode):
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                elif stat.S_ISLNK(st.st_mode):
+                    info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
+                    tar.addfile(info)
+                elif stat.S_ISREG(st.st_mode):
+                    try:
+                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                    except OSError:
+                        continue
+                    with os.fdopen(fd, "rb") as f:
+                        info.size = os.fstat(fd).st_size
+                        tar.addfile(info, f)
+                yield from sink.take()
+    yield from sink.take()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, b: bytes) -> int:
+        self.parts.append(bytes(b))
+        return len(b)
+
+    def take(self) -> list[bytes]:
+        out, self.parts = self.parts, []
+        return out
+
+
+# ---- versions ------------------------------------------------------------------------------------------------------
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _load_state(p: Paths) -> dict[str, list[object]]:
+    try:
+        doc = json.loads((p.root / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _save_state(p: Paths, state: dict[str, list[object]]) -> None:
+    tmp = p.root / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(tmp, p.root / STATE)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    bytes: int
+    files: int
+    added_bytes: int  # content the blob store did not hold before
+
+
+def snapshot(p: Paths, number: int) -> Snapshot:
+    """Version `number` of the live tree: files unchanged since the last snapshot (same inode, size, mtime and
+    ctime) are not read again; new content is copied into the blob store once; the version's tree is hard links.
+    A mounted volume may be written meanwhile: each file is captured as it was when read."""
+    dest = p.version(number)
+    tmp = p.versions / f".{number}.tmp"
+    remove_tree(tmp)
+    (tmp / "tree").mkdir(parents=True)
+    old = _load_state(p)
+    state: dict[str, list[object]] = {}
+    manifest: dict[str, list[object]] = {}
+    total = added = 0
+    for dirpath, dirs, files, dfd in os.fwalk(p.data, follow_symlinks=False):
+        rel = os.path.relpath(dirpath, p.data)
+        base = "" if rel == "." else rel + "/"
+        out_dir = tmp / "tree" / base
+        for name in dirs:
+            (out_dir / name).mkdir(exist_ok=True)
+        for name in files:
+            path = base + name
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                target = os.readlink(name, dir_fd=dfd)
+                os.symlink(target, out_dir / name)
+                manifest[path] = [LINK + target, 0]
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            cached = old.get(path)
+            sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
+            if sha is None or not _blob(p, sha).exists():
+                sha, new = _store(p, name, dfd)
+                added += new
+            _link(_blob(p, sha), out_dir / name)
+            state[path] = [*_key(st), sha]
+            manifest[path] = [sha, st.st_size]
+            total += st.st_size
+    (tmp / "manifest.json").write_text(json.dumps(manifest, sort_keys=True), encoding="utf-8")
+    for _d, _, _, dfd in os.fwalk(tmp / "tree", follow_symlinks=False):
+        os.chmod(dfd, 0o555)
+    os.rename(tmp, dest)
+    _save_state(p, state)
+    return Snapshot(total, len(manifest), added)
+
+
+def _blob(p: Paths, sha: str) -> Path:
+    return p.blobs / sha[:2] / sha
+
+
+def _store(p: Paths, name: str, dfd: int) -> tuple[str, int]:
+    """Copy a file into the blob store while hashing it; (sha256, bytes new to the store)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    p.blobs.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as src, tempfile.NamedTemporaryFile(dir=p.blobs, prefix=".in-", delete=False) as out:
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+        size = out.tell()
+    sha = h.hexdigest()
+    blob = _blob(p, sha)
+    if blob.exists():
+        os.unlink(out.name)
+        return sha, 0
+    blob.parent.mkdir(exist_ok=True)
+    os.chmod(out.name, 0o444)
+    os.replace(out.name, blob)
+    return sha, size
+
+
+def _link(blob: Path, dest: Path) -> None:
+    try:
+        os.link(blob, dest)
+    except OSError as e:
+        if e.errno != errno.EMLINK:  # the filesystem's most links to one inode: this one is a copy
+            raise
+        shutil.copyfile(blob, dest)
+        os.chmod(dest, 0o444)
+
+
+def manifest(p: Paths, number: int) -> dict[str, tuple[str, int]]:
+    try:
+        doc = json.loads((p.version(number) / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise VolumeFileError(f"version {number} is not on disk") from None
+    return {k: (str(v[0]), int(v[1])) for k, v in doc.items()}
+
+
+def materialise(src: Paths, number: int, dest: Paths) -> Usage:
+    """Make `dest`'s live tree a writable copy of `src`'s version `number` (restore: dest is src; clone: a new
+    volume of the same org). The old live tree goes once the new one is in place."""
+    files = manifest(src, number)
+    tmp = dest.root / ".restore.tmp"
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    state: dict[str, list[object]] = {}
+    for d, _, _, _ in os.fwalk(src.version(number) / "tree"):
+        rel = os.path.relpath(d, src.version(number) / "tree")
+        if rel != ".":
+            (tmp / rel).mkdir(parents=True, exist_ok=True)
+    for path, (sha, _) in files.items():
+        out = tmp / path
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if sha.startswith(LINK):
+            os.symlink(sha[len(LINK) :], out)
+            continue
+        shutil.copyfile(_blob(src, sha), out)
+        os.chmod(out, 0o644)
+        state[path] = [*_key(os.stat(out)), sha]
+    old = dest.root / ".restore.old"
+    remove_tree(old)
+    if dest.data.exists():
+        os.rename(dest.data, old)
+    os.rename(tmp, dest.data)
+    remove_tree(old)
+    _save_state(dest, state)
+    return measure(dest.data)

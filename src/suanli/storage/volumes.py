@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from suanli.sandbox.bwrap import sandbox_ids
 from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unpack
 
 CHUNK = 1 << 20
@@ -52,6 +53,7 @@ class OverSize(ValueError):
 class Paths:
     root: Path  # the volume's own directory
     blobs: Path  # its org's blob store
+    owner: tuple[int, int] | None = None  # a root server: the org's sandbox uid and gid own the live tree
 
     @property
     def data(self) -> Path:
@@ -70,12 +72,26 @@ class Paths:
 
 
 def paths(volumes_dir: Path, org_id: str, volume_id: str) -> Paths:
-    return Paths(volumes_dir / org_id / "vols" / volume_id, volumes_dir / org_id / "blobs")
+    owner = sandbox_ids(org_id) if os.geteuid() == 0 else None
+    return Paths(volumes_dir / org_id / "vols" / volume_id, volumes_dir / org_id / "blobs", owner)
 
 
 def create(p: Paths) -> None:
     for d in (p.data, p.versions, p.partial, p.blobs):
         d.mkdir(parents=True, exist_ok=True)
+    give(p, p.data)
+
+
+def give(p: Paths, top: Path, dirs_only: bool = False) -> None:
+    """Hand what the server wrote into the live tree to the sandbox's uid (a root server runs tenants as their own
+    uid, which must be able to change it): `top` and everything under it (its directories only, `dirs_only`)."""
+    if p.owner is None:
+        return
+    uid, gid = p.owner
+    os.chown(top, uid, gid, follow_symlinks=False)
+    for _, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
+        for n in dirs if dirs_only else (*dirs, *files):
+            os.chown(n, uid, gid, dir_fd=dfd, follow_symlinks=False)
 
 
 def destroy(p: Paths) -> None:
@@ -105,14 +121,17 @@ def _split(rel: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def open_dir(base: Path, parts: list[str], create: bool = False) -> Iterator[int]:
-    """A descriptor of base/parts…, every component opened with O_NOFOLLOW (made when `create`)."""
+def open_dir(base: Path, parts: list[str], create: bool = False, owner: tuple[int, int] | None = None) -> Iterator[int]:
+    """A descriptor of base/parts…, every component opened with O_NOFOLLOW (made when `create`, owned by
+    `owner`)."""
     fd = os.open(base, _DIR_FLAGS)
     try:
         for part in parts:
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(part, *owner, dir_fd=fd, follow_symlinks=False)
             try:
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -284,7 +303,9 @@ class Writer:
             src.unlink(missing_ok=True)
             raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
         parts = _split(self.rel)
-        with open_dir(self.p.data, parts[:-1], create=True) as dfd:
+        if self.p.owner is not None:
+            os.chown(src, *self.p.owner)
+        with open_dir(self.p.data, parts[:-1], create=True, owner=self.p.owner) as dfd:
             replaced = 0
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
@@ -324,7 +345,8 @@ def put_tree(
         digest = hashing.hash.hexdigest()
         if sha256 is not None and digest != sha256:
             raise VolumeFileError(f"sha256: the stream received hashes to {digest}, not {sha256}; send it again")
-        with open_dir(p.data, _split(rel), create=True) as dfd:
+        give(p, tmp / "t")
+        with open_dir(p.data, _split(rel), create=True, owner=p.owner) as dfd:
             _merge(str(tmp / "t"), dfd)
         return got.bytes, got.files, digest
     finally:
@@ -583,7 +605,10 @@ def materialise(src: Paths, number: int, dest: Paths) -> Usage:
             continue
         shutil.copyfile(_blob(src, sha), out)
         os.chmod(out, 0o644)
+        if dest.owner is not None:
+            os.chown(out, *dest.owner)
         state[path] = [*_key(os.stat(out)), sha]
+    give(dest, tmp, dirs_only=True)
     old = dest.root / ".restore.old"
     remove_tree(old)
     if dest.data.exists():

@@ -39,6 +39,7 @@ class Volume:
     created_at: datetime
     measured_at: datetime | None = None
     mounted_by: list[str] = field(default_factory=list)
+    price_per_hour: str = "0"
 
 
 @dataclass(frozen=True)

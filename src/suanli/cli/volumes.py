@@ -15,7 +15,7 @@ from rich.table import Table
 
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
-from suanli.cli.credentials import ServerOpt, jsonable, when
+from suanli.cli.credentials import ServerOpt, jsonable, money, when
 from suanli.workloads.volumes import VolumeRuleError, format_size, parse_ref
 
 app = typer.Typer(no_args_is_help=True, help="Persistent volumes: files kept between workloads, with versions.")
@@ -51,11 +51,11 @@ def remote(text: str) -> tuple[str, str] | None:
 
 def volumes_table(rows: Any) -> Table:
     table = Table(title="volumes")
-    for col in ("name", "org", "size", "used", "files", "versions", "snapshots", "state", "backend"):
+    for col in ("name", "org", "size", "used", "files", "versions", "snapshots", "state", "per hour", "backend"):
         table.add_column(col)
     for v in rows:
         table.add_row(v.name, v.org_id, _size(v.size_bytes), _size(v.used_bytes), str(v.files), str(v.last_version),
-                      _size(v.snapshot_bytes), v.state, v.backend)  # fmt: skip
+                      _size(v.snapshot_bytes), v.state, money(v.price_per_hour), v.backend)  # fmt: skip
     return table
 
 

@@ -30,6 +30,7 @@ class Volume(Base):
     created_at: Mapped[datetime]
     measured_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     billed_until: Mapped[datetime]  # metered in whole hours up to here
+    unpaid_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # balance exhausted since
 
 
 class VolumeVersion(Base):

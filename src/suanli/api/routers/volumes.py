@@ -12,9 +12,11 @@ from fastapi import Path as PathParam
 from pydantic import Field
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import In, Out
+from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
+from suanli.billing.prices import PriceBook
 from suanli.control import volumes
+from suanli.control.volume_billing import hourly_cost
 from suanli.db.volumes import Volume
 from suanli.workloads.volumes import MAX_VERSION
 
@@ -62,6 +64,7 @@ class VolumeOut(Out):
     created_at: datetime
     measured_at: datetime | None
     mounted_by: list[str] = Field(default_factory=list, description="live workloads that mount it")
+    price_per_hour: str = Field("0", description="what it costs an hour now (size + versions' bytes), exact")
 
 
 class VersionOut(Out):
@@ -80,8 +83,9 @@ class DiffOut(Out):
     changed: list[str]
 
 
-def _out(v: Volume, mounted: list[str] | None = None) -> VolumeOut:
-    return VolumeOut.model_validate(v).model_copy(update={"mounted_by": mounted or []})
+def _out(v: Volume, mounted: list[str] | None = None, book: PriceBook | None = None) -> VolumeOut:
+    price = money(hourly_cost(v, book)) if book is not None else "0"
+    return VolumeOut.model_validate(v).model_copy(update={"mounted_by": mounted or [], "price_per_hour": price})
 
 
 @router.post("/volumes", status_code=201)
@@ -99,7 +103,8 @@ def create_volume(body: VolumeIn, ctx: Auth) -> VolumeOut:
 def list_volumes(ctx: Auth, org: OrgQ = None) -> list[VolumeOut]:
     """The volumes of `org`, or of every org the caller is a member of."""
     with ctx.db.read() as s:
-        return [_out(v) for v in volumes.listing(s, ctx.who, org)]
+        _, book = ctx.srv.prices.current(s)
+        return [_out(v, book=book) for v in volumes.listing(s, ctx.who, org)]
 
 
 @router.get("/volumes/{ref}")
@@ -107,7 +112,7 @@ def list_volumes(ctx: Auth, org: OrgQ = None) -> list[VolumeOut]:
 def get_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     with ctx.db.read() as s:
         v = volumes.get(s, ctx.who, ref, org, volumes.READ)
-        return _out(v, volumes.mounted_by(s, v))
+        return _out(v, volumes.mounted_by(s, v), ctx.srv.prices.current(s)[1])
 
 
 @router.patch("/volumes/{ref}")

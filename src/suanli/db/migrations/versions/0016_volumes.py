@@ -36,6 +36,7 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(), nullable=False),
         sa.Column("measured_at", sa.DateTime(), nullable=True),
         sa.Column("billed_until", sa.DateTime(), nullable=False),
+        sa.Column("unpaid_since", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(["org_id"], ["orgs.id"], name=op.f("fk_volumes_org_id_orgs")),
         sa.ForeignKeyConstraint(["created_by"], ["users.id"], name=op.f("fk_volumes_created_by_users")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_volumes")),

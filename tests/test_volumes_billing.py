@@ -28,6 +28,9 @@ def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[T
     from tests.control_plane import settings
 
     with TestClient(create_app(settings(tmp_path / "home", db_url, volume_max_bytes=1 << 40))) as client:
+        r = client.post(f"{API}/admin/clusters", json={"local": True, "name": "this-host"},
+                        headers=bearer(admin_token(client)))  # fmt: skip
+        assert r.status_code == 201, r.text
         yield client
 
 
@@ -72,3 +75,33 @@ def test_hours_are_charged_exactly_once_and_money_never_deletes(api: TestClient)
     assert (
         api.put(f"{API}/volumes/data/files", params={"path": "x"}, content=b"x", headers=t.headers).status_code == 200
     )
+
+
+def test_a_volume_a_workload_filled_past_its_size_is_full_until_emptied(api: TestClient) -> None:
+    from suanli.control import volume_files
+    from suanli.storage import volumes as store
+
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    root = api.app.state.server.settings.volumes_root  # type: ignore[attr-defined]
+    t = signup(api, "a@example.com")
+    vol = api.post(f"{API}/volumes", json={"name": "data", "size": "1Mi"}, headers=t.headers).json()
+    job = {"name": "filler", "command": "sleep 60", "resources": {"gpus": 0},
+           "volumes": [{"name": "data", "path": "/data"}]}  # fmt: skip
+    assert api.post(f"{API}/workloads", json={"spec": job}, headers=t.headers).status_code == 201
+    data = store.paths(root, vol["org_id"], vol["id"]).data
+    (data / "big").write_bytes(b"x" * (2 * MiB))  # what the job wrote inside its sandbox
+    from suanli.control.ids import utcnow
+
+    assert volume_files.measure_mounted(db, root, utcnow()) == 1
+    v = api.get(f"{API}/volumes/data", headers=t.headers).json()
+    assert v["state"] == "full" and v["used_bytes"] > MiB
+    with db.read() as s:
+        from suanli.workloads.volumes import VolumeMount
+
+        (m,) = volumes.host_mounts(s, root, t.org_id, (VolumeMount(name="data", path="/data"),))
+    assert not m.writable and "over its size" in m.note
+    assert (
+        api.put(f"{API}/volumes/data/files", params={"path": "y"}, content=b"y", headers=t.headers).status_code == 507
+    )
+    assert api.delete(f"{API}/volumes/data/files", params={"path": "big"}, headers=t.headers).status_code == 204
+    assert api.get(f"{API}/volumes/data", headers=t.headers).json()["state"] == "ready"

@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import engines, leases, metering, storage, usage, volume_billing
+from suanli.control import engines, leases, metering, storage, usage, volume_billing, volume_files
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
@@ -88,6 +88,7 @@ class StorageLoop:
     def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
         self.db, self.store = db, storage.Store.of(settings)
         self.grace_minutes = settings.balance_grace_minutes
+        self.volumes_root = settings.volumes_root
         self.owner = owner or worker_id()
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name="suanli-storage", daemon=True)
@@ -98,6 +99,7 @@ class StorageLoop:
         if not leases.acquire(self.db, self.LEASE, self.owner, now, 4 * STORAGE_SWEEP_S):
             return None
         swept = storage.sweep(self.db, self.store, now)
+        volume_files.measure_mounted(self.db, self.volumes_root, now)
         billed = volume_billing.meter(self.db, now, self.grace_minutes)
         if billed.read_only or billed.writable:
             log.info("volumes: %s", billed)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from suanli.control import volumes
 from suanli.control.accounts import Principal
@@ -53,6 +54,8 @@ def for_write(
     write to it too) and the room left is its size less that (none left: 507, unless not `room`: a removal)."""
     with db.read() as s:
         v = volumes.get(s, who, ref, org, volumes.WRITE)
+    if v.state == "full" and room:
+        raise InsufficientStorage(f"volume {v.name} holds more than its size; remove files or resize it")
     if v.state == "read-only":
         raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted; top up first")
     p = volumes.paths(lim, v)
@@ -91,3 +94,34 @@ def remeasure(db: Database, t: Target, now: datetime) -> store.Usage:
 
 def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
     return InsufficientStorage(f"volume {t.name}: {e}; remove files or resize it")
+
+
+def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200) -> int:
+    """Measure the volumes live workloads mount writable (they may have written since): each is `full` while it
+    holds more than its size (mounted read-only from the next launch; copies in refused) and `ready` again once
+    it holds less. Returns how many were measured."""
+    from sqlalchemy import select
+
+    from suanli.db.models import Workload
+
+    wanted: set[tuple[str, str]] = set()
+    with db.read() as s:
+        for org_id, spec in s.execute(select(Workload.org_id, Workload.spec).where(Workload.state.in_(volumes.ACTIVE))):
+            for m in (spec or {}).get("volumes") or ():
+                name = str(m.get("name", ""))
+                if "@" not in name and not m.get("read_only"):
+                    wanted.add((org_id, name))
+        rows = [v for v in s.scalars(select(Volume).where(Volume.org_id.in_({o for o, _ in wanted})))
+                if (v.org_id, v.name) in wanted][:budget]  # fmt: skip
+    for v in rows:
+        used = store.measure(store.paths(root, v.org_id, v.id).data)
+        with db.write() as s, s.begin():
+            row = s.get(Volume, v.id, with_for_update=True)
+            if row is None:
+                continue
+            row.used_bytes, row.files, row.measured_at = used.bytes, used.files, now
+            if row.state == "ready" and used.bytes > row.size_bytes:
+                row.state = "full"
+            elif row.state == "full" and used.bytes <= row.size_bytes:
+                row.state = "ready"
+    return len(rows)

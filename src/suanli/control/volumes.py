@@ -146,6 +146,8 @@ def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, 
     if n < used.bytes:
         raise Conflict(f"size: {v.name} holds {used.bytes} bytes; it cannot shrink below that (remove files first)")
     v.size_bytes = n
+    if v.state == "full":
+        v.state = "ready"
     return v
 
 

@@ -19,7 +19,7 @@ from suanli.client_models import load
 if TYPE_CHECKING:
     import httpx
 
-CHUNK = 1 << 20
+CHUNK = 256 << 10  # a write of one chunk: httpcore copies what a send leaves over, so smaller is cheaper
 PART = ".suanli-part"  # a download under way, beside its destination: resumed from its size
 Progress = Callable[[int], None]  # called with each number of bytes moved
 
@@ -255,9 +255,9 @@ class VolumeCalls:
     def volume_download(self, ref: str, path: str, local: str | Path, org: str | None = None,
                         progress: Progress | None = None) -> Copied:  # fmt: skip
         """Copy a file (or a directory, as a tar unpacked here) of the volume to `local`. A file is written to
-        `local` + ".suanli-part" first, resumed from its size after a break, and its sha256 checked against the
-        server's before it takes `local`'s name."""
-        info = self.volume_stat(ref, path, org, sha256=True)
+        `local` + ".suanli-part" first, resumed from its size after a break, hashed as it arrives, and its sha256
+        checked against the server's (asked for at the same time) before it takes `local`'s name."""
+        info = self.volume_stat(ref, path, org)
         dest = Path(local)
         if info["kind"] == "dir":
             dest.mkdir(parents=True, exist_ok=True)
@@ -279,34 +279,47 @@ class VolumeCalls:
             from suanli.client import ApiError
 
             raise ApiError(422, f"path: {path} is a {info['kind']}, not a file or directory")
+        from concurrent.futures import ThreadPoolExecutor
+
         part = dest.with_name(dest.name + PART)
         have = part.stat().st_size if part.exists() else 0
         if have > info["size"]:
             part.unlink()
             have = 0
-        if progress is not None and have:
-            progress(have)
-        headers = {"Authorization": f"Bearer {self.token}"}
-        if have:
-            headers["Range"] = f"bytes={have}-"
-        with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
-                               headers=headers, timeout=None) as r:  # fmt: skip
-            if r.is_error:
-                from suanli.client import _error
+        with ThreadPoolExecutor(1) as pool:
+            theirs = pool.submit(self.volume_stat, ref, path, org, True)  # the server hashes while it sends
+            h = hashlib.sha256()
+            if have:
+                with open(part, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        h.update(chunk)
+                if progress is not None:
+                    progress(have)
+            headers = {"Authorization": f"Bearer {self.token}"}
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
+                                   headers=headers, timeout=None) as r:  # fmt: skip
+                if r.is_error:
+                    from suanli.client import _error
 
-                r.read()
-                raise _error(r)
-            with open(part, "ab" if r.status_code == 206 else "wb") as out:
-                for chunk in r.iter_raw(CHUNK):
-                    out.write(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
-        got = file_sha256(part)
-        if got != info["sha256"]:
+                    r.read()
+                    raise _error(r)
+                if r.status_code != 206:
+                    h = hashlib.sha256()
+                with open(part, "ab" if r.status_code == 206 else "wb") as out:
+                    for chunk in r.iter_raw(CHUNK):
+                        out.write(chunk)
+                        h.update(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+            want = theirs.result()["sha256"]
+        got = h.hexdigest()
+        if got != want:
             part.unlink()
             from suanli.client import ApiError
 
-            raise ApiError(0, f"{path}: the copy hashes to {got}, the volume's file to {info['sha256']}; copy again")
+            raise ApiError(0, f"{path}: the copy hashes to {got}, the volume's file to {want}; copy again")
         os.replace(part, dest)
         return Copied(path, info["size"], 1, got, have)
 

@@ -294,9 +294,7 @@ class Writer:
 
     def finish(self, sha256: str | None) -> tuple[str, int, int]:
         """(sha256, bytes, bytes it replaced) once the file is whole and in place."""
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        self.f.close()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)
         digest = self.hash.hexdigest()
         src = partial_path(self.p, self.rel)
         if sha256 is not None and sha256 != digest:

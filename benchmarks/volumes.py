@@ -1,0 +1,125 @@
+"""Volumes: copying in and out through the API against a plain `cp`, and what a snapshot costs.
+
+Usage: python benchmarks/volumes.py [--size-mib 1024] [--files 10000] [--file-kib 4] [--runs 3]
+
+A real `suanli server` (SQLite) on this host; a tenant's volume on the local backend (the server's disk). For a
+`--size-mib` file of random bytes and a tree of `--files` files of `--file-kib` KiB: `suanli volumes cp` into the
+volume and back out (the SDK's `volume_upload`/`volume_download`, as the CLI runs them: sha256 checked both ways;
+a tree as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. Then a
+snapshot of the volume (the first copies every file into the blob store), one file changed, a second snapshot:
+its time and the bytes it added, as a share of the volume. Medians of `--runs`. Prints markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.control_plane import live_server, signup  # noqa: E402
+
+from suanli.client import Client  # noqa: E402
+
+
+def median_time(fn: Callable[[], object], runs: int, before: Callable[[], object] | None = None) -> float:
+    out = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def tree_bytes(top: Path) -> int:
+    return sum(p.stat().st_size for p in top.rglob("*") if p.is_file())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--files", type=int, default=10_000)
+    ap.add_argument("--file-kib", type=int, default=4)
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="suanli-vol-bench-", dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp_s:
+        tmp = Path(tmp_s)
+        big = tmp / "big.bin"
+        with open(big, "wb") as f:
+            for _ in range(args.size_mib):
+                f.write(os.urandom(1 << 20))
+        tree = tmp / "tree"
+        for i in range(args.files):
+            d = tree / f"d{i % 100:02d}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"f{i:05d}.bin").write_bytes(os.urandom(args.file_kib << 10))
+        tree_size = tree_bytes(tree)
+        db = f"sqlite+pysqlite:///{tmp / 'server.db'}"
+        env = {"SUANLI_VOLUME_MAX_BYTES": str(1 << 40), "SUANLI_TRIAL_CREDIT": "1000"}
+        with live_server(tmp / "home", db, env=env) as srv:
+            with httpx.Client(base_url=srv.url) as http:
+                tenant = signup(http, "bench@example.com")
+            c = Client(srv.url, tenant.token, timeout=600)
+            vol = c.volume_create("bench", f"{2 * args.size_mib + 1024}Mi")
+            data = srv.home / "volumes" / vol.org_id / "vols" / vol.id / "data"
+            rows = []
+
+            def plain(src: Path, dst: Path, recursive: bool) -> None:
+                shutil.rmtree(dst, ignore_errors=True) if recursive else dst.unlink(missing_ok=True)
+                subprocess.run(["cp", "-r", str(src), str(dst)] if recursive else ["cp", str(src), str(dst)], check=True)
+
+            for label, src, nbytes, recursive in ((f"1 file, {args.size_mib} MiB", big, big.stat().st_size, False),
+                                                   (f"{args.files} files of {args.file_kib} KiB", tree, tree_size, True)):  # fmt: skip
+                name = src.name
+                t_cp_in = median_time(lambda s=src, r=recursive: plain(s, tmp / f"plain-{s.name}", r), args.runs)
+                t_in = median_time(lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False), args.runs)
+                out = tmp / f"out-{name}"
+                t_cp_out = median_time(lambda n=name, r=recursive: plain(data / n, tmp / f"plain-out-{n}", r), args.runs)
+
+                def clear(o: Path = out) -> None:
+                    shutil.rmtree(o, ignore_errors=True) if o.is_dir() else o.unlink(missing_ok=True)
+
+                t_out = median_time(lambda n=name, o=out: c.volume_download("bench", n, o), args.runs, before=clear)
+                mb = nbytes / 1e6
+                rows.append((label, "in", mb / t_cp_in, mb / t_in))
+                rows.append((label, "out", mb / t_cp_out, mb / t_out))
+            print(f"\n### Copy throughput (MB/s, medians of {args.runs}; sha256 checked)\n")
+            print("| data | direction | plain cp | suanli volumes cp | ratio |")
+            print("|---|---|---|---|---|")
+            for label, d, a, b in rows:
+                print(f"| {label} | {d} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
+
+            t0 = time.perf_counter()
+            first = c.volume_snapshot("bench", "first")
+            t_first = time.perf_counter() - t0
+            changed = data / "tree" / "d00" / "f00000.bin"
+            changed.write_bytes(os.urandom(args.file_kib << 10))
+            t0 = time.perf_counter()
+            second = c.volume_snapshot("bench", "one file changed")
+            t_second = time.perf_counter() - t0
+            total = second.bytes
+            print(f"\n### Snapshots of the volume ({total / 1e6:,.0f} MB in {second.files:,} files)\n")
+            print("| snapshot | time | bytes added | share of the volume |")
+            print("|---|---|---|---|")
+            print(f"| first (every file into the blob store) | {t_first:.2f} s | {first.added_bytes:,} | "
+                  f"{first.added_bytes / max(1, total):.1%} |")  # fmt: skip
+            print(f"| second, one {args.file_kib} KiB file changed | {t_second:.3f} s | {second.added_bytes:,} | "
+                  f"{second.added_bytes / max(1, total):.4%} |")  # fmt: skip
+            c.close()
+
+
+if __name__ == "__main__":
+    main()

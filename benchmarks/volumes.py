@@ -79,7 +79,9 @@ def main() -> None:
 
             def plain(src: Path, dst: Path, recursive: bool) -> None:
                 shutil.rmtree(dst, ignore_errors=True) if recursive else dst.unlink(missing_ok=True)
-                subprocess.run(["cp", "-r", str(src), str(dst)] if recursive else ["cp", str(src), str(dst)], check=True)
+                subprocess.run(
+                    ["cp", "-r", str(src), str(dst)] if recursive else ["cp", str(src), str(dst)], check=True
+                )
 
             for label, src, nbytes, recursive in ((f"1 file, {args.size_mib} MiB", big, big.stat().st_size, False),
                                                    (f"{args.files} files of {args.file_kib} KiB", tree, tree_size, True)):  # fmt: skip
@@ -87,7 +89,9 @@ def main() -> None:
                 t_cp_in = median_time(lambda s=src, r=recursive: plain(s, tmp / f"plain-{s.name}", r), args.runs)
                 t_in = median_time(lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False), args.runs)
                 out = tmp / f"out-{name}"
-                t_cp_out = median_time(lambda n=name, r=recursive: plain(data / n, tmp / f"plain-out-{n}", r), args.runs)
+                t_cp_out = median_time(
+                    lambda n=name, r=recursive: plain(data / n, tmp / f"plain-out-{n}", r), args.runs
+                )
 
                 def clear(o: Path = out) -> None:
                     shutil.rmtree(o, ignore_errors=True) if o.is_dir() else o.unlink(missing_ok=True)

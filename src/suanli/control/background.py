@@ -89,6 +89,7 @@ class StorageLoop:
         self.db, self.store = db, storage.Store.of(settings)
         self.grace_minutes = settings.balance_grace_minutes
         self.volumes_root = settings.volumes_root
+        self.volumes_s3 = settings.volume_s3()
         self.owner = owner or worker_id()
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name="suanli-storage", daemon=True)
@@ -100,6 +101,7 @@ class StorageLoop:
             return None
         swept = storage.sweep(self.db, self.store, now)
         volume_files.measure_mounted(self.db, self.volumes_root, now)
+        volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3)
         billed = volume_billing.meter(self.db, now, self.grace_minutes)
         if billed.read_only or billed.writable:
             log.info("volumes: %s", billed)
@@ -141,7 +143,8 @@ class WorkloadLoop:
                                      balance_grace_minutes=settings.balance_grace_minutes,
                                      interval_s=settings.schedule_interval_s,
                                      sandboxes=sandbox_policy(settings),
-                                     volumes_root=settings.volumes_root)  # fmt: skip
+                                     volumes_root=settings.volumes_root,
+                                     volumes_s3=settings.volume_s3())  # fmt: skip
         found = engines.configured(settings)
         self.supervisor.executors.update({e.kind: e.executor for e in found})
         self.engines = engines.EngineSync(found, settings.engine_fabric, settings.engine_nics, settings.engine_sync_s)

@@ -22,8 +22,12 @@ from suanli.control import proxy, volumes
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import seconds
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
+from suanli.db.volumes import Volume
 from suanli.executors import Executor, Launch, NodeRank
+from suanli.sandbox.bwrap import SandboxError
+from suanli.storage import volumes as vstore
 from suanli.storage import workdirs
+from suanli.storage.s3 import S3Backend, S3Config
 from suanli.workloads.spec import WorkloadSpec
 
 
@@ -37,6 +41,8 @@ class Launches:
     if TYPE_CHECKING:  # provided by `Supervisor`
         home: Path
         volumes_root: Path | None
+        volumes_s3: S3Config | None
+        pulls: dict[str, list[tuple[str, str]]]
         grace_s: float
         sandboxes: SandboxPolicy
 
@@ -86,7 +92,22 @@ class Launches:
 
     def _volume_mounts(self, s: Session, w: Workload, spec: WorkloadSpec) -> list[tuple[str, str, bool]]:
         root = self.volumes_root or self.home / "volumes"
+        names = {m.ref.name for m in spec.volumes}
+        self.pulls[w.id] = [(v.org_id, v.id) for v in s.scalars(select(Volume).where(
+            Volume.org_id == w.org_id, Volume.name.in_(names), Volume.backend == "s3"))]  # fmt: skip
         return _volume_mounts_of(s, w, spec, root, datetime.now(UTC))
+
+    def _pull_volumes(self, wid: str) -> None:
+        """Before the launch, outside any transaction: the s3 volumes it mounts, brought up to the bucket's copy."""
+        wanted = self.pulls.pop(wid, [])
+        if not wanted:
+            return
+        if self.volumes_s3 is None:
+            raise SandboxError("a volume it mounts is on S3, and this server has no S3 backend (volume_s3_bucket)")
+        backend = S3Backend(self.volumes_s3)
+        root = self.volumes_root or self.home / "volumes"
+        for org_id, vid in wanted:
+            backend.pull(vstore.paths(root, org_id, vid), org_id, vid)
 
     def _launch_of(self, s: Session, w: Workload, duration_s: float | None = None) -> Launch:
         spec = WorkloadSpec.model_validate(w.spec)

@@ -19,6 +19,7 @@ from suanli.db.engine import Database
 from suanli.db.volumes import Volume
 from suanli.storage import volumes as store
 from suanli.storage.archive import footprint
+from suanli.storage.s3 import S3Backend, S3Config
 from suanli.workloads import volumes as rules
 
 
@@ -32,6 +33,8 @@ class Target:
     name: str
     paths: store.Paths
     room: int  # bytes a copy in may still add
+    org_id: str = ""
+    s3: S3Config | None = None  # an s3 volume's backend: every change is pushed to the bucket
 
 
 def clean(path: str, *, allow_root: bool = True) -> str:
@@ -44,7 +47,7 @@ def clean(path: str, *, allow_root: bool = True) -> str:
 def for_read(db: Database, who: Principal, ref: str, org: str | None, lim: volumes.Limits) -> Target:
     with db.read() as s:
         v = volumes.get(s, who, ref, org, volumes.READ)
-        return Target(v.id, v.name, volumes.paths(lim, v), 0)
+        return Target(v.id, v.name, volumes.paths(lim, v), 0, v.org_id)
 
 
 def for_write(
@@ -65,7 +68,8 @@ def for_write(
     if room <= 0 and room_needed:
         raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes); "
                                   "remove files or resize it")  # fmt: skip
-    return Target(v.id, v.name, p, room)
+    volumes.s3_of(lim.s3, v)  # an s3 volume on a server without the backend: refused before any byte moves
+    return Target(v.id, v.name, p, room, v.org_id, lim.s3 if v.backend == "s3" else None)
 
 
 def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) -> None:
@@ -84,11 +88,18 @@ def wrote(db: Database, t: Target, added: int, replaced: int, now: datetime) -> 
         if v is not None:
             v.used_bytes = max(0, v.used_bytes + footprint(added) - replaced)
             v.measured_at = now
+    _push(t)
+
+
+def _push(t: Target) -> None:
+    if t.s3 is not None:
+        S3Backend(t.s3).push(t.paths, t.org_id, t.volume_id)
 
 
 def remeasure(db: Database, t: Target, now: datetime) -> store.Usage:
     used = store.measure(t.paths.data)
     _record(db, t.volume_id, used.bytes, used.files, now)
+    _push(t)
     return used
 
 
@@ -124,4 +135,27 @@ def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200) 
                 row.state = "full"
             elif row.state == "full" and used.bytes <= row.size_bytes:
                 row.state = "ready"
+    return len(rows)
+
+
+def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) -> int:
+    """Push the s3 volumes no live workload mounts writable (what a stopped workload wrote reaches the bucket
+    within a sweep). Returns how many were pushed."""
+    if s3 is None:
+        return 0
+    from sqlalchemy import select
+
+    from suanli.db.models import Workload
+
+    busy: set[tuple[str, str]] = set()
+    with db.read() as s:
+        for org_id, spec in s.execute(select(Workload.org_id, Workload.spec).where(Workload.state.in_(volumes.ACTIVE))):
+            for m in (spec or {}).get("volumes") or ():
+                if "@" not in str(m.get("name", "")) and not m.get("read_only"):
+                    busy.add((org_id, str(m.get("name"))))
+        rows = [v for v in s.scalars(select(Volume).where(Volume.backend == "s3").limit(budget))
+                if (v.org_id, v.name) not in busy]  # fmt: skip
+    backend = S3Backend(s3)
+    for v in rows:
+        backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
     return len(rows)

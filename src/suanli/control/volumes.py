@@ -27,7 +27,9 @@ from suanli.control.settings import Settings
 from suanli.db.engine import Database
 from suanli.db.models import Org, Workload
 from suanli.db.volumes import Volume, VolumeVersion
+from suanli.storage import volume_versions as versions_store
 from suanli.storage import volumes as store
+from suanli.storage.s3 import S3Backend, S3Config
 from suanli.workloads import volumes as rules
 
 ACTIVE = ("pending", "scheduled", "starting", "running")
@@ -41,11 +43,27 @@ class Limits:
     max_bytes: int
     per_org: int
     max_files: int
+    s3: S3Config | None = None  # the S3 backend, where the operator set one up
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         return cls(settings.volumes_root, settings.volume_max_bytes, settings.volumes_per_org,
-                   settings.volume_max_files)  # fmt: skip
+                   settings.volume_max_files, settings.volume_s3())  # fmt: skip
+
+
+def s3_of(s3: S3Config | None, v: Volume) -> S3Backend | None:
+    """The S3 backend of an s3 volume (None for a local one)."""
+    if v.backend != "s3":
+        return None
+    if s3 is None:
+        raise store.VolumeFileError(f"volume {v.name} is on S3, and this server has no S3 backend (volume_s3_bucket)")
+    return S3Backend(s3)
+
+
+def push(s3: S3Config | None, root: Path, v: Volume) -> None:
+    backend = s3_of(s3, v)
+    if backend is not None:
+        backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
 
 
 def paths(lim: Limits | Path, v: Volume) -> store.Paths:
@@ -109,8 +127,8 @@ def create(s: Session, who: Principal, name: str, size: object, org: str | None,
     nbytes = _size(size, lim)
     if backend not in rules.BACKENDS:
         raise Invalid(f"backend: one of {', '.join(rules.BACKENDS)}")
-    if backend == "s3":
-        raise Invalid("backend: s3 is not configured on this server (the operator sets volume_s3_*); use local")
+    if backend == "s3" and lim.s3 is None:
+        raise Invalid("backend: s3 is not configured on this server (the operator sets volume_s3_bucket); use local")
     org_id = org_of(s, who, org)
     memberships.require(s, who, org_id, "submit", "spend")
     s.get(Org, org_id, with_for_update=True)  # an org's volumes are counted one creation at a time
@@ -181,8 +199,11 @@ def remove(s: Session, who: Principal, ref: str, org: str | None, lim: Limits) -
 
 
 def destroy_files(lim: Limits, v: Volume) -> None:
-    """After the removal committed: the tree, its versions, blobs nothing else links to."""
-    store.destroy(paths(lim, v))
+    """After the removal committed: the tree, its versions, blobs nothing else links to (and its objects)."""
+    backend = s3_of(lim.s3, v)
+    if backend is not None:
+        backend.destroy(v.org_id, v.id)
+    versions_store.destroy(paths(lim, v))
 
 
 # ---- versions --------------------------------------------------------------------------------------------------------
@@ -196,7 +217,7 @@ def snapshot(db: Database, who: Principal, ref: str, org: str | None, message: s
         v = get(s, who, ref, org, MANAGE, lock=True)
         v.last_version += 1
         number, vid, p = v.last_version, v.id, paths(lim, v)
-    got = store.snapshot(p, number)
+    got = versions_store.snapshot(p, number)
     with db.write() as s, s.begin():
         row = VolumeVersion(volume_id=vid, number=number, message=message, bytes=got.bytes, files=got.files,
                             added_bytes=got.added_bytes, created_by=who.user_id, created_at=now)  # fmt: skip
@@ -228,13 +249,14 @@ def restore(db: Database, who: Principal, ref: str, org: str | None, number: int
         _version(s, v, number)
         _refuse_mounted(s, v, "restore")
         p = paths(lim, v)
-    got = store.materialise(p, number, p)
+    got = versions_store.materialise(p, number, p)
     with db.write() as s, s.begin():
         row = s.get(Volume, v.id, with_for_update=True)
         if row is None:
             raise NotFound(f"volume {ref} not found")
         row.used_bytes, row.files, row.measured_at = got.bytes, got.files, now
-        return row
+    push(lim.s3, lim.root, row)
+    return row
 
 
 def clone(db: Database, who: Principal, ref: str, org: str | None, number: int, name: str, lim: Limits,
@@ -248,19 +270,20 @@ def clone(db: Database, who: Principal, ref: str, org: str | None, number: int, 
         new = create(s, who, name, src.size_bytes, src.org_id, src.backend, lim, now)
         src_paths, new_id_ = paths(lim, src), new.id
     try:
-        got = store.materialise(src_paths, number, paths(lim, new))
+        got = versions_store.materialise(src_paths, number, paths(lim, new))
     except BaseException:
         with db.write() as s, s.begin():
             gone = s.get(Volume, new_id_)
             if gone is not None:
                 s.delete(gone)
-        store.destroy(paths(lim, new))
+        versions_store.destroy(paths(lim, new))
         raise
     with db.write() as s, s.begin():
         row = s.get(Volume, new_id_, with_for_update=True)
         assert row is not None
         row.used_bytes, row.files = got.bytes, got.files
-        return row
+    push(lim.s3, lim.root, row)
+    return row
 
 
 def diff(s: Session, who: Principal, ref: str, org: str | None, a: int, b: int, lim: Limits) -> rules.Diff:
@@ -268,7 +291,11 @@ def diff(s: Session, who: Principal, ref: str, org: str | None, a: int, b: int, 
     _version(s, v, a, "from")
     _version(s, v, b, "to")
     p = paths(lim, v)
-    return rules.diff(store.manifest(p, a), store.manifest(p, b))
+    try:
+        old, new = versions_store.manifest(p, a), versions_store.manifest(p, b)
+    except versions_store.VersionError as e:
+        raise NotFound(f"version: {e}") from None
+    return rules.diff(versions_store.files_of(old), versions_store.files_of(new))
 
 
 # ---- mounting ------------------------------------------------------------------------------------------------------
@@ -304,7 +331,7 @@ def host_mounts(s: Session, root: Path, org_id: str, mounts: tuple[rules.VolumeM
             raise store.VolumeFileError(f"volume {ref.name} no longer exists")
         p = store.paths(root, org_id, v.id)
         if ref.version is not None:
-            out.append(HostMount(str(p.version(ref.version) / "tree"), m.path, False))
+            out.append(HostMount(str(versions_store.tree(p, ref.version)), m.path, False))
             continue
         writable, note = m.writable, ""
         if writable and v.state != "ready":

@@ -1,12 +1,12 @@
 """The local volume backend: a volume is a directory tree on the server's disk (on a cluster, the operator's
-shared filesystem), and its versions are trees of hard links into a content-addressed blob store of its org.
+shared filesystem); its versions are content-addressed (`storage.volume_versions`).
 
 Layout under the volumes root (`volumes_dir`):
 
     <org>/blobs/ab/abcdef…        one file per distinct content (sha256), read-only, shared by every version of
                                   every volume of the org: unchanged files are stored once
     <org>/vols/<volume>/data/      the live tree, bound into sandboxes
-    <org>/vols/<volume>/versions/<N>/tree/, manifest.json    a version: hard links to blobs, and path → sha, size
+    <org>/vols/<volume>/versions/<N>/manifest.json (and tree/, hard links to blobs, once a workload mounts it)
     <org>/vols/<volume>/state.json   path → (inode, size, mtime, ctime, sha): files not changed since the last
                                   snapshot are not read again
     <org>/vols/<volume>/partial/   uploads under way (resumable), outside what a workload sees
@@ -23,7 +23,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import stat
 import tarfile
 import tempfile
@@ -37,7 +36,6 @@ from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unp
 
 CHUNK = 1 << 20
 STATE = "state.json"
-LINK = "symlink:"  # a manifest entry of a link: (LINK + target, 0)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -92,27 +90,6 @@ def give(p: Paths, top: Path, dirs_only: bool = False) -> None:
     for _, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
         for n in dirs if dirs_only else (*dirs, *files):
             os.chown(n, uid, gid, dir_fd=dfd, follow_symlinks=False)
-
-
-def destroy(p: Paths) -> None:
-    """Remove the volume and every version, then the blobs nothing links to any more."""
-    remove_tree(p.root)
-    gc(p.blobs)
-
-
-def gc(blobs: Path) -> int:
-    """Remove blobs no version links to (a link count of one: the store's own). Returns bytes freed."""
-    freed = 0
-    for _dirpath, _, files, dfd in os.fwalk(blobs, follow_symlinks=False):
-        for name in files:
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                if st.st_nlink == 1:
-                    os.unlink(name, dir_fd=dfd)
-                    freed += st.st_size
-            except OSError:
-                continue
-    return freed
 
 
 # ---- safe paths ----------------------------------------------------------------------------------------------------
@@ -404,11 +381,30 @@ def read_range(fd: int, start: int, length: int) -> Iterator[bytes]:
         os.close(fd)
 
 
+def _key(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def load_state(p: Paths) -> dict[str, list[object]]:
+    """The snapshot cache: path -> [inode, size, mtime_ns, ctime_ns, sha256] of the live files last snapshotted."""
+    try:
+        doc = json.loads((p.root / STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def save_state(p: Paths, state: dict[str, list[object]]) -> None:
+    tmp = p.root / f".{STATE}.tmp"
+    tmp.write_text(json.dumps(state), encoding="utf-8")
+    os.replace(tmp, p.root / STATE)
+
+
 def file_sha256(p: Paths, rel: str) -> tuple[str, int]:
     """The sha256 and size of a file of the tree (from the snapshot cache when unchanged since, else read)."""
     fd, st = open_file(p.data, rel)
     try:
-        cached = _load_state(p).get(rel)
+        cached = load_state(p).get(rel)
         if cached is not None and tuple(cached[:4]) == _key(st):
             return str(cached[4]), st.st_size
         h = hashlib.sha256()
@@ -464,154 +460,3 @@ class _Sink:
     def take(self) -> list[bytes]:
         out, self.parts = self.parts, []
         return out
-
-
-# ---- versions ------------------------------------------------------------------------------------------------------
-def _key(st: os.stat_result) -> tuple[int, int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _load_state(p: Paths) -> dict[str, list[object]]:
-    try:
-        doc = json.loads((p.root / STATE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _save_state(p: Paths, state: dict[str, list[object]]) -> None:
-    tmp = p.root / f".{STATE}.tmp"
-    tmp.write_text(json.dumps(state), encoding="utf-8")
-    os.replace(tmp, p.root / STATE)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    bytes: int
-    files: int
-    added_bytes: int  # content the blob store did not hold before
-
-
-def snapshot(p: Paths, number: int) -> Snapshot:
-    """Version `number` of the live tree: files unchanged since the last snapshot (same inode, size, mtime and
-    ctime) are not read again; new content is copied into the blob store once; the version's tree is hard links.
-    A mounted volume may be written meanwhile: each file is captured as it was when read."""
-    dest = p.version(number)
-    tmp = p.versions / f".{number}.tmp"
-    remove_tree(tmp)
-    (tmp / "tree").mkdir(parents=True)
-    old = _load_state(p)
-    state: dict[str, list[object]] = {}
-    manifest: dict[str, list[object]] = {}
-    total = added = 0
-    for dirpath, dirs, files, dfd in os.fwalk(p.data, follow_symlinks=False):
-        rel = os.path.relpath(dirpath, p.data)
-        base = "" if rel == "." else rel + "/"
-        out_dir = tmp / "tree" / base
-        for name in dirs:
-            (out_dir / name).mkdir(exist_ok=True)
-        for name in files:
-            path = base + name
-            try:
-                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISLNK(st.st_mode):
-                target = os.readlink(name, dir_fd=dfd)
-                os.symlink(target, out_dir / name)
-                manifest[path] = [LINK + target, 0]
-                continue
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            cached = old.get(path)
-            sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
-            if sha is None or not _blob(p, sha).exists():
-                sha, new = _store(p, name, dfd)
-                added += new
-            _link(_blob(p, sha), out_dir / name)
-            state[path] = [*_key(st), sha]
-            manifest[path] = [sha, st.st_size]
-            total += st.st_size
-    (tmp / "manifest.json").write_text(json.dumps(manifest, sort_keys=True), encoding="utf-8")
-    for _d, _, _, dfd in os.fwalk(tmp / "tree", follow_symlinks=False):
-        os.chmod(dfd, 0o555)
-    os.rename(tmp, dest)
-    _save_state(p, state)
-    return Snapshot(total, len(manifest), added)
-
-
-def _blob(p: Paths, sha: str) -> Path:
-    return p.blobs / sha[:2] / sha
-
-
-def _store(p: Paths, name: str, dfd: int) -> tuple[str, int]:
-    """Copy a file into the blob store while hashing it; (sha256, bytes new to the store)."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-    p.blobs.mkdir(parents=True, exist_ok=True)
-    h = hashlib.sha256()
-    with os.fdopen(fd, "rb") as src, tempfile.NamedTemporaryFile(dir=p.blobs, prefix=".in-", delete=False) as out:
-        while chunk := src.read(CHUNK):
-            h.update(chunk)
-            out.write(chunk)
-        size = out.tell()
-    sha = h.hexdigest()
-    blob = _blob(p, sha)
-    if blob.exists():
-        os.unlink(out.name)
-        return sha, 0
-    blob.parent.mkdir(exist_ok=True)
-    os.chmod(out.name, 0o444)
-    os.replace(out.name, blob)
-    return sha, size
-
-
-def _link(blob: Path, dest: Path) -> None:
-    try:
-        os.link(blob, dest)
-    except OSError as e:
-        if e.errno != errno.EMLINK:  # the filesystem's most links to one inode: this one is a copy
-            raise
-        shutil.copyfile(blob, dest)
-        os.chmod(dest, 0o444)
-
-
-def manifest(p: Paths, number: int) -> dict[str, tuple[str, int]]:
-    try:
-        doc = json.loads((p.version(number) / "manifest.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise VolumeFileError(f"version {number} is not on disk") from None
-    return {k: (str(v[0]), int(v[1])) for k, v in doc.items()}
-
-
-def materialise(src: Paths, number: int, dest: Paths) -> Usage:
-    """Make `dest`'s live tree a writable copy of `src`'s version `number` (restore: dest is src; clone: a new
-    volume of the same org). The old live tree goes once the new one is in place."""
-    files = manifest(src, number)
-    tmp = dest.root / ".restore.tmp"
-    remove_tree(tmp)
-    tmp.mkdir(parents=True)
-    state: dict[str, list[object]] = {}
-    for d, _, _, _ in os.fwalk(src.version(number) / "tree"):
-        rel = os.path.relpath(d, src.version(number) / "tree")
-        if rel != ".":
-            (tmp / rel).mkdir(parents=True, exist_ok=True)
-    for path, (sha, _) in files.items():
-        out = tmp / path
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if sha.startswith(LINK):
-            os.symlink(sha[len(LINK) :], out)
-            continue
-        shutil.copyfile(_blob(src, sha), out)
-        os.chmod(out, 0o644)
-        if dest.owner is not None:
-            os.chown(out, *dest.owner)
-        state[path] = [*_key(os.stat(out)), sha]
-    give(dest, tmp, dirs_only=True)
-    old = dest.root / ".restore.old"
-    remove_tree(old)
-    if dest.data.exists():
-        os.rename(dest.data, old)
-    os.rename(tmp, dest.data)
-    remove_tree(old)
-    _save_state(dest, state)
-    return measure(dest.data)

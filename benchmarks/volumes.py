@@ -1,13 +1,16 @@
 """Volumes: copying in and out through the API against a plain `cp`, and what a snapshot costs.
 
-Usage: python benchmarks/volumes.py [--size-mib 1024] [--files 10000] [--file-kib 4] [--runs 3]
+Usage: python benchmarks/volumes.py [--size-mib 1024] [--files 10000] [--file-kib 4] [--runs 3] [--no-s3]
 
 A real `suanli server` (SQLite) on this host; a tenant's volume on the local backend (the server's disk). For a
 `--size-mib` file of random bytes and a tree of `--files` files of `--file-kib` KiB: `suanli volumes cp` into the
 volume and back out (the SDK's `volume_upload`/`volume_download`, as the CLI runs them: sha256 checked both ways;
-a tree as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. Then a
-snapshot of the volume (the first copies every file into the blob store), one file changed, a second snapshot:
-its time and the bytes it added, as a share of the volume. Medians of `--runs`. Prints markdown tables.
+a tree as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. With
+moto and s3fs installed (and not `--no-s3`), the same into a volume on the S3 backend (a moto S3 server on this
+host: the copy lands in the working copy and is pushed to the bucket before the call returns) next to s3fs's own
+`put`/`get` of the same data (a copy out of an S3 volume reads the server's working copy). Then a snapshot of the
+local volume (the first copies every file into the blob store), one file changed, a second snapshot: its time and
+the bytes it added, as a share of the volume. Medians of `--runs`. Prints markdown tables.
 """
 
 from __future__ import annotations
@@ -54,7 +57,17 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=10_000)
     ap.add_argument("--file-kib", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--no-s3", action="store_true", help="skip the S3 backend")
     args = ap.parse_args()
+    moto = None
+    if not args.no_s3:
+        try:
+            from moto.server import ThreadedMotoServer
+
+            moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+            moto.start()
+        except ImportError:
+            print("moto[server] or s3fs is not installed: the S3 backend is not measured")
     with tempfile.TemporaryDirectory(prefix="suanli-vol-bench-", dir=os.environ.get("TMPDIR", "/var/tmp")) as tmp_s:
         tmp = Path(tmp_s)
         big = tmp / "big.bin"
@@ -69,6 +82,15 @@ def main() -> None:
         tree_size = tree_bytes(tree)
         db = f"sqlite+pysqlite:///{tmp / 'server.db'}"
         env = {"SUANLI_VOLUME_MAX_BYTES": str(1 << 40), "SUANLI_TRIAL_CREDIT": "1000"}
+        s3 = None
+        if moto is not None:
+            from suanli.storage.s3 import S3Config
+
+            host, port = moto.get_host_and_port()
+            s3 = S3Config("bench", "", f"http://{host}:{port}", "bench-key", "bench-secret")
+            s3.filesystem().mkdir("bench")
+            env.update(SUANLI_VOLUME_S3_BUCKET="bench", SUANLI_VOLUME_S3_ENDPOINT=str(s3.endpoint),
+                       SUANLI_VOLUME_S3_KEY_ID="bench-key", SUANLI_VOLUME_S3_SECRET="bench-secret")  # fmt: skip
         with live_server(tmp / "home", db, env=env) as srv:
             with httpx.Client(base_url=srv.url) as http:
                 tenant = signup(http, "bench@example.com")
@@ -76,6 +98,8 @@ def main() -> None:
             vol = c.volume_create("bench", f"{2 * args.size_mib + 1024}Mi")
             data = srv.home / "volumes" / vol.org_id / "vols" / vol.id / "data"
             rows = []
+            datasets = ((f"1 file, {args.size_mib} MiB", big, big.stat().st_size, False),
+                        (f"{args.files} files of {args.file_kib} KiB", tree, tree_size, True))  # fmt: skip
 
             def plain(src: Path, dst: Path, recursive: bool) -> None:
                 shutil.rmtree(dst, ignore_errors=True) if recursive else dst.unlink(missing_ok=True)
@@ -83,8 +107,7 @@ def main() -> None:
                     ["cp", "-r", str(src), str(dst)] if recursive else ["cp", str(src), str(dst)], check=True
                 )
 
-            for label, src, nbytes, recursive in ((f"1 file, {args.size_mib} MiB", big, big.stat().st_size, False),
-                                                   (f"{args.files} files of {args.file_kib} KiB", tree, tree_size, True)):  # fmt: skip
+            for label, src, nbytes, recursive in datasets:
                 name = src.name
                 t_cp_in = median_time(lambda s=src, r=recursive: plain(s, tmp / f"plain-{s.name}", r), args.runs)
                 t_in = median_time(lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False), args.runs)
@@ -98,13 +121,36 @@ def main() -> None:
 
                 t_out = median_time(lambda n=name, o=out: c.volume_download("bench", n, o), args.runs, before=clear)
                 mb = nbytes / 1e6
-                rows.append((label, "in", mb / t_cp_in, mb / t_in))
-                rows.append((label, "out", mb / t_cp_out, mb / t_out))
+                rows.append(("local", label, "in", "cp", mb / t_cp_in, mb / t_in))
+                rows.append(("local", label, "out", "cp", mb / t_cp_out, mb / t_out))
+            if s3 is not None:
+                c.volume_create("bench-s3", f"{2 * args.size_mib + 1024}Mi", backend="s3")
+                fs = s3.filesystem()
+                for label, src, nbytes, recursive in datasets:
+                    name = src.name
+                    mb = nbytes / 1e6
+                    t_put = median_time(lambda s_=src, n=name, r=recursive: fs.put(str(s_), f"bench/plain/{n}",
+                                                                                 recursive=r), args.runs)  # fmt: skip
+                    t_in = median_time(lambda s_=src, n=name: c.volume_upload("bench-s3", s_, n, resume=False),
+                                       args.runs)  # fmt: skip
+                    out = tmp / f"s3-out-{name}"
+                    plain_out = tmp / f"s3-plain-out-{name}"
+
+                    def clear2(o: Path = out, q: Path = plain_out) -> None:
+                        for x in (o, q):
+                            shutil.rmtree(x, ignore_errors=True) if x.is_dir() else x.unlink(missing_ok=True)
+
+                    t_get = median_time(lambda n=name, q=plain_out, r=recursive: fs.get(f"bench/plain/{n}", str(q),
+                                                                                      recursive=r), args.runs, before=clear2)  # fmt: skip
+                    t_out = median_time(lambda n=name, o=out: c.volume_download("bench-s3", n, o), args.runs,
+                                        before=clear2)  # fmt: skip
+                    rows.append(("s3 (moto)", label, "in", "s3fs put", mb / t_put, mb / t_in))
+                    rows.append(("s3 (moto)", label, "out", "s3fs get", mb / t_get, mb / t_out))
             print(f"\n### Copy throughput (MB/s, medians of {args.runs}; sha256 checked)\n")
-            print("| data | direction | plain cp | suanli volumes cp | ratio |")
-            print("|---|---|---|---|---|")
-            for label, d, a, b in rows:
-                print(f"| {label} | {d} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
+            print("| backend | data | direction | baseline | baseline MB/s | suanli volumes cp MB/s | ratio |")
+            print("|---|---|---|---|---|---|---|")
+            for backend, label, d, base, a, b in rows:
+                print(f"| {backend} | {label} | {d} | {base} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
 
             t0 = time.perf_counter()
             first = c.volume_snapshot("bench", "first")
@@ -123,6 +169,8 @@ def main() -> None:
             print(f"| second, one {args.file_kib} KiB file changed | {t_second:.3f} s | {second.added_bytes:,} | "
                   f"{second.added_bytes / max(1, total):.4%} |")  # fmt: skip
             c.close()
+    if moto is not None:
+        moto.stop()
 
 
 if __name__ == "__main__":

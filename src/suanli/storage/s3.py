@@ -26,6 +26,7 @@ from typing import Any
 from suanli.storage import volumes as local
 
 PUSHED = "s3-pushed.json"  # path -> [size, mtime_ns] as last uploaded
+BATCH = 256  # files uploaded at once (s3fs sends them concurrently)
 
 
 @dataclass(frozen=True)
@@ -90,16 +91,21 @@ class S3Backend:
         report = SyncReport()
         done = _load(p.root / PUSHED)
         files = self._files(p.data)
-        for rel, st in files.items():
-            if done.get(rel) == [st.st_size, st.st_mtime_ns]:
-                continue
-            fd, _ = local.open_file(p.data, rel)  # never through a link a workload swapped in
-            with os.fdopen(fd, "rb") as f, self.fs.open(f"{remote}/{rel}", "wb") as out:
-                while chunk := f.read(local.CHUNK):
-                    out.write(chunk)
-            done[rel] = [st.st_size, st.st_mtime_ns]
-            report.uploaded += 1
-            report.bytes += st.st_size
+        changed = [rel for rel, st in files.items() if done.get(rel) != [st.st_size, st.st_mtime_ns]]
+        for i in range(0, len(changed), BATCH):
+            batch = changed[i : i + BATCH]
+            fds = []
+            try:
+                for rel in batch:  # opened here without following links; s3fs reads them through /proc/self/fd
+                    fd, st = local.open_file(p.data, rel)
+                    fds.append(fd)
+                    done[rel] = [st.st_size, st.st_mtime_ns]
+                    report.bytes += st.st_size
+                self.fs.put([f"/proc/self/fd/{fd}" for fd in fds], [f"{remote}/{rel}" for rel in batch])
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            report.uploaded += len(batch)
         # Only what this working copy had (pushed or pulled) and no longer has: a fresh copy deletes nothing.
         gone = [rel for rel in self._objects(remote) if rel not in files and rel in done]
         if gone:

@@ -55,6 +55,7 @@ def snapshot(p: Paths, number: int) -> Snapshot:
 
 def _snapshot(p: Paths, number: int) -> Snapshot:
     old = load_state(p)
+    blobs = str(p.blobs)
     state: dict[str, list[object]] = {}
     entries: dict[str, list[object]] = {}
     total = added = files = 0
@@ -76,7 +77,7 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
                 continue
             cached = old.get(path)
             sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
-            if sha is None or not blob(p, sha).exists():
+            if sha is None or not os.path.exists(f"{blobs}/{sha[:2]}/{sha}"):  # (a str: pathlib costs more here)
                 sha, new = _store(p, name, dfd)
                 added += new
             state[path] = [*_key(st), sha]

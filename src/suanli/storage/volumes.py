@@ -269,6 +269,10 @@ class Writer:
         self.hash.update(chunk)
         self.written += len(chunk)
 
+    def write_all(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
     def finish(self, sha256: str | None) -> tuple[str, int, int]:
         """(sha256, bytes, bytes it replaced) once the file is whole and in place."""
         self.f.close()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)

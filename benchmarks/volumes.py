@@ -1,6 +1,7 @@
 """Volumes: copying in and out through the API against a plain `cp`, and what a snapshot costs.
 
 Usage: python benchmarks/volumes.py [--size-mib 1024] [--files 10000] [--file-kib 4] [--runs 3] [--no-s3]
+                                   [--s3-size-mib 128]
 
 A real `suanli server` (SQLite) on this host; a tenant's volume on the local backend (the server's disk). For a
 `--size-mib` file of random bytes and a tree of `--files` files of `--file-kib` KiB: `suanli volumes cp` into the
@@ -8,7 +9,8 @@ volume and back out (the SDK's `volume_upload`/`volume_download`, as the CLI run
 a tree as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. With
 moto and s3fs installed (and not `--no-s3`), the same into a volume on the S3 backend (a moto S3 server on this
 host: the copy lands in the working copy and is pushed to the bucket before the call returns) next to s3fs's own
-`put`/`get` of the same data (a copy out of an S3 volume reads the server's working copy). Then a snapshot of the
+`put`/`get` of the same data (a copy out of an S3 volume reads the server's working copy); the large file there is
+`--s3-size-mib` (moto's server failed to complete a 1 GiB multipart upload: "seek of closed file"). Then a snapshot of the
 local volume (the first copies every file into the blob store), one file changed, a second snapshot: its time and
 the bytes it added, as a share of the volume. Medians of `--runs`. Prints markdown tables.
 """
@@ -58,6 +60,7 @@ def main() -> None:
     ap.add_argument("--file-kib", type=int, default=4)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--no-s3", action="store_true", help="skip the S3 backend")
+    ap.add_argument("--s3-size-mib", type=int, default=128, help="the large file on S3 (moto keeps parts in memory)")
     args = ap.parse_args()
     moto = None
     if not args.no_s3:
@@ -126,7 +129,11 @@ def main() -> None:
             if s3 is not None:
                 c.volume_create("bench-s3", f"{2 * args.size_mib + 1024}Mi", backend="s3")
                 fs = s3.filesystem()
-                for label, src, nbytes, recursive in datasets:
+                s3_big = tmp / "s3big.bin"
+                with open(big, "rb") as f, open(s3_big, "wb") as out:
+                    out.write(f.read(args.s3_size_mib << 20))
+                s3_data = ((f"1 file, {args.s3_size_mib} MiB", s3_big, s3_big.stat().st_size, False), datasets[1])
+                for label, src, nbytes, recursive in s3_data:
                     name = src.name
                     mb = nbytes / 1e6
                     t_put = median_time(lambda s_=src, n=name, r=recursive: fs.put(str(s_), f"bench/plain/{n}",

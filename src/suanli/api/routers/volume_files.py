@@ -1,10 +1,10 @@
 """A volume's files over HTTP, streamed both ways (never held whole in memory).
 
-- `PUT /volumes/{ref}/files?path=P&offset=N&sha256=H`: the body is the file from byte N on (resumable: after a
+- `PUT /volumes/{volume}/files?path=P&offset=N&sha256=H`: the body is the file from byte N on (resumable: after a
   break, `GET …/partial?path=P` says where to go on); with `sha256` the whole file's hash is checked before it
   replaces P (422 otherwise, and the copy is dropped).
-- `GET /volumes/{ref}/files?path=P` (with `Range: bytes=N-` to resume), `GET …/stat?path=P` (size and sha256).
-- `PUT /volumes/{ref}/tree?path=D&sha256=H`: a plain tar stream merged into directory D (its hash checked before
+- `GET /volumes/{volume}/files?path=P` (with `Range: bytes=N-` to resume), `GET …/stat?path=P` (size and sha256).
+- `PUT /volumes/{volume}/tree?path=D&sha256=H`: a plain tar stream merged into directory D (its hash checked before
   anything is moved in); `GET …/tree?path=D` streams D as a plain tar. `GET …/ls?path=D`, `DELETE …/files?path=P`.
 """
 
@@ -73,7 +73,7 @@ def _file_error(e: store.VolumeFileError) -> Invalid:
     return Invalid(f"path: {e}")
 
 
-@router.put("/volumes/{ref}/files", openapi_extra={"requestBody": BINARY})
+@router.put("/volumes/{volume}/files", openapi_extra={"requestBody": BINARY})
 async def put_file(
     ref: Ref, request: Request, ctx: Auth, path: PathQ, org: OrgQ = None,
     offset: Annotated[int, Query(ge=0, le=1 << 50)] = 0, sha256: Sha = None,
@@ -108,14 +108,14 @@ async def put_file(
     return PutOut(path=rel, bytes=size, sha256=digest)
 
 
-@router.get("/volumes/{ref}/partial")
+@router.get("/volumes/{volume}/partial")
 async def partial(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> PartialOut:
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
     return PartialOut(path=rel, offset=store.partial_size(t.paths, rel))
 
 
-@router.get("/volumes/{ref}/files", response_class=StreamingResponse,
+@router.get("/volumes/{volume}/files", response_class=StreamingResponse,
             responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "a range"}})  # fmt: skip
 async def get_file(
     ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, range: Annotated[str | None, Header(max_length=64)] = None
@@ -142,7 +142,7 @@ async def get_file(
                              media_type="application/octet-stream")  # fmt: skip
 
 
-@router.get("/volumes/{ref}/stat")
+@router.get("/volumes/{volume}/stat")
 async def stat_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, sha256: bool = False) -> StatOut:
     """What is at `path`; with `sha256=true`, a file's hash (read again unless unchanged since the last snapshot)."""
     rel = files.clean(path)
@@ -163,7 +163,7 @@ async def stat_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, sha256: 
     return StatOut(path=rel, kind=kind, size=size, sha256=digest)
 
 
-@router.get("/volumes/{ref}/ls")
+@router.get("/volumes/{volume}/ls")
 async def ls(
     ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None,
     after: Annotated[str, Query(max_length=255)] = "", limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -178,7 +178,7 @@ async def ls(
     return [EntryOut(name=e.name, kind=e.kind, size=e.size, mtime_ns=e.mtime_ns) for e in got]
 
 
-@router.delete("/volumes/{ref}/files", status_code=204)
+@router.delete("/volumes/{volume}/files", status_code=204)
 async def remove_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> Response:
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now, False)
@@ -190,7 +190,7 @@ async def remove_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> Res
     return Response(status_code=204)
 
 
-@router.put("/volumes/{ref}/tree", openapi_extra={"requestBody": BINARY})
+@router.put("/volumes/{volume}/tree", openapi_extra={"requestBody": BINARY})
 async def put_tree(ref: Ref, request: Request, ctx: Auth, path: PathQ = "", org: OrgQ = None,
                    sha256: Sha = None) -> PutOut:  # fmt: skip
     """A plain tar stream merged into directory `path` (made if need be): only files and directories, no links,
@@ -274,7 +274,7 @@ class _Feed:
         return b"".join(parts)
 
 
-@router.get("/volumes/{ref}/tree", response_class=StreamingResponse,
+@router.get("/volumes/{volume}/tree", response_class=StreamingResponse,
             responses={200: {"content": {"application/x-tar": {}}}})  # fmt: skip
 async def get_tree(ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None) -> StreamingResponse:
     rel = files.clean(path)

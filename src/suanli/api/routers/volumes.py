@@ -23,7 +23,7 @@ from suanli.workloads.volumes import MAX_VERSION
 router = APIRouter(route_class=StrictJSONRoute, tags=["volumes"])
 OrgQ = Annotated[str | None, Query(max_length=128, description="org id or name; default: your personal org")]
 Version = Annotated[int, Field(ge=1, le=MAX_VERSION)]
-Ref = Annotated[str, PathParam(max_length=64, description="the volume's id, or its name in `org`")]
+Ref = Annotated[str, PathParam(alias="volume", max_length=64, description="the volume's id, or its name in `org`")]
 
 
 class VolumeIn(In):
@@ -107,7 +107,7 @@ def list_volumes(ctx: Auth, org: OrgQ = None) -> list[VolumeOut]:
         return [_out(v, book=book) for v in volumes.listing(s, ctx.who, org)]
 
 
-@router.get("/volumes/{ref}")
+@router.get("/volumes/{volume}")
 @in_thread
 def get_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     with ctx.db.read() as s:
@@ -115,7 +115,7 @@ def get_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> VolumeOut:
         return _out(v, volumes.mounted_by(s, v), ctx.srv.prices.current(s)[1])
 
 
-@router.patch("/volumes/{ref}")
+@router.patch("/volumes/{volume}")
 @in_thread
 def resize_volume(ref: Ref, body: ResizeIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     """A new size (larger, or smaller down to what it holds)."""
@@ -125,7 +125,7 @@ def resize_volume(ref: Ref, body: ResizeIn, ctx: Auth, org: OrgQ = None) -> Volu
     return _out(v)
 
 
-@router.delete("/volumes/{ref}", status_code=204)
+@router.delete("/volumes/{volume}", status_code=204)
 @in_thread
 def remove_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> Response:
     """Remove it with every version (owners and admins); 409 naming the live workloads that mount it."""
@@ -136,7 +136,7 @@ def remove_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/volumes/{ref}/versions", status_code=201)
+@router.post("/volumes/{volume}/versions", status_code=201)
 @in_thread
 def snapshot(ref: Ref, body: SnapshotIn, ctx: Auth, org: OrgQ = None) -> VersionOut:
     """A new version of what the volume holds now (mounted or not): unchanged files are not copied again."""
@@ -144,7 +144,7 @@ def snapshot(ref: Ref, body: SnapshotIn, ctx: Auth, org: OrgQ = None) -> Version
     return VersionOut.model_validate(volumes.snapshot(ctx.db, ctx.who, ref, org, body.message, lim, ctx.now))
 
 
-@router.get("/volumes/{ref}/versions")
+@router.get("/volumes/{volume}/versions")
 @in_thread
 def list_versions(ref: Ref, ctx: Auth, org: OrgQ = None) -> list[VersionOut]:
     with ctx.db.read() as s:
@@ -152,7 +152,7 @@ def list_versions(ref: Ref, ctx: Auth, org: OrgQ = None) -> list[VersionOut]:
         return [VersionOut.model_validate(r) for r in rows]
 
 
-@router.post("/volumes/{ref}/restore")
+@router.post("/volumes/{volume}/restore")
 @in_thread
 def restore(ref: Ref, body: RestoreIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     """The live tree becomes version `version` again (409 while a live workload mounts the volume)."""
@@ -160,7 +160,7 @@ def restore(ref: Ref, body: RestoreIn, ctx: Auth, org: OrgQ = None) -> VolumeOut
     return _out(volumes.restore(ctx.db, ctx.who, ref, org, body.version, lim, ctx.now))
 
 
-@router.post("/volumes/{ref}/clone", status_code=201)
+@router.post("/volumes/{volume}/clone", status_code=201)
 @in_thread
 def clone(ref: Ref, body: CloneIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     """A new volume `name` in the same org whose files are version `version`'s."""
@@ -168,7 +168,7 @@ def clone(ref: Ref, body: CloneIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
     return _out(volumes.clone(ctx.db, ctx.who, ref, org, body.version, body.name, lim, ctx.now))
 
 
-@router.get("/volumes/{ref}/diff")
+@router.get("/volumes/{volume}/diff")
 @in_thread
 def diff(
     ref: Ref,

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from suanli.control import memberships
 from suanli.control.accounts import Principal
-from suanli.control.errors import Conflict, Invalid, NotFound
+from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.control.settings import Settings
 from suanli.db.engine import Database
@@ -56,7 +56,7 @@ def s3_of(s3: S3Config | None, v: Volume) -> S3Backend | None:
     if v.backend != "s3":
         return None
     if s3 is None:
-        raise store.VolumeFileError(f"volume {v.name} is on S3, and this server has no S3 backend (volume_s3_bucket)")
+        raise Conflict(f"volume {v.name} is on S3, and this server has no S3 backend (volume_s3_bucket)")
     return S3Backend(s3)
 
 
@@ -247,6 +247,8 @@ def restore(db: Database, who: Principal, ref: str, org: str | None, number: int
     with db.read() as s:
         v = get(s, who, ref, org, MANAGE)
         _version(s, v, number)
+        if v.state == "read-only":
+            raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted")
         _refuse_mounted(s, v, "restore")
         p = paths(lim, v)
     got = versions_store.materialise(p, number, p)

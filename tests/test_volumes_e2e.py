@@ -59,3 +59,57 @@ def test_jobs_mount_volumes_read_write_read_only_and_versions(tmp_path: Path, db
         assert rd["state"] == "succeeded" and "live" in api.logs(reader)
         # Nothing else of the server's volumes is inside: the sandbox sees this volume only.
         assert http.delete("/api/v1/volumes/data", headers=h).status_code == 204
+
+
+FILL = """\
+import os, time
+open("/data/big", "wb").write(b"x" * (2 << 20))
+print("filled", flush=True)
+for i in range(600):
+    try:
+        with open(f"/data/more-{i}", "w") as f:
+            f.write("y")
+    except OSError as e:
+        print("refused", e.errno, flush=True)
+        raise SystemExit(0)
+    time.sleep(0.1)
+print("never refused", flush=True)
+raise SystemExit(1)
+"""
+
+
+def test_writes_past_the_size_fail_inside_a_running_workload(tmp_path: Path, db_url: str) -> None:
+    import os
+    import time
+
+    from suanli.control import volume_files
+    from suanli.control.ids import utcnow
+    from suanli.db.engine import Database
+    from tests.test_workloads_api import archive
+
+    if os.geteuid() != 0:
+        pytest.skip("turning a live sandbox's mount read-only needs a root server")
+    with live_server(tmp_path / "home", db_url, env=FAST) as srv:
+        api = Api(srv)
+        api.setup()
+        h = api.tenant.headers
+        assert api.http.post("/api/v1/volumes", json={"name": "small", "size": "1Mi"}, headers=h).status_code == 201
+        wid = api.submit({"name": "filler", "command": "python3 fill.py", "resources": {"gpus": 0},
+                          "volumes": [{"name": "small", "path": "/data"}]},
+                         workdir_archive=archive({"fill.py": FILL}))  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = api.http.get(f"/api/v1/workloads/{wid}/logs", headers=h).json()
+            if "filled" in got["data"]:
+                break
+            time.sleep(0.2)
+        db = Database(db_url)
+        try:  # what the storage sweep does every minute, now
+            assert volume_files.measure_mounted(db, srv.home / "volumes", utcnow(), home=srv.home) == 1
+        finally:
+            db.dispose()
+        w = api.until(wid, lambda w: w["state"] in TERMINAL, timeout=60)
+        logs = api.logs(wid)
+        assert w["state"] == "succeeded" and "refused 30" in logs, logs  # EROFS inside the sandbox
+        v = api.http.get("/api/v1/volumes/small", headers=h).json()
+        assert v["state"] == "full" and v["used_bytes"] > 1 << 20

@@ -107,21 +107,25 @@ def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
     return InsufficientStorage(f"volume {t.name}: {e}; remove files or resize it")
 
 
-def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200) -> int:
+def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, home: Path | None = None) -> int:
     """Measure the volumes live workloads mount writable (they may have written since): each is `full` while it
     holds more than its size (mounted read-only from the next launch; copies in refused) and `ready` again once
-    it holds less. Returns how many were measured."""
+    it holds less. With `home` (the server's data directory), the running sandboxes of this host that mount a full
+    volume writable have that mount turned read-only at once (`sandbox.readonly`). Returns how many were measured."""
     from sqlalchemy import select
 
     from suanli.db.models import Workload
 
-    wanted: set[tuple[str, str]] = set()
+    wanted: dict[tuple[str, str], list[tuple[str, int, str, str]]] = {}  # volume -> (workload, attempt, executor, path)
     with db.read() as s:
-        for org_id, spec in s.execute(select(Workload.org_id, Workload.spec).where(Workload.state.in_(volumes.ACTIVE))):
+        q = select(Workload.id, Workload.attempt, Workload.executor, Workload.state, Workload.org_id, Workload.spec)
+        for wid, attempt, executor, state, org_id, spec in s.execute(q.where(Workload.state.in_(volumes.ACTIVE))):
             for m in (spec or {}).get("volumes") or ():
                 name = str(m.get("name", ""))
                 if "@" not in name and not m.get("read_only"):
-                    wanted.add((org_id, name))
+                    where = wanted.setdefault((org_id, name), [])
+                    if state == "running" and executor == "local":
+                        where.append((wid, attempt, executor, str(m.get("path"))))
         rows = [v for v in s.scalars(select(Volume).where(Volume.org_id.in_({o for o, _ in wanted})))
                 if (v.org_id, v.name) in wanted][:budget]  # fmt: skip
     for v in rows:
@@ -135,7 +139,19 @@ def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200) 
                 row.state = "full"
             elif row.state == "full" and used.bytes <= row.size_bytes:
                 row.state = "ready"
+            full = row.state == "full"
+        if full and home is not None:
+            _read_only_now(home, wanted[(v.org_id, v.name)])
     return len(rows)
+
+
+def _read_only_now(home: Path, running: list[tuple[str, int, str, str]]) -> None:
+    from suanli.sandbox.readonly import remount_read_only
+    from suanli.storage import workdirs
+
+    for wid, attempt, _, dest in running:
+        for box in workdirs.log_dir(home, wid, attempt).glob("rank-*.sandbox.json"):
+            remount_read_only(box, dest)
 
 
 def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) -> int:

@@ -213,11 +213,12 @@ def test_a_file_resumes_and_its_checksum_is_checked(api: TestClient) -> None:
     # A first part arrives, the connection breaks (simulated: the part is its own request) …
     w = api.app.state.server.settings  # type: ignore[attr-defined]
     assert w is not None
+    from suanli.storage import volume_io as vio
     from suanli.storage import volumes as store
 
     vol = api.get(f"{API}/volumes/data", headers=t.headers).json()
     p = store.paths(root(api), vol["org_id"], vol["id"])
-    store.partial_path(p, "f.bin").write_bytes(data[:100_000])
+    vio.partial_path(p, "f.bin").write_bytes(data[:100_000])
     r = api.get(f"{API}/volumes/data/partial", params={"path": "f.bin"}, headers=t.headers)
     assert r.json()["offset"] == 100_000
     assert put(api, t, "data", "f.bin", data[200_000:], offset=200_000, sha256=sha).status_code == 422  # a gap

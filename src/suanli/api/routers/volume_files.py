@@ -28,6 +28,7 @@ from suanli.api.schemas import Out
 from suanli.control import volume_files as files
 from suanli.control import volumes
 from suanli.control.errors import Invalid
+from suanli.storage import volume_io as vio
 from suanli.storage import volumes as store
 from suanli.storage.archive import ArchiveError
 
@@ -81,7 +82,7 @@ async def put_file(
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
     try:
-        w = await run_in_threadpool(store.Writer, t.paths, rel, offset, t.room)
+        w = await run_in_threadpool(vio.Writer, t.paths, rel, offset, t.room)
     except store.VolumeFileError as e:
         raise Invalid(f"offset: {e}") from None
     chunks: list[bytes] = []
@@ -112,7 +113,7 @@ async def put_file(
 async def partial(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> PartialOut:
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
-    return PartialOut(path=rel, offset=store.partial_size(t.paths, rel))
+    return PartialOut(path=rel, offset=vio.partial_size(t.paths, rel))
 
 
 @router.get("/volumes/{volume}/files", response_class=StreamingResponse,
@@ -138,7 +139,7 @@ async def get_file(
         status = 206
         headers["Content-Range"] = f"bytes {start}-{max(start, end - 1)}/{st.st_size}"
     headers["Content-Length"] = str(end - start)
-    return StreamingResponse(store.read_range(fd, start, end - start), status_code=status, headers=headers,
+    return StreamingResponse(vio.read_range(fd, start, end - start), status_code=status, headers=headers,
                              media_type="application/octet-stream")  # fmt: skip
 
 
@@ -153,7 +154,7 @@ async def stat_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, sha256: 
     if kind != "file":
         return StatOut(path=rel, kind=kind, size=0)
     try:
-        digest, size = await run_in_threadpool(store.file_sha256, t.paths, rel) if sha256 else (None, 0)
+        digest, size = await run_in_threadpool(vio.file_sha256, t.paths, rel) if sha256 else (None, 0)
         if not sha256:
             fd, st = await run_in_threadpool(store.open_file, t.paths.data, rel)
             store.os.close(fd)
@@ -204,7 +205,7 @@ async def put_tree(ref: Ref, request: Request, ctx: Auth, path: PathQ = "", org:
 
     def work() -> None:
         try:
-            out: Any = store.put_tree(t.paths, rel, feed, t.room, lim.max_files, sha256)
+            out: Any = vio.put_tree(t.paths, rel, feed, t.room, lim.max_files, sha256)
         except BaseException as e:
             out = e
         feed.closed = True
@@ -281,4 +282,4 @@ async def get_tree(ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None) -> S
     t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
     if await run_in_threadpool(store.kind, t.paths.data, rel) != "dir":
         raise Invalid(f"path: {rel or '/'} is not a directory")
-    return StreamingResponse(store.tar_tree(t.paths.data, rel), media_type="application/x-tar")
+    return StreamingResponse(vio.tar_tree(t.paths.data, rel), media_type="application/x-tar")

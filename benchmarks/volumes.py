@@ -157,7 +157,7 @@ def main() -> None:
             print("| backend | data | direction | baseline | baseline MB/s | suanli volumes cp MB/s | ratio |")
             print("|---|---|---|---|---|---|---|")
             for backend, label, d, base, a, b in rows:
-                print(f"| {backend} | {label} | {d} | {base} | {a:,.0f} | {b:,.0f} | {b / a:.2f}x |")
+                print(f"| {backend} | {label} | {d} | {base} | {a:,.1f} | {b:,.1f} | {b / a:.2f}x |")
 
             t0 = time.perf_counter()
             first = c.volume_snapshot("bench", "first")

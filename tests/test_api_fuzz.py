@@ -58,12 +58,16 @@ def _roles(api: Any) -> list[Role]:
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=tenant.headers)
     assert r.status_code == 201, r.text
     workload = r.json()["id"]
+    r = api.post(f"{API}/volumes", json={"name": "fuzzvol", "size": "64Mi", "org": team}, headers=tenant.headers)
+    assert r.status_code == 201, r.text
+    volume = r.json()["id"]
     roles = []
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
                "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
-               "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry"}  # fmt: skip
+               "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry",
+               "volume": volume}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

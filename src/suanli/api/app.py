@@ -33,6 +33,8 @@ from suanli.api.routers import (
     plans,
     ssh,
     telemetry,
+    volume_files,
+    volumes,
     workdirs,
     workloads,
 )
@@ -67,14 +69,17 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorOut, "description": "busy or unavailable right now; retry after `Retry-After`"},
 }
 SETTINGS_ENV = "SUANLI_RESOLVED_SETTINGS"
+VOLUME_STREAMS = re.compile(r"/api/v1/volumes/[^/]{1,64}/(?:files|tree)")
 BOOTSTRAP_LOCK = 0x5A4E_4253
 
 
 class BodyLimit:
     """Refuse request bodies over `limit` bytes with 413, whether or not they declare a length."""
 
-    def __init__(self, app: ASGIApp, limit: int, uploads: dict[str, int] | None = None) -> None:
+    def __init__(self, app: ASGIApp, limit: int, uploads: dict[str, int] | None = None,
+                 streamed: dict[re.Pattern[str], int] | None = None) -> None:  # fmt: skip
         self.app, self.default, self.uploads = app, limit, uploads or {}
+        self.streamed = streamed or {}  # routes that stream their body to disk as it comes: paths by pattern
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,6 +87,9 @@ class BodyLimit:
             return
         path = scope.get("path", "")
         limit = self.uploads.get(path, self.default)  # routes that take an upload: their own limit
+        for pattern, most in self.streamed.items():
+            if pattern.fullmatch(path):
+                limit = most
         if path.startswith(PROXY_PREFIX):
             limit = PROXY_BODY_BYTES
         declared = dict(scope.get("headers") or []).get(b"content-length")
@@ -289,14 +297,16 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
-               telemetry.router, ssh.router, instances.router, workdirs.router, hub.router)  # fmt: skip
+               telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
+               volume_files.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     app.include_router(instances.pages)
     # Every other route, /workloads too (its JSON is parsed whole), takes max_body_bytes.
     uploads = {f"{API}/workdirs": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads)
+    streamed = {VOLUME_STREAMS: settings.volume_max_bytes}  # a volume's own size bounds what it takes
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, uploads=uploads, streamed=streamed)
     if settings.proxy_url:
         from suanli.api.proxy_origins import InstanceOrigins
 

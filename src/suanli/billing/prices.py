@@ -116,6 +116,10 @@ class PriceBook(BaseModel):
         p = self.plans[plan]
         return exact(self.gpu_rate(gpu_model) * gpus * p.hours * (1 - p.discount))
 
+    def storage_cost(self, nbytes: int, hours: int = 1) -> Decimal:
+        """What `nbytes` allocated for `hours` costs: GB of 10^9 bytes, a month of 720 hours, exact to 1e-8."""
+        return exact(Decimal(nbytes) * self.storage_gb_month * hours / (Decimal(10**9) * 720))
+
     def storage_rate_per_hour(self, gb: float | Decimal) -> Decimal:
         return exact(self.storage_gb_month * Decimal(str(gb)) / 720)
 

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import account, admin, agent, hub, perf, server, sim, ssh, telemetry, topology, workloads
+from suanli.cli import account, admin, agent, hub, perf, server, sim, ssh, telemetry, topology, volumes, workloads
 
 app = typer.Typer(
     name="suanli",
@@ -29,6 +29,7 @@ telemetry.register(app)
 ssh.register(app)
 agent.register(app)
 app.add_typer(hub.app, name="hub")
+app.add_typer(volumes.app, name="volumes")
 app.add_typer(admin.app, name="admin")
 
 

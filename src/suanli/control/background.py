@@ -17,7 +17,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import engines, leases, metering, storage, usage
+from suanli.control import engines, leases, metering, storage, usage, volume_billing, volume_files
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
@@ -79,13 +79,17 @@ class MeteringLoop:
 
 class StorageLoop:
     """Every `STORAGE_SWEEP_S`, by one server process at a time (a lease): expire unused uploads, count the
-    workdirs of jobs that ended, remove those whose retention is over (`control.storage.sweep`). Its own thread:
+    workdirs of jobs that ended, remove those whose retention is over (`control.storage.sweep`), and charge volumes
+    their whole hours (`control.volume_billing`). Its own thread:
     removing a large tree must not hold up a scheduling pass."""
 
     LEASE = "storage-sweep"
 
     def __init__(self, db: Database, settings: Settings, owner: str | None = None) -> None:
         self.db, self.store = db, storage.Store.of(settings)
+        self.grace_minutes = settings.balance_grace_minutes
+        self.volumes_root = settings.volumes_root
+        self.volumes_s3 = settings.volume_s3()
         self.owner = owner or worker_id()
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name="suanli-storage", daemon=True)
@@ -96,6 +100,11 @@ class StorageLoop:
         if not leases.acquire(self.db, self.LEASE, self.owner, now, 4 * STORAGE_SWEEP_S):
             return None
         swept = storage.sweep(self.db, self.store, now)
+        volume_files.measure_mounted(self.db, self.volumes_root, now, home=self.store.home)
+        volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3)
+        billed = volume_billing.meter(self.db, now, self.grace_minutes)
+        if billed.read_only or billed.writable:
+            log.info("volumes: %s", billed)
         self.passes += 1
         if swept.expired or swept.removed or swept.orphans:
             log.info("storage: %s", swept)
@@ -133,7 +142,9 @@ class WorkloadLoop:
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
                                      balance_grace_minutes=settings.balance_grace_minutes,
                                      interval_s=settings.schedule_interval_s,
-                                     sandboxes=sandbox_policy(settings))  # fmt: skip
+                                     sandboxes=sandbox_policy(settings),
+                                     volumes_root=settings.volumes_root,
+                                     volumes_s3=settings.volume_s3())  # fmt: skip
         found = engines.configured(settings)
         self.supervisor.executors.update({e.kind: e.executor for e in found})
         self.engines = engines.EngineSync(found, settings.engine_fabric, settings.engine_nics, settings.engine_sync_s)

@@ -11,19 +11,23 @@ import json
 import os
 import socket
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import hub, proxy
+from suanli.control import hub, proxy, volumes
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import seconds
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
+from suanli.db.volumes import Volume
 from suanli.executors import Executor, Launch, NodeRank
+from suanli.sandbox.bwrap import SandboxError
+from suanli.storage import volumes as vstore
 from suanli.storage import workdirs
+from suanli.storage.s3 import S3Backend, S3Config
 from suanli.workloads.spec import WorkloadSpec
 
 
@@ -36,6 +40,9 @@ def free_port() -> int:
 class Launches:
     if TYPE_CHECKING:  # provided by `Supervisor`
         home: Path
+        volumes_root: Path | None
+        volumes_s3: S3Config | None
+        pulls: dict[str, list[tuple[str, str]]]
         grace_s: float
         sandboxes: SandboxPolicy
 
@@ -83,6 +90,25 @@ class Launches:
             s.execute(insert(WorkloadEvent.__table__), events)
         return len(updates)
 
+    def _volume_mounts(self, s: Session, w: Workload, spec: WorkloadSpec) -> list[tuple[str, str, bool]]:
+        root = self.volumes_root or self.home / "volumes"
+        names = {m.ref.name for m in spec.volumes}
+        self.pulls[w.id] = [(v.org_id, v.id) for v in s.scalars(select(Volume).where(
+            Volume.org_id == w.org_id, Volume.name.in_(names), Volume.backend == "s3"))]  # fmt: skip
+        return _volume_mounts_of(s, w, spec, root, datetime.now(UTC))
+
+    def _pull_volumes(self, wid: str) -> None:
+        """Before the launch, outside any transaction: the s3 volumes it mounts, brought up to the bucket's copy."""
+        wanted = self.pulls.pop(wid, [])
+        if not wanted:
+            return
+        if self.volumes_s3 is None:
+            raise SandboxError("a volume it mounts is on S3, and this server has no S3 backend (volume_s3_bucket)")
+        backend = S3Backend(self.volumes_s3)
+        root = self.volumes_root or self.home / "volumes"
+        for org_id, vid in wanted:
+            backend.pull(vstore.paths(root, org_id, vid), org_id, vid)
+
     def _launch_of(self, s: Session, w: Workload, duration_s: float | None = None) -> Launch:
         spec = WorkloadSpec.model_validate(w.spec)
         alloc = s.get(Allocation, w.allocation_id) if w.allocation_id else None
@@ -108,6 +134,8 @@ class Launches:
         if w.executor != "virtual":
             user = s.get(User, w.user_id)
             sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
+            if sandbox is not None and spec.volumes:
+                sandbox = replace(sandbox, mounts=(*sandbox.mounts, *self._volume_mounts(s, w, spec)))
         command = spec.command or "exec sleep infinity"
         extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
         if w.restart_reason:  # resize, preemption, failure or node-failure: the ranks may resume from a checkpoint
@@ -130,6 +158,19 @@ class Launches:
             duration_s=duration_s if duration_s is not None else _length(w, spec),
             extra_env=extra_env, sandbox=sandbox,
         )  # fmt: skip
+
+
+def _volume_mounts_of(
+    s: Session, w: Workload, spec: WorkloadSpec, root: Path, now: datetime
+) -> list[tuple[str, str, bool]]:
+    """The spec's volumes as (host path, path in the sandbox, writable); one bound read-only against the spec's word
+    (its org's money ran out, or it is over its size) says so in the workload's events."""
+    out = []
+    for m in volumes.host_mounts(s, root, w.org_id, spec.volumes):
+        if m.note:
+            s.add(WorkloadEvent(workload_id=w.id, at=now, state=w.state, reason=m.note))
+        out.append((m.source, m.dest, m.writable))
+    return out
 
 
 def _length(w: Workload, spec: WorkloadSpec) -> float | None:

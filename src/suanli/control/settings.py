@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import platformdirs
 import yaml
@@ -16,6 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from suanli.control.errors import Invalid
 from suanli.sched.policies import POLICIES
 from suanli.storage.archive import DEFAULT_LIMITS
+
+if TYPE_CHECKING:
+    from suanli.storage.s3 import S3Config
 
 
 class Settings(BaseModel):
@@ -43,6 +46,19 @@ class Settings(BaseModel):
     workdir_retention_hours: float = Field(
         168.0, ge=0, le=24 * 3650, description="hours a finished job's workdir is kept before it is removed"
     )
+    volumes_dir: Path | None = Field(
+        None, description="where volumes live (the local backend): on a cluster, the nodes' shared filesystem; "
+        "default: volumes/ in the data directory",
+    )  # fmt: skip
+    volume_max_bytes: int = Field(1 << 40, ge=1 << 20, le=1 << 50, description="the largest volume a tenant may make")
+    volumes_per_org: int = Field(100, ge=0, le=100_000, description="most volumes one org may have")
+    volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")
+    volume_s3_bucket: str | None = Field(None, max_length=63, description="S3 volume backend: the bucket (unset: none)")
+    volume_s3_prefix: str = Field("", max_length=200, description="S3 volume backend: keys start with this")
+    volume_s3_endpoint: str | None = Field(None, max_length=500, description="S3 volume backend: endpoint URL")
+    volume_s3_region: str | None = Field(None, max_length=64)
+    volume_s3_key_id: str | None = Field(None, max_length=256, repr=False, description="S3 access key id")
+    volume_s3_secret: str | None = Field(None, max_length=256, repr=False, description="S3 secret key (never shown)")
     login_token_days: int = Field(30, ge=1, le=3650)
     signup: Literal["open", "invite", "closed"] = Field(
         "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"
@@ -180,6 +196,19 @@ class Settings(BaseModel):
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES)}")
         return v
+
+    @property
+    def volumes_root(self) -> Path:
+        return self.volumes_dir or self.home / "volumes"
+
+    def volume_s3(self) -> S3Config | None:
+        """The S3 volume backend's configuration, or None when the operator set none."""
+        if not self.volume_s3_bucket:
+            return None
+        from suanli.storage.s3 import S3Config
+
+        return S3Config(self.volume_s3_bucket, self.volume_s3_prefix, self.volume_s3_endpoint, self.volume_s3_key_id,
+                        self.volume_s3_secret, self.volume_s3_region)  # fmt: skip
 
     @property
     def db_url(self) -> str:

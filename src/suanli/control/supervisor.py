@@ -28,6 +28,7 @@ from suanli.db.models import Allocation, Workload
 from suanli.executors import Executor, Launch, Status, executor
 from suanli.sandbox.bwrap import SandboxError
 from suanli.storage import workdirs
+from suanli.storage.s3 import S3Config
 from suanli.workloads.spec import WorkloadSpec, format_duration
 
 log = logging.getLogger("suanli.supervisor")
@@ -48,6 +49,9 @@ class SupervisorReport:
 class Supervisor(Launches):
     home: Path
     grace_s: float = 10.0
+    volumes_root: Path | None = None  # `volumes_dir` (None: volumes/ in `home`)
+    volumes_s3: S3Config | None = None  # the S3 volume backend, where the operator set one up
+    pulls: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # workload -> s3 volumes to pull first
     balance_grace_minutes: float = 5.0
     interval_s: float = 0.5  # how often the loop runs a pass (`schedule_interval_s`): a stop for money is asked early
     executors: dict[str, Executor] = field(default_factory=dict)
@@ -160,6 +164,7 @@ class Supervisor(Launches):
         with db.read() as s:
             executor_name = s.scalar(select(Workload.executor).where(Workload.id == wid)) or "local"
         try:
+            self._pull_volumes(wid)
             handle = {**self.executor(executor_name).launch(launch, seconds(now)), "attempt": launch.attempt}
             _write_handle(launch.log_dir, handle)
         except Exception as e:

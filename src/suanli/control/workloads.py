@@ -22,7 +22,7 @@ from suanli.billing.ledger import org_account
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
-from suanli.control import accounts, inventory, memberships, metering, usage
+from suanli.control import accounts, inventory, memberships, metering, usage, volumes
 from suanli.control.accounts import Principal
 from suanli.control.caches import FleetCache, ModelCapacity, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
@@ -273,6 +273,8 @@ def admit(
     _precheck_money(ctx, spec, rate, hold_minutes)
     if access is not None:
         memberships.check_spend(s, who, access, now, rate=rate, hold_minutes=hold_minutes)
+    if spec.volumes:
+        volumes.check_spec_mounts(s, who, org_id, spec.volumes)
     if workdir is not None and spec.kind != "job":
         raise Invalid("workdir_archive: only a job uploads a workdir; an instance keeps its own disk")
     if workdir is not None and not (workdir / spec.workdir).is_dir():

@@ -432,6 +432,7 @@ class Lease(Base):
 from suanli.db.access import Invitation, LoginThrottle, SignupCode  # noqa: E402
 from suanli.db.hub import HubEntry  # noqa: E402
 from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
+from suanli.db.volumes import Volume, VolumeVersion  # noqa: E402
 
 __all__ = ["GpuRollup", "GpuSampleRow", "HubEntry", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent",
-           "SignupCode"]  # fmt: skip
+           "SignupCode", "Volume", "VolumeVersion"]  # fmt: skip

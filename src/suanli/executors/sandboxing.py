@@ -62,6 +62,9 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
     argv = bwrap_args(spec)
     if req.uid is not None and os.geteuid() == 0:
         _own(launch.workdir, req.uid, req.gid if req.gid is not None else req.uid)
+        for m in spec.mounts:  # a writable mount (a volume) is the tenant's to write, like the workdir
+            if m.writable:
+                _own(Path(m.source), req.uid, req.gid if req.gid is not None else req.uid)
     name = f"{launch.workload_id}-a{launch.attempt}-r{rank.node_rank}"
     plain = {k: v for k, v in env.items() if v is not None}
     return {

@@ -68,8 +68,9 @@ def footprint(size: int) -> int:
     return max(1, -(-size // BLOCK)) * BLOCK
 
 
-def unpack(source: bytes | BinaryIO, dest: Path, limits: Limits | None = None) -> Unpacked:
-    """Unpack a .tar.gz (bytes or a binary file) into `dest`, which must not exist yet."""
+def unpack(source: bytes | BinaryIO, dest: Path, limits: Limits | None = None, *, gzip: bool = True) -> Unpacked:
+    """Unpack a .tar.gz (bytes or a binary file) into `dest`, which must not exist yet; a plain tar when not
+    `gzip` (a volume's `cp` of a directory: its files are mostly compressed already)."""
     limits = limits or DEFAULT_LIMITS
     if dest.exists() or dest.is_symlink():
         raise ArchiveError(f"{dest.name} exists already")
@@ -78,7 +79,8 @@ def unpack(source: bytes | BinaryIO, dest: Path, limits: Limits | None = None) -
     try:
         raw = _Bytes(source) if isinstance(source, bytes | bytearray | memoryview) else source
         try:
-            with tarfile.open(fileobj=_Gunzip(raw), mode="r|", tarinfo=_Header) as tar:  # type: ignore[call-overload]
+            stream = _Gunzip(raw) if gzip else raw
+            with tarfile.open(fileobj=stream, mode="r|", tarinfo=_Header) as tar:  # type: ignore[call-overload]
                 got = _Extraction(tmp, limits).run(tar)
         except ArchiveError:
             raise

@@ -30,6 +30,7 @@ from suanli.perf import MODEL_PRESETS
 from suanli.sched.state import host_share
 from suanli.sched.types import FULL, ModelHint, PriorityClass, Request, mig_milli
 from suanli.workloads.durations import brief, format_duration, parse_duration
+from suanli.workloads.volumes import VolumeMount, VolumeRuleError, check_mounts
 
 MAX_GPUS = 65536
 MAX_NODES = 8192
@@ -327,6 +328,24 @@ class WorkloadSpec(BaseModel):
         if len(set(v)) != len(v):
             raise ValueError("names must not repeat")
         return tuple(v)
+
+    volumes: tuple[VolumeMount, ...] = ()  # the org's volumes (or `name@N` versions) bound into the sandbox
+
+    @field_validator("volumes", mode="before")
+    @classmethod
+    def _volumes_list(cls, v: object) -> object:
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be a list of {name, path, read_only}, e.g. [{name: data, path: /data}]")
+        return v
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, v: tuple[VolumeMount, ...]) -> tuple[VolumeMount, ...]:
+        try:
+            check_mounts(v)
+        except VolumeRuleError as e:
+            raise ValueError(str(e)) from None
+        return v
 
     @field_validator("ports", mode="before")
     @classmethod

@@ -1,7 +1,7 @@
 """hub_entries: the public models and datasets of the hub (a new table only)
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-03 12:00:00
 
 """
@@ -13,7 +13,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision: str = "0017"
-down_revision: str | Sequence[str] | None = "0015"
+down_revision: str | Sequence[str] | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

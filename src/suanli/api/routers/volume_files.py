@@ -1,0 +1,285 @@
+"""A volume's files over HTTP, streamed both ways (never held whole in memory).
+
+- `PUT /volumes/{volume}/files?path=P&offset=N&sha256=H`: the body is the file from byte N on (resumable: after a
+  break, `GET …/partial?path=P` says where to go on); with `sha256` the whole file's hash is checked before it
+  replaces P (422 otherwise, and the copy is dropped).
+- `GET /volumes/{volume}/files?path=P` (with `Range: bytes=N-` to resume), `GET …/stat?path=P` (size and sha256).
+- `PUT /volumes/{volume}/tree?path=D&sha256=H`: a plain tar stream merged into directory D (its hash checked before
+  anything is moved in); `GET …/tree?path=D` streams D as a plain tar. `GET …/ls?path=D`, `DELETE …/files?path=P`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import re
+import threading
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+from starlette.requests import ClientDisconnect
+
+from suanli.api.deps import Auth
+from suanli.api.routers.volumes import OrgQ, Ref
+from suanli.api.schemas import Out
+from suanli.control import volume_files as files
+from suanli.control import volumes
+from suanli.control.errors import Invalid
+from suanli.storage import volume_io as vio
+from suanli.storage import volumes as store
+from suanli.storage.archive import ArchiveError
+
+router = APIRouter(tags=["volumes"])
+PathQ = Annotated[str, Query(max_length=1024, description="a path inside the volume ('' or '/': its root)")]
+Sha = Annotated[str | None, Query(pattern=r"^[0-9a-f]{64}$", description="sha256 of the whole file or stream")]
+BUFFER = 4 << 20  # body bytes gathered before a hop to the writing thread
+BINARY = {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+_RANGE = re.compile(r"bytes=([0-9]{1,19})-([0-9]{0,19})")
+
+
+class PutOut(Out):
+    path: str
+    bytes: int = Field(description="the file's size (or the tree's, in whole 4 KiB blocks)")
+    files: int = 1
+    sha256: str
+
+
+class StatOut(Out):
+    path: str
+    kind: str
+    size: int
+    sha256: str | None = None
+
+
+class PartialOut(Out):
+    path: str
+    offset: int = Field(description="bytes of an interrupted upload already received: resume from here")
+
+
+class EntryOut(Out):
+    name: str
+    kind: str
+    size: int
+    mtime_ns: int
+
+
+def _lim(ctx: Auth) -> volumes.Limits:
+    return volumes.Limits.of(ctx.srv.settings)
+
+
+def _file_error(e: store.VolumeFileError) -> Invalid:
+    return Invalid(f"path: {e}")
+
+
+@router.put("/volumes/{volume}/files", openapi_extra={"requestBody": BINARY})
+async def put_file(
+    ref: Ref, request: Request, ctx: Auth, path: PathQ, org: OrgQ = None,
+    offset: Annotated[int, Query(ge=0, le=1 << 50)] = 0, sha256: Sha = None,
+) -> PutOut:  # fmt: skip
+    rel = files.clean(path, allow_root=False)
+    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
+    try:
+        w = await run_in_threadpool(vio.Writer, t.paths, rel, offset, t.room)
+    except store.VolumeFileError as e:
+        raise Invalid(f"offset: {e}") from None
+    chunks: list[bytes] = []
+    held = 0
+    try:
+        async for chunk in request.stream():  # gathered without copying, written a few MiB per hop to the thread
+            chunks.append(chunk)
+            held += len(chunk)
+            if held >= BUFFER:
+                await run_in_threadpool(w.write_all, chunks)
+                chunks, held = [], 0
+        await run_in_threadpool(w.write_all, chunks)
+    except store.OverSize as e:
+        w.abort()
+        raise files.room_error(t, e) from None
+    except ClientDisconnect:
+        w.abort()  # what arrived is kept: resume from `partial`
+        raise Invalid("body: the upload broke off; resume from GET …/partial") from None
+    try:
+        digest, size, replaced = await run_in_threadpool(w.finish, sha256)
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    await run_in_threadpool(files.wrote, ctx.db, t, size, replaced, ctx.now)
+    return PutOut(path=rel, bytes=size, sha256=digest)
+
+
+@router.get("/volumes/{volume}/partial")
+async def partial(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> PartialOut:
+    rel = files.clean(path, allow_root=False)
+    t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
+    return PartialOut(path=rel, offset=vio.partial_size(t.paths, rel))
+
+
+@router.get("/volumes/{volume}/files", response_class=StreamingResponse,
+            responses={200: {"content": {"application/octet-stream": {}}}, 206: {"description": "a range"}})  # fmt: skip
+async def get_file(
+    ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, range: Annotated[str | None, Header(max_length=64)] = None
+) -> StreamingResponse:
+    rel = files.clean(path, allow_root=False)
+    t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
+    try:
+        fd, st = await run_in_threadpool(store.open_file, t.paths.data, rel)
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    start, end, status = 0, st.st_size, 200
+    headers = {"Accept-Ranges": "bytes"}
+    if range is not None:
+        m = _RANGE.fullmatch(range.strip())
+        if m is None or int(m.group(1)) > st.st_size or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+            store.os.close(fd)
+            return Response(status_code=416, headers={"Content-Range": f"bytes */{st.st_size}"})  # type: ignore[return-value]
+        start = int(m.group(1))
+        end = min(st.st_size, int(m.group(2)) + 1) if m.group(2) else st.st_size
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{max(start, end - 1)}/{st.st_size}"
+    headers["Content-Length"] = str(end - start)
+    return StreamingResponse(vio.read_range(fd, start, end - start), status_code=status, headers=headers,
+                             media_type="application/octet-stream")  # fmt: skip
+
+
+@router.get("/volumes/{volume}/stat")
+async def stat_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None, sha256: bool = False) -> StatOut:
+    """What is at `path`; with `sha256=true`, a file's hash (read again unless unchanged since the last snapshot)."""
+    rel = files.clean(path)
+    t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
+    kind = await run_in_threadpool(store.kind, t.paths.data, rel)
+    if kind == "missing":
+        raise Invalid(f"path: {rel}: no such file or directory")
+    if kind != "file":
+        return StatOut(path=rel, kind=kind, size=0)
+    try:
+        digest, size = await run_in_threadpool(vio.file_sha256, t.paths, rel) if sha256 else (None, 0)
+        if not sha256:
+            fd, st = await run_in_threadpool(store.open_file, t.paths.data, rel)
+            store.os.close(fd)
+            size = st.st_size
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    return StatOut(path=rel, kind=kind, size=size, sha256=digest)
+
+
+@router.get("/volumes/{volume}/ls")
+async def ls(
+    ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None,
+    after: Annotated[str, Query(max_length=255)] = "", limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> list[EntryOut]:  # fmt: skip
+    """A directory's entries by name (page with `after`, the last name seen); links are shown, not followed."""
+    rel = files.clean(path)
+    t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
+    try:
+        got = await run_in_threadpool(store.listdir, t.paths.data, rel, limit, after)
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    return [EntryOut(name=e.name, kind=e.kind, size=e.size, mtime_ns=e.mtime_ns) for e in got]
+
+
+@router.delete("/volumes/{volume}/files", status_code=204)
+async def remove_path(ref: Ref, ctx: Auth, path: PathQ, org: OrgQ = None) -> Response:
+    rel = files.clean(path, allow_root=False)
+    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now, False)
+    try:
+        await run_in_threadpool(store.remove, t.paths.data, rel)
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    await run_in_threadpool(files.remeasure, ctx.db, t, ctx.now)
+    return Response(status_code=204)
+
+
+@router.put("/volumes/{volume}/tree", openapi_extra={"requestBody": BINARY})
+async def put_tree(ref: Ref, request: Request, ctx: Auth, path: PathQ = "", org: OrgQ = None,
+                   sha256: Sha = None) -> PutOut:  # fmt: skip
+    """A plain tar stream merged into directory `path` (made if need be): only files and directories, no links,
+    no absolute paths or `..` (422 naming the entry), within the room left (507)."""
+    rel = files.clean(path)
+    lim = _lim(ctx)
+    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, lim, ctx.now)
+    feed = _Feed()
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[Any] = loop.create_future()
+
+    def work() -> None:
+        try:
+            out: Any = vio.put_tree(t.paths, rel, feed, t.room, lim.max_files, sha256)
+        except BaseException as e:
+            out = e
+        feed.closed = True
+        loop.call_soon_threadsafe(done.set_result, out)
+
+    threading.Thread(target=work, name="volume-tree", daemon=True).start()
+    buf = bytearray()
+    try:
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) >= BUFFER:
+                await run_in_threadpool(feed.put, bytes(buf))
+                buf.clear()
+        await run_in_threadpool(feed.put, bytes(buf))
+        await run_in_threadpool(feed.put, b"")
+    except ClientDisconnect:
+        feed.fail()
+    out = await done
+    if isinstance(out, store.OverSize):
+        raise files.room_error(t, out)
+    if isinstance(out, store.VolumeFileError | ArchiveError):
+        raise Invalid(f"body: {out}")
+    if isinstance(out, BaseException):
+        raise out
+    nbytes, nfiles, digest = out
+    await run_in_threadpool(files.remeasure, ctx.db, t, ctx.now)
+    return PutOut(path=rel, bytes=nbytes, files=nfiles, sha256=digest)
+
+
+class _Feed:
+    """The request body as a blocking reader for the thread that unpacks it; bounded (the body waits)."""
+
+    def __init__(self) -> None:
+        self.q: queue.Queue[bytes | None] = queue.Queue(maxsize=8)
+        self.cur, self.pos, self.closed, self.eof = b"", 0, False, False
+
+    def put(self, chunk: bytes) -> None:
+        while not self.closed:
+            try:
+                self.q.put(chunk, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def fail(self) -> None:
+        self.put(None)  # type: ignore[arg-type]
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (fewer only at the end), without copying the rest of a chunk on every read."""
+        parts: list[bytes] = []
+        want = n if n >= 0 else 1 << 62
+        while want > 0:
+            if self.pos >= len(self.cur):
+                if self.eof:
+                    break
+                item = self.q.get()
+                if item is None:
+                    raise Invalid("body: the upload broke off")
+                if not item:
+                    self.eof = True
+                self.cur, self.pos = item, 0
+                continue
+            take = self.cur[self.pos : self.pos + want]
+            self.pos += len(take)
+            want -= len(take)
+            parts.append(take)
+        return b"".join(parts)
+
+
+@router.get("/volumes/{volume}/tree", response_class=StreamingResponse,
+            responses={200: {"content": {"application/x-tar": {}}}})  # fmt: skip
+async def get_tree(ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None) -> StreamingResponse:
+    rel = files.clean(path)
+    t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
+    if await run_in_threadpool(store.kind, t.paths.data, rel) != "dir":
+        raise Invalid(f"path: {rel or '/'} is not a directory")
+    return StreamingResponse(vio.tar_tree(t.paths.data, rel), media_type="application/x-tar")

@@ -1,0 +1,184 @@
+"""Volumes: create, list, describe, resize, remove; versions (snapshot, restore, clone, diff). Files: `volume_files`.
+
+A volume is named by its id (`vol_…`) or by its name in `org` (default: the caller's personal org)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+from fastapi import Path as PathParam
+from pydantic import Field
+
+from suanli.api.deps import Auth, in_thread
+from suanli.api.schemas import In, Out, money
+from suanli.api.strict_json import StrictJSONRoute
+from suanli.billing.prices import PriceBook
+from suanli.control import volumes
+from suanli.control.volume_billing import hourly_cost
+from suanli.db.volumes import Volume
+from suanli.workloads.volumes import MAX_VERSION
+
+router = APIRouter(route_class=StrictJSONRoute, tags=["volumes"])
+OrgQ = Annotated[str | None, Query(max_length=128, description="org id or name; default: your personal org")]
+Version = Annotated[int, Field(ge=1, le=MAX_VERSION)]
+Ref = Annotated[str, PathParam(alias="volume", max_length=64, description="the volume's id, or its name in `org`")]
+
+
+class VolumeIn(In):
+    name: str = Field(max_length=63, description="lower-case letters, digits and '-', starting with a letter")
+    size: str | int = Field(description="its limit and what is billed: 200Gi, 500G or bytes")
+    org: str | None = Field(None, max_length=128, description="org id or name; default: your personal org")
+    backend: str = Field("local", max_length=8, description="local (default) or s3")
+
+
+class ResizeIn(In):
+    size: str | int
+
+
+class SnapshotIn(In):
+    message: str = Field("", max_length=200)
+
+
+class RestoreIn(In):
+    version: Version
+
+
+class CloneIn(In):
+    version: Version
+    name: str = Field(max_length=63)
+
+
+class VolumeOut(Out):
+    id: str
+    org_id: str
+    name: str
+    backend: str
+    size_bytes: int = Field(description="the limit: writes past it fail; billed per GB-month")
+    used_bytes: int = Field(description="the live tree as last measured (files in whole 4 KiB blocks)")
+    files: int
+    snapshot_bytes: int = Field(description="content only its versions hold (billed as well)")
+    last_version: int
+    state: str = Field(description="ready; read-only (its org's balance is exhausted); full (over its size)")
+    created_at: datetime
+    measured_at: datetime | None
+    mounted_by: list[str] = Field(default_factory=list, description="live workloads that mount it")
+    price_per_hour: str = Field("0", description="what it costs an hour now (size + versions' bytes), exact")
+
+
+class VersionOut(Out):
+    volume_id: str
+    number: int
+    message: str
+    bytes: int
+    files: int
+    added_bytes: int = Field(description="new content this version stored; unchanged files are stored once")
+    created_at: datetime
+
+
+class DiffOut(Out):
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+
+
+def _out(v: Volume, mounted: list[str] | None = None, book: PriceBook | None = None) -> VolumeOut:
+    price = money(hourly_cost(v, book)) if book is not None else "0"
+    return VolumeOut.model_validate(v).model_copy(update={"mounted_by": mounted or [], "price_per_hour": price})
+
+
+@router.post("/volumes", status_code=201)
+@in_thread
+def create_volume(body: VolumeIn, ctx: Auth) -> VolumeOut:
+    """A volume of `size` (its limit) in `org`; the caller's role there must let them submit and spend."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    with ctx.db.write() as s, s.begin():
+        v = volumes.create(s, ctx.who, body.name, body.size, body.org, body.backend, lim, ctx.now)
+    return _out(v)
+
+
+@router.get("/volumes")
+@in_thread
+def list_volumes(ctx: Auth, org: OrgQ = None) -> list[VolumeOut]:
+    """The volumes of `org`, or of every org the caller is a member of."""
+    with ctx.db.read() as s:
+        _, book = ctx.srv.prices.current(s)
+        return [_out(v, book=book) for v in volumes.listing(s, ctx.who, org)]
+
+
+@router.get("/volumes/{volume}")
+@in_thread
+def get_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> VolumeOut:
+    with ctx.db.read() as s:
+        v = volumes.get(s, ctx.who, ref, org, volumes.READ)
+        return _out(v, volumes.mounted_by(s, v), ctx.srv.prices.current(s)[1])
+
+
+@router.patch("/volumes/{volume}")
+@in_thread
+def resize_volume(ref: Ref, body: ResizeIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
+    """A new size (larger, or smaller down to what it holds)."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    with ctx.db.write() as s, s.begin():
+        v = volumes.resize(s, ctx.who, ref, org, body.size, lim, ctx.now)
+    return _out(v)
+
+
+@router.delete("/volumes/{volume}", status_code=204)
+@in_thread
+def remove_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> Response:
+    """Remove it with every version (owners and admins); 409 naming the live workloads that mount it."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    with ctx.db.write() as s, s.begin():
+        v = volumes.remove(s, ctx.who, ref, org, lim)
+    volumes.destroy_files(lim, v)
+    return Response(status_code=204)
+
+
+@router.post("/volumes/{volume}/versions", status_code=201)
+@in_thread
+def snapshot(ref: Ref, body: SnapshotIn, ctx: Auth, org: OrgQ = None) -> VersionOut:
+    """A new version of what the volume holds now (mounted or not): unchanged files are not copied again."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    return VersionOut.model_validate(volumes.snapshot(ctx.db, ctx.who, ref, org, body.message, lim, ctx.now))
+
+
+@router.get("/volumes/{volume}/versions")
+@in_thread
+def list_versions(ref: Ref, ctx: Auth, org: OrgQ = None) -> list[VersionOut]:
+    with ctx.db.read() as s:
+        _, rows = volumes.versions(s, ctx.who, ref, org)
+        return [VersionOut.model_validate(r) for r in rows]
+
+
+@router.post("/volumes/{volume}/restore")
+@in_thread
+def restore(ref: Ref, body: RestoreIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
+    """The live tree becomes version `version` again (409 while a live workload mounts the volume)."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    return _out(volumes.restore(ctx.db, ctx.who, ref, org, body.version, lim, ctx.now))
+
+
+@router.post("/volumes/{volume}/clone", status_code=201)
+@in_thread
+def clone(ref: Ref, body: CloneIn, ctx: Auth, org: OrgQ = None) -> VolumeOut:
+    """A new volume `name` in the same org whose files are version `version`'s."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    return _out(volumes.clone(ctx.db, ctx.who, ref, org, body.version, body.name, lim, ctx.now))
+
+
+@router.get("/volumes/{volume}/diff")
+@in_thread
+def diff(
+    ref: Ref,
+    ctx: Auth,
+    a: Annotated[int, Query(ge=1, le=MAX_VERSION, alias="from")],
+    b: Annotated[int, Query(ge=1, le=MAX_VERSION, alias="to")],
+    org: OrgQ = None,
+) -> DiffOut:
+    """Files added, removed and changed (by content) from version `from` to version `to`."""
+    lim = volumes.Limits.of(ctx.srv.settings)
+    with ctx.db.read() as s:
+        d = volumes.diff(s, ctx.who, ref, org, a, b, lim)
+    return DiffOut(added=list(d.added), removed=list(d.removed), changed=list(d.changed))

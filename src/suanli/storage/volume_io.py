@@ -1,0 +1,251 @@
+"""Moving files in and out of a local volume's tree: uploads written to a partial copy beside the tree (resumable,
+their sha256 checked before they replace anything), a tar stream unpacked beside it and merged in, files read a
+range at a time, a directory streamed out as a tar. Everything goes through `storage.volumes`' descriptors: no link
+in the tree is followed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unpack
+from suanli.storage.volumes import (
+    _DIR_FLAGS,
+    CHUNK,
+    OverSize,
+    Paths,
+    VolumeFileError,
+    _key,
+    _split,
+    give,
+    load_state,
+    open_dir,
+    open_file,
+)
+
+
+# ---- writing files in: resumable, checksummed ----------------------------------------------------------------------
+def partial_path(p: Paths, rel: str) -> Path:
+    return p.partial / hashlib.sha256(rel.encode()).hexdigest()
+
+
+def partial_size(p: Paths, rel: str) -> int:
+    try:
+        return partial_path(p, rel).stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+class Writer:
+    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, at most `room` more
+    than the volume holds; `finish` checks the whole file's sha256 and moves it into the tree."""
+
+    def __init__(self, p: Paths, rel: str, offset: int, room: int) -> None:
+        self.p, self.rel, self.room = p, rel, room
+        path = partial_path(p, rel)
+        have = partial_size(p, rel)
+        if offset > have:
+            raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
+        self.f = open(path, "r+b" if have else "wb")  # noqa: SIM115 - closed by finish/abort
+        self.f.truncate(offset)
+        self.f.seek(0)
+        self.hash = hashlib.sha256()
+        while self.f.tell() < offset:  # a resumed upload: the received part is hashed again, from disk
+            chunk = self.f.read(min(CHUNK, offset - self.f.tell()))
+            if not chunk:
+                break
+            self.hash.update(chunk)
+        self.f.seek(offset)
+        self.written = offset
+
+    def write(self, chunk: bytes) -> None:
+        if footprint(self.written + len(chunk)) > self.room:
+            raise OverSize(f"this file would need more than the {self.room} bytes left in the volume")
+        self.f.write(chunk)
+        self.hash.update(chunk)
+        self.written += len(chunk)
+
+    def write_all(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            self.write(chunk)
+
+    def finish(self, sha256: str | None) -> tuple[str, int, int]:
+        """(sha256, bytes, bytes it replaced) once the file is whole and in place."""
+        self.f.close()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)
+        digest = self.hash.hexdigest()
+        src = partial_path(self.p, self.rel)
+        if sha256 is not None and sha256 != digest:
+            src.unlink(missing_ok=True)
+            raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+        parts = _split(self.rel)
+        if self.p.owner is not None:
+            os.chown(src, *self.p.owner)
+        with open_dir(self.p.data, parts[:-1], create=True, owner=self.p.owner) as dfd:
+            replaced = 0
+            with contextlib.suppress(FileNotFoundError):
+                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    src.unlink(missing_ok=True)
+                    raise VolumeFileError(f"{self.rel}: a directory is there")
+                replaced = footprint(st.st_size)
+            os.chmod(src, 0o644)
+            pfd = os.open(self.p.partial, _DIR_FLAGS)
+            try:
+                os.replace(src.name, parts[-1], src_dir_fd=pfd, dst_dir_fd=dfd)
+            finally:
+                os.close(pfd)
+        return digest, self.written, replaced
+
+    def abort(self) -> None:
+        """Keep what arrived (the client resumes from it)."""
+        with contextlib.suppress(OSError):
+            self.f.close()
+
+
+def put_tree(
+    p: Paths, rel: str, source: BinaryIO, room: int, max_files: int, sha256: str | None = None
+) -> tuple[int, int, str]:
+    """Unpack a plain tar stream beside the tree, check the stream's sha256 (when given), then merge it into the
+    directory `rel` (existing files it names are replaced) within `room` bytes. Returns (bytes, files, sha256)."""
+    hashing = _Hashing(source)
+    tmp = Path(tempfile.mkdtemp(prefix="tar-", dir=p.partial))
+    try:
+        try:
+            got = unpack(hashing, tmp / "t", Limits(room, max_files), gzip=False)
+        except TooLarge as e:
+            if e.what == "bytes":
+                raise OverSize(f"the tree unpacks to more than the {room} bytes left in the volume") from None
+            raise
+        hashing.drain()
+        digest = hashing.hash.hexdigest()
+        if sha256 is not None and digest != sha256:
+            raise VolumeFileError(f"sha256: the stream received hashes to {digest}, not {sha256}; send it again")
+        give(p, tmp / "t")
+        with open_dir(p.data, _split(rel), create=True, owner=p.owner) as dfd:
+            _merge(str(tmp / "t"), dfd)
+        return got.bytes, got.files, digest
+    finally:
+        remove_tree(tmp)
+
+
+class _Hashing:
+    def __init__(self, raw: BinaryIO) -> None:
+        self.raw, self.hash = raw, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        chunk = self.raw.read(n)
+        self.hash.update(chunk)
+        return chunk
+
+    def drain(self) -> None:
+        while self.read(CHUNK):
+            pass
+
+
+def _merge(src: str, dst_fd: int) -> None:
+    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced."""
+    for entry in os.scandir(src):
+        try:
+            st = os.stat(entry.name, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if entry.is_dir(follow_symlinks=False):
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dst_fd)
+                try:
+                    _merge(entry.path, sub)
+                finally:
+                    os.close(sub)
+                continue
+            if st is not None:
+                os.unlink(entry.name, dir_fd=dst_fd)
+            os.rename(entry.path, entry.name, dst_dir_fd=dst_fd)
+        else:
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                raise VolumeFileError(f"{entry.name}: a directory is there")
+            os.replace(entry.path, entry.name, dst_dir_fd=dst_fd)
+
+
+# ---- reading files out ---------------------------------------------------------------------------------------------
+def read_range(fd: int, start: int, length: int) -> Iterator[bytes]:
+    """`length` bytes from `start` of an open file, a chunk at a time; closes it."""
+    try:
+        pos, end = start, start + length
+        while pos < end:
+            chunk = os.pread(fd, min(CHUNK, end - pos), pos)
+            if not chunk:
+                break
+            pos += len(chunk)
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def file_sha256(p: Paths, rel: str) -> tuple[str, int]:
+    """The sha256 and size of a file of the tree (from the snapshot cache when unchanged since, else read)."""
+    fd, st = open_file(p.data, rel)
+    try:
+        cached = load_state(p).get(rel)
+        if cached is not None and tuple(cached[:4]) == _key(st):
+            return str(cached[4]), st.st_size
+        h = hashlib.sha256()
+        pos = 0
+        while chunk := os.pread(fd, CHUNK, pos):
+            h.update(chunk)
+            pos += len(chunk)
+        return h.hexdigest(), st.st_size
+    finally:
+        os.close(fd)
+
+
+def tar_tree(data: Path, rel: str) -> Iterator[bytes]:
+    """A plain tar of the directory `rel` of the tree as it streams (regular files, directories, links as links),
+    read through directory descriptors: a link a workload swaps in is stored as a link, never followed."""
+    sink = _Sink()
+    with open_dir(data, _split(rel)) as top, tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            base = "" if dirpath == "." else dirpath[2:] + "/"
+            for name in sorted(dirs) + sorted(files):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                info = tarfile.TarInfo(base + name)
+                info.mtime, info.mode = int(st.st_mtime), st.st_mode & 0o777
+                if stat.S_ISDIR(st.st_mode):
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+                elif stat.S_ISLNK(st.st_mode):
+                    info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
+                    tar.addfile(info)
+                elif stat.S_ISREG(st.st_mode):
+                    try:
+                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+                    except OSError:
+                        continue
+                    with os.fdopen(fd, "rb") as f:
+                        info.size = os.fstat(fd).st_size
+                        tar.addfile(info, f)
+                yield from sink.take()
+    yield from sink.take()
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def write(self, b: bytes) -> int:
+        self.parts.append(bytes(b))
+        return len(b)
+
+    def take(self) -> list[bytes]:
+        out, self.parts = self.parts, []
+        return out

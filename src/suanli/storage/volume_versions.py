@@ -1,0 +1,250 @@
+"""Versions of a local volume: content-addressed, so unchanged files are stored once.
+
+A version is a manifest (`versions/<N>/manifest.json`: path → [sha256, size], directories and links too); each
+distinct content is one read-only file in its org's blob store (`<org>/blobs/ab/abcdef…`), shared by every version
+of every volume of the org and by clones. A snapshot reads only files changed since the last one (the cache in
+`state.json`: same inode, size, mtime and ctime) and copies only content the store lacks. A version's tree of hard
+links into the store is made when a workload first mounts `name@N` (`tree`), not at every snapshot. Blobs no
+manifest of the org names are removed when a volume is removed (`gc`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from suanli.storage.archive import remove_tree
+from suanli.storage.volumes import CHUNK, Paths, Usage, _key, load_state, measure, save_state
+
+LINK = "symlink:"  # a manifest entry of a link: [LINK + target, 0]
+DIR = "dir"  # a manifest entry of a directory: [DIR, 0]
+LOCK = ".lock"  # in the blob store: snapshots hold it shared, `gc` exclusive (a blob stored before its manifest)
+
+
+class VersionError(ValueError):
+    """A version that is not on disk."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    bytes: int
+    files: int  # regular files
+    added_bytes: int  # content the blob store did not hold before
+
+
+def blob(p: Paths, sha: str) -> Path:
+    return p.blobs / sha[:2] / sha
+
+
+def snapshot(p: Paths, number: int) -> Snapshot:
+    """Record the live tree as version `number`. A mounted volume may be written meanwhile: each file is captured
+    as it was when read (consistent per file, not across files)."""
+    with _locked(p, exclusive=False):
+        return _snapshot(p, number)
+
+
+def _snapshot(p: Paths, number: int) -> Snapshot:
+    old = load_state(p)
+    blobs = str(p.blobs)
+    state: dict[str, list[object]] = {}
+    entries: dict[str, list[object]] = {}
+    total = added = files = 0
+    for dirpath, dirs, names, dfd in os.fwalk(p.data, follow_symlinks=False):
+        rel = os.path.relpath(dirpath, p.data)
+        base = "" if rel == "." else rel + "/"
+        for name in dirs:
+            entries[base + name] = [DIR, 0]
+        for name in names:
+            path = base + name
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                entries[path] = [LINK + os.readlink(name, dir_fd=dfd), 0]
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            cached = old.get(path)
+            sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
+            if sha is None or not os.path.exists(f"{blobs}/{sha[:2]}/{sha}"):  # (a str: pathlib costs more here)
+                sha, new = _store(p, name, dfd)
+                added += new
+            state[path] = [*_key(st), sha]
+            entries[path] = [sha, st.st_size]
+            total += st.st_size
+            files += 1
+    dest = p.version(number)
+    tmp = p.versions / f".{number}.tmp"
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    (tmp / "manifest.json").write_text(json.dumps(entries, sort_keys=True), encoding="utf-8")
+    os.rename(tmp, dest)
+    save_state(p, state)
+    return Snapshot(total, files, added)
+
+
+def _store(p: Paths, name: str, dfd: int) -> tuple[str, int]:
+    """Copy a file into the blob store while hashing it; (sha256, bytes new to the store)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    h = hashlib.sha256()
+    with os.fdopen(fd, "rb") as src, tempfile.NamedTemporaryFile(dir=p.blobs, prefix=".in-", delete=False) as out:
+        while chunk := src.read(CHUNK):
+            h.update(chunk)
+            out.write(chunk)
+        size = out.tell()
+    sha = h.hexdigest()
+    target = blob(p, sha)
+    if target.exists():
+        os.unlink(out.name)
+        return sha, 0
+    target.parent.mkdir(exist_ok=True)
+    os.chmod(out.name, 0o444)
+    os.replace(out.name, target)
+    return sha, size
+
+
+def manifest(p: Paths, number: int) -> dict[str, tuple[str, int]]:
+    """Path → (sha256, size) of a version's entries (directories as ("dir", 0), links as ("symlink:…", 0))."""
+    try:
+        doc = json.loads((p.version(number) / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise VersionError(f"version {number} is not on disk") from None
+    return {k: (str(v[0]), int(v[1])) for k, v in doc.items()}
+
+
+def files_of(m: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
+    """A manifest's files and links (what a diff compares), without its directories."""
+    return {k: v for k, v in m.items() if v[0] != DIR}
+
+
+def tree(p: Paths, number: int) -> Path:
+    """A read-only tree of version `number` (hard links into the blob store), made the first time it is asked for."""
+    out = p.version(number) / "tree"
+    if out.is_dir():
+        return out
+    entries = manifest(p, number)
+    tmp = p.version(number) / f".tree.{os.getpid()}"
+    remove_tree(tmp)
+    tmp.mkdir()
+    for path, (sha, _) in sorted(entries.items()):
+        dest = tmp / path
+        if sha == DIR:
+            dest.mkdir(parents=True, exist_ok=True)
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if sha.startswith(LINK):
+            os.symlink(sha[len(LINK) :], dest)
+        else:
+            _link(blob(p, sha), dest)
+    for _, _, _, dfd in os.fwalk(tmp, follow_symlinks=False):
+        os.chmod(dfd, 0o555)
+    try:
+        os.rename(tmp, out)
+    except OSError:  # made meanwhile by another launch
+        remove_tree(tmp)
+    return out
+
+
+def _link(src: Path, dest: Path) -> None:
+    try:
+        os.link(src, dest)
+    except OSError as e:
+        if e.errno != errno.EMLINK:  # the filesystem's most links to one inode: this one is a copy
+            raise
+        shutil.copyfile(src, dest)
+        os.chmod(dest, 0o444)
+
+
+def materialise(src: Paths, number: int, dest: Paths) -> Usage:
+    """Make `dest`'s live tree a writable copy of `src`'s version `number` (restore: dest is src; clone: a new
+    volume of the same org). The old live tree goes once the new one is in place."""
+    entries = manifest(src, number)
+    tmp = dest.root / ".restore.tmp"
+    remove_tree(tmp)
+    tmp.mkdir(parents=True)
+    state: dict[str, list[object]] = {}
+    for path, (sha, _) in sorted(entries.items()):
+        out = tmp / path
+        if sha == DIR:
+            out.mkdir(parents=True, exist_ok=True)
+            continue
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if sha.startswith(LINK):
+            os.symlink(sha[len(LINK) :], out)
+            continue
+        shutil.copyfile(blob(src, sha), out)
+        os.chmod(out, 0o644)
+        if dest.owner is not None:
+            os.chown(out, *dest.owner)
+        state[path] = [*_key(os.stat(out)), sha]
+    if dest.owner is not None:
+        for _, dirs, _, dfd in os.fwalk(tmp, follow_symlinks=False):
+            for name in dirs:
+                os.chown(name, *dest.owner, dir_fd=dfd, follow_symlinks=False)
+        os.chown(tmp, *dest.owner)
+    old = dest.root / ".restore.old"
+    remove_tree(old)
+    if dest.data.exists():
+        os.rename(dest.data, old)
+    os.rename(tmp, dest.data)
+    remove_tree(old)
+    save_state(dest, state)
+    return measure(dest.data)
+
+
+@contextlib.contextmanager
+def _locked(p: Paths, exclusive: bool) -> Iterator[None]:
+    p.blobs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p.blobs / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)
+
+
+def gc(p: Paths) -> int:
+    """Remove the org's blobs no manifest of any of its volumes names (no snapshot of the org is under way: they
+    hold the store's lock shared). Returns bytes freed."""
+    with _locked(p, exclusive=True):
+        return _gc(p)
+
+
+def _gc(p: Paths) -> int:
+    vols = p.root.parent
+    named: set[str] = set()
+    for manifest_file in vols.glob("*/versions/*/manifest.json"):
+        try:
+            doc = json.loads(manifest_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return 0  # a manifest being written or unreadable: remove nothing this time
+        named.update(str(v[0]) for v in doc.values())
+    freed = 0
+    for _, _, names, dfd in os.fwalk(p.blobs, follow_symlinks=False):
+        for name in names:
+            if name in named or name == LOCK:
+                continue
+            try:
+                st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                os.unlink(name, dir_fd=dfd)
+                freed += st.st_size
+            except OSError:
+                continue
+    return freed
+
+
+def destroy(p: Paths) -> None:
+    """Remove the volume and every version, then the blobs nothing else names."""
+    remove_tree(p.root)
+    gc(p)

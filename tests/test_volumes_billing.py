@@ -1,0 +1,107 @@
+"""Volumes are billed by the hour from the price book, exactly and once, on both databases; an org out of money
+gets its volumes read-only after the grace period, never deleted, and writable again after a top-up."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from suanli.billing.ledger import REVENUE, org_account, transfer
+from suanli.control import ledger, volume_billing, volumes
+from suanli.db.models import LedgerTransaction
+from suanli.db.volumes import Volume
+from tests.control_plane import admin_token, bearer, signup
+
+API = "/api/v1"
+MiB = 1 << 20
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    with TestClient(create_app(settings(tmp_path / "home", db_url, volume_max_bytes=1 << 40))) as client:
+        r = client.post(f"{API}/admin/clusters", json={"local": True, "name": "this-host"},
+                        headers=bearer(admin_token(client)))  # fmt: skip
+        assert r.status_code == 201, r.text
+        yield client
+
+
+def test_hours_are_charged_exactly_once_and_money_never_deletes(api: TestClient) -> None:
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    t = signup(api, "a@example.com")
+    vol = api.post(f"{API}/volumes", json={"name": "data", "size": "200Gi"}, headers=t.headers).json()
+    with db.read() as s:
+        start = s.get(Volume, vol["id"]).billed_until
+    # 200 GiB at the default 0.30 per GB-month, one hour: 214.748364800 GB x 0.30 / 720, exact to 1e-8.
+    hour = (Decimal(200 << 30) * Decimal("0.30") / (Decimal(10**9) * 720)).quantize(Decimal("1e-8"))
+    for _ in range(2):  # a second pass (or another server) charges nothing again
+        volume_billing.meter(db, start + timedelta(hours=3, minutes=59), grace_minutes=5)
+    with db.read() as s:
+        rows = list(s.scalars(select(LedgerTransaction).where(LedgerTransaction.key.like(f"volume:{vol['id']}:%"))))
+        assert len(rows) == 3
+        assert ledger.org_balance(s, t.org_id) == Decimal("10.00") - 3 * hour
+    # The org's money runs out: after the grace period the volume is read-only, never removed.
+    with db.write() as s, s.begin():
+        left = ledger.org_balance(s, t.org_id)
+        ledger.post(s, transfer("drain", "usage", org_account(t.org_id), REVENUE, left, "drain"), start,
+                    org_id=t.org_id)  # fmt: skip
+    volume_billing.meter(db, start + timedelta(hours=4, minutes=1), grace_minutes=5)
+    assert api.get(f"{API}/volumes/data", headers=t.headers).json()["state"] == "ready"  # within the grace
+    volume_billing.meter(db, start + timedelta(hours=5, minutes=2), grace_minutes=5)
+    v = api.get(f"{API}/volumes/data", headers=t.headers).json()
+    assert v["state"] == "read-only" and Decimal(v["price_per_hour"]) == hour
+    r = api.put(f"{API}/volumes/data/files", params={"path": "x"}, content=b"x", headers=t.headers)
+    assert r.status_code == 402 and "read-only" in r.json()["detail"]
+    from suanli.workloads.volumes import VolumeMount
+
+    with db.read() as s:
+        (m,) = volumes.host_mounts(s, Path("/v"), t.org_id, (VolumeMount(name="data", path="/data"),))
+    assert not m.writable and "balance" in m.note
+    with db.read() as s:
+        assert ledger.org_balance(s, t.org_id) < 0  # storage still accrues: the bytes are kept
+    admin = bearer(admin_token(api))
+    r = api.post(f"{API}/admin/orgs/{t.org_id}/transactions", json={"kind": "topup", "amount": "100"}, headers=admin)
+    assert r.status_code == 201, r.text
+    volume_billing.meter(db, start + timedelta(hours=5, minutes=30), grace_minutes=5)
+    assert api.get(f"{API}/volumes/data", headers=t.headers).json()["state"] == "ready"
+    assert (
+        api.put(f"{API}/volumes/data/files", params={"path": "x"}, content=b"x", headers=t.headers).status_code == 200
+    )
+
+
+def test_a_volume_a_workload_filled_past_its_size_is_full_until_emptied(api: TestClient) -> None:
+    from suanli.control import volume_files
+    from suanli.storage import volumes as store
+
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    root = api.app.state.server.settings.volumes_root  # type: ignore[attr-defined]
+    t = signup(api, "a@example.com")
+    vol = api.post(f"{API}/volumes", json={"name": "data", "size": "1Mi"}, headers=t.headers).json()
+    job = {"name": "filler", "command": "sleep 60", "resources": {"gpus": 0},
+           "volumes": [{"name": "data", "path": "/data"}]}  # fmt: skip
+    assert api.post(f"{API}/workloads", json={"spec": job}, headers=t.headers).status_code == 201
+    data = store.paths(root, vol["org_id"], vol["id"]).data
+    (data / "big").write_bytes(b"x" * (2 * MiB))  # what the job wrote inside its sandbox
+    from suanli.control.ids import utcnow
+
+    assert volume_files.measure_mounted(db, root, utcnow()) == 1
+    v = api.get(f"{API}/volumes/data", headers=t.headers).json()
+    assert v["state"] == "full" and v["used_bytes"] > MiB
+    with db.read() as s:
+        from suanli.workloads.volumes import VolumeMount
+
+        (m,) = volumes.host_mounts(s, root, t.org_id, (VolumeMount(name="data", path="/data"),))
+    assert not m.writable and "over its size" in m.note
+    assert (
+        api.put(f"{API}/volumes/data/files", params={"path": "y"}, content=b"y", headers=t.headers).status_code == 507
+    )
+    assert api.delete(f"{API}/volumes/data/files", params={"path": "big"}, headers=t.headers).status_code == 204
+    assert api.get(f"{API}/volumes/data", headers=t.headers).json()["state"] == "ready"

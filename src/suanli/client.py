@@ -27,6 +27,7 @@ from urllib.parse import quote as _quote
 import httpx
 
 from suanli import __version__
+from suanli.client_hub import HubCalls, HubEntry, HubFile
 from suanli.client_models import (
     TERMINAL_STATES,
     Balance,
@@ -79,6 +80,8 @@ __all__ = [
     "Client",
     "Cluster",
     "Gpu",
+    "HubEntry",
+    "HubFile",
     "Invitation",
     "InviteCode",
     "LedgerCheck",
@@ -175,7 +178,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls):
+class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

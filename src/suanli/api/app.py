@@ -25,6 +25,7 @@ from suanli.api.deps import Server, no_nul
 from suanli.api.routers import (
     admin,
     auth,
+    hub,
     instances,
     market,
     members,
@@ -288,7 +289,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
-               telemetry.router, ssh.router, instances.router, workdirs.router)  # fmt: skip
+               telemetry.router, ssh.router, instances.router, workdirs.router, hub.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import account, admin, agent, perf, server, sim, ssh, telemetry, topology, workloads
+from suanli.cli import account, admin, agent, hub, perf, server, sim, ssh, telemetry, topology, workloads
 
 app = typer.Typer(
     name="suanli",
@@ -28,6 +28,7 @@ workloads.register(app)
 telemetry.register(app)
 ssh.register(app)
 agent.register(app)
+app.add_typer(hub.app, name="hub")
 app.add_typer(admin.app, name="admin")
 
 

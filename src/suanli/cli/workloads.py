@@ -167,17 +167,40 @@ def run(
         ),
     ] = None,
     org: OrgOpt = None,
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", metavar="NAME", help="A hub model to mount read-only (`suanli hub models`); repeat."),
+    ] = None,
+    dataset: Annotated[
+        list[str] | None,
+        typer.Option("--dataset", metavar="NAME", help="A hub dataset to mount read-only; repeat."),
+    ] = None,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Submit a job or an instance; with --follow, watch it queue, stream its log and report how it ended."""
     if follow and json_out:
         fail("give at most one of --follow and --json")
-    upload = upload_dir(file, _read_spec(file), workdir)
+    doc = _read_spec(file)
+    upload = upload_dir(file, doc, workdir)
+    spec: Path | dict[str, Any] = file
+    if model or dataset:  # added to the spec's own `models:` / `datasets:`, read as the server reads YAML
+        from suanli.workloads.spec import SpecError, load_yaml
+
+        try:
+            doc = load_yaml(file.read_text(encoding="utf-8"))
+        except SpecError as e:
+            fail(f"{file}: {e}")
+        for key, names in (("models", model or []), ("datasets", dataset or [])):
+            have = doc.get(key) or []
+            if not isinstance(have, list):
+                fail(f"{file}: {key} must be a list of hub names")
+            doc[key] = list(dict.fromkeys([*have, *names]))
+        spec = doc
     with cred.api(server) as c:
         oid = org_id(c, org)
         with user_errors():
-            w = c.submit(file, workdir=upload, org_id=oid)
+            w = c.submit(spec, workdir=upload, org_id=oid)
         if json_out:
             emit_json(jsonable(w))
             return

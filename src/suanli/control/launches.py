@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control import proxy
+from suanli.control import hub, proxy
 from suanli.control.sandboxes import SandboxPolicy
 from suanli.control.scheduling import seconds
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
@@ -112,6 +112,11 @@ class Launches:
         extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
         if w.restart_reason:  # resize, preemption, failure or node-failure: the ranks may resume from a checkpoint
             extra_env["SUANLI_RESTART_REASON"] = w.restart_reason
+        if w.executor != "virtual":  # hub models and datasets, read-only, with the Hugging Face variables
+            binds = hub.sandbox_binds(s, hub.store_of(self.sandboxes.hub_dir, self.home), spec, sandbox is not None)
+            extra_env.update(binds.env)
+            if sandbox is not None and binds.mounts:
+                sandbox = replace(sandbox, mounts=(*sandbox.mounts, *binds.mounts))
         if spec.kind == "instance" and w.executor == "local":  # reachable through the server's proxy
             access = proxy.prepare_launch(self.home, w, spec, log_dir, command, sandbox is not None,
                                           sandbox.uid if sandbox is not None else None)  # fmt: skip

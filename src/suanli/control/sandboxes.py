@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from suanli.control.errors import Invalid
 from suanli.control.settings import Settings
@@ -35,6 +36,7 @@ class SandboxPolicy:
     default_environment: str = "server"
     gpu_dev_root: str = "/dev"
     cgroup_parent: str | None = None
+    hub_dir: Path | None = None  # None: hub/ in the data directory
 
     def sandboxed(self, is_admin: bool) -> bool:
         return not (is_admin and self.mode == "off")
@@ -105,5 +107,5 @@ def sandbox_policy(settings: Settings) -> SandboxPolicy:
     return SandboxPolicy(
         mode=settings.sandbox, environments=dict(settings.environments),
         default_environment=settings.default_environment, gpu_dev_root=settings.gpu_dev_root,
-        cgroup_parent=settings.cgroup_parent,
+        cgroup_parent=settings.cgroup_parent, hub_dir=settings.hub_dir,
     )  # fmt: skip

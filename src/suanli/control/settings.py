@@ -92,6 +92,11 @@ class Settings(BaseModel):
     default_environment: str = Field(
         "server", description="prefix bound into every sandbox: 'server' (this Python), 'none', or a directory"
     )
+    hub_dir: Path | None = Field(
+        None,
+        description="the hub of public models and datasets (default: hub/ in the data directory); on a cluster, a "
+        "filesystem every node mounts at the same path",
+    )
     proxy_url: str | None = Field(
         None,
         description="each instance's JupyterLab and ports on an origin of its own, "

@@ -427,6 +427,8 @@ class Lease(Base):
 # Telemetry and access tables (invitations, signup codes, login throttling) live in their own modules; importing them
 # here puts them in `Base.metadata` for migrations.
 from suanli.db.access import Invitation, LoginThrottle, SignupCode  # noqa: E402
+from suanli.db.hub import HubEntry  # noqa: E402
 from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
 
-__all__ = ["GpuRollup", "GpuSampleRow", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent", "SignupCode"]
+__all__ = ["GpuRollup", "GpuSampleRow", "HubEntry", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent",
+           "SignupCode"]  # fmt: skip

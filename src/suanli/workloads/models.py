@@ -42,6 +42,8 @@ RESERVED_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "MASTER_ADDR", "MASTER_PORT", 
 RESERVED_ENV_PREFIX = "SUANLI_"
 _NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _IMAGE = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+HUB_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # a hub entry's name (`suanli hub models`); '..' refused too
+MAX_HUB = 16  # models, and datasets, one workload names
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
 _BILLING = re.compile(r"on-demand|spot|usage|plan:[A-Za-z0-9_-]{1,32}")
 _CFG = ConfigDict(extra="forbid", frozen=True)
@@ -307,6 +309,24 @@ class WorkloadSpec(BaseModel):
     image: str | None = None  # a named environment the operator published (`suanli environments`)
     jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy
     ports: tuple[StrictInt, ...] = ()  # loopback ports served through the proxy at /i/<id>/port/<N>/
+    models: tuple[str, ...] = ()  # hub models bound read-only into the sandbox (`suanli hub models`)
+    datasets: tuple[str, ...] = ()  # hub datasets, likewise (`suanli hub datasets`)
+
+    @field_validator("models", "datasets", mode="before")
+    @classmethod
+    def _hub_names(cls, v: object) -> object:
+        if isinstance(v, str):
+            v = [v]
+        if not isinstance(v, list | tuple):
+            raise ValueError("must be a list of hub names, e.g. [qwen2.5-0.5b-instruct]")
+        if len(v) > MAX_HUB:
+            raise ValueError(f"at most {MAX_HUB} names (got {len(v)})")
+        for name in v:
+            if not isinstance(name, str) or not HUB_NAME.fullmatch(name) or ".." in name:
+                raise ValueError(f"each must be a hub name: 1-63 of a-z, 0-9, '.', '_', '-' (got {brief(name)})")
+        if len(set(v)) != len(v):
+            raise ValueError("names must not repeat")
+        return tuple(v)
 
     @field_validator("ports", mode="before")
     @classmethod

@@ -17,8 +17,8 @@ from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
+from suanli.control import hub, resizing, storage, workloads
 from suanli.control import logs as workload_logs
-from suanli.control import resizing, storage, workloads
 from suanli.control.errors import Invalid, NotFound, ServiceError
 from suanli.control.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
@@ -171,6 +171,8 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
             policy = sandbox_policy(ctx.srv.settings)
             policy.check_image(spec)
             policy.check_jupyter(spec)
+        if spec.models or spec.datasets:  # names the hub must hold: a read in a thread
+            await run_in_threadpool(_check_hub, ctx, spec)
     except ServiceError:
         if body.workdir_upload is not None:
             await run_in_threadpool(_forfeit, body.workdir_upload, ctx)
@@ -180,6 +182,11 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     else:
         row = await run_in_threadpool(_admit_upload, body, spec, ctx)
     return _submitted(row, spec, ctx)
+
+
+def _check_hub(ctx: Caller, spec: WorkloadSpec) -> None:
+    with ctx.db.read() as s:
+        hub.check_spec(s, spec)
 
 
 def _length(request: Request) -> int:

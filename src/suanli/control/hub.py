@@ -28,8 +28,7 @@ from sqlalchemy.orm import Session
 from suanli.control.errors import Conflict, Invalid, NotFound
 from suanli.control.ids import new_id
 from suanli.db.engine import Database
-from suanli.db.hub import HubEntry
-from suanli.db.models import Workload
+from suanli.db.models import HubEntry, Workload  # (db.models first: it imports db.hub at its end)
 from suanli.storage.hub import FileEntry, HubError, HubStore, Stored
 from suanli.workloads.models import HUB_NAME
 from suanli.workloads.spec import WorkloadSpec

@@ -105,9 +105,13 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _source_files(src: Path) -> Iterator[tuple[str, Path]]:
-    """(relative path, file) of a source directory, sorted; links to files are followed (a snapshot of another
-    Hugging Face cache is links to its blobs), anything but regular files is refused."""
+def _source_files(src: Path) -> list[tuple[str, Path]]:
+    """(relative path, file) of a source directory, sorted by path; links to files are followed (a snapshot of
+    another Hugging Face cache is links to its blobs), anything but regular files is refused."""
+    return sorted(_walk(src))
+
+
+def _walk(src: Path) -> Iterator[tuple[str, Path]]:
     for root, dirs, files in os.walk(src):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         for name in sorted(files):

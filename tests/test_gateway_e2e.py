@@ -5,13 +5,17 @@ streaming, completions, embeddings and errors; a replica killed under load; scal
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -238,3 +242,50 @@ def test_scale_and_remove(world: World) -> None:
     assert _client(world).completions.create(model="chat", prompt="x", max_tokens=1).choices
     assert http.delete("/api/v1/endpoints/lazy", headers=world.tenant.headers).status_code == 200
     assert http.get("/api/v1/endpoints/lazy", headers=world.tenant.headers).status_code == 404
+
+
+def _cli(world: World, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "SUANLI_SERVER": world.srv.url, "SUANLI_TOKEN": world.tenant.token, "COLUMNS": "200",
+           "SUANLI_HOME": str(world.srv.home / "cli")}  # fmt: skip
+    r = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == code, (args, r.returncode, r.stdout, r.stderr)
+    return r
+
+
+def test_cli_deploy_run_keys_usage_scale_rm(world: World, tmp_path: Path) -> None:
+    r = _cli(world, "deploy", "cold", "--model", "tiny", "--gpus", "0", "--replicas", "0", "--json")
+    assert json.loads(r.stdout)["desired"] == 0 and json.loads(r.stdout)["runtime"] == "transformers"
+    r = _cli(world, "deploy", "bad", "--model", "nope", "--gpus", "0", code=2)
+    assert "model" in r.stdout + r.stderr
+    spec = tmp_path / "svc.yaml"
+    spec.write_text("name: viacli\nkind: service\nmodel: tiny\nruntime: vllm\nimage: fakert\nreplicas: 1\n"
+                    "resources: {gpus: 0, cpus: 0.25, memory: 256Mi}\n")  # fmt: skip
+    assert "deployed" in _cli(world, "run", str(spec)).stdout
+    key = _cli(world, "keys", "create", "--endpoint", "viacli", "--json")
+    secret, key_id = json.loads(key.stdout)["key"], json.loads(key.stdout)["id"]
+    wait_ready(world.http, world.tenant, "viacli", 1)
+    c = _client(world, secret)
+    c.completions.create(model="viacli", prompt="x", max_tokens=4)
+    list(
+        c.chat.completions.create(
+            model="viacli", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+        )
+    )
+    ls = _cli(world, "endpoints", "ls").stdout
+    assert "viacli" in ls and "cold" in ls
+    assert "ready" in _cli(world, "endpoints", "describe", "viacli").stdout
+    deadline = time.monotonic() + 10  # the gateway reports usage every second
+    while True:
+        rows = json.loads(_cli(world, "endpoints", "usage", "viacli", "--json").stdout)
+        if sum(u["requests"] for u in rows) == 2:
+            break
+        assert time.monotonic() < deadline, rows
+        time.sleep(0.5)
+    assert sum(u["prompt_tokens"] for u in rows) == 6 and sum(u["completion_tokens"] for u in rows) == 6
+    assert {u["key_id"] for u in rows} == {key_id}  # the stream's usage too (the gateway asked for include_usage)
+    assert key_id in _cli(world, "endpoints", "keys", "viacli").stdout
+    assert "revoked" in _cli(world, "keys", "revoke", key_id).stdout
+    assert "0 replica(s)" in _cli(world, "endpoints", "scale", "viacli", "--replicas", "0").stdout
+    for name in ("viacli", "cold"):
+        assert "removed" in _cli(world, "endpoints", "rm", name).stdout

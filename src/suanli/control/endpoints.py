@@ -21,7 +21,7 @@ from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, Unauthorized
 from suanli.control.ids import new_id, token_hash
 from suanli.db.models import User, Workload
-from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica
+from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.serving.runtimes import Replica, runtime
 from suanli.serving.spec import MAX_REPLICAS, EndpointSpec, parse_endpoint, replica_spec
 from suanli.workloads.spec import SpecError, WorkloadSpec
@@ -182,6 +182,12 @@ def remove(s: Session, who: Principal, ref: str, now: datetime) -> Endpoint:
         s.execute(delete(table).where(table.endpoint_id == e.id))
     s.delete(e)
     return e
+
+
+def usage(s: Session, who: Principal, ref: str, limit: int = 10_000) -> list[EndpointUsage]:
+    e = get(s, who, ref)
+    q = select(EndpointUsage).where(EndpointUsage.endpoint_id == e.id)
+    return list(s.scalars(q.order_by(EndpointUsage.minute.desc(), EndpointUsage.key_id).limit(limit)))
 
 
 # ---- keys -------------------------------------------------------------------------------------------------------

@@ -175,6 +175,22 @@ def list_keys(ref: str, ctx: Auth) -> list[KeyOut]:
         return [KeyOut.model_validate(k) for k in endpoints.keys(s, ctx.who, ref)]
 
 
+class UsageOut(Out):
+    minute: datetime
+    key_id: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@router.get("/endpoints/{ref}/usage")
+@in_thread
+def usage(ref: str, ctx: Auth) -> list[UsageOut]:
+    """Requests and tokens per key per minute (from the runtime's `usage`), newest first, the last 10,000 rows."""
+    with ctx.db.read() as s:
+        return [UsageOut.model_validate(u) for u in endpoints.usage(s, ctx.who, ref)]
+
+
 @router.delete("/endpoint-keys/{key_id}")
 @in_thread
 def revoke_key(key_id: str, ctx: Auth) -> KeyOut:

@@ -79,3 +79,18 @@ def runtime_pid(port: int) -> int | None:
         if want in cmd + b"\x00" and b"serve\x00" in cmd:
             return int(d.name)
     return None
+
+
+def stop_all(http: httpx.Client, tenants: list[Tenant], timeout: float = 60) -> None:
+    """Remove every endpoint and wait until its replicas have stopped: a replica's processes outlive the server
+    process (a restarted server re-attaches to them), so a test must stop them before its server goes."""
+    for who in tenants:
+        for e in http.get("/api/v1/endpoints", headers=who.headers).json():
+            http.delete(f"/api/v1/endpoints/{e['id']}", headers=who.headers)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        active = [w for who in tenants for w in http.get("/api/v1/workloads", headers=who.headers).json()
+                  if w["state"] in ("pending", "scheduled", "starting", "running")]  # fmt: skip
+        if not active:
+            return
+        time.sleep(0.3)

@@ -28,6 +28,7 @@ from tests.serving_helpers import (
     fake_environment,
     minimal_model,
     runtime_pid,
+    stop_all,
     wait_ready,
 )
 
@@ -78,8 +79,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         _deploy(http, tenant, {"name": "chat", "kind": "service", "model": "tiny", "runtime": "vllm", "image": "fakert",
                                "resources": CPU, "replicas": 2, "env": {"FAKE_TOKEN_DELAY_S": "0.02"}})  # fmt: skip
         key, _ = _key(http, tenant, "chat")
-        wait_ready(http, tenant, "chat", 2)
-        yield World(srv, http, tenant, mallory, key)
+        try:
+            wait_ready(http, tenant, "chat", 2)
+            yield World(srv, http, tenant, mallory, key)
+        finally:
+            stop_all(http, [tenant, mallory])
 
 
 def _client(world: World, key: str | None = None) -> openai.OpenAI:

@@ -181,7 +181,7 @@ class GatewayState:
         hit = self.targets.get(endpoint_id)
         if fresh or hit is None or mono - hit[0] > READY_TTL_S:
             hit = self.targets[endpoint_id] = (mono, await run_in_threadpool(store.ready, self.db, endpoint_id))
-        return [t for t in hit[1] if self.suspect.get(t.workload_id, 0.0) <= mono]
+        return [t for t in hit[1] if self.suspect.get(t.key, 0.0) <= mono]
 
     def pick(self, targets: list[store.Target], tried: set[str]) -> store.Target | None:
         """Least outstanding requests; ties to the one picked least recently."""
@@ -314,7 +314,9 @@ async def forward(state: GatewayState, request: Request, route: str) -> Response
             handed_off = True
             return await _whole(state, resp, t, r, g)
         except _BeforeFirstByte as e:
-            state.suspect[t.workload_id] = time.monotonic() + SUSPECT_S
+            state.suspect[t.key] = time.monotonic() + SUSPECT_S
+            if len(state.suspect) > 10_000:
+                state.suspect.clear()
             last_error = str(e)
             log.info("gateway: replica %s failed before answering (%s); trying another", t.name, e)
         finally:

@@ -40,6 +40,12 @@ class Target:
     name: str
     address: str
     port: int
+    attempt: int = 0
+
+    @property
+    def key(self) -> str:
+        """This attempt of the replica: a restarted one is not held to its dead attempt's failures."""
+        return f"{self.workload_id}.{self.attempt}"
 
 
 def key(db: Database, secret: str) -> KeyGrant:
@@ -64,7 +70,8 @@ def ready(db: Database, endpoint_id: str) -> list[Target]:
     """The endpoint's replicas whose runtime answered its probe in their current attempt and that still run."""
     with db.read() as s:
         rows = s.execute(
-            select(EndpointReplica.workload_id, Workload.name, EndpointReplica.address, EndpointReplica.port)
+            select(EndpointReplica.workload_id, Workload.name, EndpointReplica.address, EndpointReplica.port,
+                   Workload.attempt)
             .join(Workload, Workload.id == EndpointReplica.workload_id)
             .where(EndpointReplica.endpoint_id == endpoint_id, Workload.state == "running",
                    Workload.stop_requested.is_(None), EndpointReplica.ready_attempt == Workload.attempt)

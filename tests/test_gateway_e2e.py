@@ -99,7 +99,7 @@ def test_openai_client_chat_stream_completions_embeddings(world: World) -> None:
     chunks = list(c.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
                                             stream=True))  # fmt: skip
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert text.startswith("w0 w1 w2 w3 w4 ")
+    assert "] w0 w1 w2 w3 w4 " in text
     assert len([ch for ch in chunks if ch.choices]) == 6  # chunk by chunk, as the runtime sent them
     done = c.completions.create(model="chat", prompt="once", max_tokens=2)
     assert done.choices[0].text.startswith("w0 w1")
@@ -117,6 +117,47 @@ def test_stream_arrives_chunk_by_chunk_not_buffered(world: World) -> None:
             if line.startswith("data: "):
                 times.append(time.monotonic() - t0)
     assert len(times) >= 41 and times[0] < 0.5 * times[-1], times[:3] + times[-3:]
+
+
+def _long_stream(world: World) -> tuple[httpx.Client, httpx.Response, int, list[str], Iterator[str]]:
+    """A 200-token stream (4 s at 0.02 s a token); its first event names the replica's port."""
+    client = httpx.Client(timeout=60)
+    req = client.build_request("POST", f"{world.srv.url}/v1/completions", headers=bearer(world.key),
+                               json={"model": "chat", "prompt": "x", "max_tokens": 200, "stream": True})  # fmt: skip
+    r = client.send(req, stream=True)
+    lines = r.iter_lines()
+    first = next(line for line in lines if line.startswith("data: "))
+    port = int(json.loads(first[6:])["choices"][0]["text"].strip(" []"))
+    return client, r, port, [first], lines
+
+
+def test_a_replica_dying_mid_stream_ends_it_with_an_error_event(world: World) -> None:
+    wait_ready(world.http, world.tenant, "chat", 2)
+    client, r, port, seen, lines = _long_stream(world)
+    pid = runtime_pid(port)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    seen += [line for line in lines if line.startswith("data: ")]
+    r.close()
+    client.close()
+    last = json.loads(seen[-1][6:])
+    assert last["error"]["code"] == "upstream_disconnected" and len(seen) < 150, seen[-3:]
+    wait_ready(world.http, world.tenant, "chat", 2)  # retried (a failure) and ready again
+
+
+def test_a_client_that_goes_away_cancels_the_upstream_request(world: World) -> None:
+    ep = wait_ready(world.http, world.tenant, "chat", 2)
+    client, r, port, _, _ = _long_stream(world)
+    r.close()
+    client.close()
+    wid = next(x["workload_id"] for x in ep["replicas"] if x["port"] == port)
+    deadline = time.monotonic() + 10
+    while "client went away" not in (log := world.http.get(f"/api/v1/workloads/{wid}/logs",
+                                                           headers=world.tenant.headers).json()["data"]):  # fmt: skip
+        assert time.monotonic() < deadline, log[-500:]
+        time.sleep(0.2)
+    n = int(log.split("client went away after ")[-1].split()[0])
+    assert n < 100  # of 200: the runtime stopped generating within about 2 s of the client leaving
 
 
 def test_errors_are_4xx_in_openai_shape(world: World) -> None:

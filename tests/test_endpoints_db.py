@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from datetime import timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,67 @@ def test_remove_stops_replicas_and_deletes_keys(platform: Platform) -> None:
         ws = s.scalars(select(Workload).where(Workload.name.like("chat-r%"))).all()
         assert len(ws) == 2 and all(w.state == "stopped" or w.stop_requested for w in ws)
     assert platform.api.get(f"{EP}/chat", headers=platform.tenant.headers).status_code == 404
+
+
+def _usage(p: Platform, endpoint_id: str, key_id: str, minute: Any, prompt: int, completion: int) -> None:
+    from suanli.control import gateway as store
+
+    store.report(p.db, "w", {}, [(endpoint_id, key_id, minute, 1, prompt, completion)], utcnow())
+
+
+def _balance(p: Platform, org_id: str) -> Decimal:
+    from suanli.control import ledger
+
+    with p.db.read() as s:
+        return ledger.org_balance(s, org_id)
+
+
+def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platform) -> None:
+    from suanli.control import token_billing
+
+    priced = deploy(platform, {**GPU_SPEC, "replicas": 0, "price_per_1m_tokens": "2.50"})
+    deploy(platform, {**GPU_SPEC, "name": "free", "replicas": 0})
+    free_id = platform.api.get(f"{EP}/free", headers=platform.tenant.headers).json()["id"]
+    mallory = signup(platform.api, "mallory@example.com")
+    r = platform.api.post(f"{EP}/chat/keys", json={}, headers=mallory.headers)
+    assert r.status_code == 404  # by name: her own orgs' endpoints only
+    assert platform.api.post(f"{EP}/{free_id}/keys", json={}, headers=mallory.headers).status_code == 404
+    r = platform.api.post(f"{EP}/{priced['id']}/keys", json={"org": platform.tenant.org_id}, headers=mallory.headers)
+    assert r.status_code == 404  # she cannot make the owner pay
+    r = platform.api.post(f"{EP}/{priced['id']}/keys", json={"name": "buyer"}, headers=mallory.headers)
+    assert r.status_code == 201 and r.json()["org_id"] == mallory.org_id
+    theirs = r.json()["id"]
+    own = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["id"]
+    old = (utcnow() - timedelta(minutes=5)).replace(second=0, microsecond=0)
+    _usage(platform, priced["id"], theirs, old, 123_457, 654_321)
+    _usage(platform, priced["id"], own, old, 10**6, 10**6)  # the owner's own key: its GPUs are its price
+    _usage(platform, priced["id"], theirs, utcnow().replace(second=0, microsecond=0), 5, 5)  # this minute: later
+    owner0, buyer0 = _balance(platform, platform.tenant.org_id), _balance(platform, mallory.org_id)
+    assert token_billing.charge(platform.db, utcnow()) == 1
+    assert token_billing.charge(platform.db, utcnow()) == 0  # once
+    due = Decimal("1.944445")  # 777,778 tokens at 2.50 per 1M, exact
+    assert _balance(platform, mallory.org_id) == buyer0 - due
+    assert _balance(platform, platform.tenant.org_id) == owner0 + due
+    _usage(platform, priced["id"], theirs, old, 1, 0)  # a late report for the same minute: only the rest is charged
+    assert token_billing.charge(platform.db, utcnow()) == 1
+    assert _balance(platform, mallory.org_id) == buyer0 - Decimal("1.9444475")
+    from suanli.control import ledger
+
+    with platform.db.read() as s:
+        assert all(a == b for a, b in ledger.recompute(s).values())  # every balance is its entries
+    # the owner may cut the buyer off; another tenant may not
+    assert platform.api.delete(f"/api/v1/endpoint-keys/{theirs}", headers=platform.tenant.headers).status_code == 200
+
+
+def test_a_buyer_out_of_money_is_refused_with_402(platform: Platform) -> None:
+    from suanli.control import token_billing
+
+    priced = deploy(platform, {**GPU_SPEC, "replicas": 0, "price_per_1m_tokens": "1000"})
+    mallory = signup(platform.api, "mallory@example.com")
+    key = platform.api.post(f"{EP}/{priced['id']}/keys", json={}, headers=mallory.headers).json()
+    _usage(platform, priced["id"], key["id"], utcnow() - timedelta(minutes=5), 10**6, 10**6)  # ¥2,000 of tokens
+    token_billing.charge(platform.db, utcnow())
+    assert _balance(platform, mallory.org_id) < 0  # served tokens are charged even past zero
+    r = platform.api.post("/v1/completions", json={"model": "chat", "prompt": "x"},
+                          headers={"Authorization": f"Bearer {key['key']}"})  # fmt: skip
+    assert r.status_code == 402 and "top up" in r.json()["error"]["message"]

@@ -4,11 +4,13 @@ as a pure function (hypothesis properties)."""
 from __future__ import annotations
 
 import shlex
+from decimal import Decimal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from suanli.billing.tokens import cost_of_tokens, part_charge
 from suanli.serving.autoscale import Decision, Observed, decide
 from suanli.serving.runtimes import RUNTIMES, Replica, runtime
 from suanli.serving.spec import parse_endpoint, replica_spec
@@ -147,3 +149,25 @@ def test_decisions_stay_in_bounds_and_settle(case: tuple[Observed, int, int, int
         assert all(x is None or x >= idle for x in (o.since_change_s, o.since_busy_s))
     if n == 0 and o.replicas > 0:
         assert o.load == 0 and (o.since_request_s is None or o.since_request_s >= idle)
+
+
+# ---- paying for tokens ------------------------------------------------------------------------------------------
+def test_token_cost_is_exact() -> None:
+    assert cost_of_tokens(777_778, Decimal("2.50")) == Decimal("1.944445")
+    assert cost_of_tokens(1, Decimal("0.00000001")) == Decimal("0")  # below the ledger's precision: rounds to 0
+    assert cost_of_tokens(0, Decimal("5")) == 0
+    with pytest.raises(ValueError):
+        part_charge(5, 4, Decimal(1))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 10**9), min_size=1, max_size=20),
+       st.decimals(min_value=0, max_value=10**6, places=8, allow_nan=False, allow_infinity=False))  # fmt: skip
+def test_charging_a_row_in_parts_sums_to_its_whole(parts: list[int], price: Decimal) -> None:
+    total = charged = 0
+    paid = Decimal(0)
+    for p in parts:
+        total += p
+        paid += part_charge(charged, total, price)
+        charged = total
+    assert paid == cost_of_tokens(total, price)

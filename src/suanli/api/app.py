@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
 from suanli.api.gateway import BODY_BYTES as GATEWAY_BODY_BYTES
-from suanli.api.gateway import GatewayError
+from suanli.api.gateway_input import GatewayError
 from suanli.api.routers import (
     admin,
     auth,

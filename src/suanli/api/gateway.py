@@ -22,16 +22,17 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from decimal import Decimal
 
 import httpx
 from fastapi.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
+from suanli.api.gateway_input import GatewayError, check_body
+from suanli.api.gateway_relay import BeforeFirstByte, done, streamed, whole
 from suanli.control import gateway as store
 from suanli.control.endpoints import KeyGrant
 from suanli.control.errors import NotFound, ServiceError
@@ -41,7 +42,6 @@ from suanli.serving.runtimes import runtime
 
 log = logging.getLogger("suanli.gateway")
 BODY_BYTES = 4 << 20  # a request (long prompts); the middleware refuses more with 413
-RESPONSE_BYTES = 64 << 20  # a non-streamed answer read whole (embeddings of many inputs)
 KEY_TTL_S = 5.0  # a revoked key is refused within this
 ROUTE_TTL_S = 5.0
 READY_TTL_S = 1.0
@@ -52,68 +52,7 @@ POLL_S = 0.25
 RETRY_AFTER_S = 5
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 600.0
-SHADOW_BYTES = 1 << 20  # one SSE event, read for its usage
-MAX_ITEMS = 10_000  # messages, prompts, inputs
-MAX_TOKENS = 1 << 20
-MAX_N = 16
 ROUTES = ("chat/completions", "completions", "embeddings")
-
-
-class GatewayError(ServiceError):
-    """An error in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param, self.retry_after = status, param, retry_after
-
-    def response(self) -> JSONResponse:
-        kind = {401: "authentication_error", 404: "not_found_error", 503: "service_unavailable"}.get(
-            self.status, "invalid_request_error" if self.status < 500 else "api_error"
-        )
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else {}
-        if self.status == 401:
-            headers["WWW-Authenticate"] = "Bearer"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
-        return JSONResponse(body, status_code=self.status, headers=headers)
-
-
-def _bad(param: str, why: str) -> GatewayError:
-    return GatewayError(400, f"{param}: {why}", param)
-
-
-def check_body(route: str, raw: bytes) -> dict[str, Any]:
-    """The request's JSON, with the fields the gateway reads checked and bounded (others pass through to the
-    runtime, which has its own checks); a 400 naming the field."""
-    try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise _bad("body", "JSON nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise _bad("body", f"not valid JSON ({str(e)[:120]})") from None
-    if not isinstance(doc, dict):
-        raise _bad("body", "must be a JSON object")
-    model = doc.get("model")
-    if not isinstance(model, str) or not 0 < len(model) <= 256:
-        raise _bad("model", "is required: the endpoint's name (a string of at most 256 characters)")
-    if "stream" in doc and not isinstance(doc["stream"], bool):
-        raise _bad("stream", "must be true or false")
-    if "stream_options" in doc and doc["stream_options"] is not None and not isinstance(doc["stream_options"], dict):
-        raise _bad("stream_options", "must be an object")
-    for name in ("max_tokens", "max_completion_tokens"):
-        v = doc.get(name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_TOKENS):
-            raise _bad(name, f"must be a whole number from 1 to {MAX_TOKENS}")
-    n = doc.get("n")
-    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N):
-        raise _bad("n", f"must be a whole number from 1 to {MAX_N}")
-    need = {"chat/completions": "messages", "completions": "prompt", "embeddings": "input"}[route]
-    v = doc.get(need)
-    if route == "chat/completions":
-        if not isinstance(v, list) or not 0 < len(v) <= MAX_ITEMS or not all(isinstance(m, dict) for m in v):
-            raise _bad("messages", f"must be a list of 1 to {MAX_ITEMS} message objects")
-    elif not (isinstance(v, str) or (isinstance(v, list) and 0 < len(v) <= MAX_ITEMS)):
-        raise _bad(need, f"is required: a string or a list of 1 to {MAX_ITEMS} items")
-    return doc
 
 
 @dataclass
@@ -131,7 +70,7 @@ class GatewayState:
 
     db: Database
     worker: str = field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    keys: dict[str, tuple[float, KeyGrant | None]] = field(default_factory=dict)
+    keys: dict[str, tuple[float, KeyGrant | None, Decimal]] = field(default_factory=dict)
     routes: dict[str, tuple[float, store.Route]] = field(default_factory=dict)
     targets: dict[str, tuple[float, list[store.Target]]] = field(default_factory=dict)
     outstanding: dict[str, int] = field(default_factory=dict)
@@ -145,7 +84,8 @@ class GatewayState:
     wake: asyncio.Event | None = None
 
     # ---- who and where ----------------------------------------------------------------------------------------
-    async def grant(self, request: Request) -> KeyGrant:
+    async def grant(self, request: Request) -> tuple[KeyGrant, Decimal]:
+        """The key's grant and its paying org's balance (as of at most `KEY_TTL_S` ago)."""
         auth = request.headers.get("authorization", "")
         scheme, _, secret = auth.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
@@ -155,15 +95,15 @@ class GatewayState:
         hit = self.keys.get(secret)
         if hit is None or mono - hit[0] > KEY_TTL_S:
             try:
-                g: KeyGrant | None = await run_in_threadpool(store.key, self.db, secret)
+                g, balance = await run_in_threadpool(store.key, self.db, secret)
             except ServiceError:
-                g = None
+                g, balance = None, Decimal(0)
             if len(self.keys) > 10_000:
                 self.keys.clear()
-            hit = self.keys[secret] = (mono, g)
+            hit = self.keys[secret] = (mono, g, balance)
         if hit[1] is None:
             raise GatewayError(401, "invalid API key")
-        return hit[1]
+        return hit[1], hit[2]
 
     async def route(self, endpoint_id: str) -> store.Route:
         mono = time.monotonic()
@@ -270,17 +210,19 @@ class GatewayState:
 
 # ---- requests ---------------------------------------------------------------------------------------------------
 async def models(state: GatewayState, request: Request) -> Response:
-    g = await state.grant(request)
+    g, _ = await state.grant(request)
     r = await state.route(g.endpoint_id)
     return JSONResponse({"object": "list", "data": [{"id": r.name, "object": "model", "created": 0,
                                                       "owned_by": r.org_id}]})  # fmt: skip
 
 
 async def forward(state: GatewayState, request: Request, route: str) -> Response:
-    g = await state.grant(request)
+    g, balance = await state.grant(request)
     raw = await request.body()
     doc = check_body(route, raw)
     r = await state.route(g.endpoint_id)
+    if r.priced and g.org_id != r.org_id and balance <= 0:
+        raise GatewayError(402, f"the balance of the org paying for this key is {balance:.2f}; top up first")
     if doc["model"] != r.name:
         raise GatewayError(404, f"model: no model called {doc['model'][:100]!r} for this key", "model")
     if not runtime(r.runtime).serves(route):
@@ -310,10 +252,10 @@ async def forward(state: GatewayState, request: Request, route: str) -> Response
             resp = await _send(state, t, route, body)
             if stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
                 handed_off = True
-                return _streamed(state, resp, t, r, g)
+                return streamed(state, resp, t, r, g)
             handed_off = True
-            return await _whole(state, resp, t, r, g)
-        except _BeforeFirstByte as e:
+            return await whole(state, resp, t, r, g)
+        except BeforeFirstByte as e:
             state.suspect[t.key] = time.monotonic() + SUSPECT_S
             if len(state.suspect) > 10_000:
                 state.suspect.clear()
@@ -321,14 +263,9 @@ async def forward(state: GatewayState, request: Request, route: str) -> Response
             log.info("gateway: replica %s failed before answering (%s); trying another", t.name, e)
         finally:
             if not handed_off:
-                _done(state, t, r)
+                done(state, t, r)
     raise GatewayError(503, f"no replica of {r.name} answered ({last_error or 'none ready'}); retry", None,
                        RETRY_AFTER_S)  # fmt: skip
-
-
-def _done(state: GatewayState, t: store.Target, r: store.Route) -> None:
-    state.outstanding[t.workload_id] = max(0, state.outstanding.get(t.workload_id, 1) - 1)
-    state.touch(r.id, inflight=-1)
 
 
 async def _wait_ready(state: GatewayState, r: store.Route) -> list[store.Target]:
@@ -349,10 +286,6 @@ async def _wait_ready(state: GatewayState, r: store.Route) -> list[store.Target]
                        None, RETRY_AFTER_S)  # fmt: skip
 
 
-class _BeforeFirstByte(Exception):
-    pass
-
-
 async def _send(state: GatewayState, t: store.Target, route: str, body: bytes) -> httpx.Response:
     client = state.http()
     host = f"[{t.address}]" if ":" in t.address else t.address
@@ -361,113 +294,6 @@ async def _send(state: GatewayState, t: store.Target, route: str, body: bytes) -
     try:
         return await client.send(req, stream=True)
     except httpx.TimeoutException as e:
-        raise _BeforeFirstByte(f"{type(e).__name__}") from None
+        raise BeforeFirstByte(f"{type(e).__name__}") from None
     except httpx.TransportError as e:
-        raise _BeforeFirstByte(f"{type(e).__name__}: {e}") from None
-
-
-async def _whole(
-    state: GatewayState, resp: httpx.Response, t: store.Target, r: store.Route, g: KeyGrant
-) -> Response:  # fmt: skip
-    """A non-streamed answer: read whole (bounded), its usage counted, passed on as it came."""
-    chunks, size = [], 0
-    try:
-        async for chunk in resp.aiter_bytes():
-            size += len(chunk)
-            if size > RESPONSE_BYTES:
-                raise GatewayError(502, f"{r.name}'s answer is larger than {RESPONSE_BYTES} bytes")
-            chunks.append(chunk)
-    except httpx.TransportError as e:
-        raise _BeforeFirstByte(f"{type(e).__name__} while reading the answer") from None
-    finally:
-        await resp.aclose()
-    content = b"".join(chunks)
-    if resp.status_code == 200:
-        _count(state, r, g, _usage_of(content))
-    return Response(content, status_code=resp.status_code,
-                    media_type=resp.headers.get("content-type", "application/json"))  # fmt: skip
-
-
-def _usage_of(content: bytes) -> dict[str, Any] | None:
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        u = json.loads(content).get("usage")
-        return u if isinstance(u, dict) else None
-    return None
-
-
-def _count(state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, Any] | None) -> None:
-    u = usage or {}
-    prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
-    prompt = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and 0 <= prompt < 1 << 40 else 0
-    if not (isinstance(completion, int) and not isinstance(completion, bool) and 0 <= completion < 1 << 40):
-        completion = 0
-    state.add_usage(r.id, g.key_id, prompt, completion, utcnow())
-
-
-def _streamed(
-    state: GatewayState, resp: httpx.Response, t: store.Target, r: store.Route, g: KeyGrant
-) -> StreamingResponse:
-    """SSE, chunk by chunk as the runtime sends it. The usage event the gateway asked for is read in passing (a
-    client that did not ask for it gets it too: a chunk with no choices, as OpenAI sends it); a replica that breaks
-    off ends the stream with an error event."""
-
-    async def relay() -> AsyncIterator[bytes]:
-        usage: dict[str, Any] | None = None
-        shadow = b""  # the events seen, for their usage only: every chunk goes on as it came
-        try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
-                shadow += chunk
-                if b"\n\n" in shadow:
-                    *events, shadow = shadow.replace(b"\r\n", b"\n").split(b"\n\n")
-                    for ev in events:
-                        usage = _event_usage(ev) or usage
-                if len(shadow) > SHADOW_BYTES:
-                    shadow = b""
-        except httpx.TransportError as e:
-            log.info("gateway: replica %s broke off mid-stream: %s", t.name, e)
-            err = {"error": {"message": f"the replica serving {r.name} broke off mid-stream; retry the request",
-                             "type": "api_error", "param": None, "code": "upstream_disconnected"}}  # fmt: skip
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
-        finally:
-            _count(state, r, g, usage)
-
-    closed = False
-
-    async def close() -> None:
-        nonlocal closed
-        if not closed:
-            closed = True
-            await resp.aclose()
-            _done(state, t, r)
-
-    return _Stream(close, relay(), status_code=resp.status_code, media_type="text/event-stream",
-                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
-
-
-class _Stream(StreamingResponse):
-    """Closes the upstream response however the stream ends: done, the client gone (cancelled), or an error."""
-
-    def __init__(self, close: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._close = close
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with contextlib.suppress(BaseException):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-            await self._close()
-
-
-def _event_usage(ev: bytes) -> dict[str, Any] | None:
-    if b'"usage"' not in ev:
-        return None
-    for line in ev.split(b"\n"):
-        if line.startswith(b"data:"):
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                u = json.loads(line[5:].strip()).get("usage")
-                if isinstance(u, dict):
-                    return u
-    return None
+        raise BeforeFirstByte(f"{type(e).__name__}: {e}") from None

@@ -11,6 +11,7 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -198,17 +199,34 @@ class KeyGrant:
     org_id: str  # pays
 
 
-def create_key(s: Session, who: Principal, ref: str, name: str, now: datetime) -> tuple[EndpointKey, str]:
-    """A key for one endpoint of the caller's org, shown once; only its SHA-256 is kept."""
+def create_key(
+    s: Session, who: Principal, ref: str, name: str, now: datetime, org_id: str | None = None
+) -> tuple[EndpointKey, str]:
+    """A key for one endpoint, shown once; only its SHA-256 is kept. A member of the endpoint's org gets one for
+    that org. Another org's member gets one only for an endpoint with a price (`price_per_1m_tokens`), named by id,
+    for an org of theirs that then pays the endpoint's org per token (`control.token_billing`)."""
     if not name or len(name) > 128 or not name.isprintable():
         raise Invalid("name: 1-128 printable characters")
-    e = get(s, who, ref)
-    memberships.require(s, who, e.org_id, "submit")
+    e = s.get(Endpoint, ref)
+    mine = _visible(s, who)
+    if e is None or e.org_id in mine:
+        e = get(s, who, ref)
+        payer = org_id or e.org_id
+        if payer != e.org_id:
+            memberships.require(s, who, payer, "spend")
+        memberships.require(s, who, e.org_id, "submit")
+    else:
+        price = spec_of(e).price_per_1m_tokens
+        if price is None or Decimal(price) <= 0:
+            raise NotFound(f"endpoint {ref} not found")  # not offered: it does not exist for other orgs
+        payer = org_id or who.personal_org_id
+        if payer != who.personal_org_id:
+            memberships.require(s, who, payer, "spend")
     live = s.scalars(select(EndpointKey.id).where(EndpointKey.endpoint_id == e.id, EndpointKey.revoked_at.is_(None)))
     if len(live.all()) >= MAX_KEYS:
         raise Conflict(f"endpoint: {e.name} has {MAX_KEYS} live keys; revoke some first")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
-    row = EndpointKey(id=new_id("ek"), endpoint_id=e.id, org_id=e.org_id, user_id=who.user_id, name=name,
+    row = EndpointKey(id=new_id("ek"), endpoint_id=e.id, org_id=payer, user_id=who.user_id, name=name,
                       token_hash=token_hash(secret), prefix=secret[: len(KEY_PREFIX) + 6], created_at=now)  # fmt: skip
     s.add(row)
     return row, secret
@@ -220,10 +238,13 @@ def keys(s: Session, who: Principal, ref: str) -> list[EndpointKey]:
 
 
 def revoke_key(s: Session, who: Principal, key_id: str, now: datetime) -> EndpointKey:
+    """By a member of the paying org, or of the endpoint's (an owner may cut a buyer off)."""
     row = s.get(EndpointKey, key_id)
-    if row is None or row.org_id not in _visible(s, who):
+    e = s.get(Endpoint, row.endpoint_id) if row is not None else None
+    mine = _visible(s, who)
+    if row is None or (row.org_id not in mine and (e is None or e.org_id not in mine)):
         raise NotFound(f"key {key_id} not found")
-    memberships.require(s, who, row.org_id, "submit")
+    memberships.require(s, who, row.org_id if row.org_id in mine else e.org_id, "submit")  # type: ignore[union-attr]
     if row.revoked_at is None:
         row.revoked_at = now
     return row

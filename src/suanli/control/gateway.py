@@ -7,13 +7,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
-from suanli.control import endpoints
+from suanli.control import endpoints, ledger
 from suanli.control.endpoints import KeyGrant
 from suanli.control.errors import NotFound
 from suanli.db.engine import Database
@@ -32,6 +33,7 @@ class Route:
     runtime: str
     upstream_model: str
     cold_start_s: int
+    priced: bool = False  # other orgs' keys pay per token
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,12 @@ class Target:
         return f"{self.workload_id}.{self.attempt}"
 
 
-def key(db: Database, secret: str) -> KeyGrant:
+def key(db: Database, secret: str) -> tuple[KeyGrant, Decimal]:
+    """The key's grant and its paying org's balance (a key of another org is refused on a priced endpoint once
+    that balance is not above zero)."""
     with db.read() as s:
-        return endpoints.authenticate_key(s, secret)
+        g = endpoints.authenticate_key(s, secret)
+        return g, ledger.org_balance(s, g.org_id)
 
 
 def route(db: Database, endpoint_id: str) -> Route:
@@ -63,7 +68,8 @@ def route(db: Database, endpoint_id: str) -> Route:
         from suanli.serving.runtimes import Replica
 
         up = rt.upstream_model(Replica(e.repo_id, e.name, 0, spec.gpus()))
-        return Route(e.id, e.name, e.org_id, rt.name, up, spec.scaling().cold_start_s)
+        price = spec.price_per_1m_tokens
+        return Route(e.id, e.name, e.org_id, rt.name, up, spec.scaling().cold_start_s, bool(price and Decimal(price)))
 
 
 def ready(db: Database, endpoint_id: str) -> list[Target]:
@@ -109,7 +115,7 @@ def report(
         for eid, kid, minute, n, prompt, completion in usage:
             t = EndpointUsage
             stmt = ins(t).values(endpoint_id=eid, key_id=kid, minute=minute, requests=n, prompt_tokens=prompt,
-                                 completion_tokens=completion)  # fmt: skip
+                                 completion_tokens=completion, charged_tokens=0)  # fmt: skip
             s.execute(stmt.on_conflict_do_update(
                 index_elements=["endpoint_id", "key_id", "minute"],
                 set_={"requests": t.requests + n, "prompt_tokens": t.prompt_tokens + prompt,

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import select
 
-from suanli.control import endpoints, workloads
+from suanli.control import endpoints, token_billing, workloads
 from suanli.control.errors import ServiceError
 from suanli.db.engine import Database
 from suanli.db.models import Workload
@@ -32,6 +32,7 @@ log = logging.getLogger("suanli.serving")
 LOAD_FRESH_S = 10.0  # a gateway's load report older than this counts as no load
 PROBE_TIMEOUT_S = 1.0
 RECHECK_S = 5.0  # a ready replica's listener is checked to still be its sandbox's this often
+CHARGE_EVERY_S = 10.0
 REFUSAL_EVERY_S = 60.0  # a replica that cannot be submitted is said once a minute, not every pass
 
 
@@ -65,11 +66,20 @@ class ServingPass:
     admitting: endpoints.Admitting
     refused_at: dict[str, float] = field(default_factory=dict)  # endpoint -> when a refusal was last recorded
     checked_at: dict[str, float] = field(default_factory=dict)  # replica -> when its listener was last checked
+    charged_at: float = float("-inf")
 
     def run(self, db: Database, now: datetime) -> int:
-        """One pass over every endpoint; how many replicas changed state (ready, added, stopped)."""
+        """One pass over every endpoint; how many replicas changed state (ready, added, stopped). Tokens are
+        charged every `CHARGE_EVERY_S`."""
         with db.read() as s:
             ids = list(s.scalars(select(Endpoint.id)))
+        mono = time.monotonic()
+        if mono - self.charged_at >= CHARGE_EVERY_S:
+            self.charged_at = mono
+            try:
+                token_billing.charge(db, now)
+            except Exception:
+                log.exception("charging tokens failed")
         changed = 0
         for eid in ids:
             try:

@@ -86,7 +86,7 @@ class EndpointLoad(Base):
 
 
 class EndpointUsage(Base):
-    """Tokens one key used in one minute, from the runtime's `usage`."""
+    """Tokens one key used in one minute, from the runtime's `usage`; what of them is charged."""
 
     __tablename__ = "endpoint_usage"
     __table_args__ = (Index("ix_endpoint_usage_endpoint_minute", "endpoint_id", "minute"),)
@@ -96,3 +96,6 @@ class EndpointUsage(Base):
     requests: Mapped[int] = mapped_column(BigInteger, default=0)
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Tokens of this row already charged to the key's org (another org's key on a priced endpoint): a late report
+    # adds tokens, and only the rest is charged next time.
+    charged_tokens: Mapped[int] = mapped_column(BigInteger, default=0)

@@ -40,6 +40,7 @@ class ScaleIn(In):
 
 class KeyIn(In):
     name: str = Field("default", min_length=1, max_length=128)
+    org: str | None = Field(None, max_length=64, description="the org that pays for what the key uses")
 
 
 class ReplicaOut(Out):
@@ -161,9 +162,10 @@ def remove(ref: str, ctx: Auth) -> EndpointOut:
 @router.post("/endpoints/{ref}/keys", status_code=201)
 @in_thread
 def create_key(ref: str, body: KeyIn, ctx: Auth) -> KeyOut:
-    """An API key for the endpoint (shown once; only its SHA-256 is kept)."""
+    """An API key for the endpoint (shown once; only its SHA-256 is kept). Another org's endpoint with a price, by
+    id: the key's org (`org`, default your personal one) pays the owner per 1M tokens."""
     with ctx.db.write() as s, s.begin():
-        row, secret = endpoints.create_key(s, ctx.who, ref, body.name, ctx.now)
+        row, secret = endpoints.create_key(s, ctx.who, ref, body.name, ctx.now, body.org)
         s.flush()
         return KeyOut.model_validate(row).model_copy(update={"key": secret})
 

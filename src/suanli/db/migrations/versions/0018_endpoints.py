@@ -103,6 +103,7 @@ def upgrade() -> None:
         sa.Column("requests", sa.BigInteger(), nullable=False),
         sa.Column("prompt_tokens", sa.BigInteger(), nullable=False),
         sa.Column("completion_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("charged_tokens", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("endpoint_id", "key_id", "minute", name=op.f("pk_endpoint_usage")),
     )
     op.create_index("ix_endpoint_usage_endpoint_minute", "endpoint_usage", ["endpoint_id", "minute"])

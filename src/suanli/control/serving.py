@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
-from sqlalchemy import select
+from sqlalchemy import delete, select
 
 from suanli.control import endpoints, token_billing, workloads
 from suanli.control.errors import ServiceError
@@ -30,6 +30,7 @@ from suanli.serving.runtimes import runtime
 
 log = logging.getLogger("suanli.serving")
 LOAD_FRESH_S = 10.0  # a gateway's load report older than this counts as no load
+STALE_LOAD_S = 86_400.0  # a report this old is of a gateway process long gone: removed (its last request time with it)
 PROBE_TIMEOUT_S = 1.0
 RECHECK_S = 5.0  # a ready replica's listener is checked to still be its sandbox's this often
 CHARGE_EVERY_S = 10.0
@@ -126,6 +127,10 @@ class ServingPass:
 
     # ---- autoscaling and replica count --------------------------------------------------------------------
     def _scale(self, db: Database, eid: str, now: datetime) -> int:
+        """Decide and reconcile in a write transaction only when something may change: a pass over idle endpoints
+        reads and writes nothing (on SQLite every write holds the database's one write lock)."""
+        if not self._due(db, eid, now):
+            return 0
         with db.write() as s, s.begin():
             e = s.get(Endpoint, eid, with_for_update=True, populate_existing=True)
             if e is None:
@@ -136,6 +141,8 @@ class ServingPass:
             rows = list(s.scalars(select(EndpointLoad).where(EndpointLoad.endpoint_id == eid)))
             load = sum(r.inflight + r.waiting for r in rows if r.updated_at >= fresh)
             last = max((r.last_request_at for r in rows if r.last_request_at is not None), default=None)
+            s.execute(delete(EndpointLoad).where(EndpointLoad.endpoint_id == eid,
+                                                 EndpointLoad.updated_at < now - timedelta(seconds=STALE_LOAD_S)))  # fmt: skip
             target = scaling.target
             if load > 0 and -(-load // target) >= e.desired:
                 e.busy_at = now
@@ -145,6 +152,26 @@ class ServingPass:
                 e.desired, e.changed_at = d.replicas, now
                 endpoints.event(s, eid, "scale", d.reason, now)
             return self._reconcile(s, e, spec, now)
+
+    def _due(self, db: Database, eid: str, now: datetime) -> bool:
+        with db.read() as s:
+            e = s.get(Endpoint, eid)
+            if e is None:
+                return False
+            scaling = endpoints.spec_of(e).scaling()
+            rows = list(s.scalars(select(EndpointLoad).where(EndpointLoad.endpoint_id == eid)))
+            fresh = now - timedelta(seconds=LOAD_FRESH_S)
+            load = sum(r.inflight + r.waiting for r in rows if r.updated_at >= fresh)
+            last = max((r.last_request_at for r in rows if r.last_request_at is not None), default=None)
+            if load > 0 and -(-load // scaling.target) >= e.desired:
+                return True  # busy: record it
+            o = Observed(e.desired, load, _age(now, last), _age(now, e.changed_at), _age(now, e.busy_at))
+            if decide(o, e.min_replicas, e.max_replicas, scaling.target, scaling.idle_s) is not None:
+                return True
+            if any(r.updated_at < now - timedelta(seconds=STALE_LOAD_S) for r in rows):
+                return True  # a gateway process that went away: its row goes
+            live = sum(1 for _, w in endpoints.replicas(s, eid) if w.state in workloads.ACTIVE and not w.stop_requested)
+            return live != e.desired
 
     def _reconcile(self, s, e: Endpoint, spec, now: datetime) -> int:  # type: ignore[no-untyped-def]
         """Submit replicas up to `desired`; stop the extras (not-ready ones first, then the newest)."""

@@ -142,7 +142,8 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_event(world: World) ->
     client.close()
     last = json.loads(seen[-1][6:])
     assert last["error"]["code"] == "upstream_disconnected" and len(seen) < 150, seen[-3:]
-    wait_ready(world.http, world.tenant, "chat", 2)  # retried (a failure) and ready again
+    ep = wait_ready(world.http, world.tenant, "chat", 2)  # retried (a failure) and ready again
+    assert any("not ready: " in e["reason"] for e in ep["events"]), ep["events"][-5:]  # the endpoint says why
 
 
 def test_a_client_that_goes_away_cancels_the_upstream_request(world: World) -> None:

@@ -97,9 +97,20 @@ class ServingPass:
             if e is None:
                 return 0
             path = runtime(endpoints.spec_of(e).runtime_name()).probe_path
+            reps = endpoints.replicas(s, eid)
+            lost = [w.id for r, w in reps if r.ready_attempt is not None and not endpoints.is_ready(r, w)]
             todo = [(r.workload_id, r.port, w.attempt, r.ready_attempt == w.attempt, w)
-                    for r, w in endpoints.replicas(s, eid) if w.state == "running" and w.handle]  # fmt: skip
+                    for r, w in reps if w.state == "running" and w.handle]  # fmt: skip
         mono, changed = time.monotonic(), 0
+        for wid in lost:  # a ready replica whose workload ended, is retried or is stopping: said once, with why
+            with db.write() as s, s.begin():
+                r, w = s.get(EndpointReplica, wid, with_for_update=True), s.get(Workload, wid)
+                if r is None or w is None or r.ready_attempt is None or endpoints.is_ready(r, w):
+                    continue
+                r.ready_attempt = None
+                why = w.stop_requested or w.reason
+                endpoints.event(s, eid, "replica", f"replica {w.name} not ready: {w.state} ({why})", now)
+                changed += 1
         for wid, port, attempt, ready, w in todo:
             if ready and mono - self.checked_at.get(wid, 0.0) < RECHECK_S:
                 continue

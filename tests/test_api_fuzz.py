@@ -63,7 +63,7 @@ def _roles(api: Any) -> list[Role]:
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
                "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
-               "invitation_id": invitation.json()["id"], "code_id": code.json()["id"]}  # fmt: skip
+               "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry"}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

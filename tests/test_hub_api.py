@@ -149,6 +149,8 @@ except OSError as e:
 print("env", json.dumps({k: os.environ.get(k) for k in ("HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
                                                         "HF_HUB_OFFLINE")}, sort_keys=True))
 print("workspace", sorted(os.listdir("/workspace")))
+print("hub lists", sorted(os.listdir("/hub")),
+      sorted(n for n in os.listdir("/tmp/huggingface/datasets") if not n.endswith(".lock")))
 """
 
 
@@ -158,6 +160,7 @@ def test_a_sandboxed_job_loads_a_hub_model_and_dataset_offline_through_the_mount
 ) -> None:
     need("torch", "transformers", "datasets")
     s = store(platform)
+    add_fake(platform, tmp_path)  # in the hub, not named by the job: not in its sandbox
     hub.add(platform.db, s, "model", "tiny-llama", str(make_model(tmp_path / "model")), utcnow(),
             repo_id="acme/tiny-llama")  # fmt: skip
     hub.add(platform.db, s, "dataset", "tiny-ds", str(make_dataset(tmp_path / "ds")), utcnow(), repo_id="acme/tiny-ds")
@@ -173,6 +176,7 @@ def test_a_sandboxed_job_loads_a_hub_model_and_dataset_offline_through_the_mount
     assert ('env {"HF_DATASETS_CACHE": "/tmp/huggingface/datasets", "HF_HOME": "/tmp/huggingface", '
             '"HF_HUB_CACHE": "/hub", "HF_HUB_OFFLINE": "1"}') in logs  # fmt: skip
     assert "workspace ['load.py']" in logs  # nothing was copied into the job's disk
+    assert "hub lists ['datasets--acme--tiny-ds', 'models--acme--tiny-llama'] ['acme___tiny-ds']" in logs  # named only
     # the job paid for its own run and nothing else: the hub's reads are not billed
     a = done["allocation"]
     ran = (_t(a["stopped_at"]) - _t(a["started_at"])).total_seconds()

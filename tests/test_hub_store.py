@@ -123,3 +123,29 @@ def test_files_that_are_not_datasets_are_refused_and_leave_nothing(tmp_path: Pat
         store.add_dir("dataset", "acme/junk", tmp_path / "src")
     assert not (tmp_path / "hub" / "hub" / "datasets--acme--junk").exists()
     assert not (tmp_path / "hub" / "datasets").exists() or not list((tmp_path / "hub" / "datasets").iterdir())
+
+
+def test_a_link_out_of_the_source_directory_is_refused_not_published(tmp_path: Path) -> None:
+    # An untrusted repository checked out on the server could carry `secrets -> /root/.ssh/id_rsa`: copying what
+    # it points at would publish a host file to every tenant.
+    need("huggingface_hub")
+    secret = tmp_path / "host-secret"
+    secret.write_text("operator's private key")
+    src = _tree(tmp_path / "src")
+    (src / "tokenizer.json").symlink_to(secret)
+    store = HubStore(tmp_path / "hub")
+    with pytest.raises(HubError, match=r"tokenizer\.json: a link out of the directory"):
+        store.add_dir("model", "acme/tiny", src)
+    assert not (tmp_path / "hub" / "hub" / "models--acme--tiny").exists()
+    (src / "tokenizer.json").unlink()
+    (src / "linked-dir").symlink_to(tmp_path, target_is_directory=True)
+    with pytest.raises(HubError, match="linked-dir: a link to a directory"):
+        store.add_dir("model", "acme/tiny", src)
+
+
+def test_a_snapshot_of_another_hugging_face_cache_is_taken_through_its_links(tmp_path: Path) -> None:
+    need("huggingface_hub")
+    first = HubStore(tmp_path / "one").add_dir("model", "acme/tiny", _tree(tmp_path / "src"))
+    snap = tmp_path / "one" / "hub" / "models--acme--tiny" / "snapshots" / first.revision
+    again = HubStore(tmp_path / "two").add_dir("model", "acme/tiny", snap)  # links into ../../blobs
+    assert again.files == first.files and again.revision == first.revision

@@ -145,31 +145,38 @@ class Binds:
 
 
 def sandbox_binds(s: Session, store: HubStore, spec: WorkloadSpec, sandboxed: bool = True) -> Binds:
-    """Read-only binds and the Hugging Face variables for the entries a spec names (none: nothing). Unsandboxed
-    work (the operator's own, `sandbox: off`) is pointed at the hub directory itself. Raises Invalid when an entry
-    was removed since the workload was submitted."""
+    """Read-only binds and the Hugging Face variables for the entries a spec names (none: nothing). Raises Invalid
+    when an entry was removed since the workload was submitted."""
     if not spec.models and not spec.datasets:
         return Binds((), {})
     check_spec(s, spec)
     rows = [entry(s, "model", n) for n in spec.models] + [entry(s, "dataset", n) for n in spec.datasets]
+    try:
+        return binds(store, [stored_of(r) for r in rows], sandboxed)
+    except HubError as e:
+        raise Invalid(f"models: {e}") from None
+
+
+def binds(store: HubStore, stored: list[Stored], sandboxed: bool = True) -> Binds:
+    """What a sandbox gets for these entries: each repository at /hub/<its folder>, each prepared dataset under
+    the datasets cache, and the variables. Unsandboxed work (the operator's own, `sandbox: off`) is pointed at the
+    hub directory itself."""
     env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    datasets = any(e.kind == "dataset" for e in stored)
     if not sandboxed:
-        env |= {"HF_HUB_CACHE": str(store.root / "hub")}
-        if spec.datasets:
+        env["HF_HUB_CACHE"] = str(store.root / "hub")
+        if datasets:
             env["HF_DATASETS_CACHE"] = str(store.root / "datasets")
         return Binds((), env)
     mounts: list[tuple[str, str, bool]] = []
-    for row in rows:
-        try:
-            host = store.path(row.folder)
-            mounts.append((str(host), f"{SANDBOX_HUB}/{host.name}", False))
-            if row.prepared:
-                prepared = store.path(row.prepared)
-                mounts.append((str(prepared), f"{SANDBOX_DATASETS}/{prepared.name}", False))
-        except HubError as e:
-            raise Invalid(f"{FIELD[row.kind]}: {row.name}: {e}") from None
+    for e in stored:
+        host = store.path(e.folder)
+        mounts.append((str(host), f"{SANDBOX_HUB}/{host.name}", False))
+        if e.prepared:
+            prepared = store.path(e.prepared)
+            mounts.append((str(prepared), f"{SANDBOX_DATASETS}/{prepared.name}", False))
     env |= {"HF_HOME": SANDBOX_HF_HOME, "HF_HUB_CACHE": SANDBOX_HUB}
-    if spec.datasets:
+    if datasets:
         env["HF_DATASETS_CACHE"] = SANDBOX_DATASETS
     return Binds(tuple(mounts), env)
 

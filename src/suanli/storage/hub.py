@@ -106,17 +106,31 @@ def sha256_of(path: Path) -> str:
 
 
 def _source_files(src: Path) -> list[tuple[str, Path]]:
-    """(relative path, file) of a source directory, sorted by path; links to files are followed (a snapshot of
-    another Hugging Face cache is links to its blobs), anything but regular files is refused."""
-    return sorted(_walk(src))
+    """(relative path, file) of a source directory, sorted by path. Links to files are followed only when they stay
+    inside it, or, for a snapshot of another Hugging Face cache, inside that repository's `blobs/`: a link out (an
+    untrusted checkout's `key -> /root/.ssh/id_rsa`) would publish a host file to every tenant, so it is refused,
+    as are links to directories and anything but regular files."""
+    root = src.resolve()
+    allowed = [root]
+    if root.parent.name == "snapshots":
+        allowed.append(root.parent.parent / "blobs")
+    return sorted(_walk(src, allowed))
 
 
-def _walk(src: Path) -> Iterator[tuple[str, Path]]:
+def _walk(src: Path, allowed: list[Path]) -> Iterator[tuple[str, Path]]:
     for root, dirs, files in os.walk(src):
+        for name in dirs:
+            if os.path.islink(os.path.join(root, name)):
+                rel = Path(root, name).relative_to(src).as_posix()
+                raise HubError(f"{rel}: a link to a directory; copy the files in instead")
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
         for name in sorted(files):
             path = Path(root, name)
             rel = path.relative_to(src).as_posix()
+            if path.is_symlink():
+                target = path.resolve()
+                if not any(target.is_relative_to(a) for a in allowed):
+                    raise HubError(f"{rel}: a link out of the directory (to {target}); only files inside are taken")
             try:
                 st = path.stat()
             except OSError as e:

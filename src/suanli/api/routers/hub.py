@@ -5,18 +5,16 @@ never shown."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
 
 from fastapi import APIRouter, Path
 from pydantic import Field
 
-from suanli.api.deps import Auth, in_thread
+from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import Out
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control import hub
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["hub"])
-Kind = Literal["models", "datasets"]
 NameArg = Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")
 
 
@@ -38,21 +36,39 @@ class HubEntryOut(Out):
     file_list: list[HubFileOut] | None = Field(None, description="each file with its size and SHA-256 (one entry)")
 
 
-def _kind(kind: Kind) -> str:
-    return "model" if kind == "models" else "dataset"
-
-
-@router.get("/hub/{kind}")
-@in_thread
-def list_entries(kind: Kind, ctx: Auth) -> list[HubEntryOut]:
-    """Every model (or dataset) in the hub, by name."""
+def _list(ctx: Caller, kind: str) -> list[HubEntryOut]:
     with ctx.db.read() as s:
-        return [HubEntryOut(**hub.describe(r)) for r in hub.entries(s, _kind(kind))]
+        return [HubEntryOut(**hub.describe(r)) for r in hub.entries(s, kind)]
 
 
-@router.get("/hub/{kind}/{name}")
-@in_thread
-def get_entry(kind: Kind, ctx: Auth, name: str = NameArg) -> HubEntryOut:
-    """One entry with its files' sizes and SHA-256 checksums (404 when there is none of that name)."""
+def _one(ctx: Caller, kind: str, name: str) -> HubEntryOut:
     with ctx.db.read() as s:
-        return HubEntryOut(**hub.describe(hub.entry(s, _kind(kind), name), with_files=True))
+        return HubEntryOut(**hub.describe(hub.entry(s, kind, name), with_files=True))
+
+
+@router.get("/hub/models")
+@in_thread
+def models(ctx: Auth) -> list[HubEntryOut]:
+    """Every model in the hub, by name."""
+    return _list(ctx, "model")
+
+
+@router.get("/hub/datasets")
+@in_thread
+def datasets(ctx: Auth) -> list[HubEntryOut]:
+    """Every dataset in the hub, by name."""
+    return _list(ctx, "dataset")
+
+
+@router.get("/hub/models/{name}")
+@in_thread
+def model(ctx: Auth, name: str = NameArg) -> HubEntryOut:
+    """One model with its files' sizes and SHA-256 checksums (404 when there is none of that name)."""
+    return _one(ctx, "model", name)
+
+
+@router.get("/hub/datasets/{name}")
+@in_thread
+def dataset(ctx: Auth, name: str = NameArg) -> HubEntryOut:
+    """One dataset with its files' sizes and SHA-256 checksums (404 when there is none of that name)."""
+    return _one(ctx, "dataset", name)

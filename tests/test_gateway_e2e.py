@@ -142,8 +142,14 @@ def test_a_replica_dying_mid_stream_ends_it_with_an_error_event(world: World) ->
     client.close()
     last = json.loads(seen[-1][6:])
     assert last["error"]["code"] == "upstream_disconnected" and len(seen) < 150, seen[-3:]
-    ep = wait_ready(world.http, world.tenant, "chat", 2)  # retried (a failure) and ready again
-    assert any("not ready: " in e["reason"] for e in ep["events"]), ep["events"][-5:]  # the endpoint says why
+    deadline = time.monotonic() + 30  # the endpoint says why the replica is not ready...
+    while True:
+        events = describe(world.http, world.tenant, "chat")["events"]
+        if any("not ready: " in e["reason"] for e in events):
+            break
+        assert time.monotonic() < deadline, events[-5:]
+        time.sleep(0.2)
+    wait_ready(world.http, world.tenant, "chat", 2)  # ...and it is retried (a failure) and ready again
 
 
 def test_a_client_that_goes_away_cancels_the_upstream_request(world: World) -> None:

@@ -123,6 +123,13 @@ def test_replicas_are_workloads_kept_at_the_count(platform: Platform) -> None:
     assert len([w for w in replicas(platform, ep["id"]) if w.state in ("pending", "scheduled", "running")]) == 1
 
 
+def test_a_longest_name_still_gets_every_replica(platform: Platform) -> None:
+    name = "a" * 63  # every replica's name truncates to the same 63 characters
+    ep = deploy(platform, {**GPU_SPEC, "name": name, "replicas": 3})
+    serving(platform).run(platform.db, utcnow())
+    assert len(replicas(platform, ep["id"])) == 3
+
+
 def test_names_and_endpoints_never_cross_tenants(platform: Platform) -> None:
     ep = deploy(platform, GPU_SPEC)
     r = platform.api.post(EP, json={"spec": GPU_SPEC}, headers=platform.tenant.headers)

@@ -203,7 +203,8 @@ class ServingPass:
         taken = {r.port for r, w in reps if w.state in workloads.ACTIVE}
         used = {w.name for _, w in reps}
         for _ in range(missing):
-            index = next(i for i in range(len(used) + 1) if f"{e.name}-r{i}"[:63].rstrip("-") not in used)
+            # the first index whose name is free; a long endpoint name truncates them all alike (names may repeat)
+            index = next((i for i in range(len(used) + 1) if f"{e.name}-r{i}"[:63].rstrip("-") not in used), len(used))
             port = free_port(taken)
             _, wspec = endpoints.replica_workload(e, spec, index, port)
             try:

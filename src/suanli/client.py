@@ -68,6 +68,7 @@ from suanli.client_models import (
 from suanli.client_money import StatementCalls
 from suanli.client_orgs import OrgCalls
 from suanli.client_scale import ScaleCalls
+from suanli.client_serving import ServingCalls
 from suanli.client_ssh import SshCalls
 from suanli.client_telemetry import TelemetryCalls
 from suanli.client_volumes import VolumeCalls
@@ -179,7 +180,7 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls, VolumeCalls):
+class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls, VolumeCalls, ServingCalls):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

@@ -22,13 +22,17 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
+from suanli.api.gateway import BODY_BYTES as GATEWAY_BODY_BYTES
+from suanli.api.gateway_input import GatewayError
 from suanli.api.routers import (
     admin,
     auth,
+    endpoints,
     hub,
     instances,
     market,
     members,
+    openai,
     orgs,
     plans,
     ssh,
@@ -55,6 +59,7 @@ API = "/api/v1"
 SAMPLES_BODY_BYTES = 16 << 20  # a node agent's batch: up to 20,000 samples
 PROXY_BODY_BYTES = 64 << 20  # a request into an instance (JupyterLab uploads files in chunks of 1 MiB)
 PROXY_PREFIX = "/i/"
+GATEWAY_PREFIX = "/v1/"
 # Every error is `{"detail": ...}`; documented so clients (and schema-driven tests) know the shape.
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
@@ -92,6 +97,8 @@ class BodyLimit:
                 limit = most
         if path.startswith(PROXY_PREFIX):
             limit = PROXY_BODY_BYTES
+        elif path.startswith(GATEWAY_PREFIX):
+            limit = GATEWAY_BODY_BYTES
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _too_large(limit, send)
@@ -237,6 +244,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         finally:
             if getattr(app.state, "proxy", None) is not None:
                 await app.state.proxy.aclose()
+            if getattr(app.state, "gateway", None) is not None:
+                await app.state.gateway.aclose()
             if gateway:
                 gateway.stop()
             if background:
@@ -260,6 +269,10 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         if exc.retry_after is not None:
             headers["Retry-After"] = str(exc.retry_after)
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -298,11 +311,12 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
                telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
-               volume_files.router)  # fmt: skip
+               volume_files.router, endpoints.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     app.include_router(instances.pages)
+    app.include_router(openai.router, include_in_schema=False)
     # Every other route, /workloads too (its JSON is parsed whole), takes max_body_bytes.
     uploads = {f"{API}/workdirs": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
     streamed = {VOLUME_STREAMS: settings.volume_max_bytes}  # a volume's own size bounds what it takes

@@ -7,7 +7,21 @@ from typing import Annotated
 import typer
 
 from suanli import __version__
-from suanli.cli import account, admin, agent, hub, perf, server, sim, ssh, telemetry, topology, volumes, workloads
+from suanli.cli import (
+    account,
+    admin,
+    agent,
+    hub,
+    perf,
+    server,
+    serving,
+    sim,
+    ssh,
+    telemetry,
+    topology,
+    volumes,
+    workloads,
+)
 
 app = typer.Typer(
     name="suanli",
@@ -27,6 +41,7 @@ account.register(app)
 workloads.register(app)
 telemetry.register(app)
 ssh.register(app)
+serving.register(app)
 agent.register(app)
 app.add_typer(hub.app, name="hub")
 app.add_typer(volumes.app, name="volumes")

@@ -17,7 +17,11 @@ from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, when
 
-keys_app = typer.Typer(no_args_is_help=True, help="SSH public keys: they log in to your orgs' instances.")
+keys_app = typer.Typer(
+    no_args_is_help=True,
+    help="SSH public keys (add, ls, rm): they log in to your orgs' instances. Endpoint API keys (create --endpoint, "
+    "revoke).",
+)
 KNOWN_HOSTS = "ssh_known_hosts"
 
 

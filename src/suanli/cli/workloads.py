@@ -178,10 +178,16 @@ def run(
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Submit a job or an instance; with --follow, watch it queue, stream its log and report how it ended."""
+    """Submit a job or an instance; with --follow, watch it queue, stream its log and report how it ended. A spec of
+    `kind: service` deploys an endpoint (`suanli deploy`)."""
     if follow and json_out:
         fail("give at most one of --follow and --json")
     doc = _read_spec(file)
+    if doc.get("kind") == "service":  # an endpoint: `suanli deploy`'s spec
+        from suanli.cli.serving import deploy_spec
+
+        deploy_spec(file.read_text(encoding="utf-8"), org, server, json_out)
+        return
     upload = upload_dir(file, doc, workdir)
     spec: Path | dict[str, Any] = file
     if model or dataset:  # added to the spec's own `models:` / `datasets:`, read as the server reads YAML

@@ -17,11 +17,13 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import engines, leases, metering, storage, usage, volume_billing, volume_files
+from suanli.control import endpoints, engines, leases, metering, storage, usage, volume_billing, volume_files
+from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
 from suanli.control.sandboxes import sandbox_policy
 from suanli.control.scheduling import PassReport, SchedulingPass
+from suanli.control.serving import ServingPass
 from suanli.control.settings import Settings
 from suanli.control.supervisor import Supervisor, SupervisorReport
 from suanli.control.telemetry_loop import TelemetryLoop
@@ -145,6 +147,7 @@ class WorkloadLoop:
                                      sandboxes=sandbox_policy(settings),
                                      volumes_root=settings.volumes_root,
                                      volumes_s3=settings.volume_s3())  # fmt: skip
+        self.serving = ServingPass(endpoints.Admitting(settings.admission_hold_minutes, FleetCache(), PriceCache()))
         found = engines.configured(settings)
         self.supervisor.executors.update({e.kind: e.executor for e in found})
         self.engines = engines.EngineSync(found, settings.engine_fabric, settings.engine_nics, settings.engine_sync_s)
@@ -167,6 +170,7 @@ class WorkloadLoop:
         self.engines.tick(self.db, now, time.monotonic())  # nodes that joined or died, before placing on them
         sched = self.scheduling.run(self.db, now)
         sup = self.supervisor.run(self.db, utcnow())
+        self.serving.run(self.db, utcnow())  # endpoints: replicas probed, autoscaled, kept at their count
         if sup.requeued:  # work was lost, maybe with its node: learn which nodes are gone before placing it again
             self.engines.kick()
         self.last = (sched, sup)

@@ -431,8 +431,17 @@ class Lease(Base):
 # here puts them in `Base.metadata` for migrations.
 from suanli.db.access import Invitation, LoginThrottle, SignupCode  # noqa: E402
 from suanli.db.hub import HubEntry  # noqa: E402
+from suanli.db.serving import (  # noqa: E402
+    Endpoint,
+    EndpointEvent,
+    EndpointKey,
+    EndpointLoad,
+    EndpointReplica,
+    EndpointUsage,
+)
 from suanli.db.telemetry import GpuRollup, GpuSampleRow, InjectedFault, NodeEvent  # noqa: E402
 from suanli.db.volumes import Volume, VolumeVersion  # noqa: E402
 
-__all__ = ["GpuRollup", "GpuSampleRow", "HubEntry", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent",
+__all__ = ["Endpoint", "EndpointEvent", "EndpointKey", "EndpointLoad", "EndpointReplica", "EndpointUsage", "GpuRollup",
+           "GpuSampleRow", "HubEntry", "InjectedFault", "Invitation", "LoginThrottle", "NodeEvent",
            "SignupCode", "Volume", "VolumeVersion"]  # fmt: skip

@@ -2,8 +2,8 @@
 without walking every org's queue or the org's whole history; ledger_entries: an index on (account, tx_id, amount),
 so a statement page reads its rows and the balance before them as ranges, not a window over the org's history
 
-Revision ID: 0020
-Revises: 0017
+Revision ID: 0019
+Revises: 0018
 Create Date: 2026-12-02 21:00:00
 
 """
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from alembic import op
 
 # revision identifiers, used by Alembic.
-revision: str = "0020"
-down_revision: str | Sequence[str] | None = "0017"
+revision: str = "0019"
+down_revision: str | Sequence[str] | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -95,13 +95,13 @@ def test_generic_csv_fixture_notes_skipped_rows_on_stderr() -> None:
 def test_policy_all() -> None:
     # synthetic:200 once crashed the elastic policy (a job placed and grown in one cycle)
     doc = sim_json("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "all")
-    assert list(doc["policies"]) == list(POLICIES)
+    assert list(doc["policies"]) == [*POLICIES, "oracle-srsf"]  # the clairvoyant reference beside the real ones
     assert_conserved(doc)
 
 
 def test_policy_all_dedupes_and_default_alias() -> None:
     doc = sim_json("--trace", GENERIC, "--cluster", "4x8:H100", "--policy", "default", "--policy", "all")
-    assert list(doc["policies"]) == ["default", *(p for p in POLICIES if p != "default")]
+    assert list(doc["policies"]) == ["default", *(p for p in POLICIES if p != "default"), "oracle-srsf"]
 
 
 def test_jobs_takes_the_first_n() -> None:
@@ -165,7 +165,7 @@ def test_report_with_json_keeps_stdout_pure(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     result = sim("--trace", GENERIC, "--cluster", "2x8:H100", "--policy", "all", "--report", str(out), "--json")
     doc = json.loads(result.stdout)
-    assert list(doc["policies"]) == list(POLICIES)
+    assert list(doc["policies"]) == [*POLICIES, "oracle-srsf"]
     assert "summary.md" in result.stderr
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert all(name in md for name in POLICIES)

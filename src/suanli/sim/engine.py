@@ -19,6 +19,7 @@ from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, clus
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
+from suanli.sim.oracle import OracleScheduler, is_oracle
 from suanli.sim.runtime import RuntimeModel
 from suanli.sim.workload import TraceJob
 from suanli.topology.model import Cluster
@@ -50,13 +51,17 @@ class Simulation:
         self.jobs = list(jobs)
         self.cluster = cluster
         self.config = config or SimConfig()
-        self.scheduler = Scheduler(self.config.scheduler)
+        self.remaining = [j.duration_s for j in self.jobs]
+        self.scheduler: Scheduler | OracleScheduler = (
+            OracleScheduler(self.remaining)
+            if is_oracle(self.config.scheduler.policy)
+            else Scheduler(self.config.scheduler)
+        )
         self.state = ClusterState(cluster, host=cluster_host(cluster))
         self.runtime = RuntimeModel(cluster)
         self.scaling = ScalingModel(cluster)
         types = {g.gpu.name for g in cluster.groups} | {g.name for g in cluster.groups}
         self.requests = [self._request(i, j, types) for i, j in enumerate(self.jobs)]
-        self.remaining = [j.duration_s for j in self.jobs]
         self.attained = [0.0] * len(self.jobs)
         self.running: dict[int, _Running] = {}
         self.elastic_running: set[int] = set()  # running elastic jobs: an empty queue may still let them grow
@@ -233,7 +238,7 @@ class Simulation:
     def _schedule(self, t: float, clock: Callable[[], float] | None) -> None:
         """Run cycles at this instant until nothing is freed: a preempted or shrunk job's GPUs, and the
         victim itself, get a fresh look at once rather than at the next event."""
-        for _ in range(4):
+        for _ in range(1 if isinstance(self.scheduler, OracleScheduler) else 4):  # the oracle repacks all at once
             if not self._cycle(t, clock) or not self.queue:
                 break
 

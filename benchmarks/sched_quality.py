@@ -90,6 +90,35 @@ def run_one(args: tuple) -> dict:
     return out
 
 
+BREAKDOWN = (
+    ("work_gpu_h", "work"),
+    ("slowdown_gpu_h", "slowdown"),
+    ("preemption_gpu_h", "preempt redo"),
+    ("resize_gpu_h", "resize redo"),
+    ("elastic_gpu_h", "elastic"),
+    ("idle_queued_gpu_h", "idle, work waiting"),
+    ("requeued_gpu_h", "preempted, waiting"),
+)
+
+
+def breakdown_table(sub: dict, title: str):
+    """Per policy: recorded work and, beside it, each extra as GPU-hours and a share of the work."""
+    from rich.table import Table
+
+    t = Table(title=title)
+    t.add_column("policy")
+    for _, label in BREAKDOWN:
+        t.add_column(label, justify="right")
+    t.add_column("slowdown by gang size", justify="left")
+    for p, r in sub.items():
+        work = r["work_gpu_h"] or 1.0
+        cells = [f"{r['work_gpu_h']:,.0f}"]
+        cells += [f"{r[k]:,.0f} ({r[k] / work:.1%})" for k, _ in BREAKDOWN[1:]]
+        sizes = ", ".join(f"{b}: {v:,.0f}" for b, v in r["slowdown_by_size"].items())
+        t.add_row(p, *cells, sizes)
+    return t
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=DEFAULT_DIR)
@@ -162,6 +191,9 @@ def main() -> int:
                     style="bold" if p == "default" else ("italic" if p == ORACLE_SRSF else ""),
                 )
             con.print(t)
+            con.print(
+                breakdown_table(sub, f"{case.name} x{load:g}: where the GPU-time went (GPU-h; % of recorded work)")
+            )
             d = sub.get("default")
             if d is None:
                 continue

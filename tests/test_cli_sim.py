@@ -18,7 +18,8 @@ SUMMARY_KEYS = {
     "jobs", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization",
     "useful_utilization", "waste_fraction", "fragmentation", "preemptions", "jain_fairness", "worst_tenant_slowdown",
     "decision_p50_ms", "decision_p99_ms", "replay_wall_s", "finished", "queued", "running", "unschedulable",
-    "failures", "avg_placement_slowdown",
+    "failures", "avg_placement_slowdown", "work_gpu_h", "slowdown_gpu_h", "elastic_gpu_h", "preemption_gpu_h",
+    "failure_gpu_h", "resize_gpu_h", "idle_queued_gpu_h", "requeued_gpu_h", "slowdown_by_size",
 }  # fmt: skip
 
 
@@ -149,7 +150,7 @@ def test_report(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     result = sim("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "fifo", "--policy", "default",
                  "--report", str(out))  # fmt: skip
-    for name in ("jct_cdf.png", "utilization.png", "queue.png"):
+    for name in ("jct_cdf.png", "utilization.png", "queue.png", "gpu_time.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 1000, name

@@ -193,7 +193,7 @@ def sim(
         typer.Option(
             "--report",
             metavar="DIR",
-            help="Write jct_cdf.png, utilization.png, queue.png and summary.md into DIR.",
+            help="Write jct_cdf.png, utilization.png, queue.png, gpu_time.png (where the GPU-time went) and summary.md into DIR.",
             file_okay=False,
         ),
     ] = None,

@@ -44,6 +44,7 @@ class _Running:
     rate: float  # reference-seconds of work per second
     since: float
     epoch: int
+    slow: float = 1.0  # placement slowdown (rate = speed / slow)
 
 
 class Simulation:
@@ -163,7 +164,15 @@ class Simulation:
         if progress:
             progress(done, total)
         wall = (clock() - wall0) if clock else 0.0
+        done = [(j.gpu_seconds - (0.0 if r.finish is not None else self._left(i))) for i, (j, r) in
+                enumerate(zip(self.jobs, self.records, strict=True)) if not r.unschedulable]  # fmt: skip
+        self.metrics.work_gpu_s = float(sum(max(0.0, w) for w in done))
         return self.metrics.result(self.records, now, wall, queued=len(self.queue), running=len(self.running))
+
+    def _left(self, i: int) -> float:
+        """Recorded work of job i not done yet (GPU-seconds of the reference placement)."""
+        j = self.jobs[i]
+        return min(self.remaining[i], j.duration_s) * j.num_gpus * j.gpu_fraction
 
     # ---- transitions ------------------------------------------------------------------------------
     def _advance(self, t0: float, t1: float) -> None:
@@ -184,7 +193,7 @@ class Simulation:
         slow = self.runtime.slowdown(gpus, req.model.preset if req.model else None) if req.milli == FULL else 1.0
         speed = self._elastic_speed(i, gpus.size)
         self.epoch[i] += 1
-        self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i])
+        self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i], slow)
         if req.elastic:
             self.elastic_running.add(i)
         rec = self.records[i]
@@ -207,10 +216,13 @@ class Simulation:
         del self.running[i]
         self.elastic_running.discard(i)
         self.epoch[i] += 1
-        self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        redo = min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        self.remaining[i] += redo
+        self.metrics.redone(self.requests[i], redo, "preemption" if preempted else "failure")
         if preempted:
             self.records[i].preemptions += 1
         self.requests[i] = replace(self.requests[i], attained=self.attained[i], queued_since=t)
+        self.metrics.requeued_now += self.requests[i].gpus * self.requests[i].milli / FULL
         self.queue[i] = self.requests[i]
 
     def _finish(self, i: int, t: float) -> None:
@@ -256,12 +268,16 @@ class Simulation:
             i = int(r.allocation_id)
             self._progress(i, t)
             del self.running[i]
-            self.remaining[i] += min(self.config.resize_penalty_s, self.jobs[i].duration_s)
+            redo = min(self.config.resize_penalty_s, self.jobs[i].duration_s)
+            self.remaining[i] += redo
+            self.metrics.redone(self.requests[i], redo, "resize")
             self._start(i, np.asarray(r.gpus, dtype=np.int64), t)
             self.records[i].resizes += 1
         for p in result.placed:
             i = int(p.request_id)
             del self.queue[i]
+            if self.requests[i].queued_since is not None:
+                self.metrics.requeued_now -= self.requests[i].gpus * self.requests[i].milli / FULL
             self._start(i, np.asarray(p.gpus, dtype=np.int64), t)
         self.state = new_state
         self.metrics.after_cycle(self.state, self.queue)

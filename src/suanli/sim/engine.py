@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, cluster_host
+from suanli.sched.estimates import RuntimeHistory
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
@@ -35,7 +36,10 @@ class SimConfig:
     node_mtbf_h: float | None = None  # per-node mean time between failures; None: no failures
     mttr_h: float = 4.0
     seed: int = 0
-    use_estimates: bool = True  # give the scheduler the trace duration as the runtime estimate
+    use_estimates: bool = True  # give the scheduler runtime estimates (from `estimates`)
+    estimates: str = "history"  # "history": the tenant's finished work so far (what the server knows); "exact": the
+    # trace duration (clairvoyant, for comparison only)
+    est_samples: bool = True  # with "history": hand the scheduler the similar work's run times, not only their median
 
 
 @dataclass
@@ -71,6 +75,10 @@ class Simulation:
         self.records = [JobRecord(j.job_id, j.tenant, j.submit_time_s, j.duration_s, j.num_gpus) for j in self.jobs]
         self.metrics = MetricsRecorder(cluster.n_gpus)
         self.rng = np.random.default_rng(self.config.seed)
+        wants_history = self.config.use_estimates and self.config.estimates == "history"
+        self.history = RuntimeHistory() if wants_history else None
+        if self.config.estimates not in ("history", "exact"):
+            raise ValueError(f"estimates must be 'history' or 'exact', not {self.config.estimates!r}")
         self.events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
 
@@ -91,7 +99,7 @@ class Simulation:
             min_gpus=min(j.min_gpus, j.num_gpus) if elastic and j.min_gpus else None,
             max_gpus=max(j.max_gpus, j.num_gpus) if elastic and j.max_gpus else None,
             priority=j.priority,
-            est_runtime=j.duration_s if self.config.use_estimates else None,
+            est_runtime=j.duration_s if self.config.use_estimates and self.config.estimates == "exact" else None,
             model=ModelHint(preset=j.model) if j.model else None,
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
@@ -143,6 +151,11 @@ class Simulation:
             while self.events and self.events[0][0] == t:
                 _, _, kind, a, b = heapq.heappop(self.events)
                 if kind == ARRIVAL:
+                    if self.history is not None:
+                        j = self.jobs[a]
+                        est = self.history.estimate(j.tenant, j.model, j.num_gpus)
+                        samples = self.history.samples(j.tenant, j.model, j.num_gpus) if self.config.est_samples else ()
+                        self.requests[a] = replace(self.requests[a], est_runtime=est, est_samples=samples)
                     self.queue[a] = self.requests[a]
                     changed = True
                 elif kind == FINISH and b == self.epoch[a] and a in self.running:
@@ -230,6 +243,9 @@ class Simulation:
         self.elastic_running.discard(i)
         self.state.unreserve(str(i))
         self.records[i].finish = t
+        if self.history is not None:  # what the server's history knows: the work's run time, as recorded
+            j = self.jobs[i]
+            self.history.record(j.tenant, j.model, j.num_gpus, j.duration_s)
 
     def _fail(self, node: int, t: float) -> None:
         self.state.set_node_ok(node, False)

@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from suanli.sched import POLICIES, SchedulerConfig
@@ -43,6 +43,7 @@ class Case:
     cluster: str | dict
     high_load: float
     quick_jobs: int | None = None
+    skip: int = 0  # leave out the first N jobs (by submit time): a later slice of a long trace
 
 
 PHILLY_2490 = {
@@ -55,6 +56,16 @@ PHILLY_2490 = {
     "nodes_per_leaf": 32,
     "leaf_oversubscription": 2.0,
 }
+
+# Held out while the policies were changed: other files or later slices of the same trace families.
+HELD_OUT = (
+    Case(
+        "philly-later", "philly:philly-derived/pollux_philly.csv.gz", PHILLY_2490, 4.0, quick_jobs=15_000, skip=30_000
+    ),
+    Case("gavel-msr-seed1", "gavel:gavel-sim/msr/seed=1/*.trace.gz", "125x4:V100", 2.0, quick_jobs=6_000),
+    Case("pollux-w2", "pollux:pollux-sim/workloads/workload-2.csv", "16x4:T4", 1.5),
+    Case("shockwave-220", "shockwave:shockwave-sim/traces/220_*.trace", "8x4:V100", 1.5),
+)
 
 CASES = (
     Case("philly", "philly:philly-derived/pollux_philly.csv.gz", PHILLY_2490, 4.0, quick_jobs=15_000),
@@ -72,19 +83,36 @@ def load_jobs(root: Path, case: Case, quick: bool):
     for path in sorted(glob.glob(str(root / pattern))):
         jobs.extend(read_trace(f"{fmt}:{path}", open_text_file))
     jobs.sort(key=lambda j: j.submit_time_s)
+    if case.skip:
+        jobs = jobs[case.skip :]
+        t0 = jobs[0].submit_time_s if jobs else 0.0
+        jobs = [replace(j, submit_time_s=j.submit_time_s - t0) for j in jobs]
     if quick and case.quick_jobs:
         jobs = first_n(jobs, case.quick_jobs)
     return jobs
 
 
+def scheduler_config(variant: str) -> SchedulerConfig:
+    """`policy[/placement][@field=number]` → the scheduler configuration it names."""
+    name, _, knob = variant.partition("@")
+    policy, _, placement = name.partition("/")
+    extra: dict[str, float] = {}
+    if knob:
+        field, _, value = knob.partition("=")
+        extra[field] = float(value)
+    return SchedulerConfig(policy=policy, placement=placement or None, **extra)
+
+
 def run_one(args: tuple) -> dict:
-    root, case, policy, load, quick = args
+    root, case, policy, load, quick, cap = args
     jobs = load_jobs(Path(root), case, quick)
+    if cap:
+        jobs = first_n(jobs, cap)
     if load != 1.0:
         jobs = scale_load(jobs, load)
     cluster = load_preset(case.cluster) if isinstance(case.cluster, str) else parse(case.cluster)
     t0 = time.perf_counter()
-    res = simulate(jobs, cluster, SimConfig(scheduler=SchedulerConfig(policy=policy)), clock=time.perf_counter)
+    res = simulate(jobs, cluster, SimConfig(scheduler=scheduler_config(policy)), clock=time.perf_counter)
     out = res.summary()
     out.update(trace=case.name, policy=policy, load=load, gpus=cluster.n_gpus, wall_s=time.perf_counter() - t0)
     return out
@@ -125,6 +153,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="cap the two long traces (Philly, Gavel) at their quick size")
     ap.add_argument("--policies", default=",".join([*POLICIES, ORACLE_SRSF]))
     ap.add_argument("--only", default=None, help="comma-separated case names")
+    ap.add_argument("--held-out", action="store_true", help="the held-out cases (other files, later slices)")
+    ap.add_argument("--jobs", type=int, default=0, help="replay only the first N jobs of each case")
+    ap.add_argument("--x1", action="store_true", help="recorded load only")
     ap.add_argument("--json", type=Path, default=None, help="also write all rows to this file")
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     args = ap.parse_args()
@@ -132,8 +163,12 @@ def main() -> int:
         print(f"traces not found: {args.traces}", file=sys.stderr)
         return 2
     policies = args.policies.split(",")
-    cases = [c for c in CASES if not args.only or c.name in args.only.split(",")]
-    work = [(str(args.traces), c, p, load, args.quick) for c in cases for load in (1.0, c.high_load) for p in policies]
+    pool_cases = HELD_OUT if args.held_out else CASES
+    cases = [c for c in pool_cases if not args.only or c.name in args.only.split(",")]
+    loads = {c.name: (1.0,) if args.x1 else (1.0, c.high_load) for c in cases}
+    work = [
+        (str(args.traces), c, p, load, args.quick, args.jobs) for c in cases for load in loads[c.name] for p in policies
+    ]
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
         rows = list(pool.map(run_one, work))
     if args.json:
@@ -145,7 +180,7 @@ def main() -> int:
     con = Console(width=180)
     failures: list[str] = []
     for case in cases:
-        for load in (1.0, case.high_load):
+        for load in loads[case.name]:
             sub = {r["policy"]: r for r in rows if r["trace"] == case.name and r["load"] == load}
             any_row = next(iter(sub.values()))
             t = Table(title=f"{case.name} x{load:g} load — {any_row['jobs']} jobs on {any_row['gpus']} GPUs")

@@ -8,7 +8,7 @@
 | fair-share | below-quota tenants first, then weighted DRF share | topology | greedy | borrowed (over-quota) work, for tenants below quota |
 | las | 2D-LAS level (attained GPU-time), then submit | first-fit | greedy | higher LAS levels (Tiresias) |
 | elastic | class, LAS level, submit | topology | greedy, shrinking grown elastic jobs | spot work |
-| srsf | class, estimated service left (`sched/estimates.py`: the tenant's history), submit | topology | greedy, EASY reservation for starving work; elastic grows | spot work, and work with `preempt_gain` x the service left |
+| srsf | class, estimated service left (`sched/estimates.py`), submit | topology | as default | spot work, and work with `preempt_gain` x the request's estimated service left |
 | las-srsf | class, LAS level, estimated service left, submit | topology | as default | as default |
 | default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` since it last joined the queue; elastic jobs grow by goodput | spot work, and higher LAS levels (bounded collateral) |
 

@@ -1,5 +1,6 @@
-"""Locality wait (delay scheduling): a gang one node could hold waits a bounded time for one node rather than start
-split over several; off by default."""
+"""Two knobs that make placement and preemption count their cost, both off by default: locality wait (delay
+scheduling: a gang one node could hold waits a bounded time for one node rather than start split over several) and
+`las_newer_only` (LAS preemption only for work that joined the queue after the victim started)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,19 @@ def test_within_the_bound_nothing_starts_split(held: list[int], k: int, waited: 
     fits_one = any(8 - h >= k for h in held)
     fits_all = sum(8 - h for h in held) >= k
     assert bool(result.placed) == (fits_one or (fits_all and waited >= 500.0))
+
+
+def test_las_newer_only_preempts_for_new_arrivals_not_for_old_waiters() -> None:
+    """A victim with 20 GPU-h of service on a full node: a fresh job that was already waiting when the victim started
+    does not preempt it under `las_newer_only`; one that joined the queue after it started does."""
+    s = ClusterState(load_preset("1x8:H100"))
+    victim = Request("v", 8, 0.0, attained=0.0)
+    s.reserve(Allocation("v", victim, tuple(range(8)), 1000.0))
+    now = 1000.0 + 9000.0  # 8 GPUs x 9000 s = 20 GPU-h: above the first two LAS thresholds
+    old = Request("old", 8, 500.0)  # waiting since before the victim started
+    new = Request("new", 8, 5000.0)
+    on = Scheduler(SchedulerConfig(policy="default", las_newer_only=True))
+    off = Scheduler(SchedulerConfig(policy="default"))
+    assert not on.cycle(s, [old], now)[0].preempted
+    assert [p.allocation_id for p in off.cycle(s, [old], now)[0].preempted] == ["v"]
+    assert [p.allocation_id for p in on.cycle(s, [new], now)[0].preempted] == ["v"]

@@ -50,6 +50,7 @@ class SchedulerConfig:
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
+    las_newer_only: bool = False  # LAS preemption only for work that joined the queue after the victim started
     preempt_gain: float = 2.0  # srsf: evict only work with this many times the request's estimated service left
     locality_wait_s: float = 0.0  # a gang one node could hold waits up to this long (since it joined the queue) for
     # one node rather than start split over several (delay scheduling); 0: never waits
@@ -137,6 +138,8 @@ def lower_class(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
 def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
     if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
         return False
+    if ctx.config.las_newer_only and req.waiting_since < victim.start_time:
+        return False  # it was waiting when the victim was chosen to start: nothing new to preempt for
     attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count * victim.milli / FULL
     return ctx.las_level(attained) > ctx.las_level(req.attained)
 

@@ -1,7 +1,7 @@
 """Policies compared over replays with perturbed arrivals: medians of waste and JCT, not one path.
 
 Usage: python benchmarks/sched_perturbed.py [--traces DIR] [--only shockwave,gavel-msr] [--seeds 8]
-       [--jitter-s 60] [--policies las,default,default/first-fit,default@starvation_s=inf]
+       [--jitter-s 60] [--policies las,default,oracle-srsf,default/first-fit,default@starvation_s=inf]
 
 One replay of a small trace is one path through a chaotic system: a different tie or a job ending a second
 earlier changes everything after it, and waste differences of a tenth of a point between two policies can be
@@ -9,8 +9,9 @@ that alone. Here every arrival of the trace (as `benchmarks/sched_quality.py` lo
 moved by a uniform draw in +-`--jitter-s` seconds, once per seed, and each policy replays every perturbed
 trace at the trace's two load levels. A policy may override its placement (`las/topology`) or one number
 of the scheduler's configuration (`default@starvation_s=inf`), to see which part of a policy makes a
-difference. Prints per trace, load and policy the median (and range) of waste and of average JCT, and in
-how many seeds its waste was above the first policy's.
+difference. Prints per trace, load and policy the median (and range) of waste and of average JCT, in
+how many seeds its waste was above the first policy's, and the median ratio of its average JCT to `oracle-srsf`'s
+(the clairvoyant reference) on the same perturbed trace.
 """
 
 from __future__ import annotations
@@ -27,22 +28,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sched_quality import CASES, DEFAULT_DIR, load_jobs
-from suanli.sched import SchedulerConfig
+from sched_quality import CASES, DEFAULT_DIR, load_jobs, scheduler_config
 from suanli.sim import SimConfig, simulate
 from suanli.sim.slicing import scale_load
 from suanli.topology import load_preset, parse
-
-
-def scheduler_config(variant: str) -> SchedulerConfig:
-    """`policy[/placement][@field=number]` → the scheduler configuration it names."""
-    name, _, knob = variant.partition("@")
-    policy, _, placement = name.partition("/")
-    extra: dict[str, float] = {}
-    if knob:
-        field, _, value = knob.partition("=")
-        extra[field] = float(value)
-    return SchedulerConfig(policy=policy, placement=placement or None, **extra)
 
 
 def run_one(args: tuple[str, str, float, str, int, float]) -> tuple[float, float]:
@@ -65,7 +54,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=DEFAULT_DIR)
     ap.add_argument("--only", default="shockwave,gavel-msr", help="comma-separated case names of sched_quality.py")
-    ap.add_argument("--policies", default="las,default", help="the first one is the reference")
+    ap.add_argument("--policies", default="las,default,oracle-srsf", help="the first one is the reference for waste")
     ap.add_argument("--seeds", type=int, default=8, help="perturbed replays per trace and load (seeds 1..N)")
     ap.add_argument("--jitter-s", type=float, default=60.0)
     ap.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
@@ -84,8 +73,10 @@ def main() -> int:
         results = dict(zip(work, pool.map(run_one, work), strict=True))
 
     print(f"{args.seeds} replays per row, arrivals moved by up to +-{args.jitter_s:g} s; medians (min-max)")
-    print(f"| trace | load | policy | waste | avg JCT h | seeds with waste above {variants[0]} |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"| trace | load | policy | waste | avg JCT h | seeds with waste above {variants[0]} | avg JCT / oracle-srsf |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for c in cases:
         for load in (1.0, c.high_load):
             ref = [results[(str(args.traces), c.name, load, variants[0], s, args.jitter_s)][0] for s in seeds]
@@ -94,8 +85,13 @@ def main() -> int:
                 waste = [w for w, _ in rows]
                 jct = [j / 3600 for _, j in rows]
                 above = sum(w > r + 1e-12 for w, r in zip(waste, ref, strict=True))
+                key = (str(args.traces), c.name, load, "oracle-srsf")
+                oracle = (
+                    [results[(*key, s, args.jitter_s)][1] / 3600 for s in seeds] if "oracle-srsf" in variants else []
+                )
+                ratio = f"{statistics.median(j / o for j, o in zip(jct, oracle, strict=True)):.2f}x" if oracle else "-"
                 print(f"| {c.name} | x{load:g} | {v} | {statistics.median(waste):.3%} ({min(waste):.2%}-"
-                      f"{max(waste):.2%}) | {statistics.median(jct):.2f} | {above} of {len(ref)} |")  # fmt: skip
+                      f"{max(waste):.2%}) | {statistics.median(jct):.2f} | {above} of {len(ref)} | {ratio} |")  # fmt: skip
     return 0
 
 

@@ -18,7 +18,8 @@ SUMMARY_KEYS = {
     "jobs", "avg_jct_s", "p50_jct_s", "p95_jct_s", "p99_jct_s", "avg_queue_s", "makespan_s", "utilization",
     "useful_utilization", "waste_fraction", "fragmentation", "preemptions", "jain_fairness", "worst_tenant_slowdown",
     "decision_p50_ms", "decision_p99_ms", "replay_wall_s", "finished", "queued", "running", "unschedulable",
-    "failures", "avg_placement_slowdown",
+    "failures", "avg_placement_slowdown", "work_gpu_h", "slowdown_gpu_h", "elastic_gpu_h", "preemption_gpu_h",
+    "failure_gpu_h", "resize_gpu_h", "idle_queued_gpu_h", "requeued_gpu_h", "slowdown_by_size",
 }  # fmt: skip
 
 
@@ -96,13 +97,13 @@ def test_generic_csv_fixture_notes_skipped_rows_on_stderr() -> None:
 def test_policy_all() -> None:
     # synthetic:200 once crashed the elastic policy (a job placed and grown in one cycle)
     doc = sim_json("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "all")
-    assert list(doc["policies"]) == list(POLICIES)
+    assert list(doc["policies"]) == [*POLICIES, "oracle-srsf"]  # the clairvoyant reference beside the real ones
     assert_conserved(doc)
 
 
 def test_policy_all_dedupes_and_default_alias() -> None:
     doc = sim_json("--trace", GENERIC, "--cluster", "4x8:H100", "--policy", "default", "--policy", "all")
-    assert list(doc["policies"]) == ["default", *(p for p in POLICIES if p != "default")]
+    assert list(doc["policies"]) == ["default", *(p for p in POLICIES if p != "default"), "oracle-srsf"]
 
 
 def test_jobs_takes_the_first_n() -> None:
@@ -150,7 +151,7 @@ def test_report(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     result = sim("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "fifo", "--policy", "default",
                  "--report", str(out))  # fmt: skip
-    for name in ("jct_cdf.png", "utilization.png", "queue.png"):
+    for name in ("jct_cdf.png", "utilization.png", "queue.png", "gpu_time.png"):
         data = (out / name).read_bytes()
         assert data.startswith(PNG_MAGIC), name
         assert len(data) > 1000, name
@@ -166,7 +167,7 @@ def test_report_with_json_keeps_stdout_pure(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     result = sim("--trace", GENERIC, "--cluster", "2x8:H100", "--policy", "all", "--report", str(out), "--json")
     doc = json.loads(result.stdout)
-    assert list(doc["policies"]) == list(POLICIES)
+    assert list(doc["policies"]) == [*POLICIES, "oracle-srsf"]
     assert "summary.md" in result.stderr
     md = (out / "summary.md").read_text(encoding="utf-8")
     assert all(name in md for name in POLICIES)

@@ -30,7 +30,14 @@ from suanli.sched import (
     place_slice,
     topology_aware,
 )
-from suanli.sched.policies import borrowed, higher_las_level, lower_class, lower_class_or_las
+from suanli.sched.policies import (
+    borrowed,
+    est_left,
+    higher_las_level,
+    lower_class,
+    lower_class_or_las,
+    lower_class_or_more_left,
+)
 from suanli.topology import Cluster, parse
 from tests.clusters import homogeneous_cluster
 
@@ -1157,6 +1164,15 @@ def check_cycle(
             assert by_las, f"{aid} preempted without a LAS reason"
         elif rule is lower_class_or_las:
             assert by_class or by_las, f"{aid} preempted without a class or LAS reason"
+        elif rule is lower_class_or_more_left:
+            had = v.request.attained + (now - v.start_time) * v.gpu_count * v.milli / FULL
+            by_est = any(
+                v.request.rank <= r.rank
+                and now - v.start_time >= cfg.min_runtime_s
+                and est_left(v.request, had) > cfg.preempt_gain * est_left(r)
+                for r in placed_reqs
+            )
+            assert by_class or by_est, f"{aid} preempted without a class reason or twice the service left"
         elif rule is borrowed:
             start = sum(a.gpu_count * a.milli / FULL for a in old.allocations.values() if a.request.tenant == t)
             placed_by_t = any(queue[rid].tenant == t for rid in placed)

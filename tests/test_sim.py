@@ -348,7 +348,8 @@ def test_fifo_head_of_line_blocking_wastes_more_than_backfill() -> None:
         TraceJob("whole", 1.0, 32, 100.0),
         *(TraceJob(f"s{i}", 2.0 + i, 1, 300.0) for i in range(100)),
     ]
-    res = {p: simulate(jobs, small(), config(p)) for p in ("fifo", "fifo-backfill", "default")}
+    # runtimes as declared (the spec's duration): EASY backfill needs them; history knows nothing yet
+    res = {p: simulate(jobs, small(), config(p, estimates="exact")) for p in ("fifo", "fifo-backfill", "default")}
     for r in res.values():
         assert r.finished == len(jobs)
         _check_ranges(r)
@@ -356,7 +357,7 @@ def test_fifo_head_of_line_blocking_wastes_more_than_backfill() -> None:
     assert res["fifo"].waste_fraction > res["default"].waste_fraction
     assert res["fifo"].avg_queue_s > res["fifo-backfill"].avg_queue_s
     # backfill does not delay the big job: it still starts when the long job ends
-    sim = Simulation(jobs, small(), config("fifo-backfill"))
+    sim = Simulation(jobs, small(), config("fifo-backfill", estimates="exact"))
     sim.run()
     assert sim.records[1].first_start == pytest.approx(2000.0)
 

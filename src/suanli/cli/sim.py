@@ -18,6 +18,7 @@ from suanli.cli.common import JsonOpt, console, fail, user_errors
 from suanli.sched import POLICIES, SchedulerConfig
 from suanli.sim import SimConfig, SimResult, TraceJob, simulate
 from suanli.sim import report as rep
+from suanli.sim.oracle import ORACLE_POLICIES, ORACLE_SRSF
 from suanli.sim.slicing import first_n, scale_load
 from suanli.sim.synthetic import synthetic_jobs
 from suanli.topology import Cluster
@@ -29,7 +30,11 @@ DEFAULT_MTTR_H = SimConfig().mttr_h
 _W = "Workload"
 _R = "Replay"
 _TRACE = f"FORMAT:PATH with FORMAT one of {', '.join(traces.FORMATS)}; or {SYNTHETIC}:N for N synthetic jobs (--seed)."
-_POLICY = f"Scheduling policy (repeatable or comma-separated): {', '.join(POLICIES)}, or 'all' (default: {', '.join(DEFAULT_POLICIES)})."
+_POLICY = (
+    f"Scheduling policy (repeatable or comma-separated): {', '.join(POLICIES)}, or 'all' (default: "
+    f"{', '.join(DEFAULT_POLICIES)}); '{ORACLE_SRSF}' is a reference that knows every job's duration (no real "
+    "scheduler does; the server refuses it)."
+)
 
 
 def _err_console() -> Console:
@@ -65,7 +70,7 @@ def load_jobs(spec: str, seed: int, err: Console | None) -> list[TraceJob]:
 
 
 def resolve_policies(names: list[str] | None) -> list[str]:
-    """Policy names in the order given, without repeats; 'all' expands to every policy."""
+    """Policy names in the order given, without repeats; 'all' expands to every policy and the clairvoyant reference."""
     out: list[str] = []
     for item in names or list(DEFAULT_POLICIES):
         for raw in item.split(","):
@@ -74,10 +79,10 @@ def resolve_policies(names: list[str] | None) -> list[str]:
                 continue
             if name == "default":
                 name = SchedulerConfig().policy
-            expanded = list(POLICIES) if name == "all" else [name]
+            expanded = [*POLICIES, *ORACLE_POLICIES] if name == "all" else [name]
             for n in expanded:
-                if n not in POLICIES:
-                    fail(f"unknown policy {raw.strip()!r}; known: {', '.join(POLICIES)}, all")
+                if n not in POLICIES and n not in ORACLE_POLICIES:
+                    fail(f"unknown policy {raw.strip()!r}; known: {', '.join([*POLICIES, *ORACLE_POLICIES])}, all")
                 if n not in out:
                     out.append(n)
     if not out:
@@ -188,7 +193,7 @@ def sim(
         typer.Option(
             "--report",
             metavar="DIR",
-            help="Write jct_cdf.png, utilization.png, queue.png and summary.md into DIR.",
+            help="Write jct_cdf.png, utilization.png, queue.png, gpu_time.png (where the GPU-time went) and summary.md into DIR.",
             file_okay=False,
         ),
     ] = None,

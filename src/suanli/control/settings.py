@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from suanli.control.errors import Invalid
 from suanli.sched.policies import POLICIES
+from suanli.sim.oracle import ORACLE_POLICIES
 from suanli.storage.archive import DEFAULT_LIMITS
 
 if TYPE_CHECKING:
@@ -193,6 +194,10 @@ class Settings(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
+        if v in ORACLE_POLICIES:
+            raise ValueError(
+                f"{v!r} is the simulator's clairvoyant reference (it reads true job durations), not a policy"
+            )
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES)}")
         return v

@@ -55,6 +55,7 @@ class Scheduler:
         self.placer: Placer = PLACEMENTS[name]
         self._key_memo: dict[int, tuple[Request, tuple]] = {}
         self._scaling_models: dict[int, ScalingModel] = {}
+        self._now = 0.0  # the time of the cycle running
 
     # ---- the cycle ------------------------------------------------------------------------------
     def cycle(
@@ -66,6 +67,7 @@ class Scheduler:
         entry, which keeps a cycle over a long queue cheap.
         """
         work = snapshot.copy()
+        self._now = now
         ctx = PolicyContext(self.config, now, work, self._tenant_gpus(work))
         ordered = sorted(queue, key=self._sort_key(ctx))
         result = CycleResult()
@@ -157,7 +159,17 @@ class Scheduler:
             free = work.free_whole_gpus()
             if free < k:  # cheap filter before the placement plugin scans nodes
                 return PlacementResult(None, f"needs {k} GPUs; {free} free")
-        return holds.place(self.placer, work, req, k, self.policy.class_preemption)
+        return self._compact(work, req, k, holds.place(self.placer, work, req, k, self.policy.class_preemption))
+
+    def _compact(self, work: ClusterState, req: Request, k: int, placed: PlacementResult) -> PlacementResult:
+        """Locality wait: a gang one node could hold, placed over several, waits (a bounded time) for one node."""
+        wait = self.config.locality_wait_s
+        if not wait or placed.gpus is None or k < 2 or req.milli < FULL or k > work.gpn.max():
+            return placed
+        nodes = work.gpu_node[np.asarray(placed.gpus, dtype=np.int64)]
+        if nodes.min() == nodes.max() or self._now - req.waiting_since >= wait:
+            return placed
+        return PlacementResult(None, f"waits for {k} GPUs in one node (up to {wait:g} s) rather than split")
 
     def _commit(
         self,
@@ -254,7 +266,7 @@ class Scheduler:
             freed.append(v)
             if scratch.free_whole_gpus() < k and req.milli == FULL:
                 continue
-            placed = holds.place(self.placer, scratch, req, k, spot)
+            placed = self._compact(scratch, req, k, holds.place(self.placer, scratch, req, k, spot))
             if placed.gpus is not None:
                 break
         if placed.gpus is None:

@@ -8,6 +8,8 @@
 | fair-share | below-quota tenants first, then weighted DRF share | topology | greedy | borrowed (over-quota) work, for tenants below quota |
 | las | 2D-LAS level (attained GPU-time), then submit | first-fit | greedy | higher LAS levels (Tiresias) |
 | elastic | class, LAS level, submit | topology | greedy, shrinking grown elastic jobs | spot work |
+| srsf | class, estimated service left (`sched/estimates.py`), submit | topology | as default | spot work, and work with `preempt_gain` x the request's estimated service left |
+| las-srsf | class, LAS level, estimated service left, submit | topology | as default | as default |
 | default | class, LAS level, submit | topology | greedy, with an EASY reservation for work waiting over `starvation_s` since it last joined the queue; elastic jobs grow by goodput | spot work, and higher LAS levels (bounded collateral) |
 
 Why this default (measured in `benchmarks/sched_quality.py`, see docs/scheduling.md): LAS ordering with
@@ -48,6 +50,10 @@ class SchedulerConfig:
     weights: Mapping[str, float] = field(default_factory=dict)  # tenant → fair-share weight (default 1)
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
+    las_newer_only: bool = False  # LAS preemption only for work that joined the queue after the victim started
+    preempt_gain: float = 2.0  # srsf: evict only work with this many times the request's estimated service left
+    locality_wait_s: float = 0.0  # a gang one node could hold waits up to this long (since it joined the queue) for
+    # one node rather than start split over several (delay scheduling); 0: never waits
     preempt_collateral: float = 2.0  # a preemption may evict at most this many GPUs per GPU it needs (spot work
     # taken by a higher class not counted)
 
@@ -89,6 +95,37 @@ def by_class_las(r: Request, ctx: PolicyContext) -> tuple:
     return (-r.rank, ctx.las_level(r.attained), r.submit_time, r.id)
 
 
+def est_left(r: Request, attained: float | None = None) -> float:
+    """Estimated remaining service (GPU-seconds): estimate x GPUs less what it has had. Robust to bad estimates:
+    work past its estimate is taken to need as much again as it has had (heavy tails: the longer a job has run, the
+    longer it will run), never to be nearly done; with no estimate, its attained service (LAS)."""
+    had = r.attained if attained is None else attained
+    if r.est_samples:
+        return r.gpus * r.milli / FULL * expected_left(r.est_samples, had * FULL / (max(1, r.gpus) * r.milli))
+    if r.est_runtime is None:
+        return had
+    total = r.est_runtime * r.gpus * r.milli / FULL
+    return total - had if had < total else had
+
+
+def expected_left(samples: tuple[float, ...], ran: float) -> float:
+    """E[D - ran | D > ran] over the sorted sample of run times D; `ran` when the job has outrun them all."""
+    i = bisect_right(samples, ran)
+    rest = samples[i:]
+    if not rest:
+        return ran
+    return sum(rest) / len(rest) - ran
+
+
+def by_class_est(r: Request, ctx: PolicyContext) -> tuple:
+    return (-r.rank, est_left(r), r.submit_time, r.id)
+
+
+def by_class_las_est(r: Request, ctx: PolicyContext) -> tuple:
+    """LAS levels first (robust: a bad estimate moves work only within its level), then estimated service left."""
+    return (-r.rank, ctx.las_level(r.attained), est_left(r), r.submit_time, r.id)
+
+
 def by_fair_share(r: Request, ctx: PolicyContext) -> tuple:
     return (0 if ctx.below_quota(r.tenant) else 1, ctx.share(r.tenant), r.submit_time, r.id)
 
@@ -101,8 +138,23 @@ def lower_class(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
 def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
     if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
         return False
+    if ctx.config.las_newer_only and req.waiting_since < victim.start_time:
+        return False  # it was waiting when the victim was chosen to start: nothing new to preempt for
     attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count * victim.milli / FULL
     return ctx.las_level(attained) > ctx.las_level(req.attained)
+
+
+def more_left(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    """Same class or lower, run `min_runtime_s`, and `preempt_gain` times the request's estimated service left:
+    a preemption costs a restart, so it must win clearly."""
+    if victim.request.rank > req.rank or ctx.now - victim.start_time < ctx.config.min_runtime_s:
+        return False
+    attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count * victim.milli / FULL
+    return est_left(victim.request, attained) > ctx.config.preempt_gain * est_left(req)
+
+
+def lower_class_or_more_left(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
+    return lower_class(victim, req, ctx) or more_left(victim, req, ctx)
 
 
 def lower_class_or_las(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:
@@ -141,6 +193,26 @@ POLICIES: dict[str, Policy] = {
         Policy("fair-share", by_fair_share, "topology", "greedy", borrowed, static_key=False),
         Policy("las", by_las, "first-fit", "greedy", higher_las_level),
         Policy("elastic", by_class_las, "topology", "greedy", lower_class, elastic=True, class_preemption=True),
+        Policy(
+            "srsf",
+            by_class_est,
+            "topology",
+            "greedy",
+            lower_class_or_more_left,
+            elastic=True,
+            starvation_guard=True,
+            class_preemption=True,
+        ),
+        Policy(
+            "las-srsf",
+            by_class_las_est,
+            "topology",
+            "greedy",
+            lower_class_or_las,
+            elastic=True,
+            starvation_guard=True,
+            class_preemption=True,
+        ),
         Policy(
             "default",
             by_class_las,

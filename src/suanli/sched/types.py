@@ -46,6 +46,7 @@ class Request:
     nodes: int | None = None  # exactly this many nodes, the same number of GPUs on each (None: any)
     priority: PriorityClass = "on-demand"
     est_runtime: float | None = None  # declared or estimated seconds on a compact placement
+    est_samples: tuple[float, ...] = ()  # sorted run times of similar finished work (the tenant's history), if known
     attained: float = 0.0  # GPU-seconds already received (LAS)
     model: ModelHint | None = None
     queued_since: float | None = None  # when it last joined the queue (a preemption or failure puts it back); None:

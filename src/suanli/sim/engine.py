@@ -16,9 +16,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, cluster_host
+from suanli.sched.estimates import RuntimeHistory
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
+from suanli.sim.oracle import OracleScheduler, is_oracle
 from suanli.sim.runtime import RuntimeModel
 from suanli.sim.workload import TraceJob
 from suanli.topology.model import Cluster
@@ -34,7 +36,10 @@ class SimConfig:
     node_mtbf_h: float | None = None  # per-node mean time between failures; None: no failures
     mttr_h: float = 4.0
     seed: int = 0
-    use_estimates: bool = True  # give the scheduler the trace duration as the runtime estimate
+    use_estimates: bool = True  # give the scheduler runtime estimates (from `estimates`)
+    estimates: str = "history"  # "history": the tenant's finished work so far (what the server knows); "exact": the
+    # trace duration (clairvoyant, for comparison only)
+    est_samples: bool = True  # with "history": hand the scheduler the similar work's run times, not only their median
 
 
 @dataclass
@@ -43,6 +48,7 @@ class _Running:
     rate: float  # reference-seconds of work per second
     since: float
     epoch: int
+    slow: float = 1.0  # placement slowdown (rate = speed / slow)
 
 
 class Simulation:
@@ -50,13 +56,17 @@ class Simulation:
         self.jobs = list(jobs)
         self.cluster = cluster
         self.config = config or SimConfig()
-        self.scheduler = Scheduler(self.config.scheduler)
+        self.remaining = [j.duration_s for j in self.jobs]
+        self.scheduler: Scheduler | OracleScheduler = (
+            OracleScheduler(self.remaining)
+            if is_oracle(self.config.scheduler.policy)
+            else Scheduler(self.config.scheduler)
+        )
         self.state = ClusterState(cluster, host=cluster_host(cluster))
         self.runtime = RuntimeModel(cluster)
         self.scaling = ScalingModel(cluster)
         types = {g.gpu.name for g in cluster.groups} | {g.name for g in cluster.groups}
         self.requests = [self._request(i, j, types) for i, j in enumerate(self.jobs)]
-        self.remaining = [j.duration_s for j in self.jobs]
         self.attained = [0.0] * len(self.jobs)
         self.running: dict[int, _Running] = {}
         self.elastic_running: set[int] = set()  # running elastic jobs: an empty queue may still let them grow
@@ -65,6 +75,10 @@ class Simulation:
         self.records = [JobRecord(j.job_id, j.tenant, j.submit_time_s, j.duration_s, j.num_gpus) for j in self.jobs]
         self.metrics = MetricsRecorder(cluster.n_gpus)
         self.rng = np.random.default_rng(self.config.seed)
+        wants_history = self.config.use_estimates and self.config.estimates == "history"
+        self.history = RuntimeHistory() if wants_history else None
+        if self.config.estimates not in ("history", "exact"):
+            raise ValueError(f"estimates must be 'history' or 'exact', not {self.config.estimates!r}")
         self.events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
 
@@ -85,7 +99,7 @@ class Simulation:
             min_gpus=min(j.min_gpus, j.num_gpus) if elastic and j.min_gpus else None,
             max_gpus=max(j.max_gpus, j.num_gpus) if elastic and j.max_gpus else None,
             priority=j.priority,
-            est_runtime=j.duration_s if self.config.use_estimates else None,
+            est_runtime=j.duration_s if self.config.use_estimates and self.config.estimates == "exact" else None,
             model=ModelHint(preset=j.model) if j.model else None,
             cpu_milli=j.cpu_milli,
             memory_mib=j.memory_mib,
@@ -137,6 +151,11 @@ class Simulation:
             while self.events and self.events[0][0] == t:
                 _, _, kind, a, b = heapq.heappop(self.events)
                 if kind == ARRIVAL:
+                    if self.history is not None:
+                        j = self.jobs[a]
+                        est = self.history.estimate(j.tenant, j.model, j.num_gpus)
+                        samples = self.history.samples(j.tenant, j.model, j.num_gpus) if self.config.est_samples else ()
+                        self.requests[a] = replace(self.requests[a], est_runtime=est, est_samples=samples)
                     self.queue[a] = self.requests[a]
                     changed = True
                 elif kind == FINISH and b == self.epoch[a] and a in self.running:
@@ -158,7 +177,15 @@ class Simulation:
         if progress:
             progress(done, total)
         wall = (clock() - wall0) if clock else 0.0
+        done = [(j.gpu_seconds - (0.0 if r.finish is not None else self._left(i))) for i, (j, r) in
+                enumerate(zip(self.jobs, self.records, strict=True)) if not r.unschedulable]  # fmt: skip
+        self.metrics.work_gpu_s = float(sum(max(0.0, w) for w in done))
         return self.metrics.result(self.records, now, wall, queued=len(self.queue), running=len(self.running))
+
+    def _left(self, i: int) -> float:
+        """Recorded work of job i not done yet (GPU-seconds of the reference placement)."""
+        j = self.jobs[i]
+        return min(self.remaining[i], j.duration_s) * j.num_gpus * j.gpu_fraction
 
     # ---- transitions ------------------------------------------------------------------------------
     def _advance(self, t0: float, t1: float) -> None:
@@ -179,7 +206,7 @@ class Simulation:
         slow = self.runtime.slowdown(gpus, req.model.preset if req.model else None) if req.milli == FULL else 1.0
         speed = self._elastic_speed(i, gpus.size)
         self.epoch[i] += 1
-        self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i])
+        self.running[i] = _Running(gpus, speed / slow, t, self.epoch[i], slow)
         if req.elastic:
             self.elastic_running.add(i)
         rec = self.records[i]
@@ -202,10 +229,13 @@ class Simulation:
         del self.running[i]
         self.elastic_running.discard(i)
         self.epoch[i] += 1
-        self.remaining[i] += min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        redo = min(self.config.restart_penalty_s, self.jobs[i].duration_s)
+        self.remaining[i] += redo
+        self.metrics.redone(self.requests[i], redo, "preemption" if preempted else "failure")
         if preempted:
             self.records[i].preemptions += 1
         self.requests[i] = replace(self.requests[i], attained=self.attained[i], queued_since=t)
+        self.metrics.requeued_now += self.requests[i].gpus * self.requests[i].milli / FULL
         self.queue[i] = self.requests[i]
 
     def _finish(self, i: int, t: float) -> None:
@@ -213,6 +243,9 @@ class Simulation:
         self.elastic_running.discard(i)
         self.state.unreserve(str(i))
         self.records[i].finish = t
+        if self.history is not None:  # what the server's history knows: the work's run time, as recorded
+            j = self.jobs[i]
+            self.history.record(j.tenant, j.model, j.num_gpus, j.duration_s)
 
     def _fail(self, node: int, t: float) -> None:
         self.state.set_node_ok(node, False)
@@ -233,7 +266,7 @@ class Simulation:
     def _schedule(self, t: float, clock: Callable[[], float] | None) -> None:
         """Run cycles at this instant until nothing is freed: a preempted or shrunk job's GPUs, and the
         victim itself, get a fresh look at once rather than at the next event."""
-        for _ in range(4):
+        for _ in range(1 if isinstance(self.scheduler, OracleScheduler) else 4):  # the oracle repacks all at once
             if not self._cycle(t, clock) or not self.queue:
                 break
 
@@ -251,12 +284,16 @@ class Simulation:
             i = int(r.allocation_id)
             self._progress(i, t)
             del self.running[i]
-            self.remaining[i] += min(self.config.resize_penalty_s, self.jobs[i].duration_s)
+            redo = min(self.config.resize_penalty_s, self.jobs[i].duration_s)
+            self.remaining[i] += redo
+            self.metrics.redone(self.requests[i], redo, "resize")
             self._start(i, np.asarray(r.gpus, dtype=np.int64), t)
             self.records[i].resizes += 1
         for p in result.placed:
             i = int(p.request_id)
             del self.queue[i]
+            if self.requests[i].queued_since is not None:
+                self.metrics.requeued_now -= self.requests[i].gpus * self.requests[i].milli / FULL
             self._start(i, np.asarray(p.gpus, dtype=np.int64), t)
         self.state = new_state
         self.metrics.after_cycle(self.state, self.queue)

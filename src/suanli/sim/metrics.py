@@ -56,14 +56,37 @@ class SimResult:
     decision_p50_ms: float
     decision_p99_ms: float
     replay_wall_s: float
+    # where the GPU-time went (GPU-hours): allocated = work + slowdown + elastic + redone (preemption, failure, resize)
+    work_gpu_h: float = 0.0  # recorded work done (trace durations x GPUs, as on the reference placement)
+    slowdown_gpu_h: float = 0.0  # held GPU-time lost to placement slowdown (a split gang runs slower)
+    elastic_gpu_h: float = 0.0  # held beyond the asked-for work rate by grown/shrunk elastic jobs (< 0: it paid)
+    preemption_gpu_h: float = 0.0  # work redone after preemptions (lost progress + restart)
+    failure_gpu_h: float = 0.0  # work redone after node failures
+    resize_gpu_h: float = 0.0  # work redone after elastic resizes
+    idle_queued_gpu_h: float = 0.0  # GPUs idle while work waited (the waste)
+    requeued_gpu_h: float = 0.0  # GPUs asked for by jobs back in the queue after a preemption or failure, x time
+    slowdown_by_size: dict[str, float] = field(default_factory=dict)  # slowdown GPU-hours per gang size bucket
     timeline: dict[str, list[float]] = field(default_factory=dict, repr=False)
     jct_samples: list[float] = field(default_factory=list, repr=False)
+
+    def breakdown(self) -> dict[str, float]:
+        """The GPU-time of the replay by where it went, in GPU-hours."""
+        return {k: getattr(self, k) for k in BREAKDOWN}
 
     def summary(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("timeline")
         out.pop("jct_samples")
         return {k: (round(v, 6) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+BREAKDOWN = ("work_gpu_h", "slowdown_gpu_h", "elastic_gpu_h", "preemption_gpu_h", "failure_gpu_h", "resize_gpu_h",
+             "idle_queued_gpu_h", "requeued_gpu_h")  # fmt: skip
+SIZE_BUCKETS = ((1, "1"), (2, "2"), (4, "3-4"), (8, "5-8"), (32, "9-32"), (1 << 30, "33+"))
+
+
+def size_bucket(gpus: int) -> str:
+    return next(name for top, name in SIZE_BUCKETS if gpus <= top)
 
 
 class MetricsRecorder:
@@ -84,14 +107,34 @@ class MetricsRecorder:
         self.decision_times: list[float] = []
         self.timeline: dict[str, list[float]] = {"t": [], "allocated": [], "queue": []}
         self._last_sample = -1.0
+        self.work_gpu_s = 0.0  # set by the simulation at the end: recorded work done
+        self.slow_gpu_s: dict[str, float] = {}
+        self.elastic_gpu_s = 0.0
+        self.redo_gpu_s = {"preemption": 0.0, "failure": 0.0, "resize": 0.0}
+        self.requeued_gpu_s = 0.0
+        self.requeued_now = 0.0  # GPUs asked for by queued jobs that were stopped (kept by the simulation)
+
+    def redone(self, req: Request, seconds: float, why: str) -> None:
+        """A stop or resize adds `seconds` of reference work to a job: lost progress and restart."""
+        self.redo_gpu_s[why] += seconds * req.gpus * req.milli / FULL
 
     def interval(self, dt: float, state: ClusterState, queue: dict, running: dict, requests: list[Request]) -> None:
         allocated = state.allocated_gpus()
-        useful = sum(
-            requests[i].gpus * r.rate * requests[i].milli / FULL for i, r in running.items()
-        )  # reference GPU-s/s
+        useful = 0.0  # reference GPU-s/s
+        for i, r in running.items():
+            req = requests[i]
+            share = req.milli / FULL
+            rate = req.gpus * share * r.rate
+            useful += rate
+            held = r.gpus.size * share * dt
+            lost = held * (1.0 - 1.0 / r.slow)
+            if lost > 0:
+                b = size_bucket(req.gpus)
+                self.slow_gpu_s[b] = self.slow_gpu_s.get(b, 0.0) + lost
+            self.elastic_gpu_s += held / r.slow - rate * dt
         self.alloc_gpu_s += allocated * dt
         self.useful_gpu_s += min(useful, allocated) * dt
+        self.requeued_gpu_s += self.requeued_now * dt
         if queue:
             idle = state.idle_gpus()
             self.queued_gpu_s += self.n_gpus * dt
@@ -154,6 +197,17 @@ class MetricsRecorder:
             decision_p50_ms=float(np.percentile(dec, 50)),
             decision_p99_ms=float(np.percentile(dec, 99)),
             replay_wall_s=wall,
+            work_gpu_h=self.work_gpu_s / 3600,
+            slowdown_gpu_h=sum(self.slow_gpu_s.values()) / 3600,
+            elastic_gpu_h=self.elastic_gpu_s / 3600,
+            preemption_gpu_h=self.redo_gpu_s["preemption"] / 3600,
+            failure_gpu_h=self.redo_gpu_s["failure"] / 3600,
+            resize_gpu_h=self.redo_gpu_s["resize"] / 3600,
+            idle_queued_gpu_h=self.waste_gpu_s / 3600,
+            requeued_gpu_h=self.requeued_gpu_s / 3600,
+            slowdown_by_size={
+                b: v / 3600 for b, _ in ((n, 0) for _, n in SIZE_BUCKETS) if (v := self.slow_gpu_s.get(b, 0.0))
+            },
             timeline=self.timeline,
             jct_samples=[float(v) for v in jct] if done else [],
         )

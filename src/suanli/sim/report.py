@@ -41,6 +41,10 @@ def _secs(x: float) -> str:
     return f"{x:.2f}"
 
 
+def _gpu_h(x: float) -> str:
+    return f"{x:,.1f}"
+
+
 @dataclass(frozen=True)
 class Metric:
     key: str  # a key of `SimResult.summary()`
@@ -69,6 +73,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("queued", "jobs still queued", _int),
     Metric("running", "jobs still running", _int),
     Metric("unschedulable", "jobs unschedulable", _int),
+    Metric("work_gpu_h", "GPU-h: recorded work", _gpu_h),
+    Metric("slowdown_gpu_h", "GPU-h: placement slowdown", _gpu_h, "min"),
+    Metric("preemption_gpu_h", "GPU-h: redone after preemption", _gpu_h, "min"),
+    Metric("failure_gpu_h", "GPU-h: redone after failures", _gpu_h, "min"),
+    Metric("resize_gpu_h", "GPU-h: redone after resizes", _gpu_h, "min"),
+    Metric("elastic_gpu_h", "GPU-h: elastic scaling (<0 paid)", _gpu_h),
+    Metric("idle_queued_gpu_h", "GPU-h: idle while work waited", _gpu_h, "min"),
+    Metric("requeued_gpu_h", "GPU-h: asked by preempted jobs waiting", _gpu_h, "min"),
     Metric("decision_p50_ms", "decision p50 (ms)", _ms),
     Metric("decision_p99_ms", "decision p99 (ms)", _ms),
     Metric("replay_wall_s", "replay wall time (s)", _secs),
@@ -221,6 +233,37 @@ def plot_timeline(
     _save(fig, path)
 
 
+BREAKDOWN_PARTS = (
+    ("work_gpu_h", "recorded work"),
+    ("slowdown_gpu_h", "placement slowdown"),
+    ("preemption_gpu_h", "redone: preemption"),
+    ("failure_gpu_h", "redone: failure"),
+    ("resize_gpu_h", "redone: resize"),
+    ("elastic_gpu_h", "elastic scaling"),
+    ("idle_queued_gpu_h", "idle while work waited"),
+)
+
+
+def plot_gpu_time(results: Mapping[str, SimResult], path: Path, heading: str) -> None:
+    """Where the GPU-time went, per policy: stacked bars of GPU-hours (allocated parts, then idle while queued)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    names = list(results)
+    bottom = [0.0] * len(names)
+    for key, label in BREAKDOWN_PARTS:
+        values = [max(0.0, getattr(results[n], key)) for n in names]
+        if not any(values):
+            continue
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_ylabel("GPU-hours")
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.grid(True, axis="y", alpha=0.3)
+    _legend(ax)
+    ax.set_title(f"where the GPU-time went: {heading}", fontsize=9)
+    _save(fig, path)
+
+
 def write_report(
     out_dir: str | Path,
     results: Mapping[str, SimResult],
@@ -230,19 +273,21 @@ def write_report(
     n_gpus: int,
     summaries: Summaries | None = None,
 ) -> list[Path]:
-    """Write jct_cdf.png, utilization.png, queue.png and summary.md into `out_dir` (created if needed);
+    """Write jct_cdf.png, utilization.png, queue.png, gpu_time.png and summary.md into `out_dir` (created if needed);
     returns their paths. `summaries` (from `summarize(results)`) saves recomputing them."""
     folder = Path(out_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    cdf, util, queue, summary = (folder / n for n in ("jct_cdf.png", "utilization.png", "queue.png", "summary.md"))
+    names = ("jct_cdf.png", "utilization.png", "queue.png", "gpu_time.png", "summary.md")
+    cdf, util, queue, gpu_time, summary = (folder / n for n in names)
     plot_jct_cdf(results, cdf, heading)
     plot_timeline(results, util, "allocated", "allocated GPUs", heading, capacity=n_gpus)
     plot_timeline(results, queue, "queue", "queued jobs", heading)
+    plot_gpu_time(results, gpu_time, heading)
     text = markdown(
         summaries if summaries is not None else summarize(results),
         heading,
         command,
-        plots=[p.name for p in (cdf, util, queue)],
+        plots=[p.name for p in (cdf, util, queue, gpu_time)],
     )
     summary.write_text(text, encoding="utf-8")
-    return [cdf, util, queue, summary]
+    return [cdf, util, queue, gpu_time, summary]

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from suanli.control import hub
+from suanli.control.storage import hub
 from suanli.executors.base import Launch, NodeRank, SandboxRequest
 from suanli.executors.local import LocalExecutor
 from suanli.storage.hub import HubStore

@@ -64,12 +64,13 @@ from tests import databases  # noqa: E402
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD  # noqa: E402
 
 from suanli.api.routers.telemetry import SamplesIn  # noqa: E402
-from suanli.control import health, inventory, telemetry  # noqa: E402
-from suanli.control.health import rules_of  # noqa: E402
+from suanli.control.scheduling import inventory  # noqa: E402
 from suanli.control.settings import Settings  # noqa: E402
 from suanli.control.settings import load as load_settings  # noqa: E402
-from suanli.control.telemetry import FleetIndex, Retention  # noqa: E402
-from suanli.control.telemetry_loop import COMPACT_EVERY_S, COMPACT_SLICE_S, TelemetryTicker  # noqa: E402
+from suanli.control.telemetry import health, telemetry  # noqa: E402
+from suanli.control.telemetry.health import rules_of  # noqa: E402
+from suanli.control.telemetry.telemetry import FleetIndex, Retention  # noqa: E402
+from suanli.control.telemetry.telemetry_loop import COMPACT_EVERY_S, COMPACT_SLICE_S, TelemetryTicker  # noqa: E402
 from suanli.db.engine import Database  # noqa: E402
 from suanli.db.migrate import migrate  # noqa: E402
 from suanli.db.models import Gpu, Node  # noqa: E402

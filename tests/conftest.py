@@ -73,7 +73,7 @@ def cheap_password_hashing(monkeypatch: pytest.MonkeyPatch) -> None:
     many users and test who may do what, not the hash parameters. (Server processes keep the real cost.)"""
     from argon2 import PasswordHasher
 
-    from suanli.control import accounts
+    from suanli.control.accounts import accounts
 
     monkeypatch.setattr(accounts, "_hasher", PasswordHasher(time_cost=1, memory_cost=8, parallelism=1))
 

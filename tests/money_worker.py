@@ -41,8 +41,8 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import cost_of
 from suanli.billing.money import ZERO
-from suanli.control import ledger, metering
 from suanli.control.ids import utcnow
+from suanli.control.money import ledger, metering
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction
 

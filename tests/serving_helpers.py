@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from suanli.control import hub
 from suanli.control.ids import utcnow
+from suanli.control.storage import hub
 from suanli.db.engine import Database
 from tests.control_plane import Tenant
 

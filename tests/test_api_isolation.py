@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from fastapi.routing import APIRoute
 
-from suanli.control import metering
 from suanli.control.ids import utcnow
+from suanli.control.money import metering
 from tests.control_plane import Tenant, admin_token, bearer, join, signup
 
 API = "/api/v1"

@@ -12,7 +12,7 @@ import pytest
 
 import suanli
 from suanli.client import ApiError, Balance, Client, jsonable, load
-from suanli.control.metering import STATEMENT_FIELDS
+from suanli.control.money.metering import STATEMENT_FIELDS
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, live_server
 
 PRESET = "h20-roce800-128"
@@ -219,7 +219,7 @@ def test_unreachable_server_and_error_bodies() -> None:
 def test_reads_answered_503_are_tried_again_and_writes_are_not(monkeypatch: pytest.MonkeyPatch) -> None:
     """A 503 says the server's database cannot serve right now: a read is sent again after Retry-After (at most
     READ_RETRIES times); a write is not, since it may have been applied before the connection broke."""
-    from suanli import client as client_module
+    from suanli.client import client as client_module
 
     slept: list[float] = []
     monkeypatch.setattr(client_module.time, "sleep", slept.append)

@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
-from suanli.control import endpoints as endpoints_service
-from suanli.control import hub
 from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.ids import utcnow
-from suanli.control.serving import ServingPass
+from suanli.control.serving import endpoints as endpoints_service
+from suanli.control.serving.serving import ServingPass
+from suanli.control.storage import hub
 from suanli.db.models import Workload
 from suanli.db.serving import Endpoint, EndpointKey, EndpointLoad
 from tests.control_plane import Tenant, signup
@@ -226,20 +226,20 @@ def test_remove_stops_replicas_and_deletes_keys(platform: Platform) -> None:
 
 
 def _usage(p: Platform, endpoint_id: str, key_id: str, minute: Any, prompt: int, completion: int) -> None:
-    from suanli.control import gateway as store
+    from suanli.control.serving import gateway as store
 
     store.report(p.db, "w", {}, [(endpoint_id, key_id, minute, 1, prompt, completion)], utcnow())
 
 
 def _balance(p: Platform, org_id: str) -> Decimal:
-    from suanli.control import ledger
+    from suanli.control.money import ledger
 
     with p.db.read() as s:
         return ledger.org_balance(s, org_id)
 
 
 def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platform) -> None:
-    from suanli.control import token_billing
+    from suanli.control.serving import token_billing
 
     priced = deploy(platform, {**GPU_SPEC, "replicas": 0, "price_per_1m_tokens": "2.50"})
     deploy(platform, {**GPU_SPEC, "name": "free", "replicas": 0})
@@ -267,7 +267,7 @@ def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platfo
     _usage(platform, priced["id"], theirs, old, 1, 0)  # a late report for the same minute: only the rest is charged
     assert token_billing.charge(platform.db, utcnow()) == 1
     assert _balance(platform, mallory.org_id) == buyer0 - Decimal("1.9444475")
-    from suanli.control import ledger
+    from suanli.control.money import ledger
 
     with platform.db.read() as s:
         assert all(a == b for a, b in ledger.recompute(s).values())  # every balance is its entries
@@ -276,7 +276,7 @@ def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platfo
 
 
 def test_a_buyer_out_of_money_is_refused_with_402(platform: Platform) -> None:
-    from suanli.control import token_billing
+    from suanli.control.serving import token_billing
 
     priced = deploy(platform, {**GPU_SPEC, "replicas": 0, "price_per_1m_tokens": "1000"})
     mallory = signup(platform.api, "mallory@example.com")

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from suanli.control import engines, health, inventory
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import external_gpus
+from suanli.control.scheduling import engines, inventory
+from suanli.control.scheduling.scheduling import external_gpus
+from suanli.control.telemetry import health
 from suanli.db.models import Allocation, ClusterRow, Gpu, Node, Workload
 from suanli.executors.base import EngineNode
 from suanli.topology.discovered import Host, discovered_spec
@@ -66,7 +67,7 @@ def test_a_node_that_joins_is_placed_in_its_leaf(db: Any) -> None:
 def _holding(db: Any, node: str) -> str:
     now = utcnow()
     with db.write() as s, s.begin():
-        from suanli.control import accounts
+        from suanli.control.accounts import accounts
 
         user, org = accounts.create_user(s, f"u{now.timestamp()}@example.com", "password-123", now)
         s.add(Workload(id="wl_on_node", org_id=org.id, user_id=user.id, name="train", kind="job",

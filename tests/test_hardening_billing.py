@@ -18,7 +18,9 @@ import httpx
 from sqlalchemy import select
 
 from suanli.billing.metering import billable_seconds, cost_of
-from suanli.control import accounts, health, ledger, metering
+from suanli.control.accounts import accounts
+from suanli.control.money import ledger, metering
+from suanli.control.telemetry import health
 from suanli.db.engine import Database
 from suanli.db.models import LedgerTransaction, Workload
 from tests.control_plane import admin_token, bearer, live_server, signup, spawned
@@ -161,9 +163,9 @@ def test_work_preempted_after_it_ended_unseen_is_charged_to_its_end_and_succeeds
     end, and metering settles it in between. It ran 20 s and finished on its own: it is charged 20 s, net, and it
     succeeded, not "preempted"."""
     from suanli.control.ids import utcnow
-    from suanli.control.placing import preempt
-    from suanli.control.scheduling import SchedulingPass
-    from suanli.control.supervisor import Supervisor
+    from suanli.control.scheduling.placing import preempt
+    from suanli.control.scheduling.scheduling import SchedulingPass
+    from suanli.control.workloads.supervisor import Supervisor
 
     adm = bearer(admin_token(api))
     r = api.post("/api/v1/admin/clusters", json={"preset": "1x8:H20"}, headers=adm)

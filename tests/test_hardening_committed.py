@@ -15,9 +15,9 @@ from sqlalchemy import func, select
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.money import ZERO
 from suanli.billing.prices import default_price_book
-from suanli.control import committed, ledger
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
+from suanli.control.money import committed, ledger
+from suanli.control.scheduling.scheduling import SchedulingPass
 from suanli.db.models import Allocation, Workload
 from suanli.workloads.spec import parse_spec
 from tests.control_plane import Tenant, admin_token, bearer, signup

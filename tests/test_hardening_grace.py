@@ -14,10 +14,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from suanli.billing.ledger import EXTERNAL, org_account, transfer
-from suanli.control import accounts, ledger, metering, overdraft
+from suanli.control.accounts import accounts
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.money import ledger, metering, overdraft
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import Workload
 from tests.control_plane import admin_token, bearer, signup
 

@@ -17,7 +17,7 @@ from argon2 import PasswordHasher
 from fastapi.testclient import TestClient
 
 from suanli.api.app import create_app
-from suanli.control import accounts, throttle
+from suanli.control.accounts import accounts, throttle
 from suanli.db.engine import Database
 from tests.control_plane import settings, signup
 

@@ -15,8 +15,9 @@ from fastapi.testclient import TestClient
 
 from suanli.api.app import create_app
 from suanli.billing.ledger import REVENUE, org_account, transfer
-from suanli.control import ledger, memberships
+from suanli.control.accounts import memberships
 from suanli.control.ids import utcnow
+from suanli.control.money import ledger
 from suanli.control.settings import load
 from suanli.db.access import Invitation
 from tests.control_plane import Tenant, admin_token, bearer, join, settings, signup
@@ -195,8 +196,8 @@ def test_an_admin_cannot_demote_or_remove_the_owner_nor_raise_itself(api: TestCl
 def test_two_owners_demoting_each_other_leave_one(db: Any) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from suanli.control import accounts
-    from suanli.control.accounts import Principal
+    from suanli.control.accounts import accounts
+    from suanli.control.accounts.accounts import Principal
 
     now = utcnow()
     with db.write() as s, s.begin():

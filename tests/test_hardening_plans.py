@@ -11,9 +11,9 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from suanli.control import plans
-from suanli.control.plan_holds import PlanHolds
-from suanli.control.scheduling import SchedulingPass
+from suanli.control.money import plans
+from suanli.control.scheduling.plan_holds import PlanHolds
+from suanli.control.scheduling.scheduling import SchedulingPass
 from suanli.db.models import Allocation
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig
 from tests.clusters import homogeneous_cluster

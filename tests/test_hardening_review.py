@@ -17,10 +17,12 @@ from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.billing.money import exact
-from suanli.control import accounts, memberships, prices, statement, storage, throttle
+from suanli.control.accounts import accounts, memberships, throttle
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.money import prices, statement
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.storage import storage
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import Allocation, Workload
 from tests.control_plane import admin_token, bearer, join, settings, signup
 

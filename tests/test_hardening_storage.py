@@ -19,8 +19,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from suanli.control import storage, workloads
 from suanli.control.ids import utcnow
+from suanli.control.storage import storage
+from suanli.control.workloads import workloads
 from suanli.db.models import Workdir, Workload
 from suanli.storage import workdirs
 from tests.control_plane import Tenant, admin_token, bearer, signup

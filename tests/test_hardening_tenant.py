@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.workloads.supervisor import Supervisor
 from tests.control_plane import admin_token, bearer, signup
 
 API = "/api/v1"

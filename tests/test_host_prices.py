@@ -16,8 +16,8 @@ from suanli.billing.metering import charges_due, cost_of
 from suanli.billing.money import exact
 from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR, MAX_PRICE, PriceBook
 from suanli.billing.prices import default_price_book as shipped
-from suanli.control import prices as control_prices
 from suanli.control.errors import Invalid
+from suanli.control.money import prices as control_prices
 from suanli.workloads import SpecError, parse_spec
 from suanli.workloads.host import cores, gib, host_text
 from suanli.workloads.models import CPU_ONLY_CPUS, CPU_ONLY_MEMORY

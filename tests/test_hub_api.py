@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.client import Client
-from suanli.control import hub
 from suanli.control.errors import Conflict
 from suanli.control.ids import utcnow
+from suanli.control.storage import hub
 from suanli.storage.hub import HubStore
 from tests.hub_fixtures import make_dataset, make_model, need
 from tests.test_workloads_api import WL, Platform, _t, archive, finished, make_platform

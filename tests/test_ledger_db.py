@@ -1,6 +1,6 @@
 """The ledger in the database against the pure model: random sequences of money movements on both backends.
 
-Every step posts through `control.ledger` (top-ups, credits, refunds, usage charges, plan purchases that may be
+Every step posts through `control.money.ledger` (top-ups, credits, refunds, usage charges, plan purchases that may be
 refused, idempotency keys reused on purpose) and mirrors the call on the pure `billing.ledger.Ledger`. After each
 step the stored ledger must equal the model: every balance, every transaction, the running balances equal the
 sums of their entries (`recompute`), and all accounts sum to zero.
@@ -31,8 +31,9 @@ from suanli.billing.ledger import (
     transfer,
 )
 from suanli.billing.money import ZERO
-from suanli.control import accounts, ledger
+from suanli.control.accounts import accounts
 from suanli.control.errors import Conflict, Invalid, PaymentRequired
+from suanli.control.money import ledger
 from suanli.db.engine import Database
 from suanli.db.models import AccountBalance, LedgerEntry, LedgerTransaction
 

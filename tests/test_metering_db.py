@@ -21,9 +21,11 @@ from sqlalchemy import select
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import cost_of
 from suanli.billing.money import ZERO
-from suanli.control import accounts, inventory, ledger, metering
+from suanli.control.accounts import accounts
 from suanli.control.errors import Conflict, PaymentRequired
 from suanli.control.ids import new_id
+from suanli.control.money import ledger, metering
+from suanli.control.scheduling import inventory
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, LedgerTransaction, Membership, Org
 from tests.money_worker import audit, usage_by_allocation

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from sqlalchemy import func, select
 
-from suanli.control import ledger
+from suanli.control.money import ledger
 from suanli.db.engine import Database
 from suanli.db.models import LedgerTransaction, Plan
 from tests.control_plane import admin_token, bearer, live_server, signup

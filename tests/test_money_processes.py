@@ -21,8 +21,9 @@ from typing import Any
 from sqlalchemy import func, select
 
 from suanli.billing.ledger import REVENUE
-from suanli.control import accounts, ledger, metering
+from suanli.control.accounts import accounts
 from suanli.control.ids import utcnow
+from suanli.control.money import ledger, metering
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction
 from tests.money_worker import amount_of, audit, ms

@@ -12,9 +12,11 @@ import pytest
 
 from suanli.api import deps
 from suanli.billing.prices import default_price_book
-from suanli.control import accounts, inventory, ledger, metering, plans
+from suanli.control.accounts import accounts
 from suanli.control.errors import Conflict
 from suanli.control.ids import utcnow
+from suanli.control.money import ledger, metering, plans
+from suanli.control.scheduling import inventory
 from suanli.db.engine import Database
 from tests.control_plane import Tenant, admin_token, bearer, signup
 

@@ -26,8 +26,8 @@ from fastapi.testclient import TestClient
 from suanli.api import proxy as api_proxy
 from suanli.api import proxy_headers
 from suanli.api.routers import instances
-from suanli.control import proxy
 from suanli.control.ids import utcnow
+from suanli.control.workloads import proxy
 
 WID = "wl_0123456789abcdef"
 

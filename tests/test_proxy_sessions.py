@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from suanli.control import accounts, memberships, proxy
-from suanli.control.accounts import Principal
+from suanli.control.accounts import accounts, memberships
+from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import token_hash, utcnow
+from suanli.control.workloads import proxy
 from suanli.db.models import Membership, ProxySession, Workload
 
 

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from suanli.billing.metering import cost_of
-from suanli.control import metering
 from suanli.control.ids import utcnow
+from suanli.control.money import metering
 from suanli.db.models import Allocation, Node, Workload
 from suanli.storage import workdirs
 from tests.test_resize_virtual import API, Cluster, make_cluster

@@ -15,10 +15,10 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select, update
 
 from suanli.billing.metering import cost_of
-from suanli.control import metering
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.money import metering
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import Allocation, Workload
 from tests.control_plane import Tenant, admin_token, bearer, signup
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from suanli.control.errors import Invalid
-from suanli.control.sandboxes import SandboxPolicy
+from suanli.control.workloads.sandboxes import SandboxPolicy
 from suanli.executors.base import Launch, NodeRank, NotRunning, SandboxRequest, Status
 from suanli.executors.local import LocalExecutor
 from suanli.sandbox import bwrap as bwrap_mod

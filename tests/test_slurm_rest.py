@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from suanli.control import engines
 from suanli.control.errors import Invalid
+from suanli.control.scheduling import engines
 from suanli.control.settings import load
 from suanli.executors.slurm_api import BatchJob, Component, SlurmError
 from suanli.executors.slurm_rest import SlurmREST, site_properties

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from suanli.control import accounts, memberships, ssh_keys
-from suanli.control.accounts import Principal
+from suanli.control.accounts import accounts, memberships, ssh_keys
+from suanli.control.accounts.accounts import Principal
 from suanli.control.ids import utcnow
-from suanli.control.ssh_gateway import DbAccess, not_running, parse_username
+from suanli.control.workloads.ssh_gateway import DbAccess, not_running, parse_username
 from suanli.db.models import Workload
 from suanli.ssh.keys import parse
 from suanli.ssh.server import Refused

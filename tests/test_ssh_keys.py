@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from suanli.control.ssh_keys import MAX_KEYS_PER_USER
+from suanli.control.accounts.ssh_keys import MAX_KEYS_PER_USER
 from suanli.ssh.keys import MAX_KEY_CHARS, BadKey, parse
 from tests.control_plane import InProcess, signup
 from tests.ssh_helpers import keygen
@@ -107,13 +107,13 @@ def test_every_mistake_is_a_4xx_naming_the_field(
 
 
 def test_a_user_holds_at_most_so_many_keys(api: Any, tmp_path: Path) -> None:
-    from suanli.control import ssh_keys
+    from suanli.control.accounts import ssh_keys
 
     me = signup(api, "me@example.com")
     first = keygen(tmp_path / "k0")
     assert api.post(f"{API}/keys", json={"public_key": Path(f"{first}.pub").read_text()}, headers=me.headers).status_code == 201  # fmt: skip
     db = api.app.state.server.db  # the other 49 straight into the table: ssh-keygen 49 times is slow
-    from suanli.control.accounts import Principal
+    from suanli.control.accounts.accounts import Principal
     from suanli.control.ids import utcnow
 
     who = Principal(me.user_id, me.email, False, me.org_id, "tok")

@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 import suanli.client
 from suanli.billing.metering import cost_of
 from suanli.client import Client, Statement
-from suanli.control import metering
 from suanli.control.ids import utcnow
-from suanli.control.statement import FIELDS
+from suanli.control.money import metering
+from suanli.control.money.statement import FIELDS
 from suanli.db.models import Membership
 from tests.cli_helpers import invoke
 from tests.control_plane import Tenant, admin_token, bearer, signup
@@ -184,7 +184,7 @@ def sdk(world: World, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterat
     monkeypatch.setenv("SUANLI_SERVER", "http://suanli.test")
     monkeypatch.setenv("SUANLI_TOKEN", world.tenant.token)
     monkeypatch.setenv("COLUMNS", "250")
-    monkeypatch.setattr("suanli.client_money.PAGE", 3)  # several pages from a short history
+    monkeypatch.setattr("suanli.client.money.PAGE", 3)  # several pages from a short history
     yield world
 
 

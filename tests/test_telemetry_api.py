@@ -16,11 +16,11 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from suanli.control import metering
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
-from suanli.control.telemetry_loop import TelemetryTicker
+from suanli.control.money import metering
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.telemetry.telemetry_loop import TelemetryTicker
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import LedgerTransaction
 from tests import promtool
 from tests.control_plane import Tenant, admin_token, bearer, settings, signup

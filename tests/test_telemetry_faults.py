@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from suanli.control import health
 from suanli.control.ids import utcnow
+from suanli.control.telemetry import health
 from suanli.db.models import Node
 from suanli.db.telemetry import GpuRollup
 from tests import test_telemetry_api as base

@@ -9,8 +9,10 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from suanli.control import inventory, metering, telemetry
-from suanli.control.telemetry import FleetIndex, Retention
+from suanli.control.money import metering
+from suanli.control.scheduling import inventory
+from suanli.control.telemetry import telemetry
+from suanli.control.telemetry.telemetry import FleetIndex, Retention
 from suanli.db.models import Gpu, Node, Org, User
 from suanli.db.telemetry import GpuRollup, GpuSampleRow
 from suanli.telemetry.samples import GpuSample

@@ -16,9 +16,9 @@ import suanli.client
 from suanli.billing.metering import cost_of
 from suanli.cli.common import EXIT_BAD_INPUT
 from suanli.client import Client
-from suanli.control import metering
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
+from suanli.control.money import metering
+from suanli.control.scheduling.scheduling import SchedulingPass
 from suanli.db.engine import Database
 from suanli.db.migrate import migrate
 from suanli.db.models import Allocation

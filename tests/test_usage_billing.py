@@ -29,8 +29,8 @@ from suanli.billing.usage import (
     window_cost,
     windows_due,
 )
-from suanli.control import prices as control_prices
 from suanli.control.errors import Invalid
+from suanli.control.money import prices as control_prices
 from suanli.workloads import SpecError, parse_spec
 
 money = st.decimals(Decimal("0"), Decimal("5000"), places=8)

@@ -20,10 +20,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from suanli.billing.prices import default_price_book
-from suanli.control import metering, telemetry, usage
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.money import metering, usage
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.telemetry import telemetry
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import Allocation, LedgerTransaction
 from suanli.db.telemetry import GpuSampleRow
 from tests.control_plane import Tenant, admin_token, bearer, settings, signup

@@ -13,7 +13,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from suanli.billing.ledger import REVENUE, org_account, transfer
-from suanli.control import ledger, volume_billing, volumes
+from suanli.control.money import ledger
+from suanli.control.storage import volume_billing, volumes
 from suanli.db.models import LedgerTransaction
 from suanli.db.volumes import Volume
 from tests.control_plane import admin_token, bearer, signup
@@ -78,7 +79,7 @@ def test_hours_are_charged_exactly_once_and_money_never_deletes(api: TestClient)
 
 
 def test_a_volume_a_workload_filled_past_its_size_is_full_until_emptied(api: TestClient) -> None:
-    from suanli.control import volume_files
+    from suanli.control.storage import volume_files
     from suanli.storage import volumes as store
 
     db = api.app.state.server.db  # type: ignore[attr-defined]

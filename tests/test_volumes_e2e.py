@@ -82,8 +82,8 @@ def test_writes_past_the_size_fail_inside_a_running_workload(tmp_path: Path, db_
     import os
     import time
 
-    from suanli.control import volume_files
     from suanli.control.ids import utcnow
+    from suanli.control.storage import volume_files
     from suanli.db.engine import Database
     from tests.test_workloads_api import archive
 

@@ -105,7 +105,7 @@ def test_a_job_gets_the_bucket_copy_before_it_starts_and_its_writes_reach_the_bu
 ) -> None:
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap is not installed")
-    from suanli.control import volume_files
+    from suanli.control.storage import volume_files
     from suanli.db.engine import Database
     from tests.control_plane import live_server
     from tests.test_workloads_e2e import FAST, TERMINAL, Api

@@ -18,10 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from suanli.billing.metering import billable_seconds, cost_of
-from suanli.control import metering
 from suanli.control.ids import utcnow
-from suanli.control.scheduling import SchedulingPass
-from suanli.control.supervisor import Supervisor
+from suanli.control.money import metering
+from suanli.control.scheduling.scheduling import SchedulingPass
+from suanli.control.workloads.supervisor import Supervisor
 from suanli.sched import Request
 from tests.control_plane import Tenant, admin_token, bearer, signup
 
@@ -384,7 +384,7 @@ def test_the_pass_after_a_placement_reuses_the_request_it_placed(
 ) -> None:
     """A pass reads the specs of newly opened allocations only when it did not place them itself: the request it
     queued is found again although the placement counted the attempt up."""
-    from suanli.control import placing
+    from suanli.control.scheduling import placing
 
     held = platform.submit({"name": "held", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
     platform.until(held["id"], lambda w: w["state"] == "running")
@@ -400,7 +400,7 @@ def test_the_pass_after_a_placement_reuses_the_request_it_placed(
 
 def test_a_workload_stops_when_its_org_runs_out_of_money(platform: Platform) -> None:
     from suanli.billing.ledger import REVENUE, org_account, transfer
-    from suanli.control import ledger
+    from suanli.control.money import ledger
 
     w = platform.submit({"name": "spender", "kind": "instance", "resources": {"gpu": "H20", "gpus": 8}})
     platform.until(w["id"], lambda w: w["state"] == "running")
@@ -448,8 +448,8 @@ class ServerDied(BaseException):
 def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from suanli.control import supervisor
-    from suanli.control.scheduling import seconds
+    from suanli.control.scheduling.scheduling import seconds
+    from suanli.control.workloads import supervisor
 
     w = platform.submit({"name": "once", "command": "echo x >> launches; sleep 1", "resources": {"gpus": 0}})
     launches = platform.sup.home / "workloads" / w["id"] / "workdir" / "launches"  # its own, seen from outside

@@ -91,7 +91,7 @@ def test_cpu_only_work_asks_for_cpus_and_memory_or_gets_one_core_and_2_gib() -> 
 def test_grown_elastic_work_keeps_its_cores_per_gpu_across_a_new_pass(platform: Platform) -> None:
     """Elastic work asking 4 cores for its 1 GPU and grown to more takes 4 cores a GPU; a new server's pass rebuilds
     that from the open allocation, so a 24-core job does not land beside it on a 32-core node."""
-    from suanli.control.scheduling import SchedulingPass
+    from suanli.control.scheduling.scheduling import SchedulingPass
 
     boxes(platform)
     grown = platform.submit({"name": "grown", "command": "x", "duration": 600, "model": {"preset": "llama3.1-8b"},
@@ -107,7 +107,7 @@ def test_grown_elastic_work_keeps_its_cores_per_gpu_across_a_new_pass(platform: 
 
 def test_running_work_keeps_its_cores_across_a_new_scheduling_pass(platform: Platform) -> None:
     """A restarted server rebuilds its snapshot from open allocations: their cores count as taken."""
-    from suanli.control.scheduling import SchedulingPass
+    from suanli.control.scheduling.scheduling import SchedulingPass
 
     boxes(platform)
     held = [platform.submit(job(f"held{i}", 1, cpus=30)) for i in range(2)]

@@ -43,11 +43,14 @@ from suanli.api.routers import (
     workloads,
 )
 from suanli.api.schemas import ErrorOut, ValidationErrorOut
-from suanli.control import accounts, health, inventory, prices
+from suanli.control.accounts import accounts
 from suanli.control.background import BackgroundProcess
 from suanli.control.errors import ServiceError
 from suanli.control.ids import utcnow
+from suanli.control.money import prices
+from suanli.control.scheduling import inventory
 from suanli.control.settings import Settings
+from suanli.control.telemetry import health
 from suanli.db.engine import Database, DatabaseUnavailable, exclusive, transient
 from suanli.db.migrate import migrate
 from suanli.telemetry.health import HealthJudge
@@ -234,7 +237,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         # The SSH gateway enters sandboxes of this host's local executor: it runs where the loops launch them.
         gateway = None
         if settings.background and settings.ssh_port:
-            from suanli.control.ssh_gateway import GatewayProcess  # asyncssh: loaded only where it runs
+            from suanli.control.workloads.ssh_gateway import GatewayProcess  # asyncssh: loaded only where it runs
 
             gateway = GatewayProcess(settings)
             gateway.start()

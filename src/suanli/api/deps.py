@@ -14,15 +14,16 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from suanli.api.schemas import NUL_MESSAGE
-from suanli.control import accounts, workloads
-from suanli.control.accounts import Principal
+from suanli.control.accounts import accounts
+from suanli.control.accounts.accounts import Principal
+from suanli.control.accounts.passwords import PasswordPool
 from suanli.control.caches import FleetCache, PriceCache, TokenCache
 from suanli.control.errors import Invalid, Unauthorized
 from suanli.control.ids import token_hash, utcnow
-from suanli.control.offers import OfferCache
-from suanli.control.passwords import PasswordPool
+from suanli.control.money.offers import OfferCache
 from suanli.control.settings import Settings
-from suanli.control.telemetry import FleetIndex
+from suanli.control.telemetry.telemetry import FleetIndex
+from suanli.control.workloads import workloads
 from suanli.db.engine import Database
 from suanli.db.group_commit import GroupCommit
 from suanli.telemetry.health import HealthJudge

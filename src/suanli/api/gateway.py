@@ -33,10 +33,10 @@ from starlette.responses import JSONResponse, Response
 
 from suanli.api.gateway_input import GatewayError, check_body
 from suanli.api.gateway_relay import BeforeFirstByte, done, streamed, whole
-from suanli.control import gateway as store
-from suanli.control.endpoints import KeyGrant
 from suanli.control.errors import NotFound, ServiceError
 from suanli.control.ids import utcnow
+from suanli.control.serving import gateway as store
+from suanli.control.serving.endpoints import KeyGrant
 from suanli.db.engine import Database
 from suanli.serving.runtimes import runtime
 

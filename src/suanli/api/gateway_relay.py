@@ -15,9 +15,9 @@ import httpx
 from starlette.responses import Response, StreamingResponse
 
 from suanli.api.gateway_input import GatewayError
-from suanli.control import gateway as store
-from suanli.control.endpoints import KeyGrant
 from suanli.control.ids import utcnow
+from suanli.control.serving import gateway as store
+from suanli.control.serving.endpoints import KeyGrant
 
 if TYPE_CHECKING:
     from suanli.api.gateway import GatewayState

@@ -1,6 +1,6 @@
 """Forwarding browser traffic to an instance's JupyterLab or ports: HTTP streamed both ways, and WebSockets.
 
-The decisions (who, where) are `suanli.control.proxy`'s; this module moves bytes. Nothing is buffered: request
+The decisions (who, where) are `suanli.control.workloads.proxy`'s; this module moves bytes. Nothing is buffered: request
 bodies stream up as they arrive, responses stream down chunk by chunk (`aiter_raw`, so compressed bodies pass
 unchanged), and a browser that goes away closes the upstream request.
 
@@ -31,9 +31,9 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
 from suanli.api.proxy_headers import BadGateway, cross_site, downstream_headers, raw_target, upstream_headers
-from suanli.control import proxy
 from suanli.control.errors import Forbidden, ServiceError
 from suanli.control.ids import utcnow
+from suanli.control.workloads import proxy
 from suanli.db.engine import Database
 from suanli.sandbox.listeners import host_listener, owned_listener
 

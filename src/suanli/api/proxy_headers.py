@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from suanli.control import proxy
 from suanli.control.errors import ServiceError
+from suanli.control.workloads import proxy
 
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "trailers", "transfer-encoding", "upgrade", "host"})  # fmt: skip

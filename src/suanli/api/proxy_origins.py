@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from suanli.control import proxy
+from suanli.control.workloads import proxy
 
 
 class InstanceOrigins:

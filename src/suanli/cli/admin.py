@@ -74,7 +74,7 @@ def create_user(
     from sqlalchemy.exc import SQLAlchemyError
 
     from suanli.api.app import bootstrap
-    from suanli.control import accounts
+    from suanli.control.accounts import accounts
     from suanli.control.errors import ServiceError
     from suanli.control.ids import utcnow
     from suanli.control.settings import load

@@ -94,9 +94,9 @@ def show(
 
 def _admin_add(kind: str, name: str, source: str, repo: str | None, license: str | None, db: str | None,
                config: Path | None) -> None:  # fmt: skip
-    from suanli.control import hub
     from suanli.control.errors import ServiceError
     from suanli.control.ids import utcnow
+    from suanli.control.storage import hub
 
     with _database(db, config) as (settings, database):
         store = hub.store_of(settings.hub_dir, settings.home)
@@ -163,8 +163,8 @@ def rm(
     config: ConfigOpt = None,
 ) -> None:
     """Remove an entry (refused while unfinished workloads name it)."""
-    from suanli.control import hub
     from suanli.control.errors import ServiceError
+    from suanli.control.storage import hub
 
     kind = "dataset" if dataset else "model"
     with _database(db, config) as (settings, database):
@@ -183,8 +183,8 @@ def verify(
     config: ConfigOpt = None,
 ) -> None:
     """Check every file of an entry against its recorded size and SHA-256."""
-    from suanli.control import hub
     from suanli.control.errors import ServiceError
+    from suanli.control.storage import hub
 
     kind = "dataset" if dataset else "model"
     with _database(db, config) as (settings, database):

@@ -89,7 +89,7 @@ def server(
         background = BackgroundProcess(settings)
         background.start()
         if settings.ssh_port:
-            from suanli.control.ssh_gateway import GatewayProcess
+            from suanli.control.workloads.ssh_gateway import GatewayProcess
 
             gateway = GatewayProcess(settings)
             gateway.start()
@@ -216,7 +216,7 @@ def _suanli_at(url: str) -> str | None:
 
 
 def _sandbox_note(settings: Settings) -> None:
-    from suanli.control.sandboxes import sandbox_policy
+    from suanli.control.workloads.sandboxes import sandbox_policy
 
     typer.echo(sandbox_policy(settings).startup_note(), err=True)
 

@@ -17,17 +17,21 @@ import time
 from datetime import datetime
 from typing import Any
 
-from suanli.control import endpoints, engines, leases, metering, storage, usage, volume_billing, volume_files
+from suanli.control import leases
 from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.children import WatchedProcess
 from suanli.control.ids import new_id, utcnow
-from suanli.control.sandboxes import sandbox_policy
-from suanli.control.scheduling import PassReport, SchedulingPass
-from suanli.control.serving import ServingPass
+from suanli.control.money import metering, usage
+from suanli.control.scheduling import engines
+from suanli.control.scheduling.scheduling import PassReport, SchedulingPass
+from suanli.control.scheduling.waste import LiveWaste
+from suanli.control.serving import endpoints
+from suanli.control.serving.serving import ServingPass
 from suanli.control.settings import Settings
-from suanli.control.supervisor import Supervisor, SupervisorReport
-from suanli.control.telemetry_loop import TelemetryLoop
-from suanli.control.waste import LiveWaste
+from suanli.control.storage import storage, volume_billing, volume_files
+from suanli.control.telemetry.telemetry_loop import TelemetryLoop
+from suanli.control.workloads.sandboxes import sandbox_policy
+from suanli.control.workloads.supervisor import Supervisor, SupervisorReport
 from suanli.db.engine import Database
 from suanli.sched import SchedulerConfig
 
@@ -81,8 +85,8 @@ class MeteringLoop:
 
 class StorageLoop:
     """Every `STORAGE_SWEEP_S`, by one server process at a time (a lease): expire unused uploads, count the
-    workdirs of jobs that ended, remove those whose retention is over (`control.storage.sweep`), and charge volumes
-    their whole hours (`control.volume_billing`). Its own thread:
+    workdirs of jobs that ended, remove those whose retention is over (`control.storage.storage.sweep`), and charge
+    volumes their whole hours (`control.storage.volume_billing`). Its own thread:
     removing a large tree must not hold up a scheduling pass."""
 
     LEASE = "storage-sweep"

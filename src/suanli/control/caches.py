@@ -18,8 +18,8 @@ from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.prices import PriceBook, default_price_book
-from suanli.control import prices
-from suanli.control.accounts import Principal
+from suanli.control.accounts.accounts import Principal
+from suanli.control.money import prices
 from suanli.db.models import Node, PriceBookVersion
 from suanli.sched import gpus_carried
 

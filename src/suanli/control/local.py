@@ -13,8 +13,9 @@ from pathlib import Path
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from suanli.control import accounts, inventory
+from suanli.control.accounts import accounts
 from suanli.control.errors import ServiceError
+from suanli.control.scheduling import inventory
 from suanli.db.models import ClusterRow, User
 from suanli.telemetry.nvml import discover
 

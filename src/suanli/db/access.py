@@ -50,7 +50,7 @@ class SignupCode(Base):
 
 class LoginThrottle(Base):
     """One rate-limit bucket (an account, an address, an account from an address, signups from an address) as a
-    generic cell rate: `tat` is when the bucket will be empty again (`control.throttle`)."""
+    generic cell rate: `tat` is when the bucket will be empty again (`control.accounts.throttle`)."""
 
     __tablename__ = "login_throttle"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)  # SHA-256 of "kind:value"

@@ -1,4 +1,4 @@
-"""The hub's table: one row per public model or dataset the operator added (`control.hub`); the files themselves
+"""The hub's table: one row per public model or dataset the operator added (`control.storage.hub`); the files themselves
 are in the hub directory (`storage.hub`)."""
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Money is exact on both databases, to the ledger's internal precision (1e-8): `Nu
 on SQLite (whose NUMERIC affinity stores REAL, a float) an INTEGER count of 1e-8 units, so that sums and the running
 balance's `balance + amount` are integer arithmetic in SQL (`Money`). Balances are derived from ledger entries;
 `account_balances` is a running sum kept in the same transaction as the entries, so a balance
-read is one row, and `control.ledger.recompute` can always check it against the entries.
+read is one row, and `control.money.ledger.recompute` can always check it against the entries.
 Rows that background loops work on carry lease columns (`lock_owner`, `lock_expires_at`).
 """
 
@@ -127,7 +127,7 @@ class Membership(Base):
     __tablename__ = "memberships"
     org_id: Mapped[str] = mapped_column(ForeignKey("orgs.id", ondelete="CASCADE"), primary_key=True)
     user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), primary_key=True)
-    role: Mapped[str] = mapped_column(String(16))  # owner | admin | member | viewer (control.memberships)
+    role: Mapped[str] = mapped_column(String(16))  # owner | admin | member | viewer (control.accounts.memberships)
     # The most this member may spend of the org's money in a calendar month (UTC); None: no limit of their own.
     monthly_spend_limit: Mapped[Decimal | None] = mapped_column(MONEY, nullable=True)
 

@@ -2,5 +2,5 @@
 commands, SFTP and port forwards inside an instance's sandbox.
 
 It knows nothing of the database: the control plane hands the server an `Access` (`suanli.ssh.server`) that
-decides who may enter which instance and how to enter it (`suanli.control.ssh_gateway`).
+decides who may enter which instance and how to enter it (`suanli.control.workloads.ssh_gateway`).
 """

@@ -36,9 +36,14 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
-from suanli.control import accounts, health, inventory, leases, ledger, prices, signups, workloads
+from suanli.control import leases
+from suanli.control.accounts import accounts, signups
 from suanli.control.background import WorkloadLoop, this_server
 from suanli.control.ids import new_id
+from suanli.control.money import ledger, prices
+from suanli.control.scheduling import inventory
+from suanli.control.telemetry import health
+from suanli.control.workloads import workloads
 from suanli.db.models import ClusterRow
 from suanli.telemetry import nvml
 
@@ -62,8 +67,8 @@ def list_users(ctx: Admin, limit: Annotated[int, Query(ge=1, le=10_000)] = 1000)
 
 @router.post("/users", status_code=201)
 async def create_user(body: AdminUserIn, ctx: Admin) -> UserOut:
-    """A user with a personal org. The password is hashed first, on the password threads (`control.passwords`), not
-    on a request thread inside the write transaction (on SQLite every other write waited for the hash)."""
+    """A user with a personal org. The password is hashed first, on the password threads (`control.accounts.passwords`),
+    not on a request thread inside the write transaction (on SQLite every other write waited for the hash)."""
     accounts.check_credentials(body.email, body.password)  # 422 before anything is hashed
     hashed = await ctx.srv.passwords.run(accounts.hash_password, body.password)
     return await run_in_threadpool(_create_user, ctx, body, hashed)

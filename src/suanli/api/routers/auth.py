@@ -22,9 +22,10 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control import accounts, ledger, memberships, prices, signups, throttle
+from suanli.control.accounts import accounts, memberships, signups, throttle
 from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
+from suanli.control.money import ledger, prices
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["accounts"])
 

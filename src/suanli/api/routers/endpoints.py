@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import endpoints
-from suanli.control.sandboxes import sandbox_policy
+from suanli.control.serving import endpoints
+from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.db.serving import Endpoint, EndpointKey
 from suanli.serving.spec import MAX_REPLICAS
 

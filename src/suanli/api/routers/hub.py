@@ -12,7 +12,7 @@ from pydantic import Field
 from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import Out
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import hub
+from suanli.control.storage import hub
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["hub"])
 NameArg = Path(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9._-]*$")

@@ -21,9 +21,9 @@ from suanli.api.deps import Auth, in_thread
 from suanli.api.proxy import NotReady, ProxyState, forward_http, forward_ws
 from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import proxy
 from suanli.control.errors import NotFound, ServiceError
 from suanli.control.ids import utcnow
+from suanli.control.workloads import proxy
 from suanli.workloads.models import PORT_RANGE
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["instances"])  # under /api/v1

@@ -7,8 +7,9 @@ from fastapi import APIRouter
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, WorkloadQuoteIn, WorkloadQuoteOut, money
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import offers, prices, pricing, workloads
 from suanli.control.errors import Invalid
+from suanli.control.money import offers, prices, pricing
+from suanli.control.workloads import workloads
 from suanli.perf import MODEL_PRESETS, TrainJob, model_preset
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["market"])

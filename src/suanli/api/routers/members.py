@@ -15,8 +15,9 @@ from suanli.api.schemas import (
     money,
 )
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import memberships, workloads
-from suanli.control.memberships import UNSET, InvitationView, MemberView
+from suanli.control.accounts import memberships
+from suanli.control.accounts.memberships import UNSET, InvitationView, MemberView
+from suanli.control.workloads import workloads
 from suanli.db.models import Org, User
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])

@@ -20,8 +20,9 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control import accounts, ledger, metering, statement
+from suanli.control.accounts import accounts
 from suanli.control.errors import NotFound
+from suanli.control.money import ledger, metering, statement
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])
 

@@ -10,7 +10,8 @@ from pydantic import Field
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import accounts, memberships, plans
+from suanli.control.accounts import accounts, memberships
+from suanli.control.money import plans
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import SshInfoOut, SshKeyIn, SshKeyOut
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import ssh_keys
+from suanli.control.accounts import ssh_keys
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["ssh"])
 

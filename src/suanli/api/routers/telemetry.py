@@ -14,8 +14,10 @@ from suanli.api.deps import Auth, Caller, Srv, in_thread
 from suanli.api.routers.admin import Admin
 from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control import health, inventory, observe, telemetry, workloads
 from suanli.control.errors import Invalid
+from suanli.control.scheduling import inventory
+from suanli.control.telemetry import health, observe, telemetry
+from suanli.control.workloads import workloads
 from suanli.telemetry import exposition
 from suanli.telemetry.samples import GpuSample
 

@@ -25,9 +25,9 @@ from starlette.requests import ClientDisconnect
 from suanli.api.deps import Auth
 from suanli.api.routers.volumes import OrgQ, Ref
 from suanli.api.schemas import Out
-from suanli.control import volume_files as files
-from suanli.control import volumes
 from suanli.control.errors import Invalid
+from suanli.control.storage import volume_files as files
+from suanli.control.storage import volumes
 from suanli.storage import volume_io as vio
 from suanli.storage import volumes as store
 from suanli.storage.archive import ArchiveError

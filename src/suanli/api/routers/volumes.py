@@ -15,8 +15,8 @@ from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.prices import PriceBook
-from suanli.control import volumes
-from suanli.control.volume_billing import hourly_cost
+from suanli.control.storage import volumes
+from suanli.control.storage.volume_billing import hourly_cost
 from suanli.db.volumes import Volume
 from suanli.workloads.volumes import MAX_VERSION
 

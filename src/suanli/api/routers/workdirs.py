@@ -13,8 +13,8 @@ from starlette.requests import ClientDisconnect
 
 from suanli.api.deps import Auth
 from suanli.api.schemas import Out
-from suanli.control import storage
 from suanli.control.errors import Invalid
+from suanli.control.storage import storage
 from suanli.storage import workdirs
 
 router = APIRouter(tags=["workloads"])

@@ -17,10 +17,11 @@ from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
-from suanli.control import hub, resizing, storage, workloads
-from suanli.control import logs as workload_logs
 from suanli.control.errors import Invalid, NotFound, ServiceError
-from suanli.control.sandboxes import sandbox_policy
+from suanli.control.storage import hub, storage
+from suanli.control.workloads import logs as workload_logs
+from suanli.control.workloads import resizing, workloads
+from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.storage import workdirs
 from suanli.workloads.models import MAX_GPUS

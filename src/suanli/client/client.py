@@ -1,0 +1,571 @@
+"""The Python SDK: `Client` speaks the suanli REST API (/api/v1) over HTTP and returns typed results.
+
+The client is an interface peer of the server, not a part of it: it imports nothing from `suanli.api` or the
+services, so it works wherever httpx does. Money arrives as strings and is parsed to `Decimal` (never float);
+every failure is an `ApiError` carrying the HTTP status (0 when the server cannot be reached) and the server's
+one-line message.
+
+    with Client("http://127.0.0.1:8000") as c:
+        c.login("me@example.com", "…")
+        print(c.balance().balance)
+        w = c.submit(Path("job.yaml"), workdir=Path("."))
+        for text in c.follow_logs(w.id):
+            print(text, end="")
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Collection, Iterator
+from datetime import datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote as _quote
+
+import httpx
+
+from suanli import __version__
+from suanli.client.hub import HubCalls
+from suanli.client.models import (
+    TERMINAL_STATES,
+    Balance,
+    Cluster,
+    LedgerCheck,
+    LogChunk,
+    Me,
+    Member,
+    NewToken,
+    Node,
+    Offer,
+    Org,
+    Plan,
+    Quote,
+    Session,
+    Signup,
+    Token,
+    Transaction,
+    User,
+    Workload,
+    WorkloadQuote,
+    load,
+)
+from suanli.client.money import StatementCalls
+from suanli.client.orgs import OrgCalls
+from suanli.client.scale import ScaleCalls
+from suanli.client.serving import ServingCalls
+from suanli.client.ssh import SshCalls
+from suanli.client.telemetry import TelemetryCalls
+from suanli.client.volumes import VolumeCalls
+from suanli.workdir_upload import pack_workdir
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+SERVER_ENV = "SUANLI_SERVER"
+API = "/api/v1"
+
+
+READ_RETRIES = 3
+
+
+def _retry_after(r: httpx.Response) -> float:
+    """The server's Retry-After in seconds (1 when missing or a date), at most 5."""
+    try:
+        return min(5.0, max(0.0, float(r.headers.get("retry-after", "1"))))
+    except ValueError:
+        return 1.0
+
+
+class ApiError(Exception):
+    """A failed call: `status` is the HTTP status (0: no answer), `message` the server's `detail`."""
+
+    def __init__(self, status: int, message: str, errors: list[dict[str, Any]] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.errors = errors or []
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def normalise_server(url: str | None) -> str:
+    """`host:port` or a full URL, without a trailing slash; None: SUANLI_SERVER, else the local default."""
+    url = (url or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).strip().rstrip("/")
+    return url if "://" in url else f"http://{url}"
+
+
+def _seg(value: str) -> str:
+    """One path segment (an org name may be an email address, a node name has dots)."""
+    return _quote(str(value), safe="@")
+
+
+def _amount(value: Decimal | int | str) -> str:
+    if isinstance(value, float):
+        raise TypeError("amounts are Decimal, int or str, not float: floats cannot represent cents exactly")
+    return str(Decimal(str(value)))
+
+
+class Unchanged:
+    """The default of an optional setting left as it is (None has a meaning of its own: no limit)."""
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED = Unchanged()
+
+
+def _params(**kw: Any) -> dict[str, Any]:
+    return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
+
+
+# ---- the client --------------------------------------------------------------------------------------------------
+class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls, VolumeCalls, ServingCalls):
+    """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
+
+    def __init__(
+        self,
+        server: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float = 30,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.server = normalise_server(server)
+        self.token = token
+        self._http = httpx.Client(
+            base_url=self.server, timeout=timeout, transport=transport, headers={"User-Agent": f"suanli/{__version__}"}
+        )
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.server!r}, token={'set' if self.token else None})"
+
+    # ---- transport ----
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        auth: bool = True,
+        content: bytes | None = None,
+        content_type: str | None = None,
+    ) -> httpx.Response:
+        """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx. A
+        read the server answers 503 (its database cannot serve right now) is tried again after its Retry-After, up
+        to `READ_RETRIES` times; a write is not, as it may have been applied."""
+        url = path if path.startswith(("/api/", "/healthz", "/metrics")) else f"{API}{path}"
+        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        r = self._send(method, url, json, params, headers, content)
+        for _ in range(READ_RETRIES if method in ("GET", "HEAD") else 0):
+            if r.status_code != 503:
+                break
+            time.sleep(_retry_after(r))
+            r = self._send(method, url, json, params, headers, content)
+        if r.is_error:
+            raise _error(r)
+        return r
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        json: Any,
+        params: dict[str, Any] | None,
+        headers: dict[str, str],
+        content: bytes | None = None,
+    ) -> httpx.Response:
+        try:
+            return self._http.request(method, url, json=json, params=params, headers=headers, content=content)
+        except httpx.TimeoutException as e:
+            raise ApiError(0, f"suanli server at {self.server} did not answer in time ({type(e).__name__})") from e
+        except httpx.TransportError as e:
+            reason = str(e) or type(e).__name__
+            raise ApiError(
+                0, f"cannot reach suanli server at {self.server}: {reason}; is it running? (suanli server)"
+            ) from e
+
+    def call(
+        self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None, auth: bool = True
+    ) -> Any:
+        """One call and its JSON answer."""
+        r = self.request(method, path, json=body, params=params, auth=auth)
+        try:
+            return r.json()
+        except ValueError as e:
+            raise ApiError(0, f"{self.server}{r.url.path} did not answer with JSON; is it a suanli server?") from e
+
+    def _get(self, path: str, **params: Any) -> Any:
+        return self.call("GET", path, params=_params(**params))
+
+    def _post(self, path: str, body: Any = None, *, auth: bool = True) -> Any:
+        return self.call("POST", path, body, auth=auth)
+
+    # ---- health ----
+    def health(self) -> dict[str, Any]:
+        return self.call("GET", "/healthz", auth=False)
+
+    # ---- accounts ----
+    def signup(self, email: str, password: str, invite: str | None = None) -> Signup:
+        """A new user with a personal org and the trial credit; the client then uses the returned token. `invite`:
+        an invitation's or an operator's invite code, where the server's signup is invite-only."""
+        body = {"email": email, "password": password, **({"invite": invite} if invite else {})}
+        out = load(Signup, self._post("/signup", body, auth=False))
+        self.token = out.token
+        return out
+
+    def login(self, email: str, password: str) -> Session:
+        out = load(Session, self._post("/login", {"email": email, "password": password}, auth=False))
+        self.token = out.token
+        return out
+
+    def logout(self) -> None:
+        """Revoke the token this client uses, and stop using it."""
+        self.request("POST", "/logout")
+        self.token = None
+
+    def me(self) -> Me:
+        return load(Me, self._get("/me"))
+
+    def tokens_list(self) -> list[Token]:
+        return [load(Token, t) for t in self._get("/tokens")]
+
+    def tokens_create(self, name: str, expires_in_days: int | None = None) -> NewToken:
+        return load(NewToken, self._post("/tokens", {"name": name, "expires_in_days": expires_in_days}))
+
+    def tokens_revoke(self, token_id: str) -> Token:
+        return load(Token, self.call("DELETE", f"/tokens/{_seg(token_id)}"))
+
+    # ---- organisations ----
+    def orgs(self) -> list[Org]:
+        return [load(Org, o) for o in self._get("/orgs")]
+
+    def org(self, org_id: str) -> Org:
+        return load(Org, self._get(f"/orgs/{_seg(org_id)}"))
+
+    def org_create(self, name: str) -> Org:
+        return load(Org, self._post("/orgs", {"name": name}))
+
+    def members(self, org_id: str) -> list[Member]:
+        return [load(Member, m) for m in self._get(f"/orgs/{_seg(org_id)}/members")]
+
+    def member_remove(self, org_id: str, user_id: str) -> None:
+        """Remove a member (owners and admins), or leave the org (your own user id)."""
+        self.request("DELETE", f"/orgs/{_seg(org_id)}/members/{_seg(user_id)}")
+
+    def _org_id(self, org_id: str | None) -> str:
+        return org_id or self.me().user.personal_org_id
+
+    def balance(self, org_id: str | None = None) -> Balance:
+        """The org's balance; None: the caller's personal org."""
+        return load(Balance, self._get(f"/orgs/{_seg(self._org_id(org_id))}/balance"))
+
+    def transactions(
+        self, org_id: str | None = None, *, limit: int | None = None, before_id: int | None = None
+    ) -> list[Transaction]:
+        """Ledger transactions of the org, newest first (page with `before_id`)."""
+        path = f"/orgs/{_seg(self._org_id(org_id))}/transactions"
+        return [load(Transaction, t) for t in self._get(path, limit=limit, before_id=before_id)]
+
+    def _usage_path(self, org_id: str | None) -> str:
+        return f"/orgs/{_seg(self._org_id(org_id))}/usage"
+
+    def usage(
+        self,
+        org_id: str | None = None,
+        *,
+        user_id: str | None = None,
+        workload: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> list[dict[str, Any]]:
+        """Usage statement rows (one per allocation), newest first."""
+        params = _params(format="json", user_id=user_id, workload=workload, since=since, until=until)
+        return self.call("GET", self._usage_path(org_id), params=params)
+
+    def usage_csv(
+        self,
+        org_id: str | None = None,
+        *,
+        user_id: str | None = None,
+        workload: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> str:
+        """The same statement as CSV, header first."""
+        params = _params(format="csv", user_id=user_id, workload=workload, since=since, until=until)
+        return self.request("GET", self._usage_path(org_id), params=params).text
+
+    def plans(self, org_id: str | None = None) -> list[Plan]:
+        """Reserved plans the org bought, newest first."""
+        return [load(Plan, p) for p in self._get(f"/orgs/{_seg(self._org_id(org_id))}/plans")]
+
+    def plan_buy(self, plan: str, gpu: str, gpus: int, org_id: str | None = None, *, key: str | None = None) -> Plan:
+        """Buy `gpus` GPUs of `gpu` for one period of `plan` (hourly, daily, weekly, monthly), paid upfront."""
+        body = {"plan": plan, "gpu": gpu, "gpus": gpus, **({"key": key} if key else {})}
+        return load(Plan, self._post(f"/orgs/{_seg(self._org_id(org_id))}/plans", body))
+
+    # ---- market ----
+    def prices(self) -> dict[str, Any]:
+        """The price book in force, as the server sends it (amounts as strings, `version` included)."""
+        return self._get("/prices")
+
+    def offers(self) -> list[Offer]:
+        return [load(Offer, o) for o in self._get("/offers")]
+
+    def quote(
+        self,
+        model: str,
+        *,
+        tokens: float | None = None,
+        steps: int | None = None,
+        gpu: str | None = None,
+        gpus: int | None = None,
+        precision: str | None = None,
+        seq_len: int | None = None,
+        global_batch: int | None = None,
+        billing_mode: str | None = None,
+        rank: str | None = None,
+        limit: int | None = None,
+        cpus_per_gpu: Decimal | int | str | None = None,
+        memory_per_gpu: str | None = None,
+    ) -> list[Quote]:
+        """Feasible offers for a training run, best first by `rank`; give exactly one of tokens and steps.
+        `cpus_per_gpu`/`memory_per_gpu` (e.g. "64Gi") price host CPU and memory in; `billing_mode` on-demand, spot or
+        usage (then each quote is a range: `floor_*` idle, rate and cost fully active). Options left as None take the
+        server's defaults."""
+        body = _params(
+            model=model, tokens=tokens, steps=steps, gpu=gpu, gpus=gpus, precision=precision, seq_len=seq_len,
+            global_batch=global_batch, billing_mode=billing_mode, rank=rank, limit=limit,
+            cpus_per_gpu=None if cpus_per_gpu is None else _amount(cpus_per_gpu), memory_per_gpu=memory_per_gpu,
+        )  # fmt: skip
+        return [load(Quote, q) for q in self._post("/quotes", body)]
+
+    def quote_workload(self, spec: str | dict[str, Any] | Path, org_id: str | None = None) -> list[WorkloadQuote]:
+        """What a workload spec (YAML text, a dict, or a Path) would pay on each GPU model that could run it, cheapest
+        first (CPU-only work: one row), and the cost of its duration; nothing is submitted."""
+        return [load(WorkloadQuote, q) for q in self._post("/quotes/workload", _spec_body(spec, org_id))]
+
+    # ---- workloads ----
+    def submit(
+        self, spec: str | dict[str, Any] | Path, *, workdir: Path | str | None = None, org_id: str | None = None
+    ) -> Workload:
+        """Submit a job or an instance: `spec` is YAML text, a dict, or a Path to a YAML file. `workdir` is
+        packed (`pack_workdir`) and uploaded first (`POST /workdirs`), then named by the submission; `org_id` None:
+        the caller's personal org."""
+        if isinstance(spec, str) and "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
+            raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
+        body = _spec_body(spec, org_id)
+        if workdir is not None:
+            packed = pack_workdir(workdir)
+            up = self.request("POST", "/workdirs", params=_params(org=org_id), content=packed,
+                              content_type="application/octet-stream")  # fmt: skip
+            body["workdir_upload"] = up.json()["id"]
+        return load(Workload, self._post("/workloads", body))
+
+    def workloads(self, *, all: bool = False, org_id: str | None = None) -> list[Workload]:
+        """The caller's workloads (in all their orgs, or in `org_id`), newest first; `all`: finished ones too."""
+        return [load(Workload, w) for w in self._get("/workloads", all="true" if all else None, org=org_id)]
+
+    def environments(self) -> list[str]:
+        """Names of the environments the operator published, for a spec's `image:`."""
+        return [str(e["name"]) for e in self._get("/environments")]
+
+    def workload(self, ref: str) -> Workload:
+        """One workload with its events and spec; `ref` is an id or a name (the newest of that name)."""
+        return load(Workload, self._get(f"/workloads/{_seg(ref)}"))
+
+    def logs(self, ref: str, offset: int = 0, rank: int = 0) -> LogChunk:
+        """Node-rank `rank`'s log from byte `offset` on (what there is so far)."""
+        return load(LogChunk, self._get(f"/workloads/{_seg(ref)}/logs", offset=offset, rank=rank))
+
+    def follow_logs(self, ref: str, rank: int = 0, poll_s: float = 1.0, offset: int = 0) -> Iterator[str]:
+        """Log text as it is written, until the workload has finished and its log is read to the end."""
+        ref = self.workload(ref).id  # a name could come to mean a newer workload while we follow
+        while True:
+            chunk = self.logs(ref, offset, rank)
+            if chunk.data:
+                yield chunk.data
+            if chunk.done:
+                return
+            if chunk.next_offset == offset:
+                time.sleep(poll_s)
+            offset = chunk.next_offset
+
+    def stop(self, ref: str) -> Workload:
+        """Ask a workload to stop (a grace period, then it is killed); pending ones are cancelled."""
+        return load(Workload, self._post(f"/workloads/{_seg(ref)}/stop"))
+
+    def start(self, ref: str, *, no_gpu: bool = False) -> Workload:
+        """Start a stopped instance again (the server refuses jobs: 409); `no_gpu`: CPU-only this time, to reach
+        its disk at CPU price (its GPUs come back on the next start)."""
+        return load(Workload, self._post(f"/workloads/{_seg(ref)}/start", {"no_gpu": True} if no_gpu else None))
+
+    def wait(
+        self,
+        ref: str,
+        states: Collection[str] = TERMINAL_STATES,
+        timeout: float | None = None,
+        poll_s: float = 1.0,
+    ) -> Workload:
+        """Poll until the workload is in one of `states` (default: finished); TimeoutError after `timeout` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            w = self.workload(ref)
+            if w.state in states:
+                return w
+            ref = w.id
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"workload {w.id} is still {w.state} after {timeout:g} s")
+                time.sleep(min(poll_s, left))
+            else:
+                time.sleep(poll_s)
+
+    # ---- operators: users and orgs ----
+    def admin_users(self, limit: int | None = None) -> list[User]:
+        return [load(User, u) for u in self._get("/admin/users", limit=limit)]
+
+    def admin_create_user(self, email: str, password: str, *, admin: bool = False, trial_credit: bool = False) -> User:
+        body = {"email": email, "password": password, "admin": admin, "trial_credit": trial_credit}
+        return load(User, self._post("/admin/users", body))
+
+    def admin_set_admin(self, user_id: str, admin: bool) -> User:
+        return load(User, self.call("PATCH", f"/admin/users/{_seg(user_id)}", {"admin": admin}))
+
+    def admin_orgs(self, limit: int | None = None) -> list[Org]:
+        return [load(Org, o) for o in self._get("/admin/orgs", limit=limit)]
+
+    def admin_set_quota(
+        self, org: str, gpus: int | Unchanged | None = UNCHANGED, *, cpus: int | Unchanged | None = UNCHANGED,
+        memory_gib: int | Unchanged | None = UNCHANGED,
+    ) -> Org:  # fmt: skip
+        """`org` is an id or a name. Sets the quotas given: GPUs, host CPU cores, host memory GiB held at once (None
+        removes that limit); the others stay as they are."""
+        limits = {k: v for k, v in (("gpus", gpus), ("cpus", cpus), ("memory_gib", memory_gib))
+                  if not isinstance(v, Unchanged)}  # fmt: skip
+        if not limits:
+            raise ValueError("give at least one of gpus, cpus and memory_gib")
+        return load(Org, self.call("PUT", f"/admin/orgs/{_seg(org)}/quota", limits))
+
+    def admin_move(
+        self, org: str, amount: Decimal | int | str, kind: str = "topup", memo: str = "", key: str | None = None
+    ) -> Transaction:
+        """Top up, credit or refund an org (id or name); with `key`, a retry posts nothing twice."""
+        body = {"amount": _amount(amount), "kind": kind, "memo": memo, "key": key}
+        return load(Transaction, self._post(f"/admin/orgs/{_seg(org)}/transactions", body))
+
+    def admin_ledger_check(self) -> LedgerCheck:
+        return load(LedgerCheck, self._get("/admin/ledger/check"))
+
+    # ---- operators: prices ----
+    def admin_set_prices(self, book: dict[str, Any]) -> dict[str, Any]:
+        """Replace the whole price book (the document `prices()` returns; `version` is ignored)."""
+        return self.call("PUT", "/admin/prices", book)
+
+    def admin_set_host_prices(
+        self, cpu_core_hour: Decimal | int | str | None = None, memory_gib_hour: Decimal | int | str | None = None
+    ) -> dict[str, Any]:
+        """Set the price of host CPU per core-hour and/or memory per GiB-hour (None: keep it); a new book version."""
+        body = _params(cpu_core_hour=None if cpu_core_hour is None else _amount(cpu_core_hour),
+                       memory_gib_hour=None if memory_gib_hour is None else _amount(memory_gib_hour))  # fmt: skip
+        return self.call("PUT", "/admin/prices/host", body)
+
+    def admin_set_usage_prices(
+        self, gpu_hour: dict[str, Decimal | int | str | None] | None = None, floor: Decimal | int | str | None = None
+    ) -> dict[str, Any]:
+        """Set usage prices per GPU-hour fully active (a model mapped to None is no longer offered by usage) and/or
+        the floor (the share of it an idle GPU-hour costs); a new book version."""
+        body = _params(gpu_hour={k: None if v is None else _amount(v) for k, v in (gpu_hour or {}).items()} or None,
+                       floor=None if floor is None else _amount(floor))  # fmt: skip
+        return self.call("PUT", "/admin/prices/usage", body)
+
+    def admin_set_gpu_price(
+        self, gpu: str, price: Decimal | int | str | None = None, remove: bool = False
+    ) -> dict[str, Any]:
+        """Set one GPU model's on-demand price per GPU-hour, or stop offering it (`remove`)."""
+        body = {"on_demand": None if price is None else _amount(price), "remove": remove}
+        return self.call("PUT", f"/admin/prices/gpus/{_seg(gpu)}", body)
+
+    # ---- operators: clusters and nodes ----
+    def admin_clusters(self) -> list[Cluster]:
+        return [load(Cluster, c) for c in self._get("/admin/clusters")]
+
+    def admin_register_cluster(
+        self,
+        *,
+        preset: str | None = None,
+        spec: dict[str, Any] | None = None,
+        local: bool = False,
+        name: str | None = None,
+    ) -> Cluster:
+        """Register a topology preset or a cluster spec (virtual nodes), or the server's own host (`local`)."""
+        body = _params(preset=preset, spec=spec, name=name) | ({"local": True} if local else {})
+        return load(Cluster, self._post("/admin/clusters", body))
+
+    def admin_remove_cluster(self, name: str) -> None:
+        self.request("DELETE", f"/admin/clusters/{_seg(name)}")
+
+    def admin_nodes(
+        self,
+        *,
+        state: str | None = None,
+        cluster: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+    ) -> list[Node]:
+        rows = self._get("/admin/nodes", state=state, cluster=cluster, limit=limit, offset=offset)
+        return [load(Node, n) for n in rows]
+
+    def admin_node(self, name: str) -> Node:
+        """One node (by name or id) with its GPUs."""
+        return load(Node, self._get(f"/admin/nodes/{_seg(name)}"))
+
+    def admin_set_node_state(self, name: str, state: str, reason: str = "") -> Node:
+        """`draining` (running work finishes, nothing new lands), `down`, or `ready` again."""
+        body = {"state": state, "reason": reason}
+        return load(Node, self.call("PATCH", f"/admin/nodes/{_seg(name)}", body))
+
+
+def _error(r: httpx.Response) -> ApiError:
+    """The server's one-line `detail`, or the status line when the body is not ours (a proxy's error page)."""
+    try:
+        doc = r.json()
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and "detail" in doc:
+        detail = doc["detail"]
+        message = detail if isinstance(detail, str) else str(detail)
+        errors = doc.get("errors") if isinstance(doc.get("errors"), list) else None
+        return ApiError(r.status_code, message, errors)
+    text = " ".join(r.text.split())[:200]
+    return ApiError(r.status_code, f"HTTP {r.status_code} {r.reason_phrase}" + (f": {text}" if text else ""))
+
+
+def _spec_body(spec: str | dict[str, Any] | Path, org_id: str | None) -> dict[str, Any]:
+    """A spec as the API takes it: YAML text (`spec_yaml`, also read from a Path) or a dict (`spec`)."""
+    if isinstance(spec, os.PathLike):
+        body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
+    elif isinstance(spec, str):
+        body = {"spec_yaml": spec}
+    elif isinstance(spec, dict):
+        body = {"spec": spec}
+    else:
+        raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
+    if org_id:
+        body["org"] = org_id
+    return body

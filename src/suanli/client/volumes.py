@@ -1,0 +1,344 @@
+"""The SDK's calls for volumes: create, list, resize, remove, versions, and copying files in and out, streamed (never
+read whole into memory), resumable and checked by sha256. A mixin of `suanli.client.Client`."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from suanli.client.models import load
+
+if TYPE_CHECKING:
+    import httpx
+
+CHUNK = 256 << 10  # a write of one chunk: httpcore copies what a send leaves over, so smaller is cheaper
+PART = ".suanli-part"  # a download under way, beside its destination: resumed from its size
+Progress = Callable[[int], None]  # called with each number of bytes moved
+
+
+@dataclass(frozen=True)
+class Volume:
+    id: str
+    org_id: str
+    name: str
+    backend: str
+    size_bytes: int
+    used_bytes: int
+    files: int
+    snapshot_bytes: int
+    last_version: int
+    state: str
+    created_at: datetime
+    measured_at: datetime | None = None
+    mounted_by: list[str] = field(default_factory=list)
+    price_per_hour: str = "0"
+
+
+@dataclass(frozen=True)
+class VolumeVersion:
+    volume_id: str
+    number: int
+    message: str
+    bytes: int
+    files: int
+    added_bytes: int
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class VolumeEntry:
+    name: str
+    kind: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class VolumeDiff:
+    added: list[str]
+    removed: list[str]
+    changed: list[str]
+
+
+@dataclass(frozen=True)
+class Copied:
+    path: str
+    bytes: int
+    files: int
+    sha256: str
+    resumed_from: int = 0
+
+
+def _seg(value: str) -> str:
+    return quote(str(value), safe="@")
+
+
+def _q(org: str | None, **more: Any) -> dict[str, Any]:
+    return {k: v for k, v in {"org": org, **more}.items() if v is not None}
+
+
+def file_sha256(path: Path, upto: int | None = None) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = upto
+        while chunk := f.read(CHUNK if left is None else min(CHUNK, left)):
+            h.update(chunk)
+            if left is not None:
+                left -= len(chunk)
+                if left <= 0:
+                    break
+    return h.hexdigest()
+
+
+def tar_stream(top: Path) -> Iterator[bytes]:
+    """A plain tar of a local directory (files and directories; links are skipped: a volume takes none)."""
+    buf = _Buffer()
+    with tarfile.open(fileobj=buf, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for dirpath, dirs, files in os.walk(top):
+            dirs.sort()
+            rel = os.path.relpath(dirpath, top)
+            for name in sorted(files):
+                path = os.path.join(dirpath, name)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue
+                info = tar.gettarinfo(path, name if rel == "." else f"{rel}/{name}")
+                info.uid = info.gid = 0
+                info.uname = info.gname = ""
+                with open(path, "rb") as f:
+                    tar.addfile(info, f)
+                yield from buf.take()
+            for name in dirs:
+                if not os.path.islink(os.path.join(dirpath, name)) and not os.listdir(os.path.join(dirpath, name)):
+                    info = tarfile.TarInfo(name if rel == "." else f"{rel}/{name}")
+                    info.type = tarfile.DIRTYPE
+                    tar.addfile(info)
+    yield from buf.take()
+
+
+class _Buffer(io.RawIOBase):
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self.parts.append(bytes(b))
+        return len(b)
+
+    def take(self) -> list[bytes]:
+        out, self.parts = self.parts, []
+        return out
+
+
+def _counted(chunks: Iterator[bytes], progress: Progress | None) -> Iterator[bytes]:
+    for c in chunks:
+        if progress is not None:
+            progress(len(c))
+        yield c
+
+
+def _file_chunks(path: Path, offset: int) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+class VolumeCalls:
+    if TYPE_CHECKING:  # provided by `Client`
+        token: str | None
+        server: str
+        _http: httpx.Client
+
+        def call(self, method: str, path: str, body: Any = None, *, params: Any = None, auth: bool = True) -> Any: ...
+        def request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
+
+    # ---- volumes ----
+    def volumes(self, org: str | None = None) -> list[Volume]:
+        """The volumes of `org` (id or name), or of every org you are a member of."""
+        return [load(Volume, v) for v in self.call("GET", "/volumes", params=_q(org))]
+
+    def volume(self, ref: str, org: str | None = None) -> Volume:
+        """A volume by id, or by name in `org` (default: your personal org); `mounted_by` names live workloads."""
+        return load(Volume, self.call("GET", f"/volumes/{_seg(ref)}", params=_q(org)))
+
+    def volume_create(self, name: str, size: str | int, org: str | None = None, backend: str = "local") -> Volume:
+        """A volume whose `size` (200Gi, 500G, bytes) is its limit and what is billed."""
+        body = {"name": name, "size": size, "org": org, "backend": backend}
+        return load(Volume, self.call("POST", "/volumes", body))
+
+    def volume_resize(self, ref: str, size: str | int, org: str | None = None) -> Volume:
+        return load(Volume, self.call("PATCH", f"/volumes/{_seg(ref)}", {"size": size}, params=_q(org)))
+
+    def volume_remove(self, ref: str, org: str | None = None) -> None:
+        """Remove it and every version (owners and admins); refused while a live workload mounts it."""
+        self.request("DELETE", f"/volumes/{_seg(ref)}", params=_q(org))
+
+    def volume_snapshot(self, ref: str, message: str = "", org: str | None = None) -> VolumeVersion:
+        return load(VolumeVersion, self.call("POST", f"/volumes/{_seg(ref)}/versions", {"message": message},
+                                             params=_q(org)))  # fmt: skip
+
+    def volume_versions(self, ref: str, org: str | None = None) -> list[VolumeVersion]:
+        return [load(VolumeVersion, v) for v in self.call("GET", f"/volumes/{_seg(ref)}/versions", params=_q(org))]
+
+    def volume_restore(self, ref: str, version: int, org: str | None = None) -> Volume:
+        return load(Volume, self.call("POST", f"/volumes/{_seg(ref)}/restore", {"version": version}, params=_q(org)))
+
+    def volume_clone(self, ref: str, version: int, name: str, org: str | None = None) -> Volume:
+        body = {"version": version, "name": name}
+        return load(Volume, self.call("POST", f"/volumes/{_seg(ref)}/clone", body, params=_q(org)))
+
+    def volume_diff(self, ref: str, a: int, b: int, org: str | None = None) -> VolumeDiff:
+        return load(VolumeDiff, self.call("GET", f"/volumes/{_seg(ref)}/diff", params=_q(org, **{"from": a, "to": b})))
+
+    def volume_ls(self, ref: str, path: str = "", org: str | None = None) -> list[VolumeEntry]:
+        """Every entry of a directory of the volume, by name (fetched a page at a time)."""
+        out: list[VolumeEntry] = []
+        after = ""
+        while True:
+            page = self.call("GET", f"/volumes/{_seg(ref)}/ls", params=_q(org, path=path, after=after, limit=10_000))
+            out += [load(VolumeEntry, e) for e in page]
+            if len(page) < 10_000:
+                return out
+            after = page[-1]["name"]
+
+    def volume_stat(self, ref: str, path: str, org: str | None = None, sha256: bool = False) -> dict[str, Any]:
+        params = _q(org, path=path, sha256="true" if sha256 else None)
+        return dict(self.call("GET", f"/volumes/{_seg(ref)}/stat", params=params))
+
+    # ---- copying ----
+    def _stream(self, method: str, path: str, params: dict[str, Any], content: Any = None) -> httpx.Response:
+        from suanli.client.client import API, _error
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        if content is not None:
+            headers["Content-Type"] = "application/octet-stream"
+        r = self._http.request(method, f"{API}{path}", params=params, content=content, headers=headers, timeout=None)
+        if r.is_error:
+            raise _error(r)
+        return r
+
+    def volume_upload(self, ref: str, local: str | Path, path: str, org: str | None = None,
+                      progress: Progress | None = None, resume: bool = True) -> Copied:  # fmt: skip
+        """Copy a local file (or directory: one tar stream, its sha256 checked before anything is moved in) to
+        `path` in the volume. A file resumes where an interrupted upload of the same path stopped; its sha256 is
+        checked before it replaces anything."""
+        src = Path(local)
+        if src.is_dir():
+            digest = hashlib.sha256()
+            for chunk in tar_stream(src):
+                digest.update(chunk)
+            body = _counted(tar_stream(src), progress)
+            r = self._stream("PUT", f"/volumes/{_seg(ref)}/tree", _q(org, path=path, sha256=digest.hexdigest()), body)
+            return load(Copied, r.json())
+        size = src.stat().st_size
+        offset = 0
+        if resume:
+            got = self.call("GET", f"/volumes/{_seg(ref)}/partial", params=_q(org, path=path))
+            offset = int(got["offset"]) if 0 < int(got["offset"]) <= size else 0
+        sha = file_sha256(src)
+        if progress is not None and offset:
+            progress(offset)
+        params = _q(org, path=path, offset=offset, sha256=sha)
+        r = self._stream("PUT", f"/volumes/{_seg(ref)}/files", params, _counted(_file_chunks(src, offset), progress))
+        return load(Copied, {**r.json(), "resumed_from": offset})
+
+    def volume_download(self, ref: str, path: str, local: str | Path, org: str | None = None,
+                        progress: Progress | None = None) -> Copied:  # fmt: skip
+        """Copy a file (or a directory, as a tar unpacked here) of the volume to `local`. A file is written to
+        `local` + ".suanli-part" first, resumed from its size after a break, hashed as it arrives, and its sha256
+        checked against the server's (asked for at the same time) before it takes `local`'s name."""
+        info = self.volume_stat(ref, path, org)
+        dest = Path(local)
+        if info["kind"] == "dir":
+            dest.mkdir(parents=True, exist_ok=True)
+            with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/tree", params=_q(org, path=path),
+                                   headers={"Authorization": f"Bearer {self.token}"}, timeout=None) as r:  # fmt: skip
+                if r.is_error:
+                    from suanli.client.client import _error
+
+                    r.read()
+                    raise _error(r)
+                raw = _Reader(_counted(r.iter_raw(CHUNK), progress))
+                n = 0
+                with tarfile.open(fileobj=raw, mode="r|") as tar:  # type: ignore[call-overload]
+                    for m in tar:
+                        tar.extract(m, dest, filter="data")
+                        n += 1
+            return Copied(path, raw.count, n, "")
+        if info["kind"] != "file":
+            from suanli.client import ApiError
+
+            raise ApiError(422, f"path: {path} is a {info['kind']}, not a file or directory")
+        from concurrent.futures import ThreadPoolExecutor
+
+        part = dest.with_name(dest.name + PART)
+        have = part.stat().st_size if part.exists() else 0
+        if have > info["size"]:
+            part.unlink()
+            have = 0
+        with ThreadPoolExecutor(1) as pool:
+            theirs = pool.submit(self.volume_stat, ref, path, org, True)  # the server hashes while it sends
+            h = hashlib.sha256()
+            if have:
+                with open(part, "rb") as f:
+                    while chunk := f.read(CHUNK):
+                        h.update(chunk)
+                if progress is not None:
+                    progress(have)
+            headers = {"Authorization": f"Bearer {self.token}"}
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
+                                   headers=headers, timeout=None) as r:  # fmt: skip
+                if r.is_error:
+                    from suanli.client.client import _error
+
+                    r.read()
+                    raise _error(r)
+                if r.status_code != 206:
+                    h = hashlib.sha256()
+                with open(part, "ab" if r.status_code == 206 else "wb") as out:
+                    for chunk in r.iter_raw(CHUNK):
+                        out.write(chunk)
+                        h.update(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+            want = theirs.result()["sha256"]
+        got = h.hexdigest()
+        if got != want:
+            part.unlink()
+            from suanli.client import ApiError
+
+            raise ApiError(0, f"{path}: the copy hashes to {got}, the volume's file to {want}; copy again")
+        os.replace(part, dest)
+        return Copied(path, info["size"], 1, got, have)
+
+
+class _Reader(io.RawIOBase):
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self.chunks, self.cur, self.pos, self.count = chunks, memoryview(b""), 0, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while self.pos >= len(self.cur):
+            try:
+                self.cur, self.pos = memoryview(next(self.chunks)), 0
+            except StopIteration:
+                return 0
+            self.count += len(self.cur)
+        n = min(len(b), len(self.cur) - self.pos)
+        b[:n] = self.cur[self.pos : self.pos + n]
+        self.pos += n
+        return n

@@ -1,0 +1,422 @@
+"""Roles in an organisation and what each may do, invitations, and a member's monthly spend limit.
+
+Nobody becomes a member without consent: a member who may manage the org invites an email with a role, and the
+user with that email accepts (or declines) it. The invitation is answered the same whether or not the email belongs
+to anyone, so inviting cannot be used to learn who is registered. Operators (the `admin` flag of a user, not the
+org role) may do everything in every org.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from suanli.billing.ledger import org_account
+from suanli.billing.money import exact
+from suanli.control.accounts.accounts import EMAIL, Principal, normalise_email
+from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
+from suanli.control.ids import new_id, new_secret, token_hash, utcnow
+from suanli.db.access import Invitation
+from suanli.db.models import Allocation, LedgerEntry, LedgerTransaction, Membership, Org, User, Workload
+
+ROLES = ("owner", "admin", "member", "viewer")
+RIGHTS: dict[str, frozenset[str]] = {
+    "owner": frozenset({"read", "submit", "spend", "others", "manage", "owners"}),
+    "admin": frozenset({"read", "submit", "spend", "others", "manage"}),
+    "member": frozenset({"read", "submit", "spend"}),
+    "viewer": frozenset({"read"}),
+}
+ENTER = tuple(r for r, rights in RIGHTS.items() if "submit" in rights)  # roles that get into instances (SSH, proxy)
+WHAT = {
+    "read": "see this organisation",
+    "submit": "submit work or start it again",
+    "spend": "spend this organisation's money",
+    "others": "stop, start or scale other members' work",
+    "manage": "invite or remove members, or change their roles and spend limits",
+    "owners": "make, unmake, invite or remove owners",
+}
+INVITATION_DAYS = 14
+MAX_PENDING = 100  # pending invitations per org: more is spam, not a team
+CODE_PREFIX = "si_"  # invitation and signup codes (`control.accounts.signups`)
+CHARGE_KINDS = ("usage", "plan_purchase", "refund")  # what counts against a spend limit (fault credits back)
+
+
+@dataclass(frozen=True)
+class Access:
+    """What the caller may do in one org: their role there (None: an operator who is not a member)."""
+
+    org: Org
+    role: str | None
+    spend_limit: Decimal | None
+    operator: bool
+
+    def can(self, right: str) -> bool:
+        return self.operator or (self.role is not None and right in RIGHTS[self.role])
+
+
+def access(s: Session, who: Principal, org_id: str) -> Access:
+    """The caller's access to the org; 404 to anyone who is neither a member nor an operator."""
+    org = s.get(Org, org_id)
+    m = s.get(Membership, (org_id, who.user_id)) if org is not None else None
+    if org is None or (m is None and not who.is_admin):
+        raise NotFound(f"organisation {org_id} not found")
+    return Access(org, m.role if m else None, m.monthly_spend_limit if m else None, who.is_admin)
+
+
+def _refuse(a: Access, right: str) -> Forbidden:
+    return Forbidden(f"organisation {a.org.id}: a {a.role or 'non-member'} cannot {WHAT[right]}")
+
+
+def require(s: Session, who: Principal, org_id: str, *rights: str) -> Access:
+    """The caller's access, if their role has every one of `rights`; else 403 naming the role and what it cannot
+    do."""
+    a = access(s, who, org_id)
+    for right in rights:
+        if not a.can(right):
+            raise _refuse(a, right)
+    return a
+
+
+def check_work(s: Session, who: Principal, w: Workload, act: str) -> None:
+    """May the caller `act` (stop, start, scale) on this workload of an org they can see? Stopping one's own work
+    is always allowed; starting or scaling needs `submit`; another member's work needs `others` as well."""
+    if who.is_admin:
+        return
+    role = s.scalar(select(Membership.role).where(Membership.org_id == w.org_id, Membership.user_id == who.user_id))
+    rights = RIGHTS.get(role or "", frozenset())
+    if act != "stop" and "submit" not in rights:
+        raise Forbidden(f"organisation {w.org_id}: a {role} cannot {WHAT['submit']}")
+    if w.user_id != who.user_id and "others" not in rights:
+        raise Forbidden(f"workload {w.id}: another member's work; a {role} of its organisation cannot {act} it "
+                        "(owners and admins can)")  # fmt: skip
+
+
+# ---- spend limits ------------------------------------------------------------------------------------------------
+def month_start(now: datetime) -> datetime:
+    return now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
+def month_to_date(s: Session, org_id: str, now: datetime, user_id: str | None = None) -> dict[str, Decimal]:
+    """Each member's charges to the org this calendar month (UTC): usage and plan purchases attributed to them,
+    less fault credits for their work. `user_id`: that member only."""
+    q = (
+        select(LedgerTransaction.user_id, func.sum(LedgerEntry.amount))
+        .join(LedgerEntry, LedgerEntry.tx_id == LedgerTransaction.id)
+        .where(LedgerTransaction.org_id == org_id, LedgerTransaction.created_at >= month_start(now),
+               LedgerTransaction.kind.in_(CHARGE_KINDS), LedgerEntry.account == org_account(org_id))
+        .group_by(LedgerTransaction.user_id)
+    )  # fmt: skip
+    if user_id is not None:
+        q = q.where(LedgerTransaction.user_id == user_id)
+    return {uid: exact(-Decimal(net or 0)) for uid, net in s.execute(q) if uid is not None}
+
+
+def running_rate(s: Session, org_id: str, user_id: str) -> Decimal:
+    """The hourly rate of the member's work running in the org now."""
+    running = s.scalar(
+        select(func.sum(Allocation.rate_per_hour)).where(
+            Allocation.org_id == org_id, Allocation.user_id == user_id, Allocation.stopped_at.is_(None)
+        )
+    )
+    return exact(Decimal(running or 0))
+
+
+def spend_refusal(
+    org_id: str, limit: Decimal, spent: Decimal, running: Decimal, *, rate: Decimal = Decimal(0),
+    hold_minutes: int = 0, price: Decimal = Decimal(0),
+) -> str | None:  # fmt: skip
+    """Why this would take the member past their limit (naming `monthly_spend_limit`), or None: this month's
+    charges `spent`, plus `hold_minutes` of their `running` work and the new work's `rate` (the hold admission asks
+    of the balance), plus a `price` paid now (a plan)."""
+    held = exact((running + rate) * hold_minutes / 60)
+    if spent + held + price <= limit:
+        return None
+    parts = [f"{spent:.2f} is charged this month"]
+    if held:
+        parts.append(f"{hold_minutes} minutes of your running work and this ({rate:.2f}/h) hold {held:.2f}")
+    if price:
+        parts.append(f"this costs {price:.2f}")
+    return (f"monthly_spend_limit: you may spend {limit:.2f} of organisation {org_id}'s money a month; "
+            f"{', and '.join(parts)}; ask an owner or admin to raise your limit")  # fmt: skip
+
+
+def check_spend(
+    s: Session, who: Principal, a: Access, now: datetime, *, rate: Decimal = Decimal(0), hold_minutes: int = 0,
+    price: Decimal = Decimal(0),
+) -> None:  # fmt: skip
+    """Refuse (403 naming `monthly_spend_limit`) what would take the member past their limit (`spend_refusal`)."""
+    if a.spend_limit is None:
+        return
+    spent = month_to_date(s, a.org.id, now, who.user_id).get(who.user_id, Decimal(0))
+    why = spend_refusal(a.org.id, a.spend_limit, spent, running_rate(s, a.org.id, who.user_id), rate=rate,
+                        hold_minutes=hold_minutes, price=price)  # fmt: skip
+    if why is not None:
+        raise Forbidden(why)
+
+
+@dataclass
+class Spending:
+    """A member's limit, this month's charges and the rate of their running work in one org, read at placement
+    (under the org's row lock) and added to as a scheduling pass places more of their work."""
+
+    org_id: str
+    limit: Decimal
+    spent: Decimal
+    running: Decimal
+
+    def admit(self, rate: Decimal, hold_minutes: int) -> str | None:
+        """Count work at `rate` as running, or say why the limit refuses it."""
+        why = spend_refusal(self.org_id, self.limit, self.spent, self.running, rate=rate, hold_minutes=hold_minutes)
+        if why is None:
+            self.running += rate
+        return why
+
+
+def spending(s: Session, org_id: str, user_id: str, now: datetime) -> Spending | None:
+    """The member's `Spending` in the org; None where they have no limit (or are not a member: an operator)."""
+    limit = s.scalar(select(Membership.monthly_spend_limit).where(Membership.org_id == org_id,
+                                                                  Membership.user_id == user_id))  # fmt: skip
+    if limit is None:
+        return None
+    spent = month_to_date(s, org_id, now, user_id).get(user_id, Decimal(0))
+    return Spending(org_id, exact(Decimal(limit)), spent, running_rate(s, org_id, user_id))
+
+
+def check_limit(limit: Decimal | None) -> Decimal | None:
+    if limit is not None and not Decimal(0) <= limit <= Decimal(1_000_000_000):
+        raise Invalid("monthly_spend_limit: 0 to 1000000000 (or null: no limit)")
+    return None if limit is None else exact(limit)
+
+
+# ---- members -----------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MemberView:
+    user_id: str
+    email: str
+    role: str
+    monthly_spend_limit: Decimal | None
+    month_to_date: Decimal
+
+
+def members(s: Session, who: Principal, org_id: str, now: datetime) -> list[MemberView]:
+    require(s, who, org_id, "read")
+    spent = month_to_date(s, org_id, now)
+    rows = s.execute(
+        select(User.id, User.email, Membership.role, Membership.monthly_spend_limit)
+        .join(Membership, Membership.user_id == User.id)
+        .where(Membership.org_id == org_id)
+        .order_by(User.email)
+    )
+    return [MemberView(uid, email, role, limit, spent.get(uid, Decimal(0))) for uid, email, role, limit in rows]
+
+
+def member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime) -> MemberView:
+    """One member, as `members` lists them (reading that member's charges only)."""
+    require(s, who, org_id, "read")
+    row = s.execute(
+        select(User.email, Membership.role, Membership.monthly_spend_limit)
+        .join(Membership, Membership.user_id == User.id)
+        .where(Membership.org_id == org_id, Membership.user_id == user_id)
+    ).one_or_none()
+    if row is None:
+        raise NotFound(f"user {user_id} is not a member of {org_id}")
+    spent = month_to_date(s, org_id, now, user_id).get(user_id, Decimal(0))
+    return MemberView(user_id, row.email, row.role, row.monthly_spend_limit, spent)
+
+
+def _keep_an_owner(s: Session, org_id: str) -> None:
+    """Refuse to take away the last owner. The owners' rows are locked, so two owners demoting each other at once
+    are taken one after the other and the second is refused."""
+    owners = s.scalars(select(Membership).where(Membership.org_id == org_id, Membership.role == "owner")
+                       .with_for_update()).all()  # fmt: skip
+    if len(owners) <= 1:
+        raise Conflict("an organisation keeps at least one owner; make another member owner first")
+
+
+def _target(s: Session, org_id: str, user_id: str) -> Membership:
+    m = s.get(Membership, (org_id, user_id))
+    if m is None:
+        raise NotFound(f"user {user_id} is not a member of {org_id}")
+    return m
+
+
+UNSET = object()
+
+
+def _drop_invitations(s: Session, org_id: str, user_id: str, role: str | None, now: datetime) -> None:
+    """Cancel the pending invitations `user_id` made in the org that their new `role` (None: no longer a member)
+    may not make: an invitation carries its maker's right, and a demoted admin must not come back through one."""
+    rights = RIGHTS.get(role or "", frozenset())
+    if "manage" not in rights:
+        roles: tuple[str, ...] = ROLES
+    elif "owners" not in rights:
+        roles = ("owner",)
+    else:
+        return
+    s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.invited_by == user_id,
+                                       Invitation.state == "pending", Invitation.role.in_(roles))
+              .values(state="cancelled", decided_at=now))  # fmt: skip
+
+
+def set_member(
+    s: Session, who: Principal, org_id: str, user_id: str, *, role: str | None = None, limit: object = UNSET,
+    now: datetime | None = None,
+) -> Membership:  # fmt: skip
+    """Change a member's role and/or monthly spend limit (`limit` None: no limit; UNSET: unchanged). Invitations
+    they made that their new role may not make are cancelled."""
+    a = require(s, who, org_id, "manage")
+    m = _target(s, org_id, user_id)
+    if role is not None and role not in ROLES:
+        raise Invalid(f"role: one of {', '.join(ROLES)}")
+    if (m.role == "owner" or role == "owner") and not a.can("owners"):
+        raise _refuse(a, "owners")
+    if user_id == who.user_id and not a.can("owners"):
+        raise Forbidden(f"organisation {org_id}: you cannot change your own role or spend limit; ask an owner")
+    if role is not None and m.role == "owner" and role != "owner":
+        _keep_an_owner(s, org_id)
+    if role is not None and role != m.role:
+        _drop_invitations(s, org_id, user_id, role, now or utcnow())
+    if role is not None:
+        m.role = role
+    if limit is not UNSET:
+        m.monthly_spend_limit = check_limit(limit)  # type: ignore[arg-type]
+    s.flush()
+    return m
+
+
+def remove_member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime | None = None) -> None:
+    """Anyone may leave; removing someone else takes `manage` (and `owners` for an owner). The last owner stays.
+    The invitations they made and nobody answered yet are cancelled."""
+    access(s, who, org_id)  # 404 to outsiders before anything is said about the user
+    m = _target(s, org_id, user_id)
+    if user_id != who.user_id:
+        require(s, who, org_id, *(("manage", "owners") if m.role == "owner" else ("manage",)))
+    if m.role == "owner":
+        _keep_an_owner(s, org_id)
+    _drop_invitations(s, org_id, user_id, None, now or utcnow())
+    s.delete(m)
+
+
+# ---- invitations -------------------------------------------------------------------------------------------------
+def invite(
+    s: Session, who: Principal, org_id: str, email: str, role: str, limit: Decimal | None, now: datetime
+) -> tuple[Invitation, str]:
+    """An invitation to `email` (registered or not: the answer is the same) and its code, shown once: where
+    signup is invite-only, the invitee signs up with it."""
+    a = require(s, who, org_id, "manage")
+    if a.org.personal:
+        raise Conflict("a personal organisation has one member; create a team organisation to share")
+    if role not in ROLES:
+        raise Invalid(f"role: one of {', '.join(ROLES)}")
+    if role == "owner" and not a.can("owners"):
+        raise _refuse(a, "owners")
+    email = normalise_email(email)
+    if not EMAIL.match(email):
+        raise Invalid(f"email: {email!r} is not an email address")
+    limit = check_limit(limit)
+    # Members are listed to those who may invite, so saying so reveals nothing new.
+    member = select(Membership.user_id).join(User, User.id == Membership.user_id)
+    if s.scalar(member.where(Membership.org_id == org_id, User.email == email)) is not None:
+        raise Conflict(f"email: {email} is already a member of {org_id}")
+    pending = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.state == "pending",
+                                          Invitation.expires_at > now)  # fmt: skip
+    replaced = select(Invitation.id).where(Invitation.org_id == org_id, Invitation.email == email,
+                                           Invitation.state == "pending", Invitation.role == "owner")  # fmt: skip
+    if not a.can("owners") and s.scalar(replaced.limit(1)) is not None:  # inviting again cancels it
+        raise _refuse(a, "owners")
+    s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.email == email,
+                                       Invitation.state == "pending").values(state="cancelled", decided_at=now))  # fmt: skip
+    if len(s.scalars(pending.limit(MAX_PENDING)).all()) >= MAX_PENDING:
+        raise Conflict(f"organisation {org_id} has {MAX_PENDING} pending invitations; cancel some first")
+    code = CODE_PREFIX + new_secret()
+    row = Invitation(id=new_id("inv"), org_id=org_id, email=email, role=role, monthly_spend_limit=limit,
+                     code_hash=token_hash(code), invited_by=who.user_id, state="pending", created_at=now,
+                     expires_at=now + timedelta(days=INVITATION_DAYS), decided_at=None)  # fmt: skip
+    s.add(row)
+    s.flush()
+    return row, code
+
+
+def cancel(s: Session, who: Principal, org_id: str, invitation_id: str, now: datetime) -> Invitation:
+    a = require(s, who, org_id, "manage")
+    row = s.get(Invitation, invitation_id)
+    if row is None or row.org_id != org_id:
+        raise NotFound(f"invitation {invitation_id} not found")
+    if row.role == "owner" and row.state == "pending" and not a.can("owners"):
+        raise _refuse(a, "owners")
+    if row.state == "pending":
+        row.state, row.decided_at = "cancelled", now
+    return row
+
+
+@dataclass(frozen=True)
+class InvitationView:
+    invitation: Invitation
+    org_name: str
+    invited_by: str  # the inviter's email
+
+
+def _pending(s: Session, where: object, now: datetime) -> list[InvitationView]:
+    rows = s.execute(
+        select(Invitation, Org.name, User.email)
+        .join(Org, Org.id == Invitation.org_id)
+        .join(User, User.id == Invitation.invited_by)
+        .where(where, Invitation.state == "pending", Invitation.expires_at > now)  # type: ignore[arg-type]
+        .order_by(Invitation.created_at)
+    )
+    return [InvitationView(inv, name, by) for inv, name, by in rows]
+
+
+def mine(s: Session, who: Principal, now: datetime) -> list[InvitationView]:
+    """Pending invitations to the caller's email."""
+    return _pending(s, Invitation.email == who.email, now)
+
+
+def org_invitations(s: Session, who: Principal, org_id: str, now: datetime) -> list[InvitationView]:
+    """The org's pending invitations (to those who may manage it)."""
+    require(s, who, org_id, "manage")
+    return _pending(s, Invitation.org_id == org_id, now)
+
+
+def _addressed_to(s: Session, who: Principal, invitation_id: str, now: datetime) -> Invitation:
+    row = s.get(Invitation, invitation_id, with_for_update=True)
+    if row is None or row.email != who.email:
+        raise NotFound(f"invitation {invitation_id} not found")
+    if row.state != "pending":
+        raise Conflict(f"invitation {invitation_id} was {row.state}")
+    if row.expires_at <= now:
+        raise Conflict(f"invitation {invitation_id} expired; ask for a new one")
+    return row
+
+
+def join(s: Session, user_id: str, row: Invitation, now: datetime) -> Membership:
+    """The invitee joins with the invitation's role and limit."""
+    if s.get(Membership, (row.org_id, user_id)) is not None:
+        raise Conflict(f"you are a member of {row.org_id} already")
+    m = Membership(org_id=row.org_id, user_id=user_id, role=row.role, monthly_spend_limit=row.monthly_spend_limit)
+    s.add(m)
+    row.state, row.decided_at = "accepted", now
+    s.flush()
+    return m
+
+
+def accept(s: Session, who: Principal, invitation_id: str, now: datetime) -> Membership:
+    return join(s, who.user_id, _addressed_to(s, who, invitation_id, now), now)
+
+
+def decline(s: Session, who: Principal, invitation_id: str, now: datetime) -> Invitation:
+    row = _addressed_to(s, who, invitation_id, now)
+    row.state, row.decided_at = "declined", now
+    return row
+
+
+def by_code(s: Session, code: str, email: str, now: datetime) -> Invitation | None:
+    """The pending invitation this code belongs to, if it was made out to `email`."""
+    row = s.scalar(select(Invitation).where(Invitation.code_hash == token_hash(code)).with_for_update())
+    if row is None or row.email != email or row.state != "pending" or row.expires_at <= now:
+        return None
+    return row

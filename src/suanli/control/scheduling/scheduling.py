@@ -1,0 +1,455 @@
+"""The scheduling loop's pass: snapshot the inventory, open allocations and the queue; run the `sched/` cycle
+per cluster; persist what it decided.
+
+The decisions come from the same pure `Scheduler` that `suanli sim` runs. This module only translates: node rows
+and allocation rows into a `ClusterState`, pending workloads into `Request`s, and `Place`/`Preempt`/`Resize`/
+`Pending` back into allocation rows and workload transitions (`control.scheduling.placing` and
+`control.workloads.resizing`, which check admission again). Running elastic work is shown to the cycle as elastic (the
+policy may grow or shrink it), unless its owner scaled it (`suanli scale`: then it is held at that size, after the pass
+carried the owner's size out). What active plans reserve and their work leaves idle is held back from other work
+(`control.scheduling.plan_holds`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import bindparam, select, update
+from sqlalchemy.orm import Session
+
+from suanli.control.money import committed, plans
+from suanli.control.scheduling import inventory, placing
+from suanli.control.scheduling.engines import ENGINE_KINDS, EXTERNAL_LABEL
+from suanli.control.scheduling.plan_holds import PlanHolds
+from suanli.control.scheduling.waste import LiveWaste, live_waste
+from suanli.control.workloads import resizing
+from suanli.db.engine import Database
+from suanli.db.models import Allocation, ClusterRow, Gpu, KeyValue, Node, Workload
+from suanli.sched import Allocation as SchedAllocation
+from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, host_capacity
+from suanli.topology import Cluster
+from suanli.workloads.spec import WorkloadSpec
+
+log = logging.getLogger("suanli.scheduling")
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def seconds(t: datetime) -> float:
+    return (t - EPOCH).total_seconds()
+
+
+@dataclass
+class ClusterView:
+    row_id: str
+    name: str
+    topology: Cluster | None  # None: a CPU-only host
+    nodes: list[tuple[str, str, str]]  # by spec index: (name, kind, state)
+    models: frozenset[str]
+    index: dict[str, int] = field(default_factory=dict)  # node name -> spec index
+    unhealthy: list[tuple[str, int]] = field(default_factory=list)  # (node name, GPU index) health rules marked
+    host: tuple[Any, Any] | None = None  # per node (milli-cores, MiB) to count requests' CPU and memory against
+
+    def __post_init__(self) -> None:
+        self.index = {name: i for i, (name, _, _) in enumerate(self.nodes)}
+
+    def node_of(self, gpu: int) -> int:
+        assert self.topology is not None
+        return int(self.topology.gpu_node[gpu])
+
+
+def external_gpus(s: Session) -> dict[str, list[tuple[str, int]]]:
+    """GPUs of engine nodes that work outside suanli holds (Slurm jobs submitted to Slurm directly), by cluster:
+    the engine reports how many, so that many of the node's GPUs no suanli allocation holds are not placed on."""
+    busy = [(cid, name, int(labels.get(EXTERNAL_LABEL) or 0), n)
+            for cid, name, labels, n in s.execute(select(Node.cluster_id, Node.name, Node.labels, Node.gpu_count)
+                                                  .where(Node.kind.in_(ENGINE_KINDS)))
+            if int((labels or {}).get(EXTERNAL_LABEL) or 0) > 0]  # fmt: skip
+    if not busy:
+        return {}
+    held: dict[str, set[int]] = defaultdict(set)
+    for (placement,) in s.execute(select(Allocation.placement).where(Allocation.stopped_at.is_(None))):
+        for node, gpus in (placement or {}).items():
+            held[node].update(int(g) for g in gpus)
+    out: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for cid, name, k, n in busy:
+        free = [g for g in range(n - 1, -1, -1) if g not in held[name]]
+        out[cid].extend((name, g) for g in free[:k])
+    return out
+
+
+@dataclass
+class PassReport:
+    queued: int = 0
+    placed: int = 0
+    preempted: int = 0
+    refused: int = 0  # placements admission refused (balance, quota)
+    resized: int = 0  # running elastic work resized (by its owner's ask or the policy)
+    cycle_s: float = 0.0
+    total_s: float = 0.0
+    live: LiveWaste | None = None  # None: the pass was skipped (nothing changed); the last one still holds
+
+
+@dataclass
+class SchedulingPass:
+    """What one leader keeps between passes: topologies (immutable once registered), parsed requests, and the
+    scheduler (its memo caches key on request identity, so the same Request objects are reused)."""
+
+    config: SchedulerConfig = field(default_factory=SchedulerConfig)
+    topologies: dict[tuple[str, str], Cluster | None] = field(default_factory=dict)  # by `topology_key`
+    requests: dict[tuple[str, int, float], Request] = field(default_factory=dict)
+    hold_minutes: int = 10
+    chunk: int = 200  # placements per transaction
+    refresh_s: float = 30.0  # a pass runs at least this often while work is pending, even if nothing changed
+    _views: list[ClusterView] = field(default_factory=list)
+    _fleet: int = -1
+    _signature: tuple[int, int] | None = None
+    _last_run: datetime | None = None
+    _states: dict[str, ClusterState] = field(default_factory=dict)  # by cluster row id, open allocations reserved
+    _held: dict[str, tuple[str, str]] = field(default_factory=dict)  # allocation row id -> (cluster, sched id)
+    _rank: dict[str, int] = field(default_factory=dict)  # workload id -> its spec's priority rank
+    _parsed: dict[str, WorkloadSpec] = field(default_factory=dict)  # workload id -> its spec (specs never change)
+    _said: dict[str, tuple[str, int]] = field(default_factory=dict)
+    _seen: int | None = None  # the inventory version the snapshot was last brought up to date at
+    resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
+    scheduler: Scheduler | None = None
+    money: committed.Affordability = field(default_factory=committed.Affordability)
+
+    def __post_init__(self) -> None:
+        self.scheduler = Scheduler(self.config)
+
+    # ---- snapshot ----------------------------------------------------------------------------------------
+    def _clusters(self, s: Session) -> list[ClusterView]:
+        nodes: dict[str, list[tuple[int, str, str, str, str | None, int, int]]] = defaultdict(list)
+        for cid, idx, name, kind, state, model, cpus, mem in s.execute(
+            select(Node.cluster_id, Node.index, Node.name, Node.kind, Node.state, Node.gpu_model, Node.cpu_count,
+                   Node.memory_mib)
+        ):  # fmt: skip
+            nodes[cid].append((idx, name, kind, state, model, cpus, mem))
+        unhealthy: dict[str, list[tuple[str, int]]] = defaultdict(list)
+        for cid, name, gpu in s.execute(
+            select(Node.cluster_id, Node.name, Gpu.index)
+            .join(Gpu, Gpu.node_id == Node.id)
+            .where(Gpu.healthy.is_(False))
+        ):
+            unhealthy[cid].append((name, gpu))
+        for cid, gpus in external_gpus(s).items():
+            unhealthy[cid].extend(gpus)
+        views = []
+        for row in s.scalars(select(ClusterRow).order_by(ClusterRow.created_at)):
+            key = inventory.topology_key(row)
+            if key not in self.topologies:
+                self.topologies[key] = inventory.cluster_topology(row)
+            rows = sorted(nodes.get(row.id, []))
+            models = frozenset(r[4] for r in rows if r[4])
+            topo = self.topologies[key]
+            fits = topo is not None and len(rows) == topo.n_nodes
+            host = host_capacity([r[5] for r in rows], [r[6] for r in rows]) if fits else None
+            views.append(ClusterView(row.id, row.name, topo,
+                                     [(r[1], r[2], r[3]) for r in rows], models,
+                                     unhealthy=unhealthy.get(row.id, []), host=host))  # fmt: skip
+        return views
+
+    # ---- the pass ------------------------------------------------------------------------------------------
+    def run(self, db: Database, now: datetime) -> PassReport:
+        """One pass; skipped (cheaply) while neither the queue nor the inventory changed since the last one, except
+        every `refresh_s` for what depends on time alone (waiting long enough to earn a reservation)."""
+        t0 = time.perf_counter()
+        report = PassReport()
+        w = Workload
+        with db.read() as s:
+            fleet = inventory.fleet_version(s)
+            if fleet != self._fleet or not self._views:
+                self._views, self._fleet = self._clusters(s), fleet
+                self._states, self._held, self._seen = {}, {}, None  # node states changed: rebuild the snapshot
+                self.resizer.reset()
+            views = self._views
+            version = s.scalar(select(KeyValue.value).where(KeyValue.key == inventory.INVENTORY_VERSION)) or 0
+            queue_rows = list(s.execute(
+                select(w.id, w.name, w.org_id, w.user_id, w.attempt, w.submitted_at, w.queued_at, w.attained_gpu_s)
+                .where(w.state == "pending", w.stop_requested.is_(None)).order_by(w.queued_at, w.id)
+            ))  # fmt: skip
+            report.queued = len(queue_rows)
+            reserved, plans_seen = plans.reservations(s, now), plans.version(s)
+            # A top-up of an org whose work waits for balance is a change too, and so is a plan's start or end.
+            signature = (version, hash(tuple((r.id, r.attempt, r.queued_at) for r in queue_rows)),
+                         self.money.signature(s), PlanHolds(reserved.idle_by_org).signature())  # fmt: skip
+            fresh = self._last_run is not None and (now - self._last_run).total_seconds() < self.refresh_s
+            # Nothing queued, and no running elastic work the policy might grow (as of an up-to-date snapshot).
+            idle = not queue_rows and self._seen == version and not self.resizer.any_elastic()
+            if idle or (signature == self._signature and fresh):
+                if not queue_rows:
+                    report.live = LiveWaste()
+                report.total_s = time.perf_counter() - t0
+                return report
+            self._signature, self._last_run = signature, now
+            unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
+            specs = placing.specs_of(s, unknown)
+            self.money.read(s, {r.org_id for r in queue_rows}, {(r.org_id, r.user_id) for r in queue_rows}, now)
+            states = self._snapshot(s, views)
+            self._seen = version
+            asks = self.resizer.pin(self._states, self._held, resizing.asked(s))
+        if len(self.requests) > 2 * len(queue_rows) + 1000:
+            live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
+            self.requests = {k: v for k, v in self.requests.items() if k in live}
+            self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
+            self._parsed = {k[0]: self._parsed[k[0]] for k in live if k[0] in self._parsed}
+        queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
+                 for r in queue_rows]  # fmt: skip
+        queue = self._by_priority(queue)
+        # What each org runs and has queued counts against its balance: the work it cannot pay for waits unseen by the
+        # cycle, which then never hands GPUs to work admission would refuse while others' work waits (`committed`).
+        models = frozenset(m for v in views if v.topology is not None for m in v.models)
+        users = {r.id: r.user_id for r in queue_rows}
+        queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes, users)
+        placements: list[placing.Placement] = []
+        preempts: list[tuple[str, str, str]] = []
+        resizes: list[resizing.ResizeItem] = []
+        waits: dict[str, str] = {}  # workload -> why the size its owner asked for waits
+        pending: dict[str, tuple[str, int]] = {wid: (why, 0) for wid, why in broke.items()}
+        left = list(queue)
+        t1 = time.perf_counter()
+        assert self.scheduler is not None
+        topo = [v for v in views if v.topology is not None]
+        holds = PlanHolds.over(reserved.idle_by_org, [states[v.row_id] for v in topo]) if reserved.idle_by_org else None
+        for view in topo:
+            mine = [r for r in left if r.gpus > 0 and _fits_models(r, view.models)]
+            state = states[view.row_id]
+            if holds is not None:
+                holds.on(state)
+            elif state.held:  # the last plan ended
+                state.hold({})
+            if asks.get(view.row_id):
+                state = self.resizer.scale(self.scheduler, view, state, asks[view.row_id], resizes, waits)
+            if not mine and state is states[view.row_id] and not self.resizer.growable(self.scheduler, view.row_id,
+                                                                                        state):  # fmt: skip
+                if holds is not None:
+                    holds.after(state, None)
+                continue
+            result, decided = self.scheduler.cycle(state, mine, seconds(now))
+            if holds is not None:
+                holds.after(decided, result)
+            placed = set()
+            for p in result.placed:
+                placements.append((p.request_id, view, resizing.by_node(view, p.gpus), p.reason))
+                placed.add(p.request_id)
+            for pr in result.preempted:
+                preempts.append((pr.allocation_id, pr.reason, pr.by))
+            resizes += [resizing.item(view, rz, state) for rz in result.resized]
+            for pe in result.pending:
+                pending.setdefault(pe.request_id, (pe.reason, pe.position))
+            left = [r for r in left if r.id not in placed]
+        for r in left:  # CPU-only work goes to a node of its own kind: this host first
+            if r.gpus == 0:
+                target = _cpu_node(views)
+                if target is not None:
+                    view, name = target
+                    placements.append((r.id, view, {name: []}, "CPU-only"))
+                    pending.pop(r.id, None)
+                else:
+                    pending[r.id] = ("no ready node to run it on", 0)
+            elif r.id not in pending:
+                pending[r.id] = (_unmatched_reason(r, views), 0)
+        report.cycle_s = time.perf_counter() - t1
+        placed_ids, placed_gpus = {p[0] for p in placements}, Counter[str]()
+        for _, view, where, _ in placements:
+            placed_gpus[view.row_id] += sum(len(g) for g in where.values())
+        for rz in resizes:
+            placed_gpus[rz.view.row_id] += len(rz.gpus) - len(rz.held)
+        report.live = live_waste(states, placed_gpus, [r for r in left if r.id not in placed_ids])
+        self._persist(db, now, placements, preempts, resizes, waits, pending, report, plans_seen)
+        report.total_s = time.perf_counter() - t0
+        return report
+
+    def _request(self, wid: str, attempt: int, submitted_at: datetime, queued_at: datetime,
+                 specs: dict[str, dict[str, Any]], org_id: str, attained: float) -> Request:  # fmt: skip
+        key = (wid, attempt, seconds(queued_at))
+        req = self.requests.get(key)
+        if req is None:
+            spec = WorkloadSpec.model_validate(specs[wid])
+            req = spec.to_request(wid, seconds(submitted_at), org_id, attained=attained, queued_since=key[2])
+            self.requests[key] = req
+            self._rank[wid] = spec.priority_rank()
+            self._parsed[wid] = spec
+        return req
+
+    def _by_priority(self, queue: list[Request]) -> list[Request]:
+        """A spec's `priority` orders an org's own pending work: within each org, its workloads trade places in the
+        queue (the org keeps the submit times it holds), high before normal before low, so one org's priorities
+        never move it ahead of another org's work."""
+        by_org: dict[str, list[Request]] = defaultdict(list)
+        for r in queue:
+            by_org[r.tenant].append(r)
+        swap: dict[str, Request] = {}
+        for reqs in by_org.values():
+            if len({self._rank.get(r.id, 1) for r in reqs}) < 2:
+                continue  # one priority: nothing to reorder
+            slots = sorted(r.submit_time for r in reqs)
+            ordered = sorted(reqs, key=lambda r: (-self._rank.get(r.id, 1), r.submit_time, r.id))
+            for slot, r in zip(slots, ordered, strict=True):
+                if r.submit_time != slot:  # the place in the queue moves; how long it has waited does not
+                    swap[r.id] = replace(r, submit_time=slot, queued_since=r.waiting_since)
+        return [swap.get(r.id, r) for r in queue] if swap else queue
+
+    def _snapshot(self, s: Session, views: list[ClusterView]) -> dict[str, ClusterState]:
+        """Each cluster's state with every open allocation reserved, kept between passes and brought up to date
+        from the difference in open allocations: a pass reads the ids of open allocations, and the rows of only
+        those opened since the last pass (thousands of running gangs are not re-read and re-reserved each pass)."""
+        if not self._states:
+            for v in views:
+                if v.topology is None:
+                    continue
+                st = ClusterState(v.topology, host=v.host)
+                for i, (_, _, state) in enumerate(v.nodes):
+                    if state != "ready":
+                        st.set_node_ok(i, False)
+                for name, gpu in v.unhealthy:
+                    if name in v.index and gpu < len(v.topology.gpus_of_node(v.index[name])):
+                        st.set_gpu_ok(v.topology.gpus_of_node(v.index[name]).start + gpu, False)
+                self._states[v.row_id] = st
+        open_ids = set(s.scalars(select(Allocation.id).where(Allocation.stopped_at.is_(None))))
+        for aid in [a for a in self._held if a not in open_ids]:
+            cid, sched_id = self._held.pop(aid)
+            if sched_id in self._states[cid].allocations:
+                self._states[cid].unreserve(sched_id)
+                self.resizer.forget(cid, sched_id)
+        new = [a for a in open_ids if a not in self._held]
+        where = {name: (v.row_id, i) for v in views if v.topology is not None for i, (name, _, _) in enumerate(v.nodes)}
+        w = Workload
+        for i in range(0, len(new), 500):
+            rows = s.execute(
+                select(Allocation.id, Allocation.workload, Allocation.placement, Allocation.milli, Allocation.started_at,
+                       w.org_id, w.submitted_at, w.queued_at, w.attempt, w.scale_to, w.started_at.label("run_start"))
+                .outerjoin(w, w.id == Allocation.workload).where(Allocation.id.in_(new[i : i + 500]))
+            ).all()  # fmt: skip
+            # In the order they were placed or resized (the cycle's own order: its grow goes oldest first).
+            rows.sort(key=lambda a: (a.started_at, a.submitted_at or a.started_at, a.id))
+            # Most were placed by the last pass: their requests are cached; only the others' specs are read.
+            uncached = [a.workload for a in rows if a.workload and self._cached(a) is None]
+            specs = placing.specs_of(s, uncached) if uncached else {}
+            for a in rows:
+                self._reserve(a, where, specs)
+        return self._states
+
+    def _cached(self, a: Any) -> Request | None:
+        """The request a pass queued this allocation's workload as: keyed by the attempt before its placement
+        (placing counts the attempt up)."""
+        if a.queued_at is None:
+            return None
+        return self.requests.get((a.workload, a.attempt - 1, seconds(a.queued_at)))
+
+    def _reserve(self, a: Any, where: dict[str, tuple[str, int]], specs: dict[str, dict[str, Any]]) -> None:
+        gpus: list[int] = []
+        cid = None
+        for node_name, idx in (a.placement or {}).items():
+            if node_name not in where:
+                continue
+            cid, i = where[node_name]
+            base = self._states[cid].cluster.gpus_of_node(i).start
+            gpus.extend(base + int(k) for k in idx)
+        if cid is None or not gpus:
+            return
+        cached = self._cached(a)
+        if cached is not None:
+            req = replace(cached, attained=0.0) if cached.attained else cached
+        elif a.workload in specs:
+            spec = WorkloadSpec.model_validate(specs[a.workload])
+            req = spec.to_request(a.workload, seconds(a.submitted_at), a.org_id, queued_since=seconds(a.queued_at))
+        else:  # an allocation no workload owns (opened through the API directly)
+            req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
+        sched_id = a.workload or a.id
+        if req.elastic:
+            self.resizer.asked[sched_id] = req
+        if (req.elastic and a.scale_to is not None) or (not req.elastic and req.gpus != len(gpus)):
+            # Work its owner scaled is held at its size (the cycle must neither grow nor shrink it); running elastic
+            # work is the cycle's to resize (the pass carries that out), at its CPU and memory per GPU of its ask.
+            req = resizing.pinned(req, len(gpus))
+        # A resized run keeps its start (the cycle's grow goes oldest first, LAS counts its service from it).
+        run = a.run_start if a.run_start is not None and a.run_start < a.started_at else a.started_at
+        est = req.est_runtime
+        alloc = SchedAllocation(sched_id, req, tuple(gpus), seconds(run), a.milli, seconds(run) + est if est else None)
+        try:  # it holds them already: an unhealthy GPU or an exclusive neighbour does not undo that
+            self._states[cid].reserve(alloc, restore=True)
+        except ValueError as e:  # overlapping rows (a preempted attempt still closing): skip, never crash
+            log.warning("snapshot: %s", e)
+            return
+        self._held[a.id] = (cid, sched_id)
+        if req.elastic:
+            self.resizer.elastic[cid].add(sched_id)
+
+    # ---- persisting decisions -----------------------------------------------------------------------------
+    def _persist(
+        self,
+        db: Database,
+        now: datetime,
+        placements: list[placing.Placement],
+        preempts: list[tuple[str, str, str]],
+        resizes: list[resizing.ResizeItem],
+        waits: dict[str, str],
+        pending: dict[str, tuple[str, int]],
+        report: PassReport,
+        plans_seen: int = 0,
+    ) -> None:
+        """Preemptions and resizes first (their GPUs are what later placements count on), then placements in chunks:
+        each chunk is one transaction, so submissions (which need the write lock too on SQLite) wait for one chunk,
+        not for a whole pass of thousands. A resize refused (a grow its org cannot afford) and a size its owner asked
+        for that waits are said once in the workload's events. A plan bought since the snapshot (`plans_seen`) leaves
+        the placements not yet written to the next pass, which holds its GPUs back."""
+        if preempts:
+            with db.write() as s, s.begin():
+                report.preempted += placing.preempt(s, preempts, now)
+        if resizes or waits:
+            report.resized = self.resizer.persist(db, now, resizes, waits, self.hold_minutes, self._parsed)
+        for i in range(0, len(placements), self.chunk):
+            with db.write() as s, s.begin():
+                if plans.locked_version(s) != plans_seen:  # until this commits, no purchase counts GPUs
+                    break
+                placed, refused = placing.place_chunk(s, placements[i : i + self.chunk], now,
+                                                      hold_minutes=self.hold_minutes, cache=self._parsed,
+                                                      lengths=self.resizer.lengths)  # fmt: skip
+                if placed:
+                    inventory.bump_version(s)
+            report.placed += placed
+            report.refused += len(refused)
+            pending.update(refused)
+        changed = [
+            {"wid": wid, "r": r[:2000], "p": p} for wid, (r, p) in pending.items() if self._said.get(wid) != (r, p)
+        ]
+        self._said = dict(pending)  # what the rows say now: only changes are written next pass
+        if changed:
+            t = Workload.__table__.c
+            with db.write() as s, s.begin():
+                s.execute(
+                    update(Workload.__table__)
+                    .where(t.id == bindparam("wid"), t.state == "pending")
+                    .values(pending_reason=bindparam("r"), queue_position=bindparam("p")),
+                    changed,
+                )
+
+
+def _fits_models(r: Request, models: frozenset[str]) -> bool:
+    if r.gpu_type is None:
+        return True
+    wanted = {r.gpu_type} if isinstance(r.gpu_type, str) else set(r.gpu_type)
+    return bool(wanted & models)
+
+
+def _cpu_node(views: list[ClusterView]) -> tuple[ClusterView, str] | None:
+    ranked = sorted(
+        ((0 if kind == "local" else 1, vi, name) for vi, v in enumerate(views)
+         for name, kind, state in v.nodes if state == "ready"),
+    )  # fmt: skip
+    if not ranked:
+        return None
+    _, vi, name = ranked[0]
+    return views[vi], name
+
+
+def _unmatched_reason(r: Request, views: list[ClusterView]) -> str:
+    models = sorted({m for v in views for m in v.models})
+    want = r.gpu_type if isinstance(r.gpu_type, str) else " or ".join(r.gpu_type or ("any GPU",))
+    return f"no ready node has {want}; GPUs registered: {', '.join(models) or 'none'}"

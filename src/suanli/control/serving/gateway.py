@@ -1,0 +1,124 @@
+"""What the OpenAI gateway reads and writes: the endpoint a key opens, where an endpoint's ready replicas are, and
+the load and token usage each gateway process reports (one row per endpoint and process; usage per key per minute,
+added up). The gateway itself (`api.gateway`) moves the bytes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from suanli.control.errors import NotFound
+from suanli.control.money import ledger
+from suanli.control.serving import endpoints
+from suanli.control.serving.endpoints import KeyGrant
+from suanli.db.engine import Database
+from suanli.db.models import Workload
+from suanli.db.serving import Endpoint, EndpointLoad, EndpointReplica, EndpointUsage
+from suanli.serving.runtimes import runtime
+
+
+@dataclass(frozen=True)
+class Route:
+    """An endpoint as the gateway routes to it."""
+
+    id: str
+    name: str
+    org_id: str
+    runtime: str
+    upstream_model: str
+    cold_start_s: int
+    priced: bool = False  # other orgs' keys pay per token
+
+
+@dataclass(frozen=True)
+class Target:
+    workload_id: str
+    name: str
+    address: str
+    port: int
+    attempt: int = 0
+
+    @property
+    def key(self) -> str:
+        """This attempt of the replica: a restarted one is not held to its dead attempt's failures."""
+        return f"{self.workload_id}.{self.attempt}"
+
+
+def key(db: Database, secret: str) -> tuple[KeyGrant, Decimal]:
+    """The key's grant and its paying org's balance (a key of another org is refused on a priced endpoint once
+    that balance is not above zero)."""
+    with db.read() as s:
+        g = endpoints.authenticate_key(s, secret)
+        return g, ledger.org_balance(s, g.org_id)
+
+
+def route(db: Database, endpoint_id: str) -> Route:
+    with db.read() as s:
+        e = s.get(Endpoint, endpoint_id)
+        if e is None:
+            raise NotFound("endpoint removed")
+        spec = endpoints.spec_of(e)
+        rt = runtime(spec.runtime_name())
+        from suanli.serving.runtimes import Replica
+
+        up = rt.upstream_model(Replica(e.repo_id, e.name, 0, spec.gpus()))
+        price = spec.price_per_1m_tokens
+        return Route(e.id, e.name, e.org_id, rt.name, up, spec.scaling().cold_start_s, bool(price and Decimal(price)))
+
+
+def ready(db: Database, endpoint_id: str) -> list[Target]:
+    """The endpoint's replicas whose runtime answered its probe in their current attempt and that still run."""
+    with db.read() as s:
+        rows = s.execute(
+            select(EndpointReplica.workload_id, Workload.name, EndpointReplica.address, EndpointReplica.port,
+                   Workload.attempt)
+            .join(Workload, Workload.id == EndpointReplica.workload_id)
+            .where(EndpointReplica.endpoint_id == endpoint_id, Workload.state == "running",
+                   Workload.stop_requested.is_(None), EndpointReplica.ready_attempt == Workload.attempt)
+        )  # fmt: skip
+        return [Target(*r) for r in rows]
+
+
+@dataclass(frozen=True)
+class Load:
+    inflight: int
+    waiting: int
+    last_request_at: datetime | None
+
+
+def _insert(s: Session):  # type: ignore[no-untyped-def]
+    return pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+
+
+def report(
+    db: Database, worker: str, loads: dict[str, Load], usage: Iterable[tuple[str, str, datetime, int, int, int]],
+    now: datetime,
+) -> None:  # fmt: skip
+    """One transaction: this process's load per endpoint (replaced) and its token usage since the last report
+    (added to the minute's row)."""
+    with db.write() as s, s.begin():
+        ins = _insert(s)
+        for eid, ld in loads.items():
+            stmt = ins(EndpointLoad).values(endpoint_id=eid, worker=worker, inflight=ld.inflight, waiting=ld.waiting,
+                                            last_request_at=ld.last_request_at, updated_at=now)  # fmt: skip
+            s.execute(stmt.on_conflict_do_update(
+                index_elements=["endpoint_id", "worker"],
+                set_={"inflight": ld.inflight, "waiting": ld.waiting, "last_request_at": ld.last_request_at,
+                      "updated_at": now},
+            ))  # fmt: skip
+        for eid, kid, minute, n, prompt, completion in usage:
+            t = EndpointUsage
+            stmt = ins(t).values(endpoint_id=eid, key_id=kid, minute=minute, requests=n, prompt_tokens=prompt,
+                                 completion_tokens=completion, charged_tokens=0)  # fmt: skip
+            s.execute(stmt.on_conflict_do_update(
+                index_elements=["endpoint_id", "key_id", "minute"],
+                set_={"requests": t.requests + n, "prompt_tokens": t.prompt_tokens + prompt,
+                      "completion_tokens": t.completion_tokens + completion},
+            ))  # fmt: skip

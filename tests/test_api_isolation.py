@@ -7,8 +7,10 @@ classified fails the test, so a new endpoint cannot ship without being walked.""
 from __future__ import annotations
 
 import gzip
+import io
 import itertools
 import re
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +20,7 @@ from fastapi.routing import APIRoute
 
 from suanli.control.ids import utcnow
 from suanli.control.money import metering
+from suanli.control.storage import hub
 from tests.control_plane import Tenant, admin_token, bearer, join, signup
 
 API = "/api/v1"
@@ -28,7 +31,14 @@ GLOBAL = {
     ("POST", "/tokens"), ("GET", "/orgs"), ("POST", "/orgs"), ("GET", "/prices"), ("GET", "/offers"),
     ("POST", "/quotes"), ("POST", "/quotes/workload"), ("GET", "/workloads"), ("POST", "/workloads"), ("GET", "/environments"),
     ("GET", "/keys"), ("POST", "/keys"), ("GET", "/ssh"), ("GET", "/invitations"), ("POST", "/workdirs"),
+    ("GET", "/hub/models"), ("GET", "/hub/datasets"), ("GET", "/volumes"), ("POST", "/volumes"),
+    ("GET", "/endpoints"), ("POST", "/endpoints"),
 }  # fmt: skip
+# The hub's public catalogue: every tenant may read any entry (no tenant's data in it).
+CATALOG = {("GET", "/hub/models/{name}"), ("GET", "/hub/datasets/{name}")}
+# The OpenAI gateway (outside /api/v1): it takes endpoint keys only, never a tenant's API token.
+GATEWAY = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
+           ("POST", "/v1/embeddings")}  # fmt: skip
 PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
 UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
 OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
@@ -60,9 +70,42 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "StartIn": {"no_gpu": True},
     "ScaleIn": {"gpus": 2},
     "ProxyIn": {},
+    "VolumeIn": {"name": "probe-vol", "size": "1Gi"},
+    "ResizeIn": {"size": "2Gi"},
+    "SnapshotIn": {"message": "probe"},
+    "RestoreIn": {"version": 1},
+    "CloneIn": {"version": 1, "name": "probe-clone"},
+    "EndpointIn": {
+        "spec": {
+            "name": "probe-chat",
+            "kind": "service",
+            "model": "tiny",
+            "replicas": 0,
+            "resources": {"gpu": "H20", "gpus": 1},
+        }
+    },
+    "KeyIn": {"name": "probe"},
 }
+# Query parameters a route needs (a 422 for a missing one would hide whether the caller was authorised).
+QUERY = {"files": "?path=hello.txt", "partial": "?path=hello.txt", "stat": "?path=hello.txt", "ls": "?path=",
+         "tree": "?path=", "diff": "?from=1&to=1"}  # fmt: skip
 
-RAW = {("POST", "/workdirs"): gzip.compress(bytes(1024))}  # an empty .tar.gz: two zero blocks
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+RAW = {
+    ("POST", "/workdirs"): gzip.compress(bytes(1024)),  # an empty .tar.gz: two zero blocks
+    ("PUT", "/volumes/{volume}/tree"): _tar({"probe.txt": b"probe"}),  # a plain tar
+    ("PUT", "/volumes/{volume}/files"): b"probe",
+}
 
 
 def api_routes(app: Any) -> list[tuple[str, str, type | None]]:
@@ -97,19 +140,24 @@ class World:
     team_invitation: str  # the victim's team's pending invitation (to someone else)
     invitation: str  # a pending invitation to the victim (from the attacker's team)
     invite_code: str  # an operator's invite code
+    volume: str  # the victim's team volume (with hello.txt, version 1)
+    endpoint: str  # the victim's team endpoint (no replicas)
+    endpoint_key: str  # a key of it
 
     def secrets(self) -> list[str]:
         v, c = self.victim, self.colleague
         return [v.email, c.email, v.user_id, c.user_id, v.org_id, self.team, self.team_name, self.token_id,
-                self.allocation, "victim-workload", self.workload, "victim-box", self.ssh_key]  # fmt: skip
+                self.allocation, "victim-workload", self.workload, "victim-box", self.ssh_key, self.volume,
+                "victim-data", self.endpoint, "victim-chat", self.endpoint_key]  # fmt: skip
 
     def values(self, name: str) -> list[str]:
         table = {
             "org_id": [self.team, self.victim.org_id], "org": [self.team, self.victim.org_id, self.victim.email],
             "token_id": [self.token_id], "user_id": [self.victim.user_id, self.colleague.user_id],
-            "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"], "ref": [self.workload, "victim-box"],
-            "key_id": [self.ssh_key], "invitation_id": [self.team_invitation, self.invitation],
-            "code_id": [self.invite_code],
+            "node": [self.node], "cluster": [self.cluster], "gpu": ["H20"],
+            "ref": [self.workload, "victim-box", self.endpoint, "victim-chat"],
+            "key_id": [self.ssh_key, self.endpoint_key], "invitation_id": [self.team_invitation, self.invitation],
+            "code_id": [self.invite_code], "volume": [self.volume], "name": ["tiny"],
         }  # fmt: skip
         assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
         return table[name]
@@ -147,8 +195,27 @@ def world(api: Any) -> World:
     invitation = api.post(f"{API}/orgs/{attacker_team}/invitations", json={"email": victim.email},
                           headers=attacker.headers).json()["id"]  # fmt: skip
     code = api.post(f"{API}/admin/invites", json={}, headers=adm).json()["id"]
+    src = api.app.state.server.settings.home / "tiny-src"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    hub.add(db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),
+            repo_id="acme/tiny")  # fmt: skip
+    vol = api.post(f"{API}/volumes", json={"name": "victim-data", "size": "1Gi", "org": team}, headers=victim.headers)
+    assert vol.status_code == 201, vol.text
+    up = api.put(f"{API}/volumes/{vol.json()['id']}/files", params={"path": "hello.txt"}, content=b"hello",
+                 headers=victim.headers)  # fmt: skip
+    assert up.status_code < 300, up.text
+    snap = api.post(f"{API}/volumes/{vol.json()['id']}/versions", json={"message": "v1"}, headers=victim.headers)
+    assert snap.status_code == 201, snap.text
+    ep_spec = {"name": "victim-chat", "kind": "service", "model": "tiny", "replicas": 0,
+               "resources": {"gpu": "H20", "gpus": 1}}  # fmt: skip
+    ep = api.post(f"{API}/endpoints", json={"spec": ep_spec, "org": team}, headers=victim.headers)
+    assert ep.status_code == 201, ep.text
+    ek = api.post(f"{API}/endpoints/{ep.json()['id']}/keys", json={"name": "victim"}, headers=victim.headers)
+    assert ek.status_code == 201, ek.text
     return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
-                 node, "shared", r.json()["id"], key.json()["id"], team_invitation, invitation, code)  # fmt: skip
+                 node, "shared", r.json()["id"], key.json()["id"], team_invitation, invitation, code,
+                 vol.json()["id"], ep.json()["id"], ek.json()["id"])  # fmt: skip
 
 
 def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:
@@ -160,6 +227,8 @@ def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[
         return {"email": w.attacker.email, "password": PASSWORD}
     if path == "/orgs":
         return {"name": f"mallory-org-{n}"}
+    if path.startswith("/endpoints/") and path.endswith("/scale"):  # (the workloads' ScaleIn has the same name)
+        return {"replicas": 0}
     assert model.__name__ in SAMPLES, f"{method} {path}: add a valid sample {model.__name__} body to SAMPLES"
     return SAMPLES[model.__name__]
 
@@ -171,7 +240,13 @@ def _requests(w: World, method: str, path: str) -> Iterator[str]:
         url = path
         for name, value in zip(names, combo, strict=True):
             url = url.replace(f"{{{name}}}", value)
-        yield url
+        yield url + QUERY.get(path.rsplit("/", 1)[-1], "")
+
+
+def _send(api: Any, method: str, path: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]) -> Any:
+    if (method, path) in RAW:  # a body that is not JSON
+        return api.request(method, url, content=RAW[method, path], headers=headers)
+    return api.request(method, url, json=body, headers=headers)
 
 
 def _snapshot(api: Any, w: World) -> dict[str, Any]:
@@ -220,6 +295,11 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
             if r.status_code not in (403, 404) and not redirect:
                 problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
             continue
+        if (method, full) in GATEWAY:  # a tenant's API token is not an endpoint key
+            r = api.request(method, full, json={"model": "victim-chat"}, headers=w.attacker.headers)
+            if r.status_code != 401 or any(x in r.text for x in w.secrets()):
+                problems.append(f"{method} {full}: {r.status_code}: {r.text[:200]}")
+            continue
         if not full.startswith(API):
             assert (method, full) in UNVERSIONED, f"{method} {full}: a route outside {API}; classify it"
             if full == "/metrics" and api.get(full, headers=w.attacker.headers).status_code != 403:
@@ -228,7 +308,12 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
         path = full[len(API) :]
         headers = bearer(logout_token) if path == "/logout" else w.attacker.headers
         body = _body(w, method, path, model, n)
-        if (method, path) in GLOBAL:
+        if (method, path) in CATALOG:  # public: the attacker reads exactly what the victim reads, and no secret
+            for url in _requests(w, method, full):
+                r, mine = api.request(method, url, headers=headers), api.request(method, url, headers=w.victim.headers)
+                if (r.status_code, r.text) != (mine.status_code, mine.text) or any(x in r.text for x in w.secrets()):
+                    problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
+        elif (method, path) in GLOBAL:
             if (method, path) in RAW:  # a body that is not JSON
                 r = api.request(method, full, content=RAW[method, path], headers=headers)
             else:
@@ -239,7 +324,7 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
         elif path.startswith("/admin/") or "{" in path or (method, path) in OPERATOR:
             expected = {403} if path.startswith("/admin/") or (method, path) in OPERATOR else {403, 404}
             for url in _requests(w, method, full):
-                r = api.request(method, url, json=body, headers=headers)
+                r = _send(api, method, path, url, body, headers)
                 if r.status_code not in expected or any(x in r.json()["detail"] for x in w.secrets()[:4]):
                     problems.append(f"{method} {url}: {r.status_code} (expected {sorted(expected)}): {r.text[:200]}")
         else:
@@ -258,16 +343,17 @@ def test_the_walk_was_not_refused_for_its_bodies(api: Any, world: World) -> None
     accept), so the foreign tenant's 403/404 came from isolation, not from a malformed probe."""
     w = world
     problems = []
-    routes = sorted(api_routes(api.app), key=lambda r: r[0] == "DELETE")  # deletions last: they remove what others use
+    # deletions last, a resource's parts before it: they remove what others use
+    routes = sorted(api_routes(api.app), key=lambda r: (r[0] == "DELETE", -len(r[1])))
     for n, (method, full, model) in enumerate(routes):
         path = full[len(API) :]
-        if not full.startswith(API) or (method, path) in GLOBAL:
+        if not full.startswith(API) or (method, path) in GLOBAL or (method, path) in CATALOG:
             continue
         body = _body(w, method, path, model, n)
         headers = w.admin if path.startswith("/admin/") else w.victim.headers
         refused = []
         for url in _requests(w, method, full):
-            r = api.request(method, url, json=body, headers=headers)
+            r = _send(api, method, path, url, body, headers)
             if r.status_code not in (401, 403, 404, 422) and r.status_code < 500:
                 break
             refused.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")

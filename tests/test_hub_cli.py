@@ -6,11 +6,14 @@ that says why."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from tests.control_plane import live_server
 from tests.hub_fixtures import need
 from tests.test_cli_account import doc, suanli
+
+TERMINAL = ("succeeded", "failed", "stopped", "preempted")
 
 
 def test_operator_adds_and_removes_tenant_lists_and_runs_with_model(db_url: str, tmp_path: Path) -> None:
@@ -57,6 +60,10 @@ def test_operator_adds_and_removes_tenant_lists_and_runs_with_model(db_url: str,
         assert "used by unfinished workloads: uses-tiny" in busy.stderr
         assert (srv_home / "hub" / "hub" / "models--acme--tiny").is_dir()
         suanli(["stop", w["id"]], carol, srv.url)
+        deadline = time.monotonic() + 90  # a running workload's stop is asked; it ends on a later pass
+        while doc(suanli(["describe", w["id"], "--json"], carol, srv.url))["state"] not in TERMINAL:
+            assert time.monotonic() < deadline, "the stopped workload never ended"
+            time.sleep(0.5)
     suanli(["admin", "hub", "rm", "tiny", "--db", db_url], **admin)
     assert not (srv_home / "hub" / "hub" / "models--acme--tiny").exists()
     assert not os.listdir(srv_home / "hub" / ".staging")

@@ -126,7 +126,7 @@ def test_files_that_are_not_datasets_are_refused_and_leave_nothing(tmp_path: Pat
 
 
 def test_a_link_out_of_the_source_directory_is_refused_not_published(tmp_path: Path) -> None:
-    # An untrusted repository checked out on the server could carry `secrets -> /root/.ssh/id_rsa`: copying what
+    # An untrusted repository checked out on the server could carry `secrets -> ~/.ssh/id_rsa`: copying what
     # it points at would publish a host file to every tenant.
     need("huggingface_hub")
     secret = tmp_path / "host-secret"

@@ -8,6 +8,7 @@ Adding a runtime is one small class here and its name in `RUNTIMES`. Pure: no I/
 from __future__ import annotations
 
 import shlex
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 
@@ -23,14 +24,15 @@ class Replica:
     max_model_len: int | None = None
 
 
-class Runtime:
+class Runtime(ABC):
     """The adapter interface."""
 
     name = ""
     probe_path = "/v1/models"  # GET; a 200 means the model is loaded and requests are served
 
+    @abstractmethod
     def command(self, r: Replica) -> str:
-        raise NotImplementedError
+        """The runtime's command line for one replica."""
 
     def env(self, r: Replica) -> dict[str, str]:
         return {}

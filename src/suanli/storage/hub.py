@@ -108,7 +108,7 @@ def sha256_of(path: Path) -> str:
 def _source_files(src: Path) -> list[tuple[str, Path]]:
     """(relative path, file) of a source directory, sorted by path. Links to files are followed only when they stay
     inside it, or, for a snapshot of another Hugging Face cache, inside that repository's `blobs/`: a link out (an
-    untrusted checkout's `key -> /root/.ssh/id_rsa`) would publish a host file to every tenant, so it is refused,
+    untrusted checkout's `key -> ~/.ssh/id_rsa`) would publish a host file to every tenant, so it is refused,
     as are links to directories and anything but regular files."""
     root = src.resolve()
     allowed = [root]

@@ -55,6 +55,7 @@ from suanli.db.engine import Database, DatabaseUnavailable, exclusive, transient
 from suanli.db.migrate import migrate
 from suanli.telemetry.health import HealthJudge
 from suanli.topology import presets
+from suanli.web import app as web
 
 log = logging.getLogger("suanli.api")
 
@@ -263,6 +264,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         version=__version__,
         description="Self-hosted GPU compute leasing: accounts, prepaid balances, offers, quotes and operations.",
         lifespan=lifespan,
+        docs_url=None,  # served by the console from its vendored Swagger UI (no CDN): suanli.web.app
+        redoc_url=None,
     )
     app.state.server = srv
 
@@ -320,6 +323,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     app.include_router(instances.pages)
     app.include_router(openai.router, include_in_schema=False)
+    web.mount(app)
     # Every other route, /workloads too (its JSON is parsed whole), takes max_body_bytes.
     uploads = {f"{API}/workdirs": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
     streamed = {VOLUME_STREAMS: settings.volume_max_bytes}  # a volume's own size bounds what it takes

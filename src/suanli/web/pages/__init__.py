@@ -1,0 +1,9 @@
+"""The console's pages, one module per area; each holds a router of server-rendered pages and htmx fragments."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from suanli.web.pages import auth, dashboard
+
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router)

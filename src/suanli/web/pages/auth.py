@@ -1,0 +1,102 @@
+"""Log in, sign up, log out, the language switch and the organisation switch."""
+
+from __future__ import annotations
+
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import RedirectResponse, Response
+
+from suanli.web import i18n, session
+from suanli.web.apicall import ApiError
+from suanli.web.session import Page
+
+router = APIRouter()
+Anon = Annotated[Page, Depends(session.anonymous)]
+Tenant = Annotated[Page, Depends(session.tenant)]
+
+
+def _safe_next(target: str | None) -> str:
+    """Only a path on this site (no scheme, no host, not `//evil`): an open redirect would lend our name to phishing."""
+    if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    parts = urlsplit(target)
+    return "/" if parts.scheme or parts.netloc else target
+
+
+async def _start_session(page: Page, login_token: str, target: str) -> Response:
+    """Trade the login token for a one-day console token, revoke the login token, set the cookie."""
+    page.token = login_token
+    made = (
+        await page.api("POST", "/tokens", json={"name": "web console", "expires_in_days": session.SESSION_DAYS})
+    ).json()
+    await page.api("POST", "/logout")
+    resp = RedirectResponse(_safe_next(target), status_code=303)
+    resp.set_cookie(session.SESSION_COOKIE, made["token"], max_age=session.SESSION_DAYS * 86400,
+                    **session.cookie_args(page.request))  # fmt: skip
+    resp.delete_cookie(session.CSRF_COOKIE, path="/")
+    return resp
+
+
+@router.get("/login")
+async def login_form(page: Anon, next: str = "/") -> Response:
+    return page.render("login.html", next=_safe_next(next), error=None, email="")
+
+
+@router.post("/login")
+async def login(request: Request, page: Anon) -> Response:
+    data = await session.form(request, page)
+    email, target = data.get("email", ""), data.get("next", "/")
+    try:
+        r = await page.api("POST", "/login", json={"email": email, "password": data.get("password", "")})
+    except ApiError as e:
+        return page.render("login.html", status=e.status, next=_safe_next(target), error=e.detail, email=email)
+    return await _start_session(page, r.json()["token"], target)
+
+
+@router.get("/signup")
+async def signup_form(page: Anon) -> Response:
+    return page.render("signup.html", error=None, fields={}, email="")
+
+
+@router.post("/signup")
+async def signup(request: Request, page: Anon) -> Response:
+    data = await session.form(request, page)
+    body = {"email": data.get("email", ""), "password": data.get("password", "")}
+    if data.get("invite"):
+        body["invite"] = data["invite"]
+    try:
+        r = await page.api("POST", "/signup", json=body)
+    except ApiError as e:
+        return page.render("signup.html", status=e.status, error=e.detail, fields=e.fields(), email=body["email"])
+    return await _start_session(page, r.json()["token"], "/")
+
+
+@router.post("/logout")
+async def logout(request: Request, page: Tenant) -> Response:
+    await session.form(request, page)
+    await page.api("POST", "/logout")
+    resp = RedirectResponse("/login", status_code=303)
+    resp.delete_cookie(session.SESSION_COOKIE, path="/")
+    return resp
+
+
+@router.post("/lang")
+async def switch_language(request: Request, page: Anon) -> Response:
+    data = await session.form(request, page)
+    lang = data.get("lang") if data.get("lang") in i18n.LANGS else "zh"
+    resp = RedirectResponse(_safe_next(data.get("next")), status_code=303)
+    resp.set_cookie(i18n.LANG_COOKIE, lang, max_age=365 * 86400, **session.cookie_args(request))
+    return page.finish(resp)
+
+
+@router.post("/org")
+async def switch_org(request: Request, page: Tenant) -> Response:
+    data = await session.form(request, page)
+    org = data.get("org", "")
+    if org not in {o["id"] for o in page.orgs}:
+        raise session.Forbidden(page.t("Not an organisation of yours.", "不是你所在的组织。"))
+    resp = RedirectResponse(_safe_next(data.get("next")), status_code=303)
+    resp.set_cookie(session.ORG_COOKIE, org, max_age=365 * 86400, **session.cookie_args(request))
+    return resp

@@ -121,3 +121,15 @@ def test_api_docs_are_served_from_the_package(api: Any) -> None:
         assert asset in html
         assert api.get(asset).status_code == 200
     assert api.get("/redoc").status_code == 404  # not offered: it would need a CDN
+
+
+def test_pages_cannot_be_framed_and_an_api_refusal_is_its_own_status_not_a_500(api: Any) -> None:
+    c = Console(api)
+    c.signup("frame@example.com")
+    for path in ("/", "/login"):
+        r = c.get(path)
+        assert r.headers["X-Frame-Options"] == "DENY", path
+        assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"], path
+        assert r.headers["X-Content-Type-Options"] == "nosniff", path
+    c.c.cookies.set("suanli_org", "org-of-somebody-else")  # not one of the user's: the personal org is used
+    assert c.get("/").status_code == 200

@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from suanli.web import i18n, session
+from suanli.web.apicall import ApiError
 from suanli.web.pages import ROUTERS
 from suanli.web.render import ENV
 
@@ -41,11 +42,21 @@ def mount(app: FastAPI) -> None:
 
     @app.exception_handler(session.Forbidden)
     async def forbidden(request: Request, exc: session.Forbidden) -> Response:
-        lang = i18n.pick(request.cookies.get(i18n.LANG_COOKIE), request.headers.get("accept-language"))
-        html = ENV.get_template("error.html").render(
-            page=None, t=lambda en, zh: i18n.translate(lang, en, zh), lang=lang, status=403, message=exc.message
-        )
-        return HTMLResponse(html, status_code=403, headers={"Cache-Control": "no-store"})
+        return error_page(request, 403, exc.message)
+
+    @app.exception_handler(ApiError)
+    async def api_refused(request: Request, exc: ApiError) -> Response:
+        """An API refusal a page did not handle itself (another tenant's workload: 404) is shown with the API's
+        own status and message; a server error of the API stays a server error."""
+        return error_page(request, exc.status, exc.detail)
 
     for r in ROUTERS:
         app.include_router(r, include_in_schema=False)
+
+
+def error_page(request: Request, status: int, message: str) -> HTMLResponse:
+    lang = i18n.pick(request.cookies.get(i18n.LANG_COOKIE), request.headers.get("accept-language"))
+    html = ENV.get_template("error.html").render(
+        page=None, t=lambda en, zh: i18n.translate(lang, en, zh), lang=lang, status=status, message=message
+    )
+    return HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store", **session.SECURITY_HEADERS})

@@ -30,6 +30,14 @@ ORG_COOKIE = "suanli_org"
 SESSION_DAYS = 1
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
+# No page of the console may be framed by another site (clickjacking), sniffed into another type, or leak its
+# address (which may carry a workload's name) to another site.
+SECURITY_HEADERS = {
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
 
 
 class LoginRequired(Exception):
@@ -114,6 +122,8 @@ class Page:
         if self.new_csrf_cookie:
             resp.set_cookie(CSRF_COOKIE, self.new_csrf_cookie, max_age=7 * 86400, **cookie_args(self.request))
         resp.headers.setdefault("Cache-Control", "no-store")
+        for k, v in SECURITY_HEADERS.items():
+            resp.headers.setdefault(k, v)
         return resp
 
 

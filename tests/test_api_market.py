@@ -251,3 +251,20 @@ def test_non_admin_gets_403_on_every_admin_route(market: tuple[Any, dict[str, st
             assert "admin" in _detail(r)
             walked += 1
     assert walked == len(routes)
+
+
+# ---- training precisions beyond bf16/fp16/fp8/fp32 -------------------------------------------------------------
+def test_new_precisions_quote_where_the_gpu_has_them_and_name_the_field_where_not(
+    market: tuple[Any, dict[str, str], Tenant],
+) -> None:
+    """H20 (Hopper) has FP8 tensor cores but no FP4: nvfp4 on it is the caller's mistake (422 naming precision),
+    never a server error; any other GPU simply has no quote; fp8-blockwise and mxfp8 run at the FP8 rate."""
+    api, _, who = market
+    r = api.post(f"{API}/quotes", json={**JOB, "tokens": 1e9, "precision": "nvfp4", "gpu": "H20"}, headers=who.headers)
+    assert r.status_code == 422 and _detail(r).startswith("precision: H20 has no fp4"), r.text
+    assert _quotes(api, who, tokens=1e9, precision="nvfp4") == []  # "any": no offer can, none is quoted
+    fp8 = _quotes(api, who, tokens=1e9, precision="fp8", gpus=8)
+    blockwise = _quotes(api, who, tokens=1e9, precision="fp8-blockwise", gpus=8)
+    assert fp8 and blockwise and Decimal(blockwise[0]["cost"]) >= Decimal(fp8[0]["cost"])  # scaling costs, never saves
+    r = api.post(f"{API}/quotes", json={**JOB, "tokens": 1e9, "precision": "int4"}, headers=who.headers)
+    assert r.status_code == 422 and _detail(r).startswith("precision:")

@@ -47,3 +47,11 @@ def test_the_longest_run_the_edge_accepts_still_fits_in_a_date() -> None:
     assert datetime(2026, 1, 1) + timedelta(seconds=one_gpu) < datetime(2037, 1, 1)
     shorter = predicted_runtime(spec(1e9, 1), CLUSTER, range(1))  # type: ignore[arg-type]
     assert shorter is not None and shorter < RUNTIME_CAP_S  # the cap does not touch ordinary runs
+
+
+def test_a_precision_the_gpus_lack_predicts_nothing_instead_of_failing_the_scheduler() -> None:
+    doc = {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 8},
+           "model": {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "nvfp4"}}  # fmt: skip
+    assert predicted_runtime(parse_spec(doc), CLUSTER, range(8)) is None  # type: ignore[arg-type]
+    doc["model"] = {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "mxfp8"}
+    assert predicted_runtime(parse_spec(doc), CLUSTER, range(8)) is not None  # type: ignore[arg-type]

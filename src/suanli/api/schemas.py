@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from suanli.billing.money import INTERNAL
 from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR, DEFAULT_USAGE_FLOOR
+from suanli.perf.training import TrainPrecision
 from suanli.workloads.models import parse_memory_mib
 
 
@@ -341,7 +342,7 @@ class OfferOut(Out):
 
 class QuoteIn(In):
     model: str = Field(min_length=1, max_length=64, description="model preset, e.g. llama3.1-8b")
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    precision: TrainPrecision = "bf16"
     seq_len: int = Field(4096, ge=128, le=1_048_576)
     global_batch: int = Field(256, ge=1, le=65_536)
     tokens: float | None = Field(None, gt=0, le=1e15, description="tokens to train on (or give steps)")

@@ -82,7 +82,10 @@ def quote(
     steps: Annotated[int | None, typer.Option("--steps", help="Optimizer steps (instead of --tokens).")] = None,
     gpu: Annotated[str, typer.Option("--gpu", help="GPU model, or 'any'.")] = "any",
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPU count (default: try a range).")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", help="bf16|fp16|fp8|fp32 (default bf16).")] = None,
+    precision: Annotated[
+        str | None,
+        typer.Option("--precision", help="bf16|fp16|fp8|fp8-blockwise|mxfp8|nvfp4 (Blackwell)|fp32 (default bf16)."),
+    ] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="Sequence length (default 4096).")] = None,
     global_batch: Annotated[
         int | None, typer.Option("--global-batch", help="Sequences per step (default 256).")

@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from suanli.catalog import GPUSpec
-from suanli.perf.training import GroupFn, Plan, PlanError, Recompute, TrainEstimate, TrainJob, step_time
+from suanli.perf.training import GroupFn, Plan, PlanError, Recompute, TrainEstimate, TrainJob, precision_gap, step_time
 from suanli.topology.model import Cluster, CommGroup
 
 
@@ -117,8 +117,11 @@ def search(
 ) -> list[TrainEstimate]:
     """The fastest plans that fit in memory, best first (none fit → the smallest-memory plans, flagged)."""
     results: list[TrainEstimate] = []
-    group = placement.group_fn()
     gpu = placement.gpu
+    unsupported = precision_gap(gpu, job.precision)
+    if unsupported:
+        raise PlanError(unsupported)  # every caller skips such an offer or placement, as it skips a plan that fails
+    group = placement.group_fn()
     memo: dict[object, object] = {}
     for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
         try:

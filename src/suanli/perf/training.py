@@ -39,6 +39,15 @@ def tensor_precision(precision: TrainPrecision) -> Precision:
     return TENSOR_PRECISION.get(precision, precision)  # type: ignore[return-value]
 
 
+def precision_gap(gpu: GPUSpec, precision: TrainPrecision) -> str | None:
+    """Why `gpu` cannot train at `precision` (its tensor cores have no such rate: NVFP4 before Blackwell), or None."""
+    prec = tensor_precision(precision)
+    if gpu.tflops.get(prec):
+        return None
+    known = ", ".join(p for p, v in gpu.tflops.items() if v)
+    return f"{gpu.name} has no {prec} tensor-core rate (for {precision}); supported: {known}"
+
+
 # ---- physical constants of the model (global: none is fitted to a reference case) ---------------
 DEFAULT_MATMUL_EFFICIENCY = 0.70  # GPUs without a published MAMF measurement
 # flash attention fwd+bwd vs GEMM throughput: FA2 measured 328 TFLOPS on H100 (0.41 of its MAMF), 180 on

@@ -27,6 +27,7 @@ from pydantic import (
 
 from suanli import catalog
 from suanli.perf import MODEL_PRESETS
+from suanli.perf.training import TrainPrecision
 from suanli.sched.state import host_share
 from suanli.sched.types import FULL, ModelHint, PriorityClass, Request, mig_milli
 from suanli.workloads.durations import brief, format_duration, parse_duration
@@ -275,7 +276,7 @@ class ModelSpec(BaseModel):
     model_config = _CFG
 
     preset: str
-    precision: Literal["bf16", "fp16", "fp8", "fp32"] = "bf16"
+    precision: TrainPrecision = "bf16"
     # At most 1e15 tokens (~70× the largest public pre-training runs): a bound every predicted runtime can hold.
     tokens: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False, strict=True)] | None = None
 

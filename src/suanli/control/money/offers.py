@@ -32,6 +32,7 @@ from suanli.control.money import prices
 from suanli.control.scheduling import inventory
 from suanli.db.models import Allocation, ClusterRow, KeyValue, Node, PriceBookVersion
 from suanli.perf import TrainJob
+from suanli.perf.training import precision_gap
 from suanli.sched.types import mig_milli
 from suanli.topology import Cluster
 
@@ -220,9 +221,13 @@ def quotes(
     model_filter = None
     if gpu:
         try:
-            model_filter = catalog.gpu(gpu).name
+            spec = catalog.gpu(gpu)
         except catalog.CatalogError as e:
             raise Invalid(f"gpu: {e}") from e
+        model_filter = spec.name
+        gap = precision_gap(spec, job.precision)
+        if gap:
+            raise Invalid(f"precision: {gap}")
     snap = snapshot(s, cache, now)
     key = (job, tokens, model_filter, gpus, mode, rank, limit, host_per_gpu)
     with cache.lock:

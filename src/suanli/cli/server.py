@@ -153,6 +153,8 @@ def up(
                        err=True)  # fmt: skip
     typer.echo(f"suanli up on {url}  (database: {_redact(settings.db_url)}); try: suanli run examples/hello.yaml "
                "--follow", err=True)  # fmt: skip
+    typer.echo(f"web console: {url}/ (log in as {local.OPERATOR_EMAIL} with the password in "
+               f"{settings.home / local.PASSWORD_FILE}, or sign up as a tenant)", err=True)  # fmt: skip
     _ssh_note(settings)
     _sandbox_note(settings)
     uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,

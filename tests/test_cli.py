@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -297,7 +298,8 @@ def test_compare_clusters_25gbe_slower_than_roce() -> None:
     assert roce["relative_throughput"] == 1.0
     for s in systems:
         assert s["time_to_train_s"] == pytest.approx(1e9 / s["tokens_per_s"], rel=1e-3)
-        assert s["cost"] == pytest.approx(128 * s["time_to_train_s"] / 3600 * 1.5, rel=1e-3)
+        exact = Decimal(128) * Decimal(str(s["time_to_train_s"])) / 3600 * Decimal("1.5")
+        assert s["price_per_gpu_hour"] == "1.5" and s["cost"] == str(exact.quantize(Decimal("0.01")))
 
 
 def test_compare_gpu_types_and_errors() -> None:
@@ -311,6 +313,8 @@ def test_compare_gpu_types_and_errors() -> None:
     assert "at least one" in bad_input("perf", "compare", "--model", "llama3.1-8b", "--gpus", "8")
     price = ["--price-per-gpu-hour", "1", "--price-per-gpu-hour", "2", "--price-per-gpu-hour", "3"]
     assert "one per system" in bad_input(*args, *price)
+    for bad in ("-1", "nan", "1e9", "ten"):
+        assert "--price-per-gpu-hour" in bad_input(*args, "--price-per-gpu-hour", bad), bad
 
 
 def test_models_lists_presets() -> None:
@@ -342,9 +346,10 @@ def test_compare_prices_from_the_default_price_book_when_none_is_given() -> None
 
     doc = run_json("perf", "compare", "--model", "llama3.1-8b", "--gpus", "16", "--cluster", "h20-roce800-128")
     [row] = doc["systems"]
-    rate = float(default_price_book().gpu_rate("H20"))
-    assert row["price_per_gpu_hour"] == rate and row["price_source"].startswith("default price book")
-    assert row["cost"] == pytest.approx(16 * row["time_to_train_s"] / 3600 * rate, abs=0.01)
+    rate = default_price_book().gpu_rate("H20")
+    assert Decimal(row["price_per_gpu_hour"]) == rate and row["price_source"].startswith("default price book")
+    exact = Decimal(16) * Decimal(str(row["time_to_train_s"])) / 3600 * rate
+    assert row["cost"] == str(exact.quantize(Decimal("0.01")))  # exact cents, no float on the way
 
 
 # ---- a second `suanli up` -----------------------------------------------------------------------------------------

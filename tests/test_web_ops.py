@@ -1,0 +1,129 @@
+"""The operator's pages in-process, on SQLite and PostgreSQL: the cluster heat map's structure and live state, nodes
+with drain/undrain and fault injection; bad input shows the API's message at the field, never a 500."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, admin_token, bearer
+from tests.web_helpers import Console
+
+
+@pytest.fixture
+def ops(api: Any) -> Console:
+    c = Console(api)
+    c.login(ADMIN_EMAIL, ADMIN_PASSWORD)
+    return c
+
+
+def _register(api: Any, preset: str, name: str) -> dict[str, Any]:
+    r = api.post("/api/v1/admin/clusters", json={"preset": preset, "name": name}, headers=bearer(admin_token(api)))
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def _inline_state(html: str) -> dict[str, Any]:
+    m = re.search(r'<script type="application/json" id="heat-state">(.*?)</script>', html, re.S)
+    assert m
+    return json.loads(m.group(1))
+
+
+def test_the_heat_map_draws_one_cell_per_gpu_inside_nodes_leaves_and_spines(api: Any, ops: Console) -> None:
+    _register(api, "h20-roce800-128", "h20")
+    _register(api, "gb300-nvl72", "nvl72")
+    gpus = api.get("/api/v1/admin/gpus", headers=bearer(admin_token(api))).json()
+    r = ops.get("/ops/cluster", headers={"Accept-Language": "en"})
+    assert r.status_code == 200, r.text
+    assert r.text.count("<i></i>") == len(gpus) == 128 + 72
+    assert r.text.count('class="hm-node') == 16 + 18
+    assert r.text.count('class="hm-dom multi"') == 1  # the NVL72 rack: 18 trays in one NVLink domain
+    assert r.text.count('class="hm-leaf"') == 2 and r.text.count('class="hm-spine"') == 2
+    assert 'href="/ops/nodes/' in r.text
+    state = _inline_state(r.text)
+    assert sum(len(v) for v in state["nodes"].values()) == len(gpus)
+    live = ops.get("/ops/cluster/_/state")
+    assert live.status_code == 200 and live.headers["content-type"].startswith("application/json")
+    assert live.json()["v"] == state["v"]
+
+
+def test_the_state_follows_health_and_the_wiring_digest_follows_the_nodes(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    before = ops.get("/ops/cluster/_/state").json()
+    node = next(iter(before["nodes"]))
+    assert [c[2] for c in before["nodes"][node]] == [0] * 8
+    r = api.patch(f"/api/v1/admin/nodes/{node}", json={"state": "draining", "reason": "fan"},
+                  headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 200
+    after = ops.get("/ops/cluster/_/state").json()
+    assert [c[2] for c in after["nodes"][node]] == [1] * 8 and after["v"] == before["v"]
+    _register(api, "rtx4090-box", "box2")
+    assert ops.get("/ops/cluster/_/state").json()["v"] != before["v"]
+
+
+def test_above_the_threshold_a_cell_is_a_node(api: Any, ops: Console, monkeypatch: pytest.MonkeyPatch) -> None:
+    from suanli.web.pages import ops_cluster
+
+    monkeypatch.setattr(ops_cluster, "AGGREGATE_ABOVE", 64)
+    _register(api, "h20-roce800-128", "h20")
+    r = ops.get("/ops/cluster")
+    assert r.text.count("<i></i>") == 16
+    assert all(len(v) == 1 for v in _inline_state(r.text)["nodes"].values())
+
+
+def test_nodes_list_and_node_page_with_events(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    r = ops.get("/ops/nodes", headers={"Accept-Language": "en"})
+    assert r.status_code == 200
+    name = re.search(r'href="/ops/nodes/([^"?]+)"', r.text).group(1)
+    page = ops.get(f"/ops/nodes/{name}", headers={"Accept-Language": "en"})
+    assert page.status_code == 200 and page.text.count("<tr><td>") >= 8 and 'id="fault-form"' in page.text
+    assert ops.get("/ops/nodes/no-such-node").status_code == 404
+
+
+def test_drain_with_a_reason_then_undrain(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    name = api.get("/api/v1/admin/nodes", headers=bearer(admin_token(api))).json()[0]["name"]
+    r = ops.post(f"/ops/nodes/{name}/state", {"state": "draining", "reason": "PSU swap"}, csrf_from="/ops/nodes")
+    assert r.status_code == 303
+    node = api.get(f"/api/v1/admin/nodes/{name}", headers=bearer(admin_token(api))).json()
+    assert node["state"] == "draining" and node["state_reason"] == "PSU swap"
+    assert "PSU swap" in ops.get(f"/ops/nodes/{name}").text
+    assert (
+        ops.post(f"/ops/nodes/{name}/state", {"state": "ready", "reason": ""}, csrf_from="/ops/nodes").status_code
+        == 303
+    )
+    assert api.get(f"/api/v1/admin/nodes/{name}", headers=bearer(admin_token(api))).json()["state"] == "ready"
+
+
+def test_bad_state_and_bad_fault_show_the_field_message(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    name = api.get("/api/v1/admin/nodes", headers=bearer(admin_token(api))).json()[0]["name"]
+    r = ops.post(f"/ops/nodes/{name}/state", {"state": "melted"}, csrf_from="/ops/nodes")
+    assert r.status_code == 422 and 'class="field-error"' in r.text
+    r = ops.post(f"/ops/nodes/{name}/faults", {"gpu": "99", "kind": "overtemp"}, csrf_from="/ops/nodes")
+    assert r.status_code == 422 and 'data-field="gpu"' in r.text and "GPUs 0-7" in r.text
+    r = ops.post(f"/ops/nodes/{name}/faults", {"gpu": "x", "kind": "overtemp"}, csrf_from="/ops/nodes")
+    assert r.status_code == 422 and 'data-field="gpu"' in r.text
+    r = ops.post(f"/ops/nodes/{name}/faults", {"gpu": "1", "kind": "xid"}, csrf_from="/ops/nodes")
+    assert r.status_code == 422 and 'data-field="xid"' in r.text
+    r = ops.post(f"/ops/nodes/{name}/faults", {"gpu": "1", "kind": "xid", "xid": "79"}, csrf_from="/ops/nodes")
+    assert r.status_code == 303
+    assert "fault injected: xid 79" in ops.get(f"/ops/nodes/{name}").text
+    assert ops.post("/ops/nodes/ghost/state", {"state": "ready"}, csrf_from="/ops/nodes").status_code == 404
+
+
+def test_ops_forms_without_csrf_are_refused(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    name = api.get("/api/v1/admin/nodes", headers=bearer(admin_token(api))).json()[0]["name"]
+    for path, data in (
+        (f"/ops/nodes/{name}/state", {"state": "down"}),
+        (f"/ops/nodes/{name}/faults", {"gpu": "0", "kind": "overtemp"}),
+    ):
+        assert ops.c.post(path, data=data, follow_redirects=False).status_code == 403
+        assert ops.c.post(path, data={"csrf": "0" * 40, **data}, follow_redirects=False).status_code == 403
+    assert api.get(f"/api/v1/admin/nodes/{name}", headers=bearer(admin_token(api))).json()["state"] == "ready"
+    assert "injected" not in ops.get(f"/ops/nodes/{name}").text

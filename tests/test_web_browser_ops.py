@@ -94,3 +94,15 @@ def test_heat_map_one_cell_per_gpu_and_recolours_after_a_fault(server: Any, brow
     colours = page.eval_on_selector_all(cells, "els => els.map(e => getComputedStyle(e).backgroundColor)")
     assert colours.count(RED) == 1 and colours[3] == RED
     page.context.close()
+
+
+def test_revenue_and_waste_charts_draw(server: Any, browser: Any) -> None:
+    page = _login(browser, server.url)
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    for path, name in (("/ops/revenue", "ops-revenue"), ("/ops/waste", "ops-waste")):
+        page.goto(server.url + path)
+        page.wait_for_selector("#chart[data-drawn='1'] canvas")
+        assert errors == [], errors
+        screenshot(page, name)
+    page.context.close()

@@ -127,3 +127,29 @@ def test_ops_forms_without_csrf_are_refused(api: Any, ops: Console) -> None:
         assert ops.c.post(path, data={"csrf": "0" * 40, **data}, follow_redirects=False).status_code == 403
     assert api.get(f"/api/v1/admin/nodes/{name}", headers=bearer(admin_token(api))).json()["state"] == "ready"
     assert "injected" not in ops.get(f"/ops/nodes/{name}").text
+
+
+def test_revenue_page_shows_exact_money_by_model_and_day(api: Any, db_url: str, ops: Console) -> None:
+    from datetime import UTC, datetime
+
+    from suanli.db.engine import Database
+    from tests.control_plane import signup
+    from tests.test_admin_reports import _charge
+
+    t = signup(api, "rev@example.com")
+    _charge(Database(db_url), t.org_id, t.user_id, "r1", "H100-SXM", "1234.565", datetime.now(UTC))
+    r = ops.get("/ops/revenue?days=7", headers={"Accept-Language": "en"})
+    assert r.status_code == 200, r.text
+    assert '<th class="num">H100-SXM</th>' in r.text and "¥1,234.56" in r.text  # banker's rounding, as statements
+    assert r.text.count("<tr><td>") == 7 and 'id="chart-data"' in r.text
+    bad = ops.get("/ops/revenue?days=9999")
+    assert bad.status_code == 422 and 'data-field="days"' in bad.text
+
+
+def test_waste_page_shows_hours_and_refuses_a_bad_window(api: Any, ops: Console) -> None:
+    _register(api, "rtx4090-box", "box")
+    r = ops.get("/ops/waste?hours=6", headers={"Accept-Language": "en"})
+    assert r.status_code == 200 and r.text.count("<tr><td>") == 6 and 'id="idle"' in r.text
+    for hours in ("0", "abc", "100000"):
+        bad = ops.get(f"/ops/waste?hours={hours}")
+        assert bad.status_code == 422 and 'data-field="hours"' in bad.text, hours

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, ops_cluster, ops_nodes
+from suanli.web.pages import auth, dashboard, ops_cluster, ops_nodes, ops_reports
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, ops_cluster.router, ops_nodes.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    auth.router,
+    dashboard.router,
+    ops_cluster.router,
+    ops_nodes.router,
+    ops_reports.router,
+)

@@ -153,3 +153,41 @@ def test_waste_page_shows_hours_and_refuses_a_bad_window(api: Any, ops: Console)
     for hours in ("0", "abc", "100000"):
         bad = ops.get(f"/ops/waste?hours={hours}")
         assert bad.status_code == 422 and 'data-field="hours"' in bad.text, hours
+
+
+def test_orgs_and_quotas_pages_set_a_quota_and_refuse_bad_input(api: Any, ops: Console) -> None:
+    from tests.control_plane import signup
+
+    t = signup(api, "quota@example.com")
+    r = ops.get("/ops/orgs", headers={"Accept-Language": "en"})
+    assert r.status_code == 200 and "quota@example.com" in r.text
+    r = ops.post(f"/ops/quotas/{t.org_id}", {"gpus": "16", "cpus": "", "memory_gib": "512"}, csrf_from="/ops/quotas")
+    assert r.status_code == 303
+    org = next(o for o in api.get("/api/v1/admin/orgs", headers=bearer(admin_token(api))).json() if o["id"] == t.org_id)
+    assert (org["quota_gpus"], org["quota_cpus"], org["quota_memory_gib"]) == (16, None, 512)
+    r = ops.post(f"/ops/quotas/{t.org_id}", {"gpus": "-3", "cpus": "", "memory_gib": ""}, csrf_from="/ops/quotas")
+    assert r.status_code == 422 and 'data-field="gpus"' in r.text
+    r = ops.post(f"/ops/quotas/{t.org_id}", {"gpus": "lots", "cpus": "", "memory_gib": ""}, csrf_from="/ops/quotas")
+    assert r.status_code == 422 and 'data-field="gpus"' in r.text
+    assert ops.post("/ops/quotas/no-such-org", {"gpus": "1"}, csrf_from="/ops/quotas").status_code == 404
+    org = next(o for o in api.get("/api/v1/admin/orgs", headers=bearer(admin_token(api))).json() if o["id"] == t.org_id)
+    assert org["quota_gpus"] == 16  # the refused forms changed nothing
+
+
+def test_prices_page_edits_a_gpu_price_and_host_prices_exactly(api: Any, ops: Console) -> None:
+    r = ops.get("/ops/prices", headers={"Accept-Language": "en"})
+    assert r.status_code == 200 and 'id="gpu-prices"' in r.text
+    r = ops.post("/ops/prices/gpu", {"gpu": "H100-SXM", "on_demand": "12.34567891"}, csrf_from="/ops/prices")
+    assert r.status_code == 303, r.text
+    book = api.get("/api/v1/prices", headers=bearer(admin_token(api))).json()
+    assert book["gpu_hour"]["H100-SXM"] in ("12.34567891", "12.34567891000")
+    r = ops.post("/ops/prices/gpu", {"gpu": "H100-SXM", "on_demand": "0.1e1000"}, csrf_from="/ops/prices")
+    assert r.status_code == 422 and 'data-field="on_demand"' in r.text
+    r = ops.post("/ops/prices/gpu", {"gpu": "H100-SXM", "on_demand": "-1"}, csrf_from="/ops/prices")
+    assert r.status_code == 422 and 'data-field="on_demand"' in r.text
+    r = ops.post("/ops/prices/host", {"cpu_core_hour": "0.05", "memory_gib_hour": "abc"}, csrf_from="/ops/prices")
+    assert r.status_code == 422 and 'data-field="memory_gib_hour"' in r.text
+    r = ops.post("/ops/prices/host", {"cpu_core_hour": "0.05", "memory_gib_hour": "0.01"}, csrf_from="/ops/prices")
+    assert r.status_code == 303
+    book = api.get("/api/v1/prices", headers=bearer(admin_token(api))).json()
+    assert book["cpu_core_hour"].startswith("0.05") and book["memory_gib_hour"].startswith("0.01")

@@ -191,3 +191,37 @@ def test_prices_page_edits_a_gpu_price_and_host_prices_exactly(api: Any, ops: Co
     assert r.status_code == 303
     book = api.get("/api/v1/prices", headers=bearer(admin_token(api))).json()
     assert book["cpu_core_hour"].startswith("0.05") and book["memory_gib_hour"].startswith("0.01")
+
+
+def test_codes_generate_print_once_and_see_redemptions(api: Any, ops: Console) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tests.control_plane import signup
+
+    soon = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M")
+    r = ops.post("/ops/codes", {"amount": "50.00", "count": "3", "expires_at": soon, "note": "expo"},
+                 csrf_from="/ops/codes")  # fmt: skip
+    assert r.status_code == 200, r.text
+    codes = re.findall(r'<code class="code">([^<]+)</code>', r.text)
+    assert len(codes) == 3 and "¥50.00" in r.text
+    listing = ops.get("/ops/codes")
+    assert all(c not in listing.text for c in codes)  # the list never shows a plain code again
+    batch = re.search(r'href="/ops/codes/([^"]+)"', listing.text).group(1)
+    t = signup(api, "redeemer@example.com")
+    r = api.post(f"/api/v1/orgs/{t.org_id}/redeem", json={"code": codes[1]}, headers=t.headers)
+    assert r.status_code in (200, 201), r.text
+    detail = ops.get(f"/ops/codes/{batch}")
+    assert detail.status_code == 200 and "redeemer@example.com" in detail.text
+    assert 'id="redeemed">1<' in detail.text and all(c not in detail.text for c in codes)
+    assert ops.post(f"/ops/codes/{batch}/void", {}, csrf_from="/ops/codes").status_code == 303
+    assert ops.get(f"/ops/codes/{batch}").text.count(">voided<") == 2
+    assert ops.get("/ops/codes/no-such-batch").status_code == 404
+
+
+def test_codes_bad_input_shows_the_field_message(api: Any, ops: Console) -> None:
+    for data, field in (({"amount": "-5", "count": "3"}, "amount"), ({"amount": "10", "count": "0"}, "count"),
+                        ({"amount": "10", "count": "x"}, "count"), ({"amount": "1.234", "count": "1"}, "amount"),
+                        ({"amount": "10", "count": "1", "expires_at": "soon"}, "expires_at")):  # fmt: skip
+        r = ops.post("/ops/codes", data, csrf_from="/ops/codes")
+        assert r.status_code == 422 and f'data-field="{field}"' in r.text, (data, r.text[-800:])
+    assert "No batches yet" in ops.get("/ops/codes", headers={"Accept-Language": "en"}).text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, ops_accounts, ops_cluster, ops_nodes, ops_reports
+from suanli.web.pages import auth, dashboard, ops_accounts, ops_cluster, ops_codes, ops_nodes, ops_reports
 
 ROUTERS: tuple[APIRouter, ...] = (
     auth.router,
@@ -13,4 +13,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     ops_nodes.router,
     ops_reports.router,
     ops_accounts.router,
+    ops_codes.router,
 )

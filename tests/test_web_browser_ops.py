@@ -106,3 +106,19 @@ def test_revenue_and_waste_charts_draw(server: Any, browser: Any) -> None:
         assert errors == [], errors
         screenshot(page, name)
     page.context.close()
+
+
+def test_codes_batch_prints_once(server: Any, browser: Any) -> None:
+    page = _login(browser, server.url)
+    page.goto(server.url + "/ops/codes")
+    page.fill("#codes-form input[name=amount]", "100.00")
+    page.fill("#codes-form input[name=count]", "6")
+    page.fill("#codes-form input[name=note]", "expo 2026")
+    page.click("#codes-form button")
+    page.wait_for_selector("#codes .code-card")
+    assert page.locator("#codes code.code").count() == 6
+    screenshot(page, "ops-codes-print")
+    page.goto(server.url + "/ops/codes")
+    assert page.locator("#batches tr").count() == 2
+    screenshot(page, "ops-codes")
+    page.context.close()

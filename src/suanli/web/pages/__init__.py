@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard
+from suanli.web.pages import auth, dashboard, ops_accounts, ops_cluster, ops_codes, ops_nodes, ops_reports
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    auth.router,
+    dashboard.router,
+    ops_cluster.router,
+    ops_nodes.router,
+    ops_reports.router,
+    ops_accounts.router,
+    ops_codes.router,
+)

@@ -32,6 +32,12 @@ class Conflict(ServiceError):
     status = 409
 
 
+class Gone(ServiceError):
+    """It existed and cannot be used any more (an expired or voided code)."""
+
+    status = 410
+
+
 class PaymentRequired(ServiceError):
     status = 402
 

@@ -23,6 +23,14 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # base32 without I, L, O, U: nothing to misread on a printed card
+
+
+def new_code(length: int) -> str:
+    """`length` random Crockford base32 characters (5 bits each): codes people type from paper."""
+    return "".join(secrets.choice(CROCKFORD) for _ in range(length))
+
+
 def token_hash(token: str) -> str:
     # Tokens are 256 random bits, so a fast hash is safe (no dictionary to attack) and keeps auth cheap.
     return hashlib.sha256(token.encode()).hexdigest()

@@ -65,6 +65,16 @@ class Settings(BaseModel):
         "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"
     )
     signup_per_address_per_hour: int = Field(30, ge=1, le=1_000_000, description="signups from one address an hour")
+    payment_hmac_secret: str | None = Field(
+        None, min_length=32, max_length=256, repr=False,
+        description="payments: the generic HMAC provider's webhook secret (unset: no such provider; never shown)",
+    )  # fmt: skip
+    payment_tolerance_s: int = Field(
+        300, ge=30, le=3600, description="payments: a webhook's timestamp may be off so much"
+    )
+    payment_max_amount: Decimal = Field(
+        Decimal("1000000"), gt=0, le=1_000_000_000, description="payments: most per event"
+    )
     password_threads: int = Field(2, ge=1, le=64, description="threads that hash and check passwords (argon2)")
     password_queue: int = Field(32, ge=0, le=100_000, description="password checks waiting at most; more get 503")
     meter_interval_s: float = Field(5.0, gt=0, le=3600)

@@ -15,7 +15,9 @@ slip past the limit), and a correct password takes its count back:
   one guess per address per 15 minutes.
 
 Emails that belong to nobody are counted exactly like real ones: a refusal says nothing about who is registered.
-Signups count per address (`signup_bucket`). Keys are SHA-256 digests of the email and the address.
+Signups count per address (`signup_bucket`). Top-up code redemptions count per user (`REDEEM_USER`: 10, then one more
+a minute) and per address (`REDEEM_ADDRESS`: 30, then one more every 20 s) before the code is looked up, and a code
+that works takes its count back (`begin_redeem`, `redeem_succeeded`). Keys are SHA-256 digests of the email and the address.
 
 An address is counted as `counted_address` says: an IPv4 address as it is (also written as IPv6, `::ffff:a.b.c.d`),
 an IPv6 address by its /64. A host is given a whole /64 and may use any address in it: counted one by one, it would
@@ -57,6 +59,8 @@ PAIR = Bucket(5, 60.0)
 ADDRESS = Bucket(50, 20.0)
 ACCOUNT = Bucket(20, 60.0)
 QUIET_S = 900.0
+REDEEM_USER = Bucket(10, 60.0)
+REDEEM_ADDRESS = Bucket(30, 20.0)
 
 
 def signup_bucket(per_hour: int) -> Bucket:
@@ -164,3 +168,38 @@ def begin_signup(s: Session, address: str, bucket: Bucket, now: datetime) -> Non
     if over > 0:
         raise Throttled("too many signups from your address", over)
     row.tat = row.expires_at = tat
+
+
+@dataclass(frozen=True)
+class RedeemAttempt:
+    """The buckets one top-up code attempt was counted in, so a code that works can take the count back."""
+
+    user: str
+    address: str
+
+
+def begin_redeem(s: Session, user_id: str, address: str, now: datetime) -> RedeemAttempt:
+    """Count an attempt to redeem a top-up code by `user_id` from `address`, or refuse it with 429 (`Throttled`).
+    Commit it before the code is looked up: a failed redemption rolls its own transaction back."""
+    attempt = RedeemAttempt(_key("redeem-user", user_id), _key("redeem-address", counted_address(address)))
+    rows = _rows(s, [attempt.user, attempt.address], now)
+    user, addr = rows[attempt.user], rows[attempt.address]
+    user_tat, user_over = _next(user, REDEEM_USER, now)
+    addr_tat, addr_over = _next(addr, REDEEM_ADDRESS, now)
+    if user_over > 0:
+        raise Throttled("code: too many top-up codes tried that did not work", user_over)
+    if addr_over > 0:
+        raise Throttled("code: too many top-up codes tried from your address", addr_over)
+    user.tat = user.expires_at = user_tat
+    addr.tat = addr.expires_at = addr_tat
+    return attempt
+
+
+def redeem_succeeded(s: Session, attempt: RedeemAttempt, now: datetime) -> None:
+    """A code that worked: its attempt is taken back from both buckets (redeeming many real codes is not guessing)."""
+    keys = [attempt.user, attempt.address]
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()
+    rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
+    for key, bucket in ((attempt.user, REDEEM_USER), (attempt.address, REDEEM_ADDRESS)):
+        if key in rows:
+            rows[key].tat = rows[key].expires_at = max(now, rows[key].tat - bucket.step)

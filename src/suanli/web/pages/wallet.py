@@ -12,6 +12,7 @@ import io
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -19,7 +20,8 @@ from fastapi.responses import Response, StreamingResponse
 from suanli.control.money import statement
 from suanli.web import session
 from suanli.web.apicall import ApiError
-from suanli.web.pages.account_forms import BadQuery, Tenant, day, done, number, refused, word
+from suanli.web.pages.account_forms import BadQuery, Tenant, day, number, word
+from suanli.web.render import money
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -87,7 +89,7 @@ async def _view(page: Page, q: dict[str, str], status: int = 200, **extra: Any) 
     except ApiError as e:
         ctx["fields"], status = {**ctx["fields"], **e.fields()}, e.status
         ctx["error"] = ctx["error"] or e.detail
-    ctx["csv_query"] = "&".join(f"{k}={q[k]}" for k in ("kind", "since", "until") if q.get(k) and k not in ctx["fields"])
+    ctx["csv_query"] = urlencode({k: q[k] for k in ("kind", "since", "until") if q.get(k)}) if ctx["stmt"] else ""
     return page.render("account/wallet.html", status=status, **ctx)
 
 
@@ -143,3 +145,21 @@ async def statement_csv(request: Request, page: Tenant) -> Response:
     name = f"statement-{org}.csv"
     headers = {"Content-Disposition": f'attachment; filename="{name}"', "Cache-Control": "no-store"}
     return StreamingResponse(chunks(), media_type="text/csv; charset=utf-8", headers=headers)
+
+
+@router.post("/wallet/redeem")
+async def redeem(request: Request, page: Tenant) -> Response:
+    """Redeem a top-up code into the org the console acts for; the API's refusal (no such code, used, expired,
+    another org's, a viewer, too many tries) is shown at the field."""
+    data = await session.form(request, page)
+    code = data.get("code", "").strip()
+    try:
+        r = (await page.api("POST", f"/orgs/{page.org['id']}/redeem", json={"code": code})).json()
+    except ApiError as e:
+        fields = e.fields() or {"code": e.detail}
+        return await _view(page, {}, status=e.status, fields=fields)
+    amount, now = money(r["amount"]), money(r["balance"])
+    said = page.t(
+        f"Redeemed: {amount} added; the balance is now {now}.", f"兑换成功：已充值 {amount}，当前余额 {now}。"
+    )
+    return await _view(page, {}, redeemed=said)

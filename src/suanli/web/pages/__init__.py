@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, wallet
+from suanli.web.pages import auth, dashboard, keys, wallet
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router)
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import date
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from fastapi import Depends
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
@@ -29,6 +30,15 @@ class BadQuery(Exception):
 def refused(page: Page, template: str, e: ApiError, **ctx: Any) -> HTMLResponse:
     """The page again with the API's status, its message (`error`) and its per-field messages (`fields`)."""
     return page.render(template, status=e.status, error=e.detail, fields=e.fields(), **ctx)
+
+
+def at_fields(e: ApiError, default: str, known: tuple[str, ...] = ()) -> dict[str, str]:
+    """The API's refusal by field: its validation errors, else its message at the field it starts with
+    (`public_key: …`), else at `default`."""
+    if e.fields():
+        return e.fields()
+    named = next((f for f in known if e.detail.startswith(f + ":")), default)
+    return {named: e.detail}
 
 
 def done(path: str) -> Response:
@@ -62,3 +72,17 @@ def word(page: Page, field: str, value: str | None, pattern: str = r"[a-z][a-z0-
     if not re.fullmatch(pattern, value):
         raise BadQuery(field, page.t("not one of the choices", "不是可选的值"))
     return value
+
+
+def seg(value: str) -> str:
+    """One path segment of an API path, quoted: an id from a URL can never walk to another route (`..`, `/`)."""
+    return quote(value, safe="") if value not in (".", "..") else "%2E" * len(value)
+
+
+def integer_or_text(value: str | None) -> int | str | None:
+    """A form's number for the API: an int when it is one, else the text itself, so the API's own validation
+    names the field; empty → None (the API's default)."""
+    v = (value or "").strip()
+    if not v:
+        return None
+    return int(v) if re.fullmatch(r"-?\d{1,18}", v) else v

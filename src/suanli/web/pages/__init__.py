@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, keys, wallet
+from suanli.web.pages import auth, dashboard, keys, team, wallet
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router)
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router, team.router)

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, keys, team, wallet
+from suanli.web.pages import auth, dashboard, data, keys, team, wallet
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router, team.router)
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router, team.router, data.router)

@@ -41,6 +41,11 @@ def at_fields(e: ApiError, default: str, known: tuple[str, ...] = ()) -> dict[st
     return {named: e.detail}
 
 
+def missing(page: Page, e: ApiError, back: str) -> HTMLResponse:
+    """The API's refusal of an object (another org's, or none: 404) as a page of its own, with the way back."""
+    return page.render("account/missing.html", status=e.status, code=e.status, message=e.detail, back=back)
+
+
 def done(path: str) -> Response:
     """After a form that changed something: back to the page (a reload does not post it again)."""
     return RedirectResponse(path, status_code=303)

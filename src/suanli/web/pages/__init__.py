@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, data, keys, team, wallet
+from suanli.web.pages import auth, dashboard, data, endpoints, keys, team, wallet
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, wallet.router, keys.router, team.router, data.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    auth.router,
+    dashboard.router,
+    wallet.router,
+    keys.router,
+    team.router,
+    data.router,
+    endpoints.router,
+)

@@ -39,7 +39,9 @@ CATALOG = {("GET", "/hub/models/{name}"), ("GET", "/hub/datasets/{name}")}
 # The OpenAI gateway (outside /api/v1): it takes endpoint keys only, never a tenant's API token.
 GATEWAY = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"),
            ("POST", "/v1/embeddings")}  # fmt: skip
-PUBLIC = {("POST", "/signup"), ("POST", "/login")}  # no token needed
+# Payment webhooks: the provider's signature is the credential, never a token (tests/test_payments_webhook.py).
+SIGNED = {("POST", "/payments/{provider}/webhook")}
+PUBLIC = {("POST", "/signup"), ("POST", "/login"), *SIGNED}  # no token needed
 UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
 OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
 PROBE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUqxWjtshpF4K1Wi probe"
@@ -85,6 +87,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
         }
     },
     "KeyIn": {"name": "probe"},
+    "BatchIn": {"amount": "1000", "count": 1},
+    "VoidIn": {},
 }
 # Query parameters a route needs (a 422 for a missing one would hide whether the caller was authorised).
 QUERY = {"files": "?path=hello.txt", "partial": "?path=hello.txt", "stat": "?path=hello.txt", "ls": "?path=",
@@ -143,6 +147,8 @@ class World:
     volume: str  # the victim's team volume (with hello.txt, version 1)
     endpoint: str  # the victim's team endpoint (no replicas)
     endpoint_key: str  # a key of it
+    topup_batch: str  # an operator's batch of top-up codes
+    topup_code: str  # its code, unredeemed: the attacker tries it on the victim's orgs
 
     def secrets(self) -> list[str]:
         v, c = self.victim, self.colleague
@@ -158,6 +164,7 @@ class World:
             "ref": [self.workload, "victim-box", self.endpoint, "victim-chat"],
             "key_id": [self.ssh_key, self.endpoint_key], "invitation_id": [self.team_invitation, self.invitation],
             "code_id": [self.invite_code], "volume": [self.volume], "name": ["tiny"],
+            "batch_id": [self.topup_batch], "provider": ["hmac"],
         }  # fmt: skip
         assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
         return table[name]
@@ -213,9 +220,12 @@ def world(api: Any) -> World:
     assert ep.status_code == 201, ep.text
     ek = api.post(f"{API}/endpoints/{ep.json()['id']}/keys", json={"name": "victim"}, headers=victim.headers)
     assert ek.status_code == 201, ek.text
+    tc = api.post(f"{API}/admin/topup-codes", json={"amount": "5", "count": 1}, headers=adm)
+    assert tc.status_code == 201, tc.text
     return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
                  node, "shared", r.json()["id"], key.json()["id"], team_invitation, invitation, code,
-                 vol.json()["id"], ep.json()["id"], ek.json()["id"])  # fmt: skip
+                 vol.json()["id"], ep.json()["id"], ek.json()["id"], tc.json()["batch"]["id"],
+                 tc.json()["codes"][0]["code"])  # fmt: skip
 
 
 def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:
@@ -227,6 +237,8 @@ def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[
         return {"email": w.attacker.email, "password": PASSWORD}
     if path == "/orgs":
         return {"name": f"mallory-org-{n}"}
+    if path.endswith("/redeem"):  # a real code: the victim's own redemption works, the attacker's must not
+        return {"code": w.topup_code}
     if path.startswith("/endpoints/") and path.endswith("/scale"):  # (the workloads' ScaleIn has the same name)
         return {"replicas": 0}
     assert model.__name__ in SAMPLES, f"{method} {path}: add a valid sample {model.__name__} body to SAMPLES"
@@ -347,7 +359,7 @@ def test_the_walk_was_not_refused_for_its_bodies(api: Any, world: World) -> None
     routes = sorted(api_routes(api.app), key=lambda r: (r[0] == "DELETE", -len(r[1])))
     for n, (method, full, model) in enumerate(routes):
         path = full[len(API) :]
-        if not full.startswith(API) or (method, path) in GLOBAL or (method, path) in CATALOG:
+        if not full.startswith(API) or (method, path) in GLOBAL | CATALOG | SIGNED:
             continue
         body = _body(w, method, path, model, n)
         headers = w.admin if path.startswith("/admin/") else w.victim.headers

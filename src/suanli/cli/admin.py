@@ -22,6 +22,7 @@ from suanli.cli import telemetry
 from suanli.cli.admin_invites import invites_app
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, unit_price, when
+from suanli.cli.credit import codes_app
 from suanli.cli.hub import admin_app as hub_admin_app
 from suanli.cli.workloads import span
 
@@ -30,6 +31,7 @@ if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
 
 app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login; create-user needs none).")
 app.add_typer(invites_app, name="invites")
+app.add_typer(codes_app, name="codes")
 app.add_typer(hub_admin_app, name="hub")
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node name or id.")]

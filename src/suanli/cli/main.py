@@ -11,6 +11,7 @@ from suanli.cli import (
     account,
     admin,
     agent,
+    credit,
     hub,
     perf,
     server,
@@ -46,6 +47,7 @@ agent.register(app)
 app.add_typer(hub.app, name="hub")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(admin.app, name="admin")
+app.command("redeem")(credit.redeem)
 
 
 def _version(value: bool) -> None:

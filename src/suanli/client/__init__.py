@@ -5,6 +5,7 @@ the other modules the calls `Client` is made of.
 """
 
 from suanli.client.client import ApiError, Client, normalise_server
+from suanli.client.credit import NewTopupBatch, NewTopupCode, Redemption, TopupBatch, TopupBatchDetail, TopupCode
 from suanli.client.hub import HubEntry, HubFile
 from suanli.client.models import (
     TERMINAL_STATES,
@@ -64,6 +65,8 @@ __all__ = [
     "NewInvitation",
     "NewInviteCode",
     "NewToken",
+    "NewTopupBatch",
+    "NewTopupCode",
     "Node",
     "Offer",
     "Org",
@@ -71,6 +74,7 @@ __all__ = [
     "Plan",
     "ProxyLink",
     "Quote",
+    "Redemption",
     "Session",
     "Signup",
     "SshInfo",
@@ -78,6 +82,9 @@ __all__ = [
     "Statement",
     "StatementRow",
     "Token",
+    "TopupBatch",
+    "TopupBatchDetail",
+    "TopupCode",
     "Transaction",
     "User",
     "Workload",

@@ -27,6 +27,7 @@ from urllib.parse import quote as _quote
 import httpx
 
 from suanli import __version__
+from suanli.client.credit import CreditCalls
 from suanli.client.hub import HubCalls
 from suanli.client.models import (
     TERMINAL_STATES,
@@ -121,7 +122,9 @@ def _params(**kw: Any) -> dict[str, Any]:
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
-class Client(TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls, VolumeCalls, ServingCalls):
+class Client(
+    TelemetryCalls, SshCalls, ScaleCalls, StatementCalls, OrgCalls, HubCalls, VolumeCalls, ServingCalls, CreditCalls
+):
     """A synchronous client for one suanli server; after `signup` or `login` it uses the new token."""
 
     def __init__(

@@ -13,7 +13,7 @@ from pydantic import Field
 
 from suanli.api.deps import Auth, Srv, client_address, in_thread
 from suanli.api.routers.admin import Admin
-from suanli.api.schemas import Amount, In, Out, UtcTime, money
+from suanli.api.schemas import Amount, ErrorOut, In, Out, UtcTime, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control.ids import utcnow
@@ -137,7 +137,7 @@ def void_codes(batch_id: str, body: VoidIn, ctx: Admin) -> BatchOut:
         return _batch(topup_codes.void(s, batch_id, ctx.now, body.codes))
 
 
-@router.post("/orgs/{org_id}/redeem")
+@router.post("/orgs/{org_id}/redeem", responses={410: {"model": ErrorOut, "description": "voided or expired"}})
 async def redeem(org_id: str, body: RedeemIn, request: Request, ctx: Auth) -> RedemptionOut:
     """Redeem a top-up code into the org (owners, admins and members; 403 for a viewer). 404: no such code; 409:
     redeemed already; 410: voided or expired; 403: a code for another org; 429: too many codes tried."""

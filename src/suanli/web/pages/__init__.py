@@ -4,11 +4,29 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, ops_accounts, ops_cluster, ops_codes, ops_nodes, ops_reports
+from suanli.web.pages import (
+    auth,
+    dashboard,
+    data,
+    endpoints,
+    keys,
+    ops_accounts,
+    ops_cluster,
+    ops_codes,
+    ops_nodes,
+    ops_reports,
+    team,
+    wallet,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     auth.router,
     dashboard.router,
+    wallet.router,
+    keys.router,
+    team.router,
+    data.router,
+    endpoints.router,
     ops_cluster.router,
     ops_nodes.router,
     ops_reports.router,

@@ -1,0 +1,79 @@
+"""API tokens (create with a name and an expiry, shown once; revoke) and SSH public keys (add, remove)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from suanli.web import session
+from suanli.web.apicall import ApiError
+from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, seg
+from suanli.web.session import Page
+
+router = APIRouter()
+
+
+async def _view(page: Page, status: int = 200, **extra: Any) -> Response:
+    tokens = await page.get("/tokens")
+    mine = page.token or ""
+    for t in tokens:
+        t["this_session"] = bool(t["prefix"]) and mine.startswith(t["prefix"])
+    ctx: dict[str, Any] = {"tokens": tokens, "ssh_keys": await page.get("/keys"), "new_token": None,
+                           "error": None, "fields": {}, "token_form": {}, "key_form": {}, "form": None}  # fmt: skip
+    ctx.update(extra)
+    return page.render("account/keys.html", status=status, **ctx)
+
+
+def _failed(e: ApiError, form: str, default_field: str, known: tuple[str, ...]) -> dict[str, Any]:
+    """The API's refusal at its fields, for the form that posted."""
+    return {"status": e.status, "fields": at_fields(e, default_field, known), "form": form}
+
+
+@router.get("/keys")
+async def keys(page: Tenant) -> Response:
+    return await _view(page)
+
+
+@router.post("/keys/tokens")
+async def create_token(request: Request, page: Tenant) -> Response:
+    """A new API token; its secret is on this answer only (the API keeps a hash)."""
+    data = await session.form(request, page)
+    body = {"name": data.get("name", "").strip(), "expires_in_days": integer_or_text(data.get("expires_in_days"))}
+    try:
+        made = (await page.api("POST", "/tokens", json=body)).json()
+    except ApiError as e:
+        return await _view(page, token_form=data, **_failed(e, "token", "name", ("name", "expires_in_days")))
+    return await _view(page, status=201, new_token=made)
+
+
+@router.post("/keys/tokens/{token_id}/revoke")
+async def revoke_token(token_id: str, request: Request, page: Tenant) -> Response:
+    await session.form(request, page)
+    try:
+        await page.api("DELETE", f"/tokens/{seg(token_id)}")
+    except ApiError as e:
+        return await _view(page, status=e.status, error=e.detail)
+    return done("/keys")
+
+
+@router.post("/keys/ssh")
+async def add_ssh_key(request: Request, page: Tenant) -> Response:
+    data = await session.form(request, page)
+    body = {"public_key": data.get("public_key", "").strip(), "name": data.get("name", "").strip() or None}
+    try:
+        await page.api("POST", "/keys", json=body)
+    except ApiError as e:
+        return await _view(page, key_form=data, **_failed(e, "ssh", "public_key", ("public_key", "name")))
+    return done("/keys")
+
+
+@router.post("/keys/ssh/{key_id}/remove")
+async def remove_ssh_key(key_id: str, request: Request, page: Tenant) -> Response:
+    await session.form(request, page)
+    try:
+        await page.api("DELETE", f"/keys/{seg(key_id)}")
+    except ApiError as e:
+        return await _view(page, status=e.status, error=e.detail)
+    return done("/keys")

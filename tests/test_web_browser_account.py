@@ -1,0 +1,104 @@
+"""The account pages in a real browser (Debian's Chromium under Playwright) against a real server on SQLite: sign
+up, redeem a top-up code the operator made through the API and see the balance grow and the statement line, create
+an API token and see it once, download the statement as CSV; screenshots of wallet, keys, team, volumes and
+endpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server
+from tests.web_helpers import chromium, screenshot
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    home = tmp_path_factory.mktemp("web-account")
+    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", args=("--virtual", "rtx4090-box")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser() -> Any:
+    with chromium() as b:
+        yield b
+
+
+def _code(server: Any, amount: str) -> str:
+    """A top-up code made by the operator through the API, as the operator's page would."""
+    with httpx.Client(base_url=server.url + "/api/v1", timeout=30) as http:
+        token = http.post("/login", json={"email": ADMIN_EMAIL, "password": ADMIN_PASSWORD}).json()["token"]
+        r = http.post("/admin/topup-codes", json={"amount": amount, "count": 1, "note": "browser"},
+                      headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+        assert r.status_code == 201, r.text
+        return r.json()["codes"][0]["code"]
+
+
+def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: Path) -> None:
+    ctx = browser.new_context(locale="en-US", accept_downloads=True)
+    page = ctx.new_page()
+    page.goto(server.url + "/signup")
+    page.fill("#email", "account@example.com")
+    page.fill("#password", "account-password")
+    page.click("button[type=submit]")
+    page.wait_for_url(server.url + "/")
+
+    page.goto(server.url + "/wallet")
+    assert page.inner_text("#balance") == "¥10.00"
+    page.fill("#code", _code(server, "88.50"))
+    page.click("#redeem button[type=submit]")
+    page.wait_for_selector("#redeemed")
+    assert page.inner_text("#balance") == "¥98.50"
+    last = page.locator("#statement tr").last.inner_text()
+    assert "topup" in last and "¥88.50" in last and "¥98.50" in last
+    screenshot(page, "wallet")
+
+    with page.expect_download() as dl:
+        page.click("#csv")
+    saved = tmp_path / "statement.csv"
+    dl.value.save_as(saved)
+    lines = saved.read_text().splitlines()
+    assert lines[0].startswith("id,created_at,kind,amount,balance") and "topup,88.50000000,98.50000000" in lines[-1]
+
+    page.goto(server.url + "/keys")
+    page.fill("#token-name", "laptop cli")
+    page.click("#token-form button[type=submit]")
+    secret = page.inner_text("#token-secret")
+    assert len(secret) > 20
+    with httpx.Client(base_url=server.url + "/api/v1", timeout=30) as http:
+        assert http.get("/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+    screenshot(page, "keys")
+    page.goto(server.url + "/keys")
+    assert "laptop cli" in page.inner_text("#tokens") and secret not in page.content()  # shown once
+
+    page.goto(server.url + "/volumes")
+    page.fill("#vol-name", "datasets")
+    page.fill("#vol-size", "20Gi")
+    page.click("#volume-form button[type=submit]")
+    page.fill("#snap-message", "first cut")
+    page.click("#snapshot-form button[type=submit]")
+    assert "first cut" in page.inner_text("#versions")
+    page.goto(server.url + "/volumes")
+    assert "20.0 GiB" in page.inner_text("#volumes")
+    screenshot(page, "volumes")
+
+    page.goto(server.url + "/team")
+    page.fill("#org-name", "research")
+    page.click("#org-form button[type=submit]")
+    page.fill("#invite-email", "colleague@example.com")
+    page.select_option("#invite-role", "viewer")
+    page.click("#invite-form button[type=submit]")
+    page.wait_for_selector("#new-invitation")
+    assert "colleague@example.com" in page.inner_text("#invitations")
+    screenshot(page, "team")
+
+    page.goto(server.url + "/endpoints")
+    assert page.locator("#endpoints").count() == 1
+    screenshot(page, "endpoints")
+    ctx.close()

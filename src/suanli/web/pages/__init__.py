@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard
+from suanli.web.pages import auth, dashboard, workloads
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router)
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, workloads.router)

@@ -193,3 +193,75 @@ def test_workload_pages_need_a_session(world: World) -> None:
     for path in ("/workloads", "/workloads/wl_0000000000000000", "/_/workloads/x/logs"):
         r = anon.get(path, follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"].startswith("/login"), path
+
+
+# ---- /run: the form and the YAML editor -------------------------------------------------------------------------
+def test_the_form_submits_a_job_and_goes_to_its_page(world: World) -> None:
+    c, who = world.tenant("form@example.com")
+    page = c.get("/run", headers=EN)
+    assert page.status_code == 200 and '<option value="RTX-4090"' in page.text and 'id="spec_yaml"' in page.text
+    r = c.post("/run", {"name": "from-form", "kind": "job", "command": "python a.py", "gpu": "RTX-4090",
+                        "gpus": "2", "billing": "on-demand", "env": "A=1\nB = two"}, csrf_from="/run")  # fmt: skip
+    assert r.status_code == 303 and r.headers["location"].startswith("/workloads/wl_"), r.text
+    w = world.api.get(f"{API}{r.headers['location']}", headers=who).json()
+    assert (w["name"], w["gpus"], w["gpu"], w["kind"]) == ("from-form", 2, "RTX-4090", "job")
+    assert w["spec"]["env"] == {"A": "1", "B": "two"}
+
+
+def test_the_yaml_editor_posts_the_spec_the_cli_posts(world: World) -> None:
+    c, who = world.tenant("yaml@example.com")
+    text = "name: from-yaml\nkind: instance\nresources: {gpu: RTX-4090, gpus: 1}\n"
+    r = c.post("/run/yaml", {"spec_yaml": text}, csrf_from="/run")
+    assert r.status_code == 303, r.text
+    w = world.api.get(f"{API}{r.headers['location']}", headers=who).json()
+    assert (w["name"], w["kind"], w["gpus"]) == ("from-yaml", "instance", 1)
+
+
+@pytest.mark.parametrize(
+    ("form", "field", "says"),
+    [({"gpus": "abc"}, "gpus", "whole number"), ({"command": ""}, "command", "required for a job"),
+     ({"gpu": "NOPE-9000"}, "gpu", "NOPE-9000"), ({"name": ""}, "name", ""), ({"env": "novalue"}, "env", "KEY=VALUE"),
+     ({"billing": "free"}, "billing", ""), ({"duration": "forever"}, "duration", "")],
+)  # fmt: skip
+def test_form_errors_are_shown_at_their_field(world: World, form: dict[str, str], field: str, says: str) -> None:
+    c, _ = world.tenant("fields@example.com")
+    data = {"name": "x", "kind": "job", "command": "c", "gpu": "RTX-4090", "gpus": "1", "billing": "on-demand",
+            **form}  # fmt: skip
+    r = c.post("/run", data, csrf_from="/run", headers=EN)
+    assert r.status_code in (400, 422), r.text[:300]
+    assert f'id="{field}-error"' in r.text, r.text[r.text.find("<main>") :][:1500]
+    shown = r.text.split(f'id="{field}-error">', 1)[1].split("</div>", 1)[0]
+    assert says in shown.replace("&#39;", "'"), shown
+    assert f'value="{data["command"]}"' in r.text  # the form comes back as typed
+
+
+HOSTILE = {
+    "a list": "- a\n- b\n",
+    "a scalar": "just text",
+    "empty": "",
+    "anchors": "a: &a [1,2,3,4,5,6,7,8,9]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n",
+    "wrong types": "name: [1, 2]\ncommand: {a: b}\nresources: {gpus: '8'}\n",
+    "tags": "name: !!python/object/apply:os.system ['true']\ncommand: x\n",
+    "deep": "a: " + "[" * 5000 + "]" * 5000 + "\n",
+    "bad utf-8 escapes": "name: \"\\udcff\"\ncommand: x\n",
+    "huge": "name: x\ncommand: " + "y" * 300_000 + "\n",
+    "nul": "name: a\x00b\ncommand: x\n",
+}
+
+
+@pytest.mark.parametrize("text", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_yaml_is_refused_with_a_message_never_a_500(world: World, text: str) -> None:
+    c, who = world.tenant("hostile@example.com")
+    r = c.post("/run/yaml", {"spec_yaml": text}, csrf_from="/run", headers=EN)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    if r.status_code != 413:  # past the server's body limit the request never reaches the page
+        assert 'id="yaml-error"' in r.text
+    assert world.api.get(f"{API}/workloads?all=true", headers=who).json() == []
+
+
+def test_run_forms_need_their_csrf_token(world: World) -> None:
+    c, who = world.tenant("csrf-run@example.com")
+    c.get("/run")
+    assert c.c.post("/run", data={"name": "x", "command": "c", "gpus": "0"}).status_code == 403
+    assert c.c.post("/run/yaml", data={"spec_yaml": "name: x\ncommand: c\n", "csrf": "f" * 40}).status_code == 403
+    assert world.api.get(f"{API}/workloads?all=true", headers=who).json() == []

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, workloads
+from suanli.web.pages import auth, dashboard, run, workloads
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, workloads.router)
+ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, workloads.router, run.router)

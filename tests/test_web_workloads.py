@@ -243,7 +243,7 @@ HOSTILE = {
     "wrong types": "name: [1, 2]\ncommand: {a: b}\nresources: {gpus: '8'}\n",
     "tags": "name: !!python/object/apply:os.system ['true']\ncommand: x\n",
     "deep": "a: " + "[" * 5000 + "]" * 5000 + "\n",
-    "bad utf-8 escapes": "name: \"\\udcff\"\ncommand: x\n",
+    "bad utf-8 escapes": 'name: "\\udcff"\ncommand: x\n',
     "huge": "name: x\ncommand: " + "y" * 300_000 + "\n",
     "nul": "name: a\x00b\ncommand: x\n",
 }

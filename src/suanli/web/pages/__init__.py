@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from suanli.web.pages import auth, dashboard, run, workloads
+from suanli.web.pages import auth, dashboard, instances, offers, run, workloads
 
-ROUTERS: tuple[APIRouter, ...] = (auth.router, dashboard.router, workloads.router, run.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    auth.router,
+    dashboard.router,
+    workloads.router,
+    run.router,
+    offers.router,
+    instances.router,
+)

@@ -95,6 +95,8 @@ def test_a_pending_workload_shows_its_reason_and_events(world: World) -> None:
     html = c.get(f"/workloads/{w['id']}", headers=EN).text
     assert 'id="pending"' in html and "waiting for the next scheduling cycle" in html and "submitted" in html
     world.running(who, w["id"])
+    events = c.get(f"/_/workloads/{w['id']}/events", headers=EN).text  # the events the page polls
+    assert "submitted" in events and "placed: 8 x RTX-4090" in events and "state-running" in events
     queued = world.submit(who, "name: second\ncommand: x\nresources: {gpu: RTX-4090, gpus: 8}\n")
     world.tick()
     api_says = world.api.get(f"{API}/workloads/{queued['id']}", headers=who).json()["pending"]
@@ -177,7 +179,7 @@ def test_another_tenants_workload_is_refused_on_every_route(world: World) -> Non
     w = world.running(owner, world.submit(owner, JOB)["id"])
     thief, _ = world.tenant("thief@example.com")
     for path in (f"/workloads/{w['id']}", f"/_/workloads/{w['id']}/status", f"/_/workloads/{w['id']}/logs",
-                 f"/_/workloads/{w['id']}/metrics", "/workloads/..%2Fworkloads"):  # fmt: skip
+                 f"/_/workloads/{w['id']}/metrics", f"/_/workloads/{w['id']}/events", "/workloads/..%2Fworkloads"):  # fmt: skip
         r = thief.get(path)
         assert r.status_code == 404, (path, r.status_code)
         assert "python train.py" not in r.text and w["allocation"]["nodes"].__iter__().__next__() not in r.text

@@ -91,6 +91,13 @@ async def status_fragment(page: Tenant, ref: str) -> Response:
     return w if isinstance(w, Response) else page.render("work/_status.html", w=w)
 
 
+@router.get("/_/workloads/{ref}/events")
+async def events_fragment(page: Tenant, ref: str) -> Response:
+    """The workload's events, polled by htmx."""
+    w = await _one(page, ref)
+    return w if isinstance(w, Response) else page.render("work/_events.html", w=w)
+
+
 @router.get("/_/workloads/{ref}/logs")
 async def logs_fragment(page: Tenant, ref: str, offset: Annotated[int, Query(ge=0, le=1 << 50)] = 0) -> Response:
     """The log from `offset`, to append, followed by the poller that asks for the rest (none once it is done)."""

@@ -27,8 +27,9 @@
       var series = [{}].concat(gpus.map(function (g, i) {
         return { label: g.label, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true };
       }));
-      el._plot = new uPlot({ title: el.dataset.title, width: Math.min(el.clientWidth || 640, 900), height: 180,
-        series: series, scales: { x: { time: true } } }, data, el);
+      el._plot = new uPlot({ title: el.dataset.title, width: Math.min(el.clientWidth || 640, 900), height: 160,
+        series: series, scales: { x: { time: true }, y: el.dataset.metric === "1" ? { range: [0, 100] } : { auto: true } } },
+        data, el);
     });
   }
 

@@ -95,3 +95,19 @@ def test_open_jupyterlab_follows_the_apis_single_use_link_for_the_owner_only(wor
     r = thief.post(f"/instances/{w['id']}/lab", csrf_from="/instances")
     assert r.status_code == 404 and "/i/" not in r.headers.get("location", "")
     assert thief.c.post(f"/instances/{w['id']}/lab", data={}, follow_redirects=False).status_code == 403
+
+
+def test_the_pages_speak_chinese_and_escape_what_tenants_typed(world: World) -> None:
+    c, who = world.tenant("zh@example.com")
+    r = world.api.post(f"{API}/workloads", headers=who, json={"spec": {
+        "name": "x", "command": "echo '<script>alert(1)</script>'", "resources": {"gpu": "RTX-4090", "gpus": 1}}})  # fmt: skip
+    assert r.status_code == 201, r.text
+    zh = {"Accept-Language": "zh-CN"}
+    for path, heading in (("/workloads", "任务"), ("/run", "提交任务或创建实例"), ("/offers", "算力市场"),
+                          ("/instances", "实例"), (f"/workloads/{r.json()['id']}", "GPU 利用率")):  # fmt: skip
+        page = c.get(path, headers=zh)
+        assert page.status_code == 200 and heading in page.text and "<script>alert" not in page.text, path
+    detail = c.get(f"/workloads/{r.json()['id']}", headers=zh).text
+    assert "echo &#39;&lt;script&gt;alert(1)&lt;/script&gt;&#39;" in detail  # its spec is shown, escaped
+    bad = c.post("/run", {"name": "x", "command": "c", "gpus": "1", "env": "oops"}, csrf_from="/run", headers=zh)
+    assert "请写成 KEY=VALUE" in bad.text

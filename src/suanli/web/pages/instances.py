@@ -44,5 +44,5 @@ async def open_lab(request: Request, page: Tenant, ref: str) -> Response:
         return await _render(page, status=e.status, error=e.detail)
     url = str(link["url"])
     if not (url.startswith("/i/") or url.startswith(("https://", "http://"))):
-        return await _render(page, status=502, error="unexpected link from the server")
+        return await _render(page, status=502, error=page.t("unexpected link from the server", "服务器返回了异常链接"))
     return RedirectResponse(url, status_code=303)

@@ -62,7 +62,7 @@ def form_errors(errors: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def spec_of_form(data: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
+def spec_of_form(page: Page, data: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     """The spec the simple form describes, and the form's own errors (an env line that is not KEY=VALUE)."""
     errors: dict[str, str] = {}
     kind = data.get("kind", "job")
@@ -83,11 +83,11 @@ def spec_of_form(data: dict[str, str]) -> tuple[dict[str, Any], dict[str, str]]:
     env: dict[str, str] = {}
     lines = [x for x in data.get("env", "").splitlines() if x.strip()]
     if len(lines) > MAX_ENV_LINES:
-        errors["env"] = f"at most {MAX_ENV_LINES} variables"
+        errors["env"] = page.t(f"at most {MAX_ENV_LINES} variables", f"最多 {MAX_ENV_LINES} 个变量")
     for n, line in enumerate(lines[:MAX_ENV_LINES], 1):
         k, eq, v = line.partition("=")
         if not eq or not k.strip():
-            errors.setdefault("env", f"line {n}: write KEY=VALUE")
+            errors.setdefault("env", page.t(f"line {n}: write KEY=VALUE", f"第 {n} 行：请写成 KEY=VALUE"))
         else:
             env[k.strip()] = v.strip()
     if env:
@@ -125,7 +125,7 @@ async def _submit(page: Page, body: dict[str, Any]) -> str:
 async def run_submit(request: Request, page: Tenant) -> Response:
     """The simple form: its spec as JSON. Errors come back next to their inputs, the form as it was typed."""
     data = await session.form(request, page)
-    spec, errors = spec_of_form(data)
+    spec, errors = spec_of_form(page, data)
     if errors:
         return await _render(page, status=422, form=data, errors=errors)
     try:

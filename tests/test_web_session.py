@@ -141,3 +141,19 @@ def test_pages_cannot_be_framed_and_an_api_refusal_is_its_own_status_not_a_500(a
         assert r.headers["X-Content-Type-Options"] == "nosniff", path
     c.c.cookies.set("suanli_org", "org-of-somebody-else")  # not one of the user's: the personal org is used
     assert c.get("/").status_code == 200
+
+
+def test_every_menu_entry_is_a_page_that_answers(api: Any) -> None:
+    """The side menu names every page: each answers 200 to whom it is for (tenant pages also to the operator)."""
+    from suanli.web import nav
+
+    c = Console(api)
+    c.signup("menu@example.com")
+    for href, _, _ in nav.TENANT:
+        r = c.get(href, headers={"Accept-Language": "en"})
+        assert r.status_code == 200, (href, r.status_code, r.text[:300])
+        assert f'href="{href}" class="on"' in r.text, href  # the menu marks where the user is
+    admin = Console(type(api)(api.app))
+    admin.login(ADMIN_EMAIL, ADMIN_PASSWORD)
+    for href, _, _ in nav.TENANT + nav.OPERATOR:
+        assert admin.get(href).status_code == 200, href

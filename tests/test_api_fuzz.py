@@ -61,13 +61,15 @@ def _roles(api: Any) -> list[Role]:
     r = api.post(f"{API}/volumes", json={"name": "fuzzvol", "size": "64Mi", "org": team}, headers=tenant.headers)
     assert r.status_code == 201, r.text
     volume = r.json()["id"]
+    batch = api.post(f"{API}/admin/topup-codes", json={"amount": "5", "count": 3}, headers=adm)
+    assert batch.status_code == 201, batch.text
     roles = []
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
                "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
                "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry",
-               "volume": volume}  # fmt: skip
+               "volume": volume, "batch_id": batch.json()["batch"]["id"], "provider": "hmac"}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

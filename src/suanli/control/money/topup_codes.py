@@ -13,6 +13,9 @@ the other gets 409. Attempts are throttled per user and per address before the c
 (`throttle.begin_redeem`); `redeem_with_throttle` does all of it. The refusals (docs/payments.md) say what is
 wrong with a real code (used 409, voided or expired 410, for another org 403), since only someone who holds one sees
 them; a code that does not exist, or is not a code at all, is 404.
+
+`create_batch`, `batches`, `batch`, `codes` and `void` are operators' actions: the caller checks the role first
+(`accounts.require_admin`), as the API's /admin routes do. `redeem` checks the caller's role in the org itself.
 """
 
 from __future__ import annotations

@@ -42,6 +42,10 @@ def test_sign_up_and_see_the_trial_credit(server: Any, browser: Any) -> None:
     cookies = {c["name"]: c for c in ctx.cookies()}
     assert cookies["suanli_session"]["httpOnly"] and cookies["suanli_session"]["sameSite"] == "Lax"
     assert page.evaluate("document.cookie").find("suanli_session") == -1  # script cannot read it
+    page.click("header.top button[name=lang]")  # the switch: Chinese, kept in a cookie
+    page.wait_for_selector("text=余额")
+    assert page.inner_text("#balance") == "¥10.00" and page.get_attribute("html", "lang") == "zh"
+    screenshot(page, "dashboard-zh")
     ctx.close()
 
 

@@ -114,4 +114,10 @@ def test_sign_up_run_watch_stop_and_see_the_charge(server: Any, browser: Any) ->
             return bool(mine) and -sum(mine) == Decimal(w["cost"])
 
         until(charged, "the statement's usage lines summing to the workload's cost", 30)
+    page.goto(server.url + "/wallet?kind=usage")  # and the same line on the wallet's statement
+    statement = page.inner_text("#statement")
+    line = next((row for row in statement.splitlines() if wid in row), "")
+    assert "usage" in line and "browser-job" in line, statement
+    shown = -Decimal(w["cost"]).quantize(Decimal("0.01"))
+    assert f"-¥{abs(shown):,.2f}" in line, (line, w["cost"])
     ctx.close()

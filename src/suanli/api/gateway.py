@@ -6,7 +6,7 @@ by the request's `model` (an endpoint's name) to the endpoint's ready replicas.
 - Balancing: least outstanding requests over ready replicas (this process's count). A replica that fails before
   answering (refused, reset, hung up before its headers) is left out for `SUSPECT_S` and the request goes to another
   (at most `ATTEMPTS` in all); once bytes went to the client a failure ends a stream with an error event.
-- Streams (SSE) pass through chunk by chunk as they arrive (`aiter_raw`), never collected; a client that goes away
+- Streams (SSE) pass through chunk by chunk as they arrive (`gateway_upstream`), never collected; a client that goes away
   closes the upstream request (its runtime then stops generating).
 - No ready replica: the request waits (counted as waiting, which the autoscaler sees: a cold start from zero) for up
   to the endpoint's `cold_start_s`, then 503 with `Retry-After`.

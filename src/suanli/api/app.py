@@ -35,6 +35,7 @@ from suanli.api.routers import (
     members,
     orgs,
     plans,
+    serve_quotes,
     ssh,
     telemetry,
     volume_files,
@@ -334,7 +335,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
                telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
-               volume_files.router, endpoints.router)  # fmt: skip
+               volume_files.router, endpoints.router, serve_quotes.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)

@@ -130,8 +130,9 @@ def test_the_sdk_and_the_cli_quote_serving(
     monkeypatch.setenv("SUANLI_SERVER", "http://suanli.test")
     monkeypatch.setenv("SUANLI_TOKEN", who.token)
     monkeypatch.setenv("COLUMNS", "240")
-    q = suanli.client.Client("http://suanli.test", who.token).quote_serve("llama3.1-8b", Decimal("12.5"),
-                                                                           output_len=128, billing_mode="spot")
+    q = suanli.client.Client("http://suanli.test", who.token).quote_serve(
+        "llama3.1-8b", Decimal("12.5"), output_len=128, billing_mode="spot"
+    )
     (o,) = q.offers
     assert (q.rps, q.billing_mode, o.gpu) == (Decimal("12.5"), "spot", "H20")
     assert isinstance(o.per_1m_tokens, Decimal) and o.rate_per_hour == o.replica_per_hour * o.replicas

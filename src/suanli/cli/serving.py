@@ -1,4 +1,4 @@
-"""`suanli deploy NAME --model HUB_NAME …`, `suanli endpoints ls/describe/scale/rm/usage/keys` and
+"""`suanli deploy NAME --model HUB_NAME|vol:VOLUME/PATH …`, `suanli endpoints ls/describe/scale/rm/usage/keys` and
 `suanli keys create --endpoint NAME` / `suanli keys revoke ID`: models served as OpenAI-compatible endpoints."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ RefArg = Annotated[str, typer.Argument(metavar="NAME", help="Endpoint name or id
 
 def deploy(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The endpoint's name: clients send it as `model`.")],
-    model: Annotated[str, typer.Option("--model", metavar="HUB_NAME", help="A hub model (`suanli hub models`).")],
+    model: Annotated[
+        str, typer.Option("--model", metavar="HUB_NAME", help="A hub model, or vol:VOLUME[@N]/PATH (a checkpoint).")
+    ],
     gpu: Annotated[str, typer.Option("--gpu", metavar="MODEL", help="GPU model of each replica, or 'any'.")] = "any",
     gpus: Annotated[int, typer.Option("--gpus", min=0, max=64, help="GPUs per replica (tensor parallel); 0: CPU.")] = 1,
     replicas: Annotated[

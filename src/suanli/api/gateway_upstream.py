@@ -181,7 +181,8 @@ class Pool:
 
     async def post(self, host: str, port: int, path: str, body: bytes) -> Answer:
         """POST `body` (JSON); the answer once its headers came. `NoAnswer` if they did not."""
-        head = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\naccept: */*\r\n"
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        head = (f"POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\naccept: */*\r\n"
                 f"content-length: {len(body)}\r\n\r\n").encode("latin-1")  # fmt: skip
         conn = self._kept((host, port))
         if conn is not None:

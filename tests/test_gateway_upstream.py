@@ -122,6 +122,26 @@ def test_death_mid_stream_and_garbage_are_broke_off() -> None:
     run(main())
 
 
+def test_a_second_answer_to_one_request_is_not_kept_nor_passed_on() -> None:
+    async def twice(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await _request(r)
+        one = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n"
+        w.write(one + b"{}" + one + b"[]")  # the second is for nobody: a later request must not get it
+        await w.drain()
+        await asyncio.sleep(1)
+
+    async def main() -> None:
+        server, port = await _serve(twice)
+        pool = Pool(1.0, 5.0)
+        a = await pool.post("127.0.0.1", port, "/v1/completions", b"{}")
+        assert b"".join([c async for c in a]) == b"{}"
+        await a.aclose()
+        assert not pool.idle.get(("127.0.0.1", port))
+        server.close()
+
+    run(main())
+
+
 def test_a_kept_connection_the_replica_closed_is_retried_on_a_new_one() -> None:
     served = []
 

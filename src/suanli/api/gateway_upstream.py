@@ -83,6 +83,10 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     # ---- httptools callbacks ------------------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        if self.headed:  # a second answer to one request: nothing after it on this connection is trusted
+            self._fail("more than one answer to one request")
+
     def on_header(self, name: bytes, value: bytes) -> None:
         if name.lower() == b"content-type":
             self.content_type = value.decode("latin-1")
@@ -94,6 +98,8 @@ class _Conn(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self.error is not None:
+            return
         self.chunks.append(body)
         self.buffered += len(body)
         self._wake()

@@ -2,13 +2,16 @@
 1, 16 and 64; added latency to the first token and to the whole request (p50, p99), tokens/s through the gateway
 over direct, the server process's CPU per request, and the cold start from zero replicas.
 
-    python benchmarks/serving_gateway.py [--tokens 32] [--token-delay 0.005] [--requests 200] [--transformers]
+    python benchmarks/serving_gateway.py [--tokens 32] [--token-delay 0.005] [--requests 200] [--rounds 3]
+                                         [--transformers]
 
 A real `suanli server` (SQLite) on this host runs one endpoint whose replica is the fake OpenAI runtime of the tests
 (`tests/fixtures/fake_openai_runtime.py`, as `vllm` in a published environment), in a bubblewrap sandbox: it sends
 `--tokens` tokens `--token-delay` seconds apart, so the numbers are the gateway's overhead, not a model's speed.
-Direct requests go to the replica's port; gateway requests to SERVER/v1 with an endpoint key. Modes alternate per
-concurrency level. `--transformers` also times a cold start of the real `transformers serve` on a tiny model.
+Direct requests go to the replica's port; gateway requests to SERVER/v1 with an endpoint key. Modes alternate
+(direct, gateway, direct, …) `--rounds` times per concurrency level and each number is the median over the rounds,
+so a load spike on a shared machine hits both modes alike. The server process's CPU per request (its own, not its
+background loops' child process) is measured in both modes: in direct mode it is what the server burns anyway. `--transformers` also times a cold start of the real `transformers serve` on a tiny model.
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ def main() -> None:
     ap.add_argument("--token-delay", type=float, default=0.005)
     ap.add_argument("--requests", type=int, default=200, help="per concurrency level and mode (x4 at 64)")
     ap.add_argument("--levels", default="1,16,64")
+    ap.add_argument("--rounds", type=int, default=3, help="direct/gateway pairs per level; medians are reported")
     ap.add_argument("--transformers", action="store_true", help="also time a real transformers serve cold start")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="suanli-serving-bench-") as d:
@@ -121,25 +125,29 @@ def main() -> None:
                     f"one replica (fake runtime in a sandbox); 2-core host shared with the load generator"
                 )
                 print("| concurrency | mode | requests | TTFT p50 ms | TTFT p99 ms | request p50 ms | request p99 ms "
-                      "| tokens/s |")  # fmt: skip
-                print("|---|---|---|---|---|---|---|---|")
+                      "| tokens/s | server CPU ms per request |")  # fmt: skip
+                print("|---|---|---|---|---|---|---|---|---|")
                 summary = []
                 for conc in [int(x) for x in args.levels.split(",")]:
                     total = args.requests * (4 if conc >= 64 else 1)
-                    res = {}
-                    for mode, (url, h, model) in (("direct", direct), ("gateway", gateway)):
-                        before = cpu_s(srv.proc.pid)
-                        res[mode] = asyncio.run(run(url, h, model, args.tokens, conc, total))
-                        res[mode]["cpu"] = cpu_s(srv.proc.pid) - before
-                        r = res[mode]
-                        print(f"| {conc} | {mode} | {r['n']} | {r['ttft50'] * 1000:.1f} | {r['ttft99'] * 1000:.1f} | "
-                              f"{r['req50'] * 1000:.1f} | {r['req99'] * 1000:.1f} | {r['tps']:.0f} |")  # fmt: skip
+                    runs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
+                    for _ in range(args.rounds):
+                        for mode, (url, h, model) in (("direct", direct), ("gateway", gateway)):
+                            before = cpu_s(srv.proc.pid)
+                            r = asyncio.run(run(url, h, model, args.tokens, conc, total))
+                            r["cpu"] = (cpu_s(srv.proc.pid) - before) / r["n"]
+                            runs[mode].append(r)
+                    res = {m: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for m, rs in runs.items()}
+                    for mode, r in res.items():
+                        print(f"| {conc} | {mode} | {args.rounds} x {r['n']:.0f} | {r['ttft50'] * 1000:.1f} | "
+                              f"{r['ttft99'] * 1000:.1f} | {r['req50'] * 1000:.1f} | {r['req99'] * 1000:.1f} | "
+                              f"{r['tps']:.0f} | {r['cpu'] * 1000:.2f} |")  # fmt: skip
                     g, dd = res["gateway"], res["direct"]
                     summary.append((conc, (g["ttft50"] - dd["ttft50"]) * 1000, (g["ttft99"] - dd["ttft99"]) * 1000,
                                     (g["req50"] - dd["req50"]) * 1000, (g["req99"] - dd["req99"]) * 1000,
-                                    g["tps"] / dd["tps"], g["cpu"] / g["n"] * 1000))  # fmt: skip
+                                    g["tps"] / dd["tps"], (g["cpu"] - dd["cpu"]) * 1000))  # fmt: skip
                 print("\n| concurrency | added TTFT p50 ms | added TTFT p99 ms | added request p50 ms | added request "
-                      "p99 ms | tokens/s gateway/direct | server CPU ms per request |")  # fmt: skip
+                      "p99 ms | tokens/s gateway/direct | gateway CPU ms per request |")  # fmt: skip
                 print("|---|---|---|---|---|---|---|")
                 for row in summary:
                     print("| {} | {:+.1f} | {:+.1f} | {:+.1f} | {:+.1f} | {:.3f}x | {:.2f} |".format(*row))

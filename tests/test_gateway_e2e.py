@@ -341,3 +341,20 @@ def test_cli_deploy_run_keys_usage_scale_rm(world: World, tmp_path: Path) -> Non
     assert "0 replica(s)" in _cli(world, "endpoints", "scale", "viacli", "--replicas", "0").stdout
     for name in ("viacli", "cold"):
         assert "removed" in _cli(world, "endpoints", "rm", name).stdout
+
+
+def test_a_volume_checkpoint_is_served_read_only(world: World) -> None:
+    http, who = world.http, world.tenant
+    assert http.post("/api/v1/volumes", json={"name": "ckpt", "size": "8Mi"}, headers=who.headers).status_code == 201
+    r = http.put("/api/v1/volumes/ckpt/files", params={"path": "checkpoint-1200/config.json"},
+                 content=b'{"model_type": "llama"}', headers=who.headers)  # fmt: skip
+    assert r.status_code in (200, 201), r.text
+    _deploy(http, who, {"name": "tuned", "kind": "service", "model": "vol:ckpt/checkpoint-1200", "runtime": "vllm",
+                        "image": "fakert", "resources": CPU, "replicas": 1})  # fmt: skip
+    key, _ = _key(http, who, "tuned")
+    port = wait_ready(http, who, "tuned", 1)["replicas"][0]["port"]
+    (model,) = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+    assert (model["root"], model["writable"]) == ("/mnt/model/checkpoint-1200", False)  # the mounted path, read-only
+    out = _client(world, key).completions.create(model="tuned", prompt="x", max_tokens=3)
+    assert out.usage is not None and out.usage.completion_tokens == 3
+    assert http.delete("/api/v1/endpoints/tuned", headers=who.headers).status_code == 200

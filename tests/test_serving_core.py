@@ -43,7 +43,7 @@ def test_spec_defaults_and_runtime_choice() -> None:
     [
         ({"name": "Bad_Name"}, "name"),
         ({"model": "../etc"}, "model"),
-        ({"model": "vol:ckpt/x"}, "model"),
+        ({"model": "vol:ckpt/../x"}, "model"),
         ({"replicas": 17}, "replicas"),
         ({"replicas": -1}, "replicas"),
         ({"replicas": 2, "autoscale": {"max_replicas": 2}}, "replicas"),

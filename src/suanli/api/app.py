@@ -22,8 +22,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from suanli import __version__
 from suanli.api.deps import Server, no_nul
-from suanli.api.gateway import BODY_BYTES as GATEWAY_BODY_BYTES
-from suanli.api.gateway_input import GatewayError
+from suanli.api.gateway import GatewayState
+from suanli.api.gateway_asgi import PREFIX as GATEWAY_PREFIX
+from suanli.api.gateway_asgi import Gateway
 from suanli.api.routers import (
     admin,
     auth,
@@ -33,10 +34,10 @@ from suanli.api.routers import (
     instances,
     market,
     members,
-    openai,
     orgs,
     plans,
     reports,
+    serve_quotes,
     ssh,
     telemetry,
     volume_files,
@@ -65,7 +66,6 @@ API = "/api/v1"
 SAMPLES_BODY_BYTES = 16 << 20  # a node agent's batch: up to 20,000 samples
 PROXY_BODY_BYTES = 64 << 20  # a request into an instance (JupyterLab uploads files in chunks of 1 MiB)
 PROXY_PREFIX = "/i/"
-GATEWAY_PREFIX = "/v1/"
 # Every error is `{"detail": ...}`; documented so clients (and schema-driven tests) know the shape.
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorOut, "description": "the body could not be parsed"},
@@ -103,8 +103,6 @@ class BodyLimit:
                 limit = most
         if path.startswith(PROXY_PREFIX):
             limit = PROXY_BODY_BYTES
-        elif path.startswith(GATEWAY_PREFIX):
-            limit = GATEWAY_BODY_BYTES
         declared = dict(scope.get("headers") or []).get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await _too_large(limit, send)
@@ -219,6 +217,23 @@ def bootstrap(db: Database, settings: Settings) -> None:
                 inventory.register_preset(s, preset, now)
 
 
+class App(FastAPI):
+    """The server's app: the OpenAI gateway's `/v1/…` goes straight to its own ASGI app (`api.gateway_asgi`), ahead
+    of the middleware stack that every other route passes; on an instance's own origin (`proxy_url`) it does not
+    (that origin serves only its instance: `InstanceOrigins` answers 404)."""
+
+    gateway: Gateway | None = None
+    origins: Any = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and self.gateway is not None and scope["path"].startswith(GATEWAY_PREFIX)
+                and (self.origins is None or not self.origins.on_instance_host(scope))):  # fmt: skip
+            scope["app"] = self
+            await self.gateway(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     db = db or Database(settings.db_url)
     srv = Server(settings, db, judge=HealthJudge(health.rules_of(settings)))
@@ -261,7 +276,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
             await db.aclose()
             db.dispose()
 
-    app = FastAPI(
+    app = App(
         title="suanli",
         version=__version__,
         description="Self-hosted GPU compute leasing: accounts, prepaid balances, offers, quotes and operations.",
@@ -271,16 +286,19 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     )
     app.state.server = srv
 
+    def gateway_state() -> GatewayState:
+        if getattr(app.state, "gateway", None) is None:
+            app.state.gateway = GatewayState(db)
+        return app.state.gateway
+
+    app.gateway = Gateway(gateway_state)
+
     @app.exception_handler(ServiceError)
     async def service_error(_: Request, exc: ServiceError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else {}
         if exc.retry_after is not None:
             headers["Retry-After"] = str(exc.retry_after)
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
-
-    @app.exception_handler(GatewayError)
-    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return exc.response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -319,12 +337,12 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
 
     routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
                telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
-               volume_files.router, endpoints.router, reports.router, credit.router)  # fmt: skip
+               volume_files.router, endpoints.router, reports.router, credit.router,
+               serve_quotes.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)
     app.include_router(instances.pages)
-    app.include_router(openai.router, include_in_schema=False)
     web.mount(app)
     # Every other route, /workloads too (its JSON is parsed whole), takes max_body_bytes.
     uploads = {f"{API}/workdirs": settings.max_upload_bytes, f"{API}/telemetry/samples": SAMPLES_BODY_BYTES}
@@ -334,6 +352,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         from suanli.api.proxy_origins import InstanceOrigins
 
         app.add_middleware(InstanceOrigins, proxy_url=settings.proxy_url)
+        app.origins = InstanceOrigins(app.router, proxy_url=settings.proxy_url)
     return app
 
 

@@ -6,7 +6,7 @@ by the request's `model` (an endpoint's name) to the endpoint's ready replicas.
 - Balancing: least outstanding requests over ready replicas (this process's count). A replica that fails before
   answering (refused, reset, hung up before its headers) is left out for `SUSPECT_S` and the request goes to another
   (at most `ATTEMPTS` in all); once bytes went to the client a failure ends a stream with an error event.
-- Streams (SSE) pass through chunk by chunk as they arrive (`aiter_raw`), never collected; a client that goes away
+- Streams (SSE) pass through chunk by chunk as they arrive (`gateway_upstream`), never collected; a client that goes away
   closes the upstream request (its runtime then stops generating).
 - No ready replica: the request waits (counted as waiting, which the autoscaler sees: a cold start from zero) for up
   to the endpoint's `cold_start_s`, then 503 with `Retry-After`.
@@ -26,13 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-import httpx
 from fastapi.concurrency import run_in_threadpool
-from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from suanli.api.gateway_input import GatewayError, check_body
-from suanli.api.gateway_relay import BeforeFirstByte, done, streamed, whole
+from suanli.api.gateway_relay import BeforeFirstByte, Relay, done, streamed, whole
+from suanli.api.gateway_upstream import Answer, NoAnswer, Pool
 from suanli.control.errors import NotFound, ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.serving import gateway as store
@@ -41,7 +40,7 @@ from suanli.db.engine import Database
 from suanli.serving.runtimes import runtime
 
 log = logging.getLogger("suanli.gateway")
-BODY_BYTES = 4 << 20  # a request (long prompts); the middleware refuses more with 413
+BODY_BYTES = 4 << 20  # a request (long prompts); more is refused with 413
 KEY_TTL_S = 5.0  # a revoked key is refused within this
 ROUTE_TTL_S = 5.0
 READY_TTL_S = 1.0
@@ -79,14 +78,14 @@ class GatewayState:
     suspect: dict[str, float] = field(default_factory=dict)
     loads: dict[str, _Load] = field(default_factory=dict)
     usage: dict[tuple[str, str, datetime], list[int]] = field(default_factory=dict)
-    client: httpx.AsyncClient | None = None
+    pool: Pool | None = None
     reporter: asyncio.Task[None] | None = None
     wake: asyncio.Event | None = None
 
     # ---- who and where ----------------------------------------------------------------------------------------
-    async def grant(self, request: Request) -> tuple[KeyGrant, Decimal]:
-        """The key's grant and its paying org's balance (as of at most `KEY_TTL_S` ago)."""
-        auth = request.headers.get("authorization", "")
+    async def grant(self, auth: str) -> tuple[KeyGrant, Decimal]:
+        """The key's grant and its paying org's balance (as of at most `KEY_TTL_S` ago), from the request's
+        `Authorization` header."""
         scheme, _, secret = auth.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise GatewayError(401, "missing API key: send Authorization: Bearer sk-sl-… (suanli keys create)")
@@ -197,28 +196,26 @@ class GatewayState:
                 await self.reporter
         with contextlib.suppress(Exception):
             await self.flush()
-        if self.client is not None:
-            await self.client.aclose()
+        if self.pool is not None:
+            self.pool.close()
 
-    def http(self) -> httpx.AsyncClient:
-        if self.client is None:
-            timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-            self.client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=4096,
-                                            max_keepalive_connections=256))  # fmt: skip
-        return self.client
+    def http(self) -> Pool:
+        if self.pool is None:
+            self.pool = Pool(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        return self.pool
 
 
 # ---- requests ---------------------------------------------------------------------------------------------------
-async def models(state: GatewayState, request: Request) -> Response:
-    g, _ = await state.grant(request)
+async def models(state: GatewayState, auth: str) -> Response:
+    g, _ = await state.grant(auth)
     r = await state.route(g.endpoint_id)
     return JSONResponse({"object": "list", "data": [{"id": r.name, "object": "model", "created": 0,
                                                       "owned_by": r.org_id}]})  # fmt: skip
 
 
-async def forward(state: GatewayState, request: Request, route: str) -> Response:
-    g, balance = await state.grant(request)
-    raw = await request.body()
+async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Response | Relay:
+    """`raw` (the request's body, already bounded) to a ready replica; the answer, or a stream to relay."""
+    g, balance = await state.grant(auth)
     doc = check_body(route, raw)
     r = await state.route(g.endpoint_id)
     if r.priced and g.org_id != r.org_id and balance <= 0:
@@ -250,7 +247,7 @@ async def forward(state: GatewayState, request: Request, route: str) -> Response
         handed_off = False
         try:
             resp = await _send(state, t, route, body)
-            if stream and resp.headers.get("content-type", "").startswith("text/event-stream"):
+            if stream and resp.content_type.startswith("text/event-stream"):
                 handed_off = True
                 return streamed(state, resp, t, r, g)
             handed_off = True
@@ -286,14 +283,8 @@ async def _wait_ready(state: GatewayState, r: store.Route) -> list[store.Target]
                        None, RETRY_AFTER_S)  # fmt: skip
 
 
-async def _send(state: GatewayState, t: store.Target, route: str, body: bytes) -> httpx.Response:
-    client = state.http()
-    host = f"[{t.address}]" if ":" in t.address else t.address
-    req = client.build_request("POST", f"http://{host}:{t.port}/v1/{route}", content=body,
-                               headers={"content-type": "application/json", "accept": "*/*"})  # fmt: skip
+async def _send(state: GatewayState, t: store.Target, route: str, body: bytes) -> Answer:
     try:
-        return await client.send(req, stream=True)
-    except httpx.TimeoutException as e:
-        raise BeforeFirstByte(f"{type(e).__name__}") from None
-    except httpx.TransportError as e:
-        raise BeforeFirstByte(f"{type(e).__name__}: {e}") from None
+        return await state.http().post(t.address, t.port, f"/v1/{route}", body)
+    except NoAnswer as e:
+        raise BeforeFirstByte(str(e)) from None

@@ -5,16 +5,16 @@ Kept apart from `api.gateway` so each file stays small."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import httpx
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from suanli.api.gateway_input import GatewayError
+from suanli.api.gateway_upstream import Answer, BrokeOff
 from suanli.control.ids import utcnow
 from suanli.control.serving import gateway as store
 from suanli.control.serving.endpoints import KeyGrant
@@ -38,25 +38,25 @@ def done(state: GatewayState, t: store.Target, r: store.Route) -> None:
 
 
 async def whole(
-    state: GatewayState, resp: httpx.Response, t: store.Target, r: store.Route, g: KeyGrant
+    state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant
 ) -> Response:  # fmt: skip
     """A non-streamed answer: read whole (bounded), its usage counted, passed on as it came."""
     chunks, size = [], 0
     try:
-        async for chunk in resp.aiter_bytes():
+        async for chunk in resp:
             size += len(chunk)
             if size > RESPONSE_BYTES:
                 raise GatewayError(502, f"{r.name}'s answer is larger than {RESPONSE_BYTES} bytes")
             chunks.append(chunk)
-    except httpx.TransportError as e:
-        raise BeforeFirstByte(f"{type(e).__name__} while reading the answer") from None
+    except BrokeOff as e:
+        raise BeforeFirstByte(f"{e} while reading the answer") from None
     finally:
         await resp.aclose()
     content = b"".join(chunks)
     if resp.status_code == 200:
         _count(state, r, g, _usage_of(content))
     return Response(content, status_code=resp.status_code,
-                    media_type=resp.headers.get("content-type", "application/json"))  # fmt: skip
+                    media_type=resp.content_type or "application/json")  # fmt: skip
 
 
 def _usage_of(content: bytes) -> dict[str, Any] | None:
@@ -75,61 +75,71 @@ def _count(state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, An
     state.add_usage(r.id, g.key_id, prompt, completion, utcnow())
 
 
-def streamed(
-    state: GatewayState, resp: httpx.Response, t: store.Target, r: store.Route, g: KeyGrant
-) -> StreamingResponse:
-    """SSE, chunk by chunk as the runtime sends it. The usage event the gateway asked for is read in passing (a
-    client that did not ask for it gets it too: a chunk with no choices, as OpenAI sends it); a replica that breaks
-    off ends the stream with an error event."""
+def streamed(state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant) -> Relay:
+    """SSE, chunk by chunk as the runtime sends it (what arrived together goes on together). The usage event the
+    gateway asked for is read in passing (a client that did not ask for it gets it too: a chunk with no choices,
+    as OpenAI sends it); a replica that breaks off ends the stream with an error event."""
+    return Relay(state, resp, t, r, g)
 
-    async def relay() -> AsyncIterator[bytes]:
-        usage: dict[str, Any] | None = None
+
+class Relay:
+    """A stream as a raw ASGI response: each chunk from the runtime is one `send`, with no middleware, task group
+    or async generator between them (these cost more CPU per chunk than the bytes). The upstream response is
+    closed however it ends: done, an error, or the client gone (seen by a watcher of `receive`, which stops the
+    relay: the runtime then stops generating)."""
+
+    def __init__(self, state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant):
+        self.state, self.resp, self.t, self.r, self.g = state, resp, t, r, g
+        self.usage: dict[str, Any] | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        relay = asyncio.ensure_future(self._relay(send))
+        watch = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watch, relay):
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            try:
+                await self.resp.aclose()
+            finally:
+                _count(self.state, self.r, self.g, self.usage)
+                done(self.state, self.t, self.r)
+        if relay.done() and not relay.cancelled() and relay.exception() is not None:
+            raise relay.exception()  # type: ignore[misc]
+
+    async def _relay(self, send: Any) -> None:
+        await send({"type": "http.response.start", "status": self.resp.status_code, "headers": SSE_HEADERS})
         shadow = b""  # the events seen, for their usage only: every chunk goes on as it came
         try:
-            async for chunk in resp.aiter_raw():
-                yield chunk
+            async for chunk in self.resp:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 shadow += chunk
                 if b"\n\n" in shadow:
                     *events, shadow = shadow.replace(b"\r\n", b"\n").split(b"\n\n")
                     for ev in events:
-                        usage = _event_usage(ev) or usage
+                        self.usage = _event_usage(ev) or self.usage
                 if len(shadow) > SHADOW_BYTES:
                     shadow = b""
-        except httpx.TransportError as e:
-            log.info("gateway: replica %s broke off mid-stream: %s", t.name, e)
-            err = {"error": {"message": f"the replica serving {r.name} broke off mid-stream; retry the request",
+        except BrokeOff as e:
+            log.info("gateway: replica %s broke off mid-stream: %s", self.t.name, e)
+            err = {"error": {"message": f"the replica serving {self.r.name} broke off mid-stream; retry the request",
                              "type": "api_error", "param": None, "code": "upstream_disconnected"}}  # fmt: skip
-            yield b"data: " + json.dumps(err).encode() + b"\n\n"
-        finally:
-            _count(state, r, g, usage)
-
-    closed = False
-
-    async def close() -> None:
-        nonlocal closed
-        if not closed:
-            closed = True
-            await resp.aclose()
-            done(state, t, r)
-
-    return _Stream(close, relay(), status_code=resp.status_code, media_type="text/event-stream",
-                   headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})  # fmt: skip
+            await send({"type": "http.response.body", "body": b"data: " + json.dumps(err).encode() + b"\n\n",
+                        "more_body": True})  # fmt: skip
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-class _Stream(StreamingResponse):
-    """Closes the upstream response however the stream ends: done, the client gone (cancelled), or an error."""
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+               (b"x-accel-buffering", b"no")]  # fmt: skip
 
-    def __init__(self, close: Any, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._close = close
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with contextlib.suppress(BaseException):
-                await self.body_iterator.aclose()  # type: ignore[attr-defined]
-            await self._close()
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _event_usage(ev: bytes) -> dict[str, Any] | None:

@@ -27,6 +27,11 @@ class InstanceOrigins:
                 return v.decode("latin-1").lower()
         return ""
 
+    def on_instance_host(self, scope: Scope) -> bool:
+        """The request is on an instance's origin (which serves nothing but that instance's `/i/<id>/…`)."""
+        host = self._host(scope)
+        return bool(self.suffix) and host.endswith(self.suffix)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)

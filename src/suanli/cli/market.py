@@ -102,12 +102,33 @@ def quote(
     memory_per_gpu: Annotated[
         str | None, typer.Option("--memory-per-gpu", help="Host memory a GPU asks for, e.g. 64Gi (priced in).")
     ] = None,
+    serve: Annotated[
+        bool, typer.Option("--serve", help="Price serving --model at --rps instead (replicas, GPUs, per 1M tokens).")
+    ] = False,
+    rps: Annotated[str | None, typer.Option("--rps", help="--serve: requests per second.")] = None,
+    input_len: Annotated[int, typer.Option("--input-len", help="--serve: prompt tokens a request.")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len", help="--serve: output tokens a request.")] = 256,
+    slo_ttft_ms: Annotated[
+        str, typer.Option("--slo-ttft-ms", help="--serve: mean time to first token, at most.")
+    ] = "2000",
+    slo_itl_ms: Annotated[
+        str, typer.Option("--slo-itl-ms", help="--serve: mean inter-token latency, at most.")
+    ] = "100",
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """What a training run would take and cost on each feasible offer, best first; or, with --spec, what a workload
     spec would pay per hour (GPUs and host CPU and memory) on each GPU model that could run it, and for its
-    duration."""
+    duration; or, with --serve, what serving a model at --rps would take (replicas, GPUs) and cost per 1M tokens."""
+    if serve:
+        from suanli.cli.serving import quote_serve
+
+        if model is None or rps is None or spec is not None or usage:
+            fail("--serve needs --model and --rps (and takes neither --spec nor --usage)")
+        quote_serve(model, rps, input_len=input_len, output_len=output_len, slo_ttft_ms=slo_ttft_ms,
+                    slo_itl_ms=slo_itl_ms, gpu=gpu, precision=precision, spot=spot, server=server,
+                    json_out=json_out)  # fmt: skip
+        return
     if (model is None) == (spec is None):
         fail("give exactly one of --model (a training run) and --spec (a workload spec)")
     if spec is not None:

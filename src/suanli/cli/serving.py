@@ -1,4 +1,4 @@
-"""`suanli deploy NAME --model HUB_NAME …`, `suanli endpoints ls/describe/scale/rm/usage/keys` and
+"""`suanli deploy NAME --model HUB_NAME|vol:VOLUME/PATH …`, `suanli endpoints ls/describe/scale/rm/usage/keys` and
 `suanli keys create --endpoint NAME` / `suanli keys revoke ID`: models served as OpenAI-compatible endpoints."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ RefArg = Annotated[str, typer.Argument(metavar="NAME", help="Endpoint name or id
 
 def deploy(
     name: Annotated[str, typer.Argument(metavar="NAME", help="The endpoint's name: clients send it as `model`.")],
-    model: Annotated[str, typer.Option("--model", metavar="HUB_NAME", help="A hub model (`suanli hub models`).")],
+    model: Annotated[
+        str, typer.Option("--model", metavar="HUB_NAME", help="A hub model, or vol:VOLUME[@N]/PATH (a checkpoint).")
+    ],
     gpu: Annotated[str, typer.Option("--gpu", metavar="MODEL", help="GPU model of each replica, or 'any'.")] = "any",
     gpus: Annotated[int, typer.Option("--gpus", min=0, max=64, help="GPUs per replica (tensor parallel); 0: CPU.")] = 1,
     replicas: Annotated[
@@ -193,3 +195,34 @@ def keys_revoke(
 def register(root: typer.Typer) -> None:
     root.command("deploy")(deploy)
     root.add_typer(app, name="endpoints")
+
+
+def quote_serve(model: str, rps: str, *, input_len: int, output_len: int, slo_ttft_ms: str, slo_itl_ms: str,
+                gpu: str, precision: str | None, spot: bool, server: str | None, json_out: bool) -> None:  # fmt: skip
+    """`suanli quote --serve --model M --rps R`: the server checks every number (a 422 naming the field)."""
+    options: dict[str, Any] = {"input_len": input_len, "output_len": output_len, "slo_ttft_ms": slo_ttft_ms,
+                               "slo_itl_ms": slo_itl_ms, "gpu": gpu, "billing_mode": "spot" if spot else None,
+                               "precision": [precision] if precision else None}  # fmt: skip
+    with cred.api(server) as c, user_errors():
+        q = c.quote_serve(model, rps, **options)
+    if json_out:
+        emit_json(jsonable(q))
+        return
+    cur = q.currency
+    table = Table(title=f"serving {q.model} at {q.rps} req/s ({q.input_len} in, {q.output_len} out; mean TTFT <= "
+                        f"{q.slo_ttft_ms} ms, ITL <= {q.slo_itl_ms} ms), {q.billing_mode}")  # fmt: skip
+    for col in ("cluster", "GPU", "replica", "replicas", "GPUs", "TTFT ms", "ITL ms", f"{cur}/h", f"{cur}/1M tokens",
+                f"{cur}/1M out", "free now"):  # fmt: skip
+        table.add_column(col, justify="left" if col in ("cluster", "GPU", "replica") else "right")
+    for o in q.offers:
+        table.add_row(
+            o.cluster, o.gpu, f"{o.gpus_per_replica} GPU TP{o.tp} PP{o.pp} EP{o.ep} {o.precision}", str(o.replicas),
+            str(o.gpus), "-" if o.ttft_ms is None else f"{o.ttft_ms:,.0f}", f"{o.itl_ms:,.1f}",
+            f"{o.rate_per_hour:,.2f}", f"{o.per_1m_tokens:,.4f}", f"{o.per_1m_output_tokens:,.4f}",
+            "yes" if o.available_now else "no",
+        )  # fmt: skip
+    console.print(table)
+    if q.cannot_meet_slo:
+        console.print(f"[red]no replica layout keeps the SLO on:[/red] {escape(', '.join(q.cannot_meet_slo))}")
+    if not q.offers:
+        raise typer.Exit(1)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -73,6 +74,44 @@ class EndpointUsage:
     completion_tokens: int
 
 
+@dataclass(frozen=True)
+class ServeQuoteOffer:
+    """The cheapest configuration on one offer (cluster, GPU model) that keeps the SLO at the quoted rate."""
+
+    cluster: str
+    gpu: str
+    gpus_per_replica: int
+    tp: int
+    pp: int
+    ep: int
+    precision: str
+    replicas: int
+    gpus: int
+    free_gpus: int
+    available_now: bool
+    replica_max_rps: float
+    ttft_ms: float | None
+    itl_ms: float
+    rate_per_hour: Decimal  # the endpoint: replicas x replica_per_hour
+    replica_per_hour: Decimal
+    per_1m_tokens: Decimal  # prompt and output tokens at the rate
+    per_1m_output_tokens: Decimal
+
+
+@dataclass(frozen=True)
+class ServeQuote:
+    model: str
+    rps: Decimal
+    input_len: int
+    output_len: int
+    slo_ttft_ms: Decimal
+    slo_itl_ms: Decimal
+    billing_mode: str
+    currency: str
+    offers: list[ServeQuoteOffer]
+    cannot_meet_slo: list[str]
+
+
 def _ref(ref: str) -> str:
     return quote(ref, safe="")
 
@@ -90,6 +129,15 @@ class ServingCalls:
         if org_id:
             body["org"] = org_id
         return load(Endpoint, self._post("/endpoints", body))
+
+    def quote_serve(self, model: str, rps: Decimal | int | str, **options: Any) -> ServeQuote:
+        """Serving a performance-model preset at `rps` requests/s on each offer: replicas, GPUs and price per hour
+        and per 1M tokens, cheapest first. Options (server defaults when left out): input_len, output_len,
+        slo_ttft_ms, slo_itl_ms, gpu, precision (a list), max_gpus_per_replica, billing_mode (on-demand|spot),
+        cpus_per_replica, memory_per_replica ("24Gi")."""
+        body = {"model": model, "rps": str(rps),
+                **{k: str(v) if isinstance(v, Decimal) else v for k, v in options.items() if v is not None}}  # fmt: skip
+        return load(ServeQuote, self._post("/quotes/serve", body))
 
     def endpoints(self) -> list[Endpoint]:
         return [load(Endpoint, e) for e in self._get("/endpoints")]

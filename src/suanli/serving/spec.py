@@ -1,12 +1,13 @@
 """The endpoint spec (`kind: service`, or `suanli deploy`): every field bounded, each error naming its field.
 
-An endpoint serves one hub model through an OpenAI-compatible runtime; its replicas are ordinary workloads built
-from it (`replica_spec`). Pure: no I/O, no clock.
+An endpoint serves one hub model, or a checkpoint directory of a volume (`vol:NAME[@N]/PATH`), through an
+OpenAI-compatible runtime; its replicas are ordinary workloads built from it (`replica_spec`). Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
@@ -14,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 from suanli.workloads.durations import brief
 from suanli.workloads.models import HUB_NAME, FieldError, Resources, WorkloadSpec
 from suanli.workloads.spec import SpecError, load_yaml, spec_errors
+from suanli.workloads.volumes import VolumeRuleError, clean_path, parse_ref
 
 _NAME = re.compile(r"[a-z](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _CFG = ConfigDict(extra="forbid", frozen=True)
@@ -21,6 +23,41 @@ MAX_REPLICAS = 16
 MAX_TARGET = 1024  # concurrent requests per replica
 MAX_MODEL_LEN = 1 << 20
 MAX_PRICE = 10**6  # per 1M tokens
+VOLUME_PREFIX = "vol:"
+MODEL_MOUNT = "/mnt/model"  # where a replica's checkpoint volume is mounted, read-only
+MAX_MODEL_PATH = 200  # characters of the checkpoint's path in the sandbox (the endpoint keeps it)
+
+
+@dataclass(frozen=True)
+class VolumeModel:
+    """`vol:NAME[@N]/PATH`: the directory PATH of volume NAME (or of its read-only version N)."""
+
+    ref: str  # NAME or NAME@N
+    path: str  # inside the volume, cleaned ("" is its root)
+
+    @property
+    def sandbox_path(self) -> str:
+        """The checkpoint directory as the runtime sees it: the volume is mounted at `MODEL_MOUNT`."""
+        return f"{MODEL_MOUNT}/{self.path}" if self.path else MODEL_MOUNT
+
+    def __str__(self) -> str:
+        return f"{VOLUME_PREFIX}{self.ref}/{self.path}" if self.path else f"{VOLUME_PREFIX}{self.ref}"
+
+
+def volume_model(model: str) -> VolumeModel | None:
+    """The volume checkpoint `model` names, or None for a hub model; ValueError naming what is wrong."""
+    if not model.startswith(VOLUME_PREFIX):
+        return None
+    ref, _, path = model[len(VOLUME_PREFIX) :].partition("/")
+    try:
+        parse_ref(ref)
+        vm = VolumeModel(ref, clean_path(path))
+    except VolumeRuleError as e:
+        raise ValueError(f"vol:VOLUME[@N]/PATH: {e}") from None
+    if len(vm.sandbox_path) > MAX_MODEL_PATH:
+        raise ValueError(f"vol:VOLUME[@N]/PATH: the path is longer than {MAX_MODEL_PATH - len(MODEL_MOUNT) - 1} "
+                         "characters")  # fmt: skip
+    return vm
 
 
 class Autoscale(BaseModel):
@@ -84,8 +121,9 @@ class EndpointSpec(BaseModel):
     @field_validator("model")
     @classmethod
     def _model(cls, v: str) -> str:
-        if v.startswith("vol:"):
-            raise ValueError("volumes are not served yet; name a hub model (`suanli hub models`)")
+        vm = volume_model(v)
+        if vm is not None:
+            return str(vm)
         if not HUB_NAME.fullmatch(v) or ".." in v:
             raise ValueError(f"must be a hub model's name: 1-63 of a-z, 0-9, '.', '_', '-' (got {brief(v)})")
         return v
@@ -146,7 +184,8 @@ def parse_endpoint(source: str | dict[str, Any]) -> EndpointSpec:
 
 def replica_spec(spec: EndpointSpec, index: int, command: str, port: int, env: dict[str, str]) -> WorkloadSpec:
     """The workload one replica runs: the runtime's command line on `port`, the endpoint's GPUs in one NVLink domain
-    (a tensor-parallel replica), the hub model mounted read-only, retried on failures like any workload."""
+    (a tensor-parallel replica), the hub model (or the checkpoint's volume, at `MODEL_MOUNT`) mounted read-only,
+    retried on failures like any workload."""
     res = spec.resources.model_dump(mode="json", exclude_none=True)
     if spec.gpus() > 1:
         res["topology"] = "nvlink"
@@ -158,9 +197,14 @@ def replica_spec(spec: EndpointSpec, index: int, command: str, port: int, env: d
         "resources": res,
         "billing": spec.billing,
         "ports": [port],
-        "models": [spec.model],
         "retry": {"on": ["node-failure", "failure", "preemption"], "limit": 3},
     }
+    vm = volume_model(spec.model)
+    if vm is None:
+        doc["models"] = [spec.model]
+    else:  # the runtime loads a local directory; offline, so nothing it lacks is fetched from the internet
+        doc["volumes"] = [{"name": vm.ref, "path": MODEL_MOUNT, "read_only": True}]
+        doc["env"] = {**doc["env"], "HF_HUB_OFFLINE": "1"}
     if spec.image is not None:
         doc["image"] = spec.image
     return WorkloadSpec.model_validate(doc)

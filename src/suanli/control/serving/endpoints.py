@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
@@ -25,8 +26,11 @@ from suanli.control.storage import hub
 from suanli.control.workloads import workloads
 from suanli.db.models import User, Workload
 from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
+from suanli.db.volumes import Volume, VolumeVersion
 from suanli.serving.runtimes import Replica, runtime
-from suanli.serving.spec import MAX_REPLICAS, EndpointSpec, parse_endpoint, replica_spec
+from suanli.serving.spec import MAX_REPLICAS, EndpointSpec, VolumeModel, parse_endpoint, replica_spec, volume_model
+from suanli.storage import volume_versions as versions_store
+from suanli.storage import volumes as volume_store
 from suanli.workloads.spec import SpecError, WorkloadSpec
 
 KEY_PREFIX = "sk-sl-"
@@ -50,6 +54,7 @@ class Admitting:
     fleet: FleetCache
     prices: PriceCache
     check: Callable[[WorkloadSpec], None] | None = None  # the sandbox policy's (a published `image:`)
+    volumes_root: Path | None = None  # where volumes' files are: a `vol:` checkpoint's directory is looked for there
 
 
 def principal_of(s: Session, user_id: str) -> Principal:
@@ -74,16 +79,24 @@ def create(
     if org_id is not None and org_id != who.personal_org_id:
         org_id = memberships.require(s, who, org_id, "submit", "spend").org.id
     org_id = org_id or who.personal_org_id
-    try:
-        entry = hub.entry(s, "model", spec.model)
-    except NotFound:
-        raise Invalid(f"model: no model called {spec.model!r} in the hub (`suanli hub models` lists them)") from None
+    vm = volume_model(spec.model)
+    if vm is not None:
+        repo_id = vm.sandbox_path
+        _check_checkpoint(s, org_id, vm, admitting.volumes_root)
+    else:
+        try:
+            repo_id = hub.entry(s, "model", spec.model).repo_id
+        except NotFound:
+            raise Invalid(
+                f"model: no model called {spec.model!r} in the hub (`suanli hub models` lists them)"
+            ) from None
     rt = runtime(spec.runtime_name())
-    probe = Replica(entry.repo_id, spec.name, 1024, spec.gpus(), spec.max_model_len)
+    probe = Replica(repo_id, spec.name, 1024, spec.gpus(), spec.max_model_len)
     trial = replica_spec(spec, 0, rt.command(probe), 1024, rt.env(probe))
     hub.check_spec(s, trial)
     if admitting.check is not None:
         admitting.check(trial)
+    # (a checkpoint's volume: the same rules as a workload's mount, here the caller's right to read it)
     workloads.admit(s, who, trial, now, hold_minutes=admitting.hold_minutes, fleet=admitting.fleet,
                     prices=admitting.prices, org_id=org_id)  # fmt: skip
     if s.scalar(select(Endpoint.id).where(Endpoint.org_id == org_id, Endpoint.name == spec.name)) is not None:
@@ -93,13 +106,31 @@ def create(
         raise Conflict(f"name: an organisation may have {MAX_ENDPOINTS} endpoints")
     scaling = spec.scaling()
     e = Endpoint(id=new_id("ep"), org_id=org_id, user_id=who.user_id, name=spec.name,
-                 spec=spec.model_dump(mode="json", exclude_none=True), repo_id=entry.repo_id,
+                 spec=spec.model_dump(mode="json", exclude_none=True), repo_id=repo_id,
                  min_replicas=scaling.min_replicas, max_replicas=scaling.max_replicas, desired=scaling.min_replicas,
                  created_at=now, changed_at=now)  # fmt: skip
     s.add(e)
-    event(s, e.id, "deploy", f"deployed by {who.email}: {spec.model} ({entry.repo_id}) on {spec.runtime_name()}, "
+    event(s, e.id, "deploy", f"deployed by {who.email}: {spec.model} ({repo_id}) on {spec.runtime_name()}, "
           f"{spec.gpus()} GPU(s) per replica, {scaling.min_replicas}-{scaling.max_replicas} replicas", now)  # fmt: skip
     return e
+
+
+def _check_checkpoint(s: Session, org_id: str, vm: VolumeModel, root: Path | None) -> None:
+    """A `vol:` checkpoint: the volume (and version) is the endpoint org's, and, where this process sees the
+    volumes' files, the path is a directory inside it (a link out of the volume does not count)."""
+    name, _, version = vm.ref.partition("@")
+    v = s.scalar(select(Volume).where(Volume.org_id == org_id, Volume.name == name))
+    if v is None:
+        raise Invalid(f"model: no volume called {name} in this organisation (`suanli volumes ls`)")
+    if version and s.get(VolumeVersion, (v.id, int(version))) is None:
+        raise Invalid(f"model: volume {name} has no version {version}")
+    if root is None:
+        return
+    p = volume_store.paths(root, v.org_id, v.id)
+    base = (versions_store.tree(p, int(version)) if version else p.data).resolve()
+    where = (base / vm.path).resolve()
+    if not (where == base or base in where.parents) or not where.is_dir():
+        raise Invalid(f"model: {vm.path or '/'} is not a directory in volume {vm.ref}")
 
 
 def spec_of(e: Endpoint) -> EndpointSpec:

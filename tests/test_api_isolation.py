@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from suanli.control.ids import utcnow
 from suanli.control.money import metering
 from suanli.control.storage import hub
+from suanli.web.pages import ROUTERS as WEB_ROUTERS
 from tests.control_plane import Tenant, admin_token, bearer, join, signup
 
 API = "/api/v1"
@@ -43,6 +44,12 @@ GATEWAY = {("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v
 SIGNED = {("POST", "/payments/{provider}/webhook")}
 PUBLIC = {("POST", "/signup"), ("POST", "/login"), *SIGNED}  # no token needed
 UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
+# The web console's pages (suanli.web): they answer a session cookie only. Without one, a page sends the browser to
+# /login and a form is refused for its missing CSRF token; the sign-in pages and the API docs are public.
+CONSOLE = {(m, r.path) for router in WEB_ROUTERS for r in router.routes for m in getattr(r, "methods", ())} | {
+    ("GET", "/docs")
+}
+CONSOLE_PUBLIC = {("GET", "/docs"), ("GET", "/login"), ("GET", "/signup")}
 OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
 PROBE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUqxWjtshpF4K1Wi probe"
 VICTIM_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPYgWGKugdE1qhZINwqTdx8vVRu8YjxWU0L7RLCUqHML victim"
@@ -312,6 +319,16 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
             r = api.request(method, full, json={"model": "victim-chat"}, headers=w.attacker.headers)
             if r.status_code != 401 or any(x in r.text for x in w.secrets()):
                 problems.append(f"{method} {full}: {r.status_code}: {r.text[:200]}")
+            continue
+        if (method, full) in CONSOLE:  # the web console: a session cookie, never a bearer token (tests/test_web_*)
+            url = re.sub(r"\{[^}]+\}", "x", full)
+            r = api.request(method, url, headers=w.attacker.headers, follow_redirects=False)
+            public = (method, full) in CONSOLE_PUBLIC and r.status_code == 200
+            refused = r.status_code in (403, 404) or (
+                r.status_code == 303 and r.headers["location"].startswith("/login")
+            )
+            if not (public or refused) or any(x in r.text for x in w.secrets()):
+                problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
             continue
         if not full.startswith(API):
             assert (method, full) in UNVERSIONED, f"{method} {full}: a route outside {API}; classify it"

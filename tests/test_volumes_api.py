@@ -232,6 +232,34 @@ def test_a_file_resumes_and_its_checksum_is_checked(api: TestClient) -> None:
     assert r.json() == {"path": "f.bin", "kind": "file", "size": len(data), "sha256": sha}
 
 
+def test_a_held_upload_moves_in_only_with_the_hash_it_was_received_with(api: TestClient) -> None:
+    """The SDK hashes while it sends: the file waits beside the tree until the commit names the same hash."""
+    t = signup(api, "a@example.com")
+    vol = create(api, t).json()
+    data = os.urandom(200_000)
+    sha = hashlib.sha256(data).hexdigest()
+    commit = f"{API}/volumes/data/commit"
+    r = api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers)
+    assert r.status_code == 422 and "no whole upload" in r.json()["detail"]  # nothing was sent
+    r = put(api, t, "data", "f.bin", data, hold="true")
+    assert r.status_code == 200 and r.json()["sha256"] == sha
+    assert get(api, t, "data", "f.bin").status_code == 422  # held: not in the tree yet
+    r = api.post(commit, params={"path": "f.bin", "sha256": "0" * 64}, headers=t.headers)
+    assert r.status_code == 422 and sha in r.json()["detail"]  # another hash: dropped, never moved in
+    assert get(api, t, "data", "f.bin").status_code == 422
+    assert api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers).status_code == 422
+    assert put(api, t, "data", "f.bin", data, hold="true").status_code == 200
+    r = api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers)
+    assert r.status_code == 200 and r.json()["bytes"] == len(data)
+    assert get(api, t, "data", "f.bin").content == data
+    # The hash it came in with is remembered while the file is unchanged; a workload's change is read again.
+    stat = {"path": "f.bin", "sha256": True}
+    assert api.get(f"{API}/volumes/data/stat", params=stat, headers=t.headers).json()["sha256"] == sha
+    (live(api, vol) / "f.bin").write_bytes(b"changed")
+    got = api.get(f"{API}/volumes/data/stat", params=stat, headers=t.headers).json()["sha256"]
+    assert got == hashlib.sha256(b"changed").hexdigest()
+
+
 def test_a_tree_goes_in_and_out_as_a_checked_tar(api: TestClient) -> None:
     t = signup(api, "a@example.com")
     create(api, t)

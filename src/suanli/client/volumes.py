@@ -10,6 +10,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -75,6 +76,28 @@ class Copied:
     files: int
     sha256: str
     resumed_from: int = 0
+
+
+@dataclass(frozen=True)
+class StorageUsage:
+    volume_id: str
+    volume: str
+    hours: int
+    cost: Decimal
+    first_hour: datetime
+    last_hour: datetime
+    size_bytes: int | None = None  # None once removed
+    price_per_hour: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class StorageQuote:
+    bytes: int
+    hours: int
+    storage_gb_month: Decimal
+    per_hour: Decimal
+    cost: Decimal
+    currency: str
 
 
 def _seg(value: str) -> str:
@@ -160,6 +183,7 @@ class VolumeCalls:
         _http: httpx.Client
 
         def call(self, method: str, path: str, body: Any = None, *, params: Any = None, auth: bool = True) -> Any: ...
+        def _org_id(self, org_id: str | None) -> str: ...
         def request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
 
     # ---- volumes ----
@@ -214,6 +238,20 @@ class VolumeCalls:
     def volume_stat(self, ref: str, path: str, org: str | None = None, sha256: bool = False) -> dict[str, Any]:
         params = _q(org, path=path, sha256="true" if sha256 else None)
         return dict(self.call("GET", f"/volumes/{_seg(ref)}/stat", params=params))
+
+    # ---- storage charges and quotes ----
+    def storage_usage(self, org_id: str | None = None, *, since: datetime | str | None = None,
+                      until: datetime | str | None = None) -> list[StorageUsage]:  # fmt: skip
+        """The org's volume storage charges, one line per volume (removed ones too): hours charged that start in
+        [since, until) and their exact cost, most expensive first."""
+        params = {k: v.isoformat() if isinstance(v, datetime) else v
+                  for k, v in {"since": since, "until": until}.items() if v is not None}  # fmt: skip
+        rows = self.call("GET", f"/orgs/{_seg(self._org_id(org_id))}/usage/storage", params=params)
+        return [load(StorageUsage, r) for r in rows]
+
+    def quote_storage(self, size: str | int, hours: int = 720) -> StorageQuote:
+        """What `size` of volume storage (a volume's size plus its versions' bytes) costs for `hours`."""
+        return load(StorageQuote, self.call("POST", "/quotes/storage", {"size": size, "hours": hours}))
 
     # ---- copying ----
     def _stream(self, method: str, path: str, params: dict[str, Any], content: Any = None,

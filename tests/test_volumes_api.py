@@ -128,6 +128,9 @@ def test_roles_decide_who_reads_writes_snapshots_and_deletes(api: TestClient) ->
     team = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
     join(api, owner, team, member, "member")
     join(api, owner, team, viewer, "viewer")
+    r = api.post(f"{API}/admin/orgs/{team}/transactions", json={"kind": "topup", "amount": "10"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text  # (an org without money allocates no storage)
     q = {"org": "lab"}
     assert create(api, viewer, "shared", org="lab").status_code == 403
     assert create(api, member, "shared", org="lab").status_code == 201

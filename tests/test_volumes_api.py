@@ -263,6 +263,33 @@ def test_a_held_upload_moves_in_only_with_the_hash_it_was_received_with(api: Tes
     assert got == hashlib.sha256(b"changed").hexdigest()
 
 
+def test_the_file_count_and_usage_are_current_after_each_copy_and_removal(api: TestClient) -> None:
+    """Not only after the next sweep: `ls` and `describe` show what the API just did."""
+    t = signup(api, "a@example.com")
+    create(api, t)
+
+    def shown() -> tuple[int, int]:
+        v = api.get(f"{API}/volumes/data", headers=t.headers).json()
+        return v["files"], v["used_bytes"]
+
+    assert shown() == (0, 0)
+    assert put(api, t, "data", "a.bin", b"a" * 5000).status_code == 200
+    assert shown() == (1, 8192)
+    assert put(api, t, "data", "x/b.bin", b"b").status_code == 200  # a directory and a file
+    assert shown() == (3, 8192 + 4096 + 4096)
+    assert put(api, t, "data", "a.bin", b"a").status_code == 200  # replaced, smaller
+    assert shown() == (3, 3 * 4096)
+    data = b"c" * 10
+    assert put(api, t, "data", "c.bin", data, hold="true").status_code == 200
+    assert shown() == (3, 3 * 4096)  # held aside: not in the tree yet
+    sha = hashlib.sha256(data).hexdigest()
+    assert api.post(f"{API}/volumes/data/commit", params={"path": "c.bin", "sha256": sha},
+                    headers=t.headers).status_code == 200  # fmt: skip
+    assert shown() == (4, 4 * 4096)
+    assert api.delete(f"{API}/volumes/data/files", params={"path": "x"}, headers=t.headers).status_code == 204
+    assert shown() == (2, 2 * 4096)
+
+
 def test_a_tree_goes_in_and_out_as_a_checked_tar(api: TestClient) -> None:
     t = signup(api, "a@example.com")
     create(api, t)

@@ -105,11 +105,11 @@ async def put_file(
         w.abort()  # what arrived is kept: resume from `partial`
         raise Invalid("body: the upload broke off; resume from GET …/partial") from None
     try:
-        digest, size, replaced = await run_in_threadpool(w.finish, sha256, hold)
+        digest, size, _ = await run_in_threadpool(w.finish, sha256, hold)
     except store.VolumeFileError as e:
         raise _file_error(e) from None
     if not hold:
-        await run_in_threadpool(files.wrote, ctx.db, t, size, replaced, ctx.now)
+        await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
     return PutOut(path=rel, bytes=size, sha256=digest)
 
 
@@ -121,10 +121,10 @@ async def commit_file(ref: Ref, ctx: Auth, path: PathQ, sha256: Annotated[str, Q
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now, False)
     try:
-        digest, size, replaced = await run_in_threadpool(vio.commit, t.paths, rel, sha256)
+        digest, size, _ = await run_in_threadpool(vio.commit, t.paths, rel, sha256)
     except store.VolumeFileError as e:
         raise _file_error(e) from None
-    await run_in_threadpool(files.wrote, ctx.db, t, size, replaced, ctx.now)
+    await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
     return PutOut(path=rel, bytes=size, sha256=digest)
 
 

@@ -62,9 +62,10 @@ def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
     try:
         size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
         size = int(size_s)
+        have = src.stat().st_size
     except (OSError, ValueError):
         raise VolumeFileError(f"{rel}: no whole upload is waiting; send it (again) with hold=true") from None
-    if src.stat().st_size != size or digest != sha256:
+    if have != size or digest != sha256:
         src.unlink(missing_ok=True)
         _held(p, rel).unlink(missing_ok=True)
         raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")

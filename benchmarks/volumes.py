@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.control_plane import live_server, signup  # noqa: E402
 
+from suanli.cli.malloc import tune_for_streams  # noqa: E402
 from suanli.client import Client  # noqa: E402
 
 
@@ -62,6 +63,7 @@ def main() -> None:
     ap.add_argument("--no-s3", action="store_true", help="skip the S3 backend")
     ap.add_argument("--s3-size-mib", type=int, default=128, help="the large file on S3 (moto keeps parts in memory)")
     args = ap.parse_args()
+    tune_for_streams()  # as `suanli volumes cp` does
     moto = None
     if not args.no_s3:
         try:

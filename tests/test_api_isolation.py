@@ -7,6 +7,7 @@ classified fails the test, so a new endpoint cannot ship without being walked.""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import io
 import itertools
 import re
@@ -30,7 +31,7 @@ PASSWORD = "tenant-password"
 GLOBAL = {
     ("POST", "/signup"), ("POST", "/login"), ("POST", "/logout"), ("GET", "/me"), ("GET", "/tokens"),
     ("POST", "/tokens"), ("GET", "/orgs"), ("POST", "/orgs"), ("GET", "/prices"), ("GET", "/offers"),
-    ("POST", "/quotes"), ("POST", "/quotes/workload"), ("POST", "/quotes/serve"), ("GET", "/workloads"), ("POST", "/workloads"), ("GET", "/environments"),
+    ("POST", "/quotes"), ("POST", "/quotes/workload"), ("POST", "/quotes/serve"), ("POST", "/quotes/storage"), ("GET", "/workloads"), ("POST", "/workloads"), ("GET", "/environments"),
     ("GET", "/keys"), ("POST", "/keys"), ("GET", "/ssh"), ("GET", "/invitations"), ("POST", "/workdirs"),
     ("GET", "/hub/models"), ("GET", "/hub/datasets"), ("GET", "/volumes"), ("POST", "/volumes"),
     ("GET", "/endpoints"), ("POST", "/endpoints"),
@@ -64,6 +65,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "PriceGpuIn": {"on_demand": "0.01"},
     "PriceHostIn": {"cpu_core_hour": "0.01"},
     "PriceUsageIn": {"gpu_hour": {"H20": "0.01"}, "floor": "0"},
+    "StorageQuoteIn": {"size": "1Gi"},
     "WorkloadQuoteIn": {"spec": {"name": "probe", "command": "x", "resources": {"gpus": 0}}},
     "PriceBookIn": {"gpu_hour": {"H20": "0.01"}},
     "ClusterIn": {"preset": "1x8:H20", "name": "intruder"},
@@ -98,8 +100,9 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "BatchIn": {"amount": "1000", "count": 1},
     "VoidIn": {},
 }
+PROBE_SHA = hashlib.sha256(b"probe").hexdigest()
 # Query parameters a route needs (a 422 for a missing one would hide whether the caller was authorised).
-QUERY = {"files": "?path=hello.txt", "partial": "?path=hello.txt", "stat": "?path=hello.txt", "ls": "?path=",
+QUERY = {"files": "?path=hello.txt", "partial": "?path=hello.txt", "commit": f"?path=hello.txt&sha256={PROBE_SHA}", "stat": "?path=hello.txt", "ls": "?path=",
          "tree": "?path=", "diff": "?from=1&to=1"}  # fmt: skip
 
 
@@ -264,6 +267,9 @@ def _requests(w: World, method: str, path: str) -> Iterator[str]:
 
 
 def _send(api: Any, method: str, path: str, url: str, body: dict[str, Any] | None, headers: dict[str, str]) -> Any:
+    if path == "/volumes/{volume}/commit":  # what it commits: an upload the same caller holds
+        held = url.replace("/commit?", "/files?").split("&")[0] + "&hold=true"
+        api.put(held, content=b"probe", headers=headers)
     if (method, path) in RAW:  # a body that is not JSON
         return api.request(method, url, content=RAW[method, path], headers=headers)
     return api.request(method, url, json=body, headers=headers)

@@ -128,6 +128,9 @@ def test_roles_decide_who_reads_writes_snapshots_and_deletes(api: TestClient) ->
     team = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
     join(api, owner, team, member, "member")
     join(api, owner, team, viewer, "viewer")
+    r = api.post(f"{API}/admin/orgs/{team}/transactions", json={"kind": "topup", "amount": "10"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text  # (an org without money allocates no storage)
     q = {"org": "lab"}
     assert create(api, viewer, "shared", org="lab").status_code == 403
     assert create(api, member, "shared", org="lab").status_code == 201
@@ -230,6 +233,61 @@ def test_a_file_resumes_and_its_checksum_is_checked(api: TestClient) -> None:
     assert get(api, t, "data", "f.bin", Range="bytes=999999999-").status_code == 416
     r = api.get(f"{API}/volumes/data/stat", params={"path": "f.bin", "sha256": True}, headers=t.headers)
     assert r.json() == {"path": "f.bin", "kind": "file", "size": len(data), "sha256": sha}
+
+
+def test_a_held_upload_moves_in_only_with_the_hash_it_was_received_with(api: TestClient) -> None:
+    """The SDK hashes while it sends: the file waits beside the tree until the commit names the same hash."""
+    t = signup(api, "a@example.com")
+    vol = create(api, t).json()
+    data = os.urandom(200_000)
+    sha = hashlib.sha256(data).hexdigest()
+    commit = f"{API}/volumes/data/commit"
+    r = api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers)
+    assert r.status_code == 422 and "no whole upload" in r.json()["detail"]  # nothing was sent
+    r = put(api, t, "data", "f.bin", data, hold="true")
+    assert r.status_code == 200 and r.json()["sha256"] == sha
+    assert get(api, t, "data", "f.bin").status_code == 422  # held: not in the tree yet
+    r = api.post(commit, params={"path": "f.bin", "sha256": "0" * 64}, headers=t.headers)
+    assert r.status_code == 422 and sha in r.json()["detail"]  # another hash: dropped, never moved in
+    assert get(api, t, "data", "f.bin").status_code == 422
+    assert api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers).status_code == 422
+    assert put(api, t, "data", "f.bin", data, hold="true").status_code == 200
+    r = api.post(commit, params={"path": "f.bin", "sha256": sha}, headers=t.headers)
+    assert r.status_code == 200 and r.json()["bytes"] == len(data)
+    assert get(api, t, "data", "f.bin").content == data
+    # The hash it came in with is remembered while the file is unchanged; a workload's change is read again.
+    stat = {"path": "f.bin", "sha256": True}
+    assert api.get(f"{API}/volumes/data/stat", params=stat, headers=t.headers).json()["sha256"] == sha
+    (live(api, vol) / "f.bin").write_bytes(b"changed")
+    got = api.get(f"{API}/volumes/data/stat", params=stat, headers=t.headers).json()["sha256"]
+    assert got == hashlib.sha256(b"changed").hexdigest()
+
+
+def test_the_file_count_and_usage_are_current_after_each_copy_and_removal(api: TestClient) -> None:
+    """Not only after the next sweep: `ls` and `describe` show what the API just did."""
+    t = signup(api, "a@example.com")
+    create(api, t)
+
+    def shown() -> tuple[int, int]:
+        v = api.get(f"{API}/volumes/data", headers=t.headers).json()
+        return v["files"], v["used_bytes"]
+
+    assert shown() == (0, 0)
+    assert put(api, t, "data", "a.bin", b"a" * 5000).status_code == 200
+    assert shown() == (1, 8192)
+    assert put(api, t, "data", "x/b.bin", b"b").status_code == 200  # a directory and a file
+    assert shown() == (3, 8192 + 4096 + 4096)
+    assert put(api, t, "data", "a.bin", b"a").status_code == 200  # replaced, smaller
+    assert shown() == (3, 3 * 4096)
+    data = b"c" * 10
+    assert put(api, t, "data", "c.bin", data, hold="true").status_code == 200
+    assert shown() == (3, 3 * 4096)  # held aside: not in the tree yet
+    sha = hashlib.sha256(data).hexdigest()
+    assert api.post(f"{API}/volumes/data/commit", params={"path": "c.bin", "sha256": sha},
+                    headers=t.headers).status_code == 200  # fmt: skip
+    assert shown() == (4, 4 * 4096)
+    assert api.delete(f"{API}/volumes/data/files", params={"path": "x"}, headers=t.headers).status_code == 204
+    assert shown() == (2, 2 * 4096)
 
 
 def test_a_tree_goes_in_and_out_as_a_checked_tar(api: TestClient) -> None:

@@ -106,3 +106,48 @@ def test_a_volume_a_workload_filled_past_its_size_is_full_until_emptied(api: Tes
     )
     assert api.delete(f"{API}/volumes/data/files", params={"path": "big"}, headers=t.headers).status_code == 204
     assert api.get(f"{API}/volumes/data", headers=t.headers).json()["state"] == "ready"
+
+
+def test_storage_is_its_own_lines_in_usage_and_quoted_exactly(api: TestClient) -> None:
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    t, other = signup(api, "a@example.com"), signup(api, "b@example.com")
+    vol = api.post(f"{API}/volumes", json={"name": "data", "size": "200Gi"}, headers=t.headers).json()
+    gone = api.post(f"{API}/volumes", json={"name": "old", "size": "1Gi"}, headers=t.headers).json()
+    with db.read() as s:
+        start = s.get(Volume, vol["id"]).billed_until
+    volume_billing.meter(db, start + timedelta(hours=3, minutes=1), grace_minutes=5)
+    assert api.delete(f"{API}/volumes/old", headers=t.headers).status_code == 204
+    hour = (Decimal(200 << 30) * Decimal("0.30") / (Decimal(10**9) * 720)).quantize(Decimal("1e-8"))
+    small = (Decimal(1 << 30) * Decimal("0.30") / (Decimal(10**9) * 720)).quantize(Decimal("1e-8"))
+    url = f"{API}/orgs/{t.org_id}/usage/storage"
+    r = api.get(url, headers=t.headers)
+    assert r.status_code == 200, r.text
+    data, old = r.json()
+    assert (data["volume"], data["hours"], Decimal(data["cost"])) == ("data", 3, 3 * hour)
+    assert data["size_bytes"] == 200 << 30 and Decimal(data["price_per_hour"]) == hour
+    assert (old["volume_id"], old["volume"], old["hours"]) == (gone["id"], "old", 3)  # removed: still charged
+    assert Decimal(old["cost"]) == 3 * small and old["size_bytes"] is None and old["price_per_hour"] is None
+    # The hours that start in [since, until): the first and the last left out.
+    first = data["first_hour"]
+    since = (start + timedelta(hours=1)).isoformat()
+    until = (start + timedelta(hours=2)).isoformat()
+    (one, _) = api.get(url, params={"since": since, "until": until}, headers=t.headers).json()
+    assert one["hours"] == 1 and Decimal(one["cost"]) == hour and one["first_hour"] > first
+    assert api.get(url, headers=other.headers).status_code in (403, 404)  # another org's charges are not theirs
+    # The statement's sum for storage is the ledger's: nothing computed apart from it.
+    with db.read() as s:
+        charged = sum(
+            (-ledger.net_for_org(tx, t.org_id) for tx in s.scalars(select(LedgerTransaction).where(
+                LedgerTransaction.key.like("volume:%")))), Decimal(0)
+        )  # fmt: skip
+    assert charged == 3 * hour + 3 * small
+    # A quote: exactly what the hourly meter charges, from the price book in force.
+    q = api.post(f"{API}/quotes/storage", json={"size": "200Gi", "hours": 720}, headers=t.headers)
+    assert q.status_code == 200, q.text
+    assert Decimal(q.json()["per_hour"]) == hour and Decimal(q.json()["cost"]) == 720 * hour
+    assert q.json()["bytes"] == 200 << 30 and q.json()["currency"] == "CNY"
+    for body, field in (({"size": "lots"}, "size"), ({"size": "9" * 40}, "size"), ({"size": 1.5}, "size"),
+                        ({"size": "1Gi", "hours": 0}, "hours"), ({"size": "1Gi", "hours": 10**9}, "hours"),
+                        ({"size": "1Gi", "hours": "1e3"}, "hours")):  # fmt: skip
+        r = api.post(f"{API}/quotes/storage", json=body, headers=t.headers)
+        assert r.status_code == 422 and field in r.text, (body, r.text)

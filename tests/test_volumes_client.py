@@ -90,3 +90,36 @@ def test_cli_create_cp_snapshot_versions_diff_restore_clone_rm(server, tmp_path:
     assert sorted(v["name"] for v in listed) == ["data", "exp"]
     invoke(["volumes", "rm", "exp"])
     assert "data" in invoke(["volumes", "describe", "data"]).stdout
+
+
+def test_storage_in_usage_and_quote_through_the_sdk_and_cli(server, db_url: str) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from suanli.control.storage import volume_billing
+    from suanli.db.engine import Database
+    from suanli.db.volumes import Volume
+
+    _, c = server
+    vol = c.volume_create("data", "100Gi")
+    assert c.storage_usage() == [] and "no usage yet" in invoke(["usage"]).stdout
+    db = Database(db_url)  # two hours pass on the server's clock: its meter charges them
+    try:
+        with db.read() as s:
+            start = s.get(Volume, vol.id).billed_until
+        volume_billing.meter(db, start + timedelta(hours=2, minutes=1), grace_minutes=5)
+    finally:
+        db.dispose()
+    hour = (Decimal(100 << 30) * Decimal("0.30") / (Decimal(10**9) * 720)).quantize(Decimal("1e-8"))
+    (line,) = c.storage_usage()
+    assert (line.volume, line.hours, line.cost, line.price_per_hour) == ("data", 2, 2 * hour, hour)
+    (row,) = json.loads(invoke(["usage", "--storage", "--json"]).stdout)
+    assert Decimal(row["cost"]) == 2 * hour and row["volume_id"] == vol.id
+    out = invoke(["usage"]).stdout
+    assert "volume storage" in out and "data" in out and str(2 * hour) in out
+    q = c.quote_storage("100Gi", 24)
+    assert q.per_hour == hour and q.cost == 24 * hour
+    got = json.loads(invoke(["quote", "--volume", "100Gi", "--hours", "24", "--json"]).stdout)
+    assert Decimal(got["cost"]) == 24 * hour
+    assert "an hour" in invoke(["quote", "--volume", "100Gi"]).stdout
+    assert "size: must be a size" in invoke(["quote", "--volume", "lots"], code=2).stderr

@@ -139,12 +139,27 @@ def usage(
     ] = None,
     since: Annotated[str | None, typer.Option("--since", help="ISO time, e.g. 2025-01-01 (UTC).")] = None,
     until: Annotated[str | None, typer.Option("--until", help="ISO time (UTC).")] = None,
+    storage: Annotated[
+        bool, typer.Option("--storage", help="Only the volume storage lines (with --json: those, as JSON).")
+    ] = False,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost)."""
+    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost), then volume storage:
+    one line per volume (hours charged from --since to --until, cost). --user and --workload show allocations only;
+    --csv prints the allocations."""
     if csv and json_out:
         fail("give at most one of --csv and --json")
+    if storage and (csv or user or workload):
+        fail("--storage: not with --csv, --user or --workload (storage is charged to the organisation)")
+    if storage:
+        with cred.api(server) as c:
+            lines = c.storage_usage(org_id(c, org), since=since, until=until)
+        if json_out:
+            emit_json(jsonable(lines))
+            return
+        _storage_table(lines)
+        return
     with cred.api(server) as c:
         oid = org_id(c, org)
         uid = user
@@ -158,11 +173,15 @@ def usage(
             typer.echo(c.usage_csv(oid, **filters), nl=False)
             return
         rows = c.usage(oid, **filters)
+        lines = [] if json_out or user or workload else c.storage_usage(oid, since=since, until=until)
     if json_out:
         emit_json(rows)
         return
-    if not rows:
+    if not rows and not lines:
         console.print("no usage yet")
+        return
+    if not rows:
+        _storage_table(lines)
         return
     table = Table(title="usage")
     from suanli.workloads.host import host_text
@@ -176,6 +195,25 @@ def usage(
             host_text(int(r.get("cpu_milli") or 0), int(r.get("memory_mib") or 0)), r["billing_mode"],
             when(r["started_at"]), when(r.get("stopped_at")), human_duration(float(r["seconds_charged"])),
             r.get("activity") or "-", money(r["cost"]),
+        )  # fmt: skip
+    console.print(table)
+    if lines:
+        _storage_table(lines)
+
+
+def _storage_table(lines: list[Any]) -> None:
+    if not lines:
+        console.print("no storage charged")
+        return
+    table = Table(title="volume storage")
+    for col in ("volume", "size", "hours", "first hour", "last hour", "rate/h now", "cost"):
+        table.add_column(col, justify="right" if col in ("size", "hours", "rate/h now", "cost") else "left")
+    from suanli.workloads.volumes import format_size
+
+    for r in lines:
+        table.add_row(
+            r.volume, format_size(r.size_bytes) if r.size_bytes is not None else "(removed)", str(r.hours),
+            when(r.first_hour), when(r.last_hour), unit_price(r.price_per_hour), unit_price(r.cost),
         )  # fmt: skip
     console.print(table)
 

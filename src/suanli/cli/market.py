@@ -114,12 +114,18 @@ def quote(
     slo_itl_ms: Annotated[
         str, typer.Option("--slo-itl-ms", help="--serve: mean inter-token latency, at most.")
     ] = "100",
+    volume: Annotated[
+        str | None,
+        typer.Option("--volume", metavar="SIZE", help="Price volume storage of this size too (200Gi, 500G)."),
+    ] = None,
+    hours: Annotated[int, typer.Option("--hours", help="Hours of --volume storage to price (720: a month).")] = 720,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
     """What a training run would take and cost on each feasible offer, best first; or, with --spec, what a workload
     spec would pay per hour (GPUs and host CPU and memory) on each GPU model that could run it, and for its
-    duration; or, with --serve, what serving a model at --rps would take (replicas, GPUs) and cost per 1M tokens."""
+    duration; or, with --serve, what serving a model at --rps would take (replicas, GPUs) and cost per 1M tokens.
+    --volume SIZE [--hours H] prices volume storage as well (alone: only that)."""
     if serve:
         from suanli.cli.serving import quote_serve
 
@@ -129,6 +135,21 @@ def quote(
                     slo_itl_ms=slo_itl_ms, gpu=gpu, precision=precision, spot=spot, server=server,
                     json_out=json_out)  # fmt: skip
         return
+    if volume is not None:
+        check_positive(hours, "--hours")
+        alone = model is None and spec is None
+        if json_out and not alone:
+            fail("--volume: with --json, price storage alone (without --model or --spec)")
+        with cred.api(server) as c, user_errors():
+            sq = c.quote_storage(volume, hours)
+        if json_out:
+            emit_json(jsonable(sq))
+            return
+        console.print(f"volume storage: {volume} ({sq.bytes:,} bytes) for {hours:,} h at {unit_price(sq.storage_gb_month)}"
+                      f" {sq.currency} per GB-month: {unit_price(sq.per_hour)} an hour, {unit_price(sq.cost)} "
+                      f"{sq.currency}")  # fmt: skip
+        if alone:
+            return
     if (model is None) == (spec is None):
         fail("give exactly one of --model (a training run) and --spec (a workload spec)")
     if spec is not None:

@@ -70,6 +70,9 @@ def server(
     _ssh_note(settings)
     _sandbox_note(settings)
     if workers == 1:
+        from suanli.cli.malloc import tune_for_streams
+
+        tune_for_streams()  # volume copies stream GiBs through this process
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
         return
     # Several processes: each builds its app from the resolved settings handed over in the environment. The

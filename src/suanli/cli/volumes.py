@@ -161,9 +161,12 @@ def cp(
 ) -> None:
     """Copy a file or a directory into a volume or out of one, with a progress bar. A file resumes after a break
     (run the same command again) and its sha256 is checked; a directory travels as one checked tar stream."""
+    from suanli.cli.malloc import tune_for_streams
+
     a, b = remote(src), remote(dst)
     if (a is None) == (b is None):
         fail("cp: one of SRC and DST must be in a volume (vol:NAME/PATH), the other local")
+    tune_for_streams()
     with cred.api(server) as c, _bar() as bar:
         if b is not None:
             local = Path(src)

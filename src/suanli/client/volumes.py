@@ -10,6 +10,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -19,7 +20,7 @@ from suanli.client.models import load
 if TYPE_CHECKING:
     import httpx
 
-CHUNK = 256 << 10  # a write of one chunk: httpcore copies what a send leaves over, so smaller is cheaper
+CHUNK = 1 << 20  # a read or write of one chunk
 PART = ".suanli-part"  # a download under way, beside its destination: resumed from its size
 Progress = Callable[[int], None]  # called with each number of bytes moved
 
@@ -75,6 +76,28 @@ class Copied:
     files: int
     sha256: str
     resumed_from: int = 0
+
+
+@dataclass(frozen=True)
+class StorageUsage:
+    volume_id: str
+    volume: str
+    hours: int
+    cost: Decimal
+    first_hour: datetime
+    last_hour: datetime
+    size_bytes: int | None = None  # None once removed
+    price_per_hour: Decimal | None = None
+
+
+@dataclass(frozen=True)
+class StorageQuote:
+    bytes: int
+    hours: int
+    storage_gb_month: Decimal
+    per_hour: Decimal
+    cost: Decimal
+    currency: str
 
 
 def _seg(value: str) -> str:
@@ -160,6 +183,7 @@ class VolumeCalls:
         _http: httpx.Client
 
         def call(self, method: str, path: str, body: Any = None, *, params: Any = None, auth: bool = True) -> Any: ...
+        def _org_id(self, org_id: str | None) -> str: ...
         def request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
 
     # ---- volumes ----
@@ -215,11 +239,27 @@ class VolumeCalls:
         params = _q(org, path=path, sha256="true" if sha256 else None)
         return dict(self.call("GET", f"/volumes/{_seg(ref)}/stat", params=params))
 
+    # ---- storage charges and quotes ----
+    def storage_usage(self, org_id: str | None = None, *, since: datetime | str | None = None,
+                      until: datetime | str | None = None) -> list[StorageUsage]:  # fmt: skip
+        """The org's volume storage charges, one line per volume (removed ones too): hours charged that start in
+        [since, until) and their exact cost, most expensive first."""
+        params = {k: v.isoformat() if isinstance(v, datetime) else v
+                  for k, v in {"since": since, "until": until}.items() if v is not None}  # fmt: skip
+        rows = self.call("GET", f"/orgs/{_seg(self._org_id(org_id))}/usage/storage", params=params)
+        return [load(StorageUsage, r) for r in rows]
+
+    def quote_storage(self, size: str | int, hours: int = 720) -> StorageQuote:
+        """What `size` of volume storage (a volume's size plus its versions' bytes) costs for `hours`."""
+        return load(StorageQuote, self.call("POST", "/quotes/storage", {"size": size, "hours": hours}))
+
     # ---- copying ----
-    def _stream(self, method: str, path: str, params: dict[str, Any], content: Any = None) -> httpx.Response:
+    def _stream(self, method: str, path: str, params: dict[str, Any], content: Any = None,
+                more: dict[str, str] | None = None) -> httpx.Response:  # fmt: skip
         from suanli.client.client import API, _error
 
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        headers.update(more or {})
         if content is not None:
             headers["Content-Type"] = "application/octet-stream"
         r = self._http.request(method, f"{API}{path}", params=params, content=content, headers=headers, timeout=None)
@@ -245,12 +285,20 @@ class VolumeCalls:
         if resume:
             got = self.call("GET", f"/volumes/{_seg(ref)}/partial", params=_q(org, path=path))
             offset = int(got["offset"]) if 0 < int(got["offset"]) <= size else 0
-        sha = file_sha256(src)
         if progress is not None and offset:
             progress(offset)
-        params = _q(org, path=path, offset=offset, sha256=sha)
-        r = self._stream("PUT", f"/volumes/{_seg(ref)}/files", params, _counted(_file_chunks(src, offset), progress))
-        return load(Copied, {**r.json(), "resumed_from": offset})
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(1) as pool:
+            mine = pool.submit(file_sha256, src)  # hashed beside the send (hashlib lets go of the GIL)
+            params = _q(org, path=path, offset=offset, hold="true")
+            body = _counted(_file_chunks(src, offset), progress)
+            headers = {"Content-Length": str(size - offset)}
+            theirs = self._stream("PUT", f"/volumes/{_seg(ref)}/files", params, body, headers).json()
+            sha = mine.result()
+        del theirs  # the server compares its hash with ours at the commit (422 naming both, the copy dropped)
+        r = self.call("POST", f"/volumes/{_seg(ref)}/commit", params=_q(org, path=path, sha256=sha))
+        return load(Copied, {**r, "resumed_from": offset})
 
     def volume_download(self, ref: str, path: str, local: str | Path, org: str | None = None,
                         progress: Progress | None = None) -> Copied:  # fmt: skip
@@ -307,12 +355,16 @@ class VolumeCalls:
                     raise _error(r)
                 if r.status_code != 206:
                     h = hashlib.sha256()
-                with open(part, "ab" if r.status_code == 206 else "wb") as out:
-                    for chunk in r.iter_raw(CHUNK):
-                        out.write(chunk)
-                        h.update(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
+                hashing = _Hasher(h)  # beside the writes: hashlib lets go of the GIL
+                try:
+                    with open(part, "ab" if r.status_code == 206 else "wb") as out:
+                        for chunk in r.iter_raw():  # as read: re-chunking would copy
+                            out.write(chunk)
+                            hashing.add(chunk)
+                            if progress is not None:
+                                progress(len(chunk))
+                finally:
+                    hashing.close()
             want = theirs.result()["sha256"]
         got = h.hexdigest()
         if got != want:
@@ -342,3 +394,34 @@ class _Reader(io.RawIOBase):
         b[:n] = self.cur[self.pos : self.pos + n]
         self.pos += n
         return n
+
+
+class _Hasher:
+    """Feeds a hash from a thread of its own, a few MiB at a time, so hashing overlaps receiving and writing."""
+
+    def __init__(self, h: Any) -> None:
+        import queue
+        import threading
+
+        self.h, self.batch, self.held = h, [], 0
+        self.q: queue.Queue[list[bytes] | None] = queue.Queue(maxsize=4)  # bounded: memory stays a few batches
+        self.t = threading.Thread(target=self._run, name="sha256", daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while (batch := self.q.get()) is not None:
+            for chunk in batch:
+                self.h.update(chunk)
+
+    def add(self, chunk: bytes) -> None:
+        self.batch.append(chunk)
+        self.held += len(chunk)
+        if self.held >= 4 * CHUNK:
+            self.q.put(self.batch)
+            self.batch, self.held = [], 0
+
+    def close(self) -> None:
+        """Hash what is left and wait for the thread (the hash is whole on return)."""
+        self.q.put(self.batch)
+        self.q.put(None)
+        self.t.join()

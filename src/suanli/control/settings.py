@@ -53,6 +53,9 @@ class Settings(BaseModel):
     )  # fmt: skip
     volume_max_bytes: int = Field(1 << 40, ge=1 << 20, le=1 << 50, description="the largest volume a tenant may make")
     volumes_per_org: int = Field(100, ge=0, le=100_000, description="most volumes one org may have")
+    volume_bytes_per_org: int = Field(10 << 40, ge=1 << 20, le=1 << 60,
+                                      description="most bytes one org's volumes may have allocated, all together")  # fmt: skip
+    endpoints_per_org: int = Field(20, ge=0, le=10_000, description="most endpoints one org may have")
     volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")
     volume_s3_bucket: str | None = Field(None, max_length=63, description="S3 volume backend: the bucket (unset: none)")
     volume_s3_prefix: str = Field("", max_length=200, description="S3 volume backend: keys start with this")

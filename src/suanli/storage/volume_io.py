@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import stat
 import tarfile
@@ -31,6 +32,8 @@ from suanli.storage.volumes import (
     open_file,
 )
 
+SUMS = "sums"  # per path: [inode, size, mtime_ns, ctime_ns, sha256] of a file copied in (trusted while unchanged)
+
 
 # ---- writing files in: resumable, checksummed ----------------------------------------------------------------------
 def partial_path(p: Paths, rel: str) -> Path:
@@ -42,6 +45,62 @@ def partial_size(p: Paths, rel: str) -> int:
         return partial_path(p, rel).stat().st_size
     except FileNotFoundError:
         return 0
+
+
+def _held(p: Paths, rel: str) -> Path:
+    return p.partial / (hashlib.sha256(rel.encode()).hexdigest() + ".sum")
+
+
+def _sum_path(p: Paths, rel: str) -> Path:
+    return p.root / SUMS / hashlib.sha256(rel.encode()).hexdigest()
+
+
+def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
+    """Move a held upload into the tree if the hash it was received with is `sha256` (else it is dropped: 422).
+    Returns (sha256, bytes, bytes it replaced)."""
+    src = partial_path(p, rel)
+    try:
+        size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
+        size = int(size_s)
+        have = src.stat().st_size
+    except (OSError, ValueError):
+        raise VolumeFileError(f"{rel}: no whole upload is waiting; send it (again) with hold=true") from None
+    if have != size or digest != sha256:
+        src.unlink(missing_ok=True)
+        _held(p, rel).unlink(missing_ok=True)
+        raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+    replaced = _place(p, rel, digest)
+    _held(p, rel).unlink(missing_ok=True)
+    return digest, size, replaced
+
+
+def _place(p: Paths, rel: str, digest: str) -> int:
+    """Move a whole, checked partial copy to `rel` in the tree; remember its hash (for reads, while it is
+    unchanged). Returns the bytes of the file it replaced."""
+    src = partial_path(p, rel)
+    parts = _split(rel)
+    if p.owner is not None:
+        os.chown(src, *p.owner)
+    with open_dir(p.data, parts[:-1], create=True, owner=p.owner) as dfd:
+        replaced = 0
+        with contextlib.suppress(FileNotFoundError):
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                src.unlink(missing_ok=True)
+                raise VolumeFileError(f"{rel}: a directory is there")
+            replaced = footprint(st.st_size)
+        os.chmod(src, 0o644)
+        pfd = os.open(p.partial, _DIR_FLAGS)
+        try:
+            os.replace(src.name, parts[-1], src_dir_fd=pfd, dst_dir_fd=dfd)
+        finally:
+            os.close(pfd)
+        with contextlib.suppress(OSError):
+            st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            sums = p.root / SUMS
+            sums.mkdir(exist_ok=True)
+            _sum_path(p, rel).write_text(json.dumps([*_key(st), digest]), encoding="ascii")
+    return replaced
 
 
 class Writer:
@@ -65,6 +124,7 @@ class Writer:
             self.hash.update(chunk)
         self.f.seek(offset)
         self.written = offset
+        _held(p, rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
 
     def write(self, chunk: bytes) -> None:
         if footprint(self.written + len(chunk)) > self.room:
@@ -77,32 +137,20 @@ class Writer:
         for chunk in chunks:
             self.write(chunk)
 
-    def finish(self, sha256: str | None) -> tuple[str, int, int]:
-        """(sha256, bytes, bytes it replaced) once the file is whole and in place."""
+    def finish(self, sha256: str | None, hold: bool = False) -> tuple[str, int, int]:
+        """(sha256, bytes, bytes it replaced) once the file is whole and in place; with `hold`, the whole file
+        stays in its partial copy with its hash beside it until `commit` names the same hash (the client hashes
+        while it sends, so it learns its own only at the end)."""
         self.f.close()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)
         digest = self.hash.hexdigest()
         src = partial_path(self.p, self.rel)
         if sha256 is not None and sha256 != digest:
             src.unlink(missing_ok=True)
             raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
-        parts = _split(self.rel)
-        if self.p.owner is not None:
-            os.chown(src, *self.p.owner)
-        with open_dir(self.p.data, parts[:-1], create=True, owner=self.p.owner) as dfd:
-            replaced = 0
-            with contextlib.suppress(FileNotFoundError):
-                st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    src.unlink(missing_ok=True)
-                    raise VolumeFileError(f"{self.rel}: a directory is there")
-                replaced = footprint(st.st_size)
-            os.chmod(src, 0o644)
-            pfd = os.open(self.p.partial, _DIR_FLAGS)
-            try:
-                os.replace(src.name, parts[-1], src_dir_fd=pfd, dst_dir_fd=dfd)
-            finally:
-                os.close(pfd)
-        return digest, self.written, replaced
+        if hold:
+            _held(self.p, self.rel).write_text(f"{self.written} {digest}", encoding="ascii")
+            return digest, self.written, 0
+        return digest, self.written, _place(self.p, self.rel, digest)
 
     def abort(self) -> None:
         """Keep what arrived (the client resumes from it)."""
@@ -190,12 +238,13 @@ def read_range(fd: int, start: int, length: int) -> Iterator[bytes]:
 
 
 def file_sha256(p: Paths, rel: str) -> tuple[str, int]:
-    """The sha256 and size of a file of the tree (from the snapshot cache when unchanged since, else read)."""
+    """The sha256 and size of a file of the tree: the hash it was copied in with or last snapshotted with, while
+    its inode, size, mtime and ctime are unchanged since; else read."""
     fd, st = open_file(p.data, rel)
     try:
-        cached = load_state(p).get(rel)
-        if cached is not None and tuple(cached[:4]) == _key(st):
-            return str(cached[4]), st.st_size
+        for cached in (_copied_sum(p, rel), load_state(p).get(rel)):
+            if cached is not None and tuple(cached[:4]) == _key(st):
+                return str(cached[4]), st.st_size
         h = hashlib.sha256()
         pos = 0
         while chunk := os.pread(fd, CHUNK, pos):
@@ -204,6 +253,14 @@ def file_sha256(p: Paths, rel: str) -> tuple[str, int]:
         return h.hexdigest(), st.st_size
     finally:
         os.close(fd)
+
+
+def _copied_sum(p: Paths, rel: str) -> list[object] | None:
+    try:
+        got = json.loads(_sum_path(p, rel).read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
+    return got if isinstance(got, list) and len(got) == 5 else None
 
 
 def tar_tree(data: Path, rel: str) -> Iterator[bytes]:

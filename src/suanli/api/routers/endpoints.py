@@ -110,7 +110,8 @@ def _out(s: Session, e: Endpoint, detail: bool = False) -> EndpointOut:
 def _admitting(ctx: Auth) -> endpoints.Admitting:
     srv = ctx.srv
     return endpoints.Admitting(srv.settings.admission_hold_minutes, srv.fleet, srv.prices,
-                               sandbox_policy(srv.settings).check_image, srv.settings.volumes_root)  # fmt: skip
+                               sandbox_policy(srv.settings).check_image, srv.settings.volumes_root,
+                               srv.settings.endpoints_per_org)  # fmt: skip
 
 
 @router.post("/endpoints", status_code=201)

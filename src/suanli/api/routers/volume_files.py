@@ -2,7 +2,9 @@
 
 - `PUT /volumes/{volume}/files?path=P&offset=N&sha256=H`: the body is the file from byte N on (resumable: after a
   break, `GET …/partial?path=P` says where to go on); with `sha256` the whole file's hash is checked before it
-  replaces P (422 otherwise, and the copy is dropped).
+  replaces P (422 otherwise, and the copy is dropped); with `hold=true` instead, the whole file waits beside the
+  tree, its hash returned, until `POST …/commit?path=P&sha256=H` names the same hash (a client hashing while it
+  sends knows its hash only at the end).
 - `GET /volumes/{volume}/files?path=P` (with `Range: bytes=N-` to resume), `GET …/stat?path=P` (size and sha256).
 - `PUT /volumes/{volume}/tree?path=D&sha256=H`: a plain tar stream merged into directory D (its hash checked before
   anything is moved in); `GET …/tree?path=D` streams D as a plain tar. `GET …/ls?path=D`, `DELETE …/files?path=P`.
@@ -78,6 +80,7 @@ def _file_error(e: store.VolumeFileError) -> Invalid:
 async def put_file(
     ref: Ref, request: Request, ctx: Auth, path: PathQ, org: OrgQ = None,
     offset: Annotated[int, Query(ge=0, le=1 << 50)] = 0, sha256: Sha = None,
+    hold: Annotated[bool, Query(description="keep the whole file aside, its hash returned, until …/commit")] = False,
 ) -> PutOut:  # fmt: skip
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
@@ -102,10 +105,26 @@ async def put_file(
         w.abort()  # what arrived is kept: resume from `partial`
         raise Invalid("body: the upload broke off; resume from GET …/partial") from None
     try:
-        digest, size, replaced = await run_in_threadpool(w.finish, sha256)
+        digest, size, _ = await run_in_threadpool(w.finish, sha256, hold)
     except store.VolumeFileError as e:
         raise _file_error(e) from None
-    await run_in_threadpool(files.wrote, ctx.db, t, size, replaced, ctx.now)
+    if not hold:
+        await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
+    return PutOut(path=rel, bytes=size, sha256=digest)
+
+
+@router.post("/volumes/{volume}/commit")
+async def commit_file(ref: Ref, ctx: Auth, path: PathQ, sha256: Annotated[str, Query(pattern=r"^[0-9a-f]{64}$")],
+                      org: OrgQ = None) -> PutOut:  # fmt: skip
+    """Move a file sent with `hold=true` into place if it was received with this sha256 (422 otherwise, and the
+    copy is dropped)."""
+    rel = files.clean(path, allow_root=False)
+    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now, False)
+    try:
+        digest, size, _ = await run_in_threadpool(vio.commit, t.paths, rel, sha256)
+    except store.VolumeFileError as e:
+        raise _file_error(e) from None
+    await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
     return PutOut(path=rel, bytes=size, sha256=digest)
 
 

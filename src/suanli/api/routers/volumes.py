@@ -12,12 +12,15 @@ from fastapi import Path as PathParam
 from pydantic import Field
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import In, Out, money
+from suanli.api.schemas import In, Out, UtcTime, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.prices import PriceBook
-from suanli.control.storage import volumes
+from suanli.control.accounts import accounts
+from suanli.control.errors import Invalid
+from suanli.control.storage import volume_billing, volumes
 from suanli.control.storage.volume_billing import hourly_cost
 from suanli.db.volumes import Volume
+from suanli.workloads import volumes as rules
 from suanli.workloads.volumes import MAX_VERSION
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["volumes"])
@@ -182,3 +185,61 @@ def diff(
     with ctx.db.read() as s:
         d = volumes.diff(s, ctx.who, ref, org, a, b, lim)
     return DiffOut(added=list(d.added), removed=list(d.removed), changed=list(d.changed))
+
+
+# ---- storage in usage statements and quotes -------------------------------------------------------------------------
+class StorageUsageOut(Out):
+    volume_id: str
+    volume: str = Field(description="its name (of a removed volume: as its last charge named it)")
+    hours: int = Field(description="hours charged that start in the period")
+    cost: str = Field(description="what the ledger took for them, exact")
+    first_hour: datetime
+    last_hour: datetime
+    size_bytes: int | None = Field(description="its size now; null once removed")
+    price_per_hour: str | None = Field(description="what an hour costs now (size + versions' bytes); null once removed")
+
+
+@router.get("/orgs/{org_id}/usage/storage")
+@in_thread
+def storage_usage(
+    org_id: str, ctx: Auth,
+    since: Annotated[UtcTime | None, Query(description="hours from this one on (UTC if no zone)")] = None,
+    until: Annotated[UtcTime | None, Query(description="hours before this one (UTC if no zone)")] = None,
+) -> list[StorageUsageOut]:  # fmt: skip
+    """The org's volume storage charges, one line per volume (removed ones too), most expensive first. Members
+    and operators only."""
+    with ctx.db.read() as s:
+        accounts.org_for(s, ctx.who, org_id)
+        rows = volume_billing.usage(s, org_id, since, until)
+    return [StorageUsageOut.model_validate({**r, "cost": money(r["cost"]), "price_per_hour": None
+                                            if r["price_per_hour"] is None else money(r["price_per_hour"])})
+            for r in rows]  # fmt: skip
+
+
+class StorageQuoteIn(In):
+    size: str | int = Field(description="allocated: 200Gi, 500G or bytes (a volume's size plus its versions' bytes)")
+    hours: int = Field(720, ge=1, le=24 * 366 * 10, description="how long (default 720: the month prices are per)")
+
+
+class StorageQuoteOut(Out):
+    bytes: int
+    hours: int
+    storage_gb_month: str = Field(description="the price book's price per GB (10^9 bytes) and month (720 h)")
+    per_hour: str = Field(description="what one hour is charged, exact to 1e-8 (as the hourly meter charges it)")
+    cost: str = Field(description="per_hour x hours")
+    currency: str
+
+
+@router.post("/quotes/storage")
+@in_thread
+def quote_storage(body: StorageQuoteIn, ctx: Auth) -> StorageQuoteOut:
+    """What volume storage of `size` costs for `hours`, from the price book in force."""
+    try:
+        nbytes = rules.parse_size(body.size)
+    except rules.VolumeRuleError as e:
+        raise Invalid(f"size: {e}") from None
+    with ctx.db.read() as s:
+        _, book = ctx.srv.prices.current(s)
+    q = volume_billing.quote(book, nbytes, body.hours)
+    return StorageQuoteOut.model_validate({**q, "storage_gb_month": money(q["storage_gb_month"]),
+                                           "per_hour": money(q["per_hour"]), "cost": money(q["cost"])})  # fmt: skip

@@ -14,7 +14,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from suanli.control.accounts import accounts, memberships
@@ -24,7 +24,7 @@ from suanli.control.errors import Conflict, Invalid, NotFound, Unauthorized
 from suanli.control.ids import new_id, token_hash
 from suanli.control.storage import hub
 from suanli.control.workloads import workloads
-from suanli.db.models import User, Workload
+from suanli.db.models import Org, User, Workload
 from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.db.volumes import Volume, VolumeVersion
 from suanli.serving.runtimes import Replica, runtime
@@ -35,7 +35,7 @@ from suanli.workloads.spec import SpecError, WorkloadSpec
 
 KEY_PREFIX = "sk-sl-"
 MAX_KEYS = 100  # live keys per endpoint
-MAX_ENDPOINTS = 100  # per org
+MAX_ENDPOINTS = 20  # per org, unless the operator says otherwise (settings `endpoints_per_org`)
 EVENTS_SHOWN = 200
 
 
@@ -55,6 +55,7 @@ class Admitting:
     prices: PriceCache
     check: Callable[[WorkloadSpec], None] | None = None  # the sandbox policy's (a published `image:`)
     volumes_root: Path | None = None  # where volumes' files are: a `vol:` checkpoint's directory is looked for there
+    per_org: int = MAX_ENDPOINTS  # endpoints an org may have (settings `endpoints_per_org`)
 
 
 def principal_of(s: Session, user_id: str) -> Principal:
@@ -79,6 +80,10 @@ def create(
     if org_id is not None and org_id != who.personal_org_id:
         org_id = memberships.require(s, who, org_id, "submit", "spend").org.id
     org_id = org_id or who.personal_org_id
+    s.get(Org, org_id, with_for_update=True)  # an org's endpoints are counted one deployment at a time
+    count = s.scalar(select(func.count()).select_from(Endpoint).where(Endpoint.org_id == org_id)) or 0
+    if count >= admitting.per_org:
+        raise Conflict(f"name: the organisation has {count} endpoints, the most it may have (endpoints_per_org)")
     vm = volume_model(spec.model)
     if vm is not None:
         repo_id = vm.sandbox_path
@@ -101,9 +106,6 @@ def create(
                     prices=admitting.prices, org_id=org_id)  # fmt: skip
     if s.scalar(select(Endpoint.id).where(Endpoint.org_id == org_id, Endpoint.name == spec.name)) is not None:
         raise Conflict(f"name: an endpoint called {spec.name} exists in this organisation")
-    count = len(s.scalars(select(Endpoint.id).where(Endpoint.org_id == org_id)).all())
-    if count >= MAX_ENDPOINTS:
-        raise Conflict(f"name: an organisation may have {MAX_ENDPOINTS} endpoints")
     scaling = spec.scaling()
     e = Endpoint(id=new_id("ep"), org_id=org_id, user_id=who.user_id, name=spec.name,
                  spec=spec.model_dump(mode="json", exclude_none=True), repo_id=repo_id,

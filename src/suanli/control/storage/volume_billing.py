@@ -11,16 +11,19 @@ once the balance is above zero. Only its owners and admins remove a volume.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import REVENUE, LedgerError, org_account, transfer
-from suanli.billing.money import ZERO
+from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
 from suanli.control.money import ledger, prices
 from suanli.db.engine import Database
+from suanli.db.models import LedgerEntry, LedgerTransaction
 from suanli.db.volumes import Volume
 from suanli.workloads.volumes import format_size
 
@@ -92,3 +95,43 @@ def _money_state(s: object, v: Volume, now: datetime, grace_minutes: float, repo
     if v.state != "read-only" and now - v.unpaid_since >= timedelta(minutes=grace_minutes):
         v.state = "read-only"
         report.read_only += 1
+
+
+def usage(
+    s: Session, org_id: str, since: datetime | None = None, until: datetime | None = None
+) -> list[dict[str, Any]]:
+    """The org's storage charges per volume (removed ones too), from the ledger: the hours charged that start in
+    [since, until), what they cost (exact, what the ledger took) and the first and last of them; with the volume's
+    size and hourly price now while it exists. Most expensive first."""
+    acct = org_account(org_id)
+    tx = LedgerTransaction
+    q = (select(tx.key, tx.memo, LedgerEntry.amount).join(LedgerEntry, LedgerEntry.tx_id == tx.id)
+         .where(tx.org_id == org_id, tx.kind == "usage", tx.key.like("volume:%"), LedgerEntry.account == acct))  # fmt: skip
+    if since is not None:  # an hour is charged once it has ended: a charge for an hour at or after `since` is too
+        q = q.where(tx.created_at >= since)
+    rows: dict[str, dict[str, Any]] = {}
+    for key, memo, amount in s.execute(q):
+        _, vid, ts = key.split(":")
+        hour = datetime.fromtimestamp(int(ts), UTC)
+        if (since is not None and hour < since) or (until is not None and hour >= until):
+            continue
+        r = rows.get(vid)
+        if r is None:
+            name = memo.removeprefix("volume ").split(":", 1)[0]
+            r = rows[vid] = {"volume_id": vid, "volume": name, "hours": 0, "cost": ZERO, "first_hour": hour,
+                             "last_hour": hour, "size_bytes": None, "price_per_hour": None}  # fmt: skip
+        r["hours"] += 1
+        r["cost"] -= exact(amount)
+        r["first_hour"], r["last_hour"] = min(r["first_hour"], hour), max(r["last_hour"], hour)
+    if rows:
+        _, book = prices.current(s)
+        for v in s.scalars(select(Volume).where(Volume.id.in_(list(rows)))):
+            rows[v.id].update(volume=v.name, size_bytes=v.size_bytes, price_per_hour=hourly_cost(v, book))
+    return sorted(rows.values(), key=lambda r: (-r["cost"], r["volume"]))
+
+
+def quote(book: PriceBook, nbytes: int, hours: int) -> dict[str, Any]:
+    """What `nbytes` allocated for `hours` costs, charged as the meter does: each hour rounded to 1e-8 alone."""
+    per_hour = book.storage_cost(nbytes)
+    return {"bytes": nbytes, "hours": hours, "storage_gb_month": book.storage_gb_month, "per_hour": per_hour,
+            "cost": per_hour * hours, "currency": book.currency}  # fmt: skip

@@ -18,7 +18,6 @@ from suanli.control.storage import volumes
 from suanli.db.engine import Database
 from suanli.db.volumes import Volume
 from suanli.storage import volumes as store
-from suanli.storage.archive import footprint
 from suanli.storage.s3 import S3Backend, S3Config
 from suanli.workloads import volumes as rules
 
@@ -81,14 +80,10 @@ def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) 
                 v.state = "ready"
 
 
-def wrote(db: Database, t: Target, added: int, replaced: int, now: datetime) -> None:
-    """After a file is in place: its blocks counted (less the file it replaced)."""
-    with db.write() as s, s.begin():
-        v = s.get(Volume, t.volume_id, with_for_update=True)
-        if v is not None:
-            v.used_bytes = max(0, v.used_bytes + footprint(added) - replaced)
-            v.measured_at = now
-    _push(t)
+def wrote(db: Database, t: Target, now: datetime) -> store.Usage:
+    """After a file is in place: the tree measured again, so `ls` and `describe` show its bytes and file count at
+    once (a copy in already measures the tree as it starts: this is the second walk of the two)."""
+    return remeasure(db, t, now)
 
 
 def _push(t: Target) -> None:

@@ -44,11 +44,12 @@ class Limits:
     per_org: int
     max_files: int
     s3: S3Config | None = None  # the S3 backend, where the operator set one up
+    bytes_per_org: int = 10 << 40  # all of an org's volumes' sizes together
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         return cls(settings.volumes_root, settings.volume_max_bytes, settings.volumes_per_org,
-                   settings.volume_max_files, settings.volume_s3())  # fmt: skip
+                   settings.volume_max_files, settings.volume_s3(), settings.volume_bytes_per_org)  # fmt: skip
 
 
 def s3_of(s3: S3Config | None, v: Volume) -> S3Backend | None:
@@ -135,6 +136,7 @@ def create(s: Session, who: Principal, name: str, size: object, org: str | None,
     count = s.scalar(select(func.count()).select_from(Volume).where(Volume.org_id == org_id)) or 0
     if count >= lim.per_org:
         raise Conflict(f"name: the organisation has {count} volumes, the most it may have (volumes_per_org)")
+    _may_allocate(s, org_id, nbytes, lim)
     if s.scalar(select(Volume.id).where(Volume.org_id == org_id, Volume.name == name)) is not None:
         raise Conflict(f"name: a volume called {name} exists already in this organisation")
     v = Volume(id=new_id("vol"), org_id=org_id, name=name, backend=backend, size_bytes=nbytes, used_bytes=0, files=0,
@@ -156,9 +158,32 @@ def _size(size: object, lim: Limits) -> int:
     return n
 
 
+def _may_allocate(s: Session, org_id: str, nbytes: int, lim: Limits, volume_id: str | None = None) -> None:
+    """An org allocates only while its balance is above zero (storage is billed by the hour; otherwise every empty
+    team org a tenant makes would bring its own bound), and at most `bytes_per_org` over all its volumes (the
+    org's row is locked by the caller: concurrent requests are counted one at a time)."""
+    from suanli.control.money import ledger
+
+    balance = ledger.org_balance(s, org_id)
+    if balance <= 0:
+        raise PaymentRequired(f"org: the organisation's balance is {balance}; volumes are billed by the hour: "
+                              "top up first")  # fmt: skip
+    q = select(func.coalesce(func.sum(Volume.size_bytes), 0)).where(Volume.org_id == org_id)
+    if volume_id is not None:
+        q = q.where(Volume.id != volume_id)
+    others = int(s.scalar(q) or 0)
+    if others + nbytes > lim.bytes_per_org:
+        raise Conflict(f"size: the organisation's volumes would have {rules.format_size(others + nbytes)} "
+                       f"allocated, more than the {rules.format_size(lim.bytes_per_org)} it may have "
+                       f"(volume_bytes_per_org; {rules.format_size(others)} allocated now)")  # fmt: skip
+
+
 def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, lim: Limits, now: datetime) -> Volume:
     v = get(s, who, ref, org, ("submit", "spend"), lock=True)
     n = _size(size, lim)
+    if n > v.size_bytes:
+        s.get(Org, v.org_id, with_for_update=True)
+        _may_allocate(s, v.org_id, n, lim, v.id)
     used = store.measure(paths(lim, v).data)
     v.used_bytes, v.files, v.measured_at = used.bytes, used.files, now
     if n < used.bytes:

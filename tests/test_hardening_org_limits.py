@@ -1,0 +1,113 @@
+"""Issue: a fresh ¥10 sign-up could allocate 100 TiB of volumes billed to nobody who could pay (100 volumes of the
+1 TiB a volume may have, and as many more in every team org it made with nothing in it), and deploy endpoints
+up to a constant that concurrent requests overran. Attacks first, through the API in-process on both databases:
+an org's volumes are bounded in count and in total allocated bytes (create, resize and clone), an org without
+money allocates nothing, and an org's endpoints are bounded by an operator setting, also when deployed at once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from suanli.control.ids import utcnow
+from suanli.control.storage import hub
+from tests.control_plane import admin_token, bearer, signup
+from tests.test_workloads_api import Platform, make_platform
+
+API = "/api/v1"
+TiB = 1 << 40
+
+
+@pytest.fixture
+def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+    """The shipped defaults, but for a smaller count of endpoints (the default is tested apart)."""
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    with TestClient(create_app(settings(tmp_path / "home", db_url, endpoints_per_org=3))) as client:
+        yield client
+
+
+def test_a_fresh_signup_cannot_allocate_more_than_its_orgs_bound(api: TestClient) -> None:
+    t = signup(api, "mallory@example.com")
+    made, refused = 0, None
+    for i in range(100):
+        r = api.post(f"{API}/volumes", json={"name": f"v{i}", "size": "1Ti"}, headers=t.headers)
+        if r.status_code != 201:
+            refused = r
+            break
+        made += 1
+    settings = api.app.state.server.settings  # type: ignore[attr-defined]
+    assert made * TiB <= settings.volume_bytes_per_org == 10 * TiB, made
+    assert refused is not None and refused.status_code == 409
+    assert "size:" in refused.json()["detail"] and "volume_bytes_per_org" in refused.json()["detail"]
+    # A clone, a resize or a smaller volume past it is refused the same way; shrinking gives room back.
+    assert api.post(f"{API}/volumes/v0/versions", json={"message": "x"}, headers=t.headers).status_code == 201
+    r = api.post(f"{API}/volumes/v0/clone", json={"version": 1, "name": "copy"}, headers=t.headers)
+    assert r.status_code == 409 and "volume_bytes_per_org" in r.json()["detail"], r.text
+    assert api.patch(f"{API}/volumes/v1", json={"size": "1Gi"}, headers=t.headers).status_code == 200
+    left = settings.volume_bytes_per_org - (made - 1) * TiB - (1 << 30)
+    r = api.post(f"{API}/volumes", json={"name": "again", "size": left + 1}, headers=t.headers)
+    assert r.status_code == 409 and "volume_bytes_per_org" in r.json()["detail"], r.text
+    assert api.post(f"{API}/volumes", json={"name": "again", "size": left}, headers=t.headers).status_code == 201
+    assert api.patch(f"{API}/volumes/v1", json={"size": "1Gi"}, headers=t.headers).status_code == 200  # no growth
+    r = api.patch(f"{API}/volumes/v1", json={"size": "2Gi"}, headers=t.headers)
+    assert r.status_code == 409 and "volume_bytes_per_org" in r.json()["detail"], r.text
+
+
+def test_an_org_without_money_allocates_nothing(api: TestClient) -> None:
+    """Each team org would otherwise bring its own bound: a tenant makes as many as it likes, all empty."""
+    t = signup(api, "mallory@example.com")
+    team = api.post(f"{API}/orgs", json={"name": "shell-co"}, headers=t.headers).json()
+    r = api.post(f"{API}/volumes", json={"name": "data", "size": "1Ti", "org": team["id"]}, headers=t.headers)
+    assert r.status_code == 402 and "balance" in r.json()["detail"], r.text
+    r = api.post(f"{API}/admin/orgs/{team['id']}/transactions", json={"kind": "topup", "amount": "5"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text
+    r = api.post(f"{API}/volumes", json={"name": "data", "size": "1Gi", "org": team["id"]}, headers=t.headers)
+    assert r.status_code == 201, r.text
+
+
+def test_the_shipped_endpoint_bound_is_a_setting() -> None:
+    from suanli.control.settings import load
+
+    assert load({}, environ={}).endpoints_per_org == 20
+    assert load({}, environ={"SUANLI_ENDPOINTS_PER_ORG": "5"}).endpoints_per_org == 5
+
+
+@pytest.fixture
+def platform(api: TestClient, tmp_path: Path) -> Platform:
+    p = make_platform(api)
+    src = tmp_path / "tiny"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),  # type: ignore[attr-defined]
+            repo_id="acme/tiny")  # fmt: skip
+    return p
+
+
+def test_zero_replica_endpoints_are_bounded_also_when_deployed_at_once(platform: Platform) -> None:
+    p = platform
+    codes: list[int] = []
+    details: list[str] = []
+
+    def deploy(i: int) -> None:
+        spec = {"name": f"idle-{i}", "kind": "service", "model": "tiny", "replicas": 0,
+                "resources": {"gpu": "H20", "gpus": 1}}  # fmt: skip
+        r = p.api.post(f"{API}/endpoints", json={"spec": spec}, headers=p.tenant.headers)
+        codes.append(r.status_code)
+        if r.status_code != 201:
+            details.append(r.json()["detail"])
+
+    threads = [threading.Thread(target=deploy, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(codes) == [201] * 3 + [409] * 3, (codes, details)
+    assert all("endpoints_per_org" in d for d in details), details
+    assert len(p.api.get(f"{API}/endpoints", headers=p.tenant.headers).json()) == 3

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
 
 from suanli.web.pages import ROUTERS
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, admin_token, bearer
@@ -158,6 +161,42 @@ def test_fuzzed_forms_and_queries_never_answer_500(api: Any) -> None:
             r = api.post(path, data={"csrf": csrf, **data}, follow_redirects=False)
         assert r.status_code < 500, (method, path, data, r.status_code, r.text[:300])
     assert c.get("/").status_code == 200
+
+
+@pytest.fixture
+def https(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    with TestClient(create_app(settings(tmp_path / "home", db_url)), base_url="https://console.example") as client:
+        yield client
+
+
+def test_over_https_no_sibling_host_can_plant_a_session_or_csrf_cookie(https: TestClient) -> None:
+    """With `proxy_url`, a tenant's instance runs script on `wl-….i.example.com`, a sibling of the console's host:
+    it can set a `Domain=example.com` cookie named like the console's. Over HTTPS the console's cookies are
+    `__Host-` cookies (Secure, Path=/, no Domain: a browser lets no other host set or shadow them), and a plain
+    `suanli_session` (the attacker's own token, planted so the victim redeems codes into the attacker's org) is
+    never read."""
+    victim, attacker = Console(https), Console(TestClient(https.app, base_url="https://console.example"))
+    attacker.signup("attacker@example.com")
+    planted = attacker.c.cookies.get("__Host-suanli_session")
+    assert planted, attacker.c.cookies
+    page = victim.get("/signup")
+    cookie = next(v for k, v in page.headers.multi_items() if k == "set-cookie")
+    assert cookie.startswith("__Host-suanli_csrf=") and "Secure" in cookie and "Domain" not in cookie
+    victim.signup("victim@example.com")
+    assert https.cookies.get("__Host-suanli_session") and https.cookies.get("suanli_session") is None
+    https.cookies.set("suanli_session", planted)  # what the sibling host's script would toss
+    home = victim.get("/", headers={"Accept-Language": "en"})
+    assert "victim@example.com" in home.text and "attacker@example.com" not in home.text
+    https.cookies.delete("__Host-suanli_session")
+    assert victim.get("/").status_code == 303  # the planted cookie alone is no session
+    # nor is a planted double-submit cookie a way to log the victim in as the attacker (login CSRF)
+    https.cookies.set("suanli_csrf", "planted-token")
+    r = https.post("/login", data={"csrf": "planted-token", "email": "attacker@example.com",
+                                   "password": "tenant-password", "next": "/"}, follow_redirects=False)  # fmt: skip
+    assert r.status_code == 403
 
 
 def test_logging_in_again_revokes_the_session_it_replaces(api: Any) -> None:

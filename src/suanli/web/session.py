@@ -60,6 +60,27 @@ def cookie_args(request: Request) -> dict[str, Any]:
     return {"httponly": True, "samesite": "lax", "secure": request.url.scheme == "https", "path": "/"}
 
 
+def cookie_name(request: Request, base: str) -> str:
+    """Over HTTPS the console's own cookies are `__Host-` cookies: Secure, Path=/ and no Domain, so no other host
+    can set or shadow them. A tenant's instance on a sibling host (`proxy_url: https://{id}.i.example.com`) could
+    otherwise plant `suanli_session=<its own token>` for the parent domain, and the victim would then act in the
+    attacker's account (redeem a top-up code into it) or be logged in as the attacker (a planted CSRF cookie).
+    Plain HTTP cannot carry the prefix (browsers require Secure), so there the names stay bare."""
+    return "__Host-" + base if request.url.scheme == "https" else base
+
+
+def read_cookie(request: Request, base: str) -> str | None:
+    return request.cookies.get(cookie_name(request, base))
+
+
+def set_cookie(resp: Response, request: Request, base: str, value: str, max_age: int) -> None:
+    resp.set_cookie(cookie_name(request, base), value, max_age=max_age, **cookie_args(request))
+
+
+def delete_cookie(resp: Response, request: Request, base: str) -> None:
+    resp.delete_cookie(cookie_name(request, base), **cookie_args(request))
+
+
 @dataclass
 class Page:
     """One request's view: the language, the CSRF token, and (signed in) the token, the user and their orgs."""
@@ -87,7 +108,7 @@ class Page:
     @property
     def org(self) -> dict[str, Any]:
         """The organisation the pages act for: the switch's cookie when it names one of the user's, else personal."""
-        wanted = self.request.cookies.get(ORG_COOKIE)
+        wanted = read_cookie(self.request, ORG_COOKIE)
         for o in self.orgs:
             if o["id"] == wanted:
                 return o
@@ -120,7 +141,7 @@ class Page:
 
     def finish(self, resp: Response) -> Response:
         if self.new_csrf_cookie:
-            resp.set_cookie(CSRF_COOKIE, self.new_csrf_cookie, max_age=7 * 86400, **cookie_args(self.request))
+            set_cookie(resp, self.request, CSRF_COOKIE, self.new_csrf_cookie, 7 * 86400)
         resp.headers.setdefault("Cache-Control", "no-store")
         for k, v in SECURITY_HEADERS.items():
             resp.headers.setdefault(k, v)
@@ -133,10 +154,10 @@ def _lang(request: Request) -> str:
 
 async def anonymous(request: Request) -> Page:
     """A page anyone may see (login, sign-up): the double-submit CSRF cookie, made when missing."""
-    token = request.cookies.get(SESSION_COOKIE)
+    token = read_cookie(request, SESSION_COOKIE)
     if token:
         return Page(request, _lang(request), csrf_of_session(token), token=token)
-    cookie = request.cookies.get(CSRF_COOKIE)
+    cookie = read_cookie(request, CSRF_COOKIE)
     fresh = None
     if not cookie or len(cookie) > 64:
         cookie = fresh = secrets.token_urlsafe(24)
@@ -145,7 +166,7 @@ async def anonymous(request: Request) -> Page:
 
 async def tenant(request: Request) -> Page:
     """A signed-in user's page; no valid session → /login."""
-    token = request.cookies.get(SESSION_COOKIE)
+    token = read_cookie(request, SESSION_COOKIE)
     if not token or len(token) > 256:
         raise LoginRequired()
     page = Page(request, _lang(request), csrf_of_session(token), token=token)

@@ -36,9 +36,8 @@ async def _start_session(page: Page, login_token: str, target: str) -> Response:
     if replaced:  # whatever it was (expired, someone else's): it stops working now
         await apicall.call(page.request, replaced, "POST", "/logout")
     resp = RedirectResponse(_safe_next(target), status_code=303)
-    resp.set_cookie(session.SESSION_COOKIE, made["token"], max_age=session.SESSION_DAYS * 86400,
-                    **session.cookie_args(page.request))  # fmt: skip
-    resp.delete_cookie(session.CSRF_COOKIE, path="/")
+    session.set_cookie(resp, page.request, session.SESSION_COOKIE, made["token"], session.SESSION_DAYS * 86400)
+    session.delete_cookie(resp, page.request, session.CSRF_COOKIE)
     return resp
 
 
@@ -81,7 +80,7 @@ async def logout(request: Request, page: Tenant) -> Response:
     await session.form(request, page)
     await page.api("POST", "/logout")
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(session.SESSION_COOKIE, path="/")
+    session.delete_cookie(resp, request, session.SESSION_COOKIE)
     return resp
 
 
@@ -101,5 +100,5 @@ async def switch_org(request: Request, page: Tenant) -> Response:
     if org not in {o["id"] for o in page.orgs}:
         raise session.Forbidden(page.t("Not an organisation of yours.", "不是你所在的组织。"))
     resp = RedirectResponse(_safe_next(data.get("next")), status_code=303)
-    resp.set_cookie(session.ORG_COOKIE, org, max_age=365 * 86400, **session.cookie_args(request))
+    session.set_cookie(resp, request, session.ORG_COOKIE, org, 365 * 86400)
     return resp

@@ -95,3 +95,49 @@ def test_a_code_redeemed_once_cannot_be_redeemed_into_another_org_nor_voided(pay
     )
     for c in (code, spare):
         assert c not in listing and c.replace("-", "") not in listing
+
+
+def test_voiding_and_redeeming_one_code_at_once_never_does_both(pay: TestClient) -> None:
+    """Threads race a void of each code against its redemption: each code ends redeemed (credited once, the void
+    refused 409) or voided (the redemption refused 410), never both, and the ledger holds exactly the redeemed."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from suanli.control.accounts import accounts
+    from suanli.control.errors import ServiceError
+    from suanli.control.ids import utcnow
+    from suanli.control.money import topup_codes
+    from suanli.db.credit import TopupCode
+
+    admin = bearer(admin_token(pay))
+    who = signup(pay, "racer@example.com")
+    made = pay.post(f"{API}/admin/topup-codes", json={"amount": "1.25", "count": 8}, headers=admin).json()
+    batch = made["batch"]["id"]
+    db = pay.app.state.server.db  # type: ignore[attr-defined]
+    with db.read() as s:
+        tenant = accounts.authenticate(s, who.token, utcnow())
+
+    def redeem(code: str) -> str:
+        try:
+            topup_codes.redeem_with_throttle(db, tenant, who.org_id, code, "198.51.100.7")
+            return "redeemed"
+        except ServiceError as e:
+            return str(e.status)
+
+    def void(code_id: str) -> str:
+        try:
+            with db.write() as s, s.begin():
+                topup_codes.void(s, batch, utcnow(), [code_id])
+            return "voided"
+        except ServiceError as e:
+            return str(e.status)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [(pool.submit(redeem, c["code"]), pool.submit(void, c["id"])) for c in made["codes"]]
+        outcomes = [(r.result(), v.result()) for r, v in futures]
+    assert all(o in (("redeemed", "409"), ("410", "voided")) for o in outcomes), outcomes
+    redeemed = sum(1 for r, _ in outcomes if r == "redeemed")
+    with db.read() as s:
+        rows = s.query(TopupCode).filter(TopupCode.batch_id == batch).all()
+        assert not [r.id for r in rows if r.redeemed_at is not None and r.voided_at is not None]
+        assert sum(1 for r in rows if r.redeemed_at is not None) == redeemed
+    assert _balance(pay, who.org_id, who.headers) == Decimal("10") + Decimal("1.25") * redeemed

@@ -208,3 +208,19 @@ def test_logging_in_again_revokes_the_session_it_replaces(api: Any) -> None:
     assert new and new != old
     assert api.get("/api/v1/me", headers=bearer(old)).status_code == 401
     assert api.get("/api/v1/me", headers=bearer(new)).status_code == 200
+
+
+def test_the_console_session_never_reaches_a_tenants_instance() -> None:
+    """Without `proxy_url` instances answer under `/i/<id>/` on the console's own host, where the browser sends the
+    console's `suanli_session` (Path=/) too: the proxy forwarded it, so a tenant's JupyterLab or port service read a
+    visitor's console token from its Cookie header (the whole account, for a day). No cookie of this server
+    reaches an instance; the instance's own cookies do."""
+    from suanli.api import proxy_headers
+    from suanli.web import session
+
+    names = [session.SESSION_COOKIE, session.CSRF_COOKIE, session.ORG_COOKIE, "suanli_lang", "suanli_proxy"]
+    header = "; ".join([*(f"{n}=SECRET{i}" for i, n in enumerate(names)),
+                        *(f"__Host-{n}=HOSTSECRET{i}" for i, n in enumerate(names)), "_xsrf=jupyter", "a=b"])  # fmt: skip
+    kept = proxy_headers.strip_cookie(header)
+    assert "SECRET" not in kept, kept
+    assert kept == "_xsrf=jupyter; a=b"

@@ -224,3 +224,22 @@ def test_the_console_session_never_reaches_a_tenants_instance() -> None:
     kept = proxy_headers.strip_cookie(header)
     assert "SECRET" not in kept, kept
     assert kept == "_xsrf=jupyter; a=b"
+
+
+def test_guessing_codes_through_the_console_is_throttled_like_the_api(api: Any) -> None:
+    """The console's redeem form is no way around the API's throttle: the same buckets (the user, the browser's
+    address) count its tries, and the 429 is shown at the code's field."""
+    from suanli.control.money import topup_codes
+
+    c = Console(api)
+    c.signup("guess@example.com")
+    csrf = csrf_of(c.get("/wallet").text)
+    for i in range(topup_codes.REDEEM_USER.capacity):
+        r = api.post("/wallet/redeem", data={"csrf": csrf, "code": f"AAAAA-AAAAA-AAAAA-{i:05d}"})
+        assert r.status_code == 404, r.text[:300]
+    r = api.post("/wallet/redeem", data={"csrf": csrf, "code": "AAAAA-AAAAA-AAAAA-99999"})
+    assert r.status_code == 429 and "code" in r.text
+    me = bearer(api.cookies.get("suanli_session"))
+    org = api.get("/api/v1/me", headers=me).json()["user"]["personal_org_id"]
+    r = api.post(f"/api/v1/orgs/{org}/redeem", json={"code": "AAAAA-AAAAA-AAAAA-99998"}, headers=me)
+    assert r.status_code == 429, r.text

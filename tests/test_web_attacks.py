@@ -243,3 +243,34 @@ def test_guessing_codes_through_the_console_is_throttled_like_the_api(api: Any) 
     org = api.get("/api/v1/me", headers=me).json()["user"]["personal_org_id"]
     r = api.post(f"/api/v1/orgs/{org}/redeem", json={"code": "AAAAA-AAAAA-AAAAA-99998"}, headers=me)
     assert r.status_code == 429, r.text
+
+
+def test_a_hostile_org_name_in_the_heat_maps_inline_state_stays_data(api: Any, ops: Console, monkeypatch: Any) -> None:
+    """Org names are a tenant's free text (up to 128 characters) and the heat map carries them inline in a
+    `<script type="application/json">` block: `</script>` or `<!--` in one must not end or comment out the block."""
+    import json
+
+    from suanli.web.pages import ops_cluster
+
+    r = api.post("/api/v1/admin/clusters", json={"preset": "h20-roce800-128", "name": "h20"},
+                 headers=bearer(admin_token(api)))  # fmt: skip
+    assert r.status_code == 201, r.text
+    real = ops_cluster._by_node
+
+    def owned(gpus: Any) -> Any:
+        out = real(gpus)
+        for cells in out.values():
+            for g in cells:
+                g["org"] = "org_evil"
+        return out
+
+    async def names(page: Any) -> dict[str, str]:
+        return {"org_evil": XSS}
+
+    monkeypatch.setattr(ops_cluster, "_by_node", owned)
+    monkeypatch.setattr(ops_cluster, "_org_names", names)
+    html = ops.get("/ops/cluster").text
+    m = re.search(r'<script type="application/json" id="heat-state">(.*?)</script>', html, re.S)
+    assert m and "<" not in m.group(1)
+    assert json.loads(m.group(1))["owners"] == [XSS]
+    assert "<script>alert" not in html and "<img src=x" not in html

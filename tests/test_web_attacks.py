@@ -274,3 +274,20 @@ def test_a_hostile_org_name_in_the_heat_maps_inline_state_stays_data(api: Any, o
     assert m and "<" not in m.group(1)
     assert json.loads(m.group(1))["owners"] == [XSS]
     assert "<script>alert" not in html and "<img src=x" not in html
+
+
+@pytest.mark.parametrize("value", [b"\xe9abc", b"abc\x01def", b"\xff" * 10, b"sl_" + b"A" * 300])
+def test_a_mangled_session_cookie_is_no_session_never_a_500(api: Any, value: bytes) -> None:
+    """A cookie's bytes are the browser's (or a sibling host's, planting one over HTTP): a session cookie that is not
+    a token's shape was sent on as `Authorization: Bearer …` and httpx refused the non-ASCII header (500 on every
+    page, the sign-in page too, until the cookie was cleared by hand). It is no session now: to /login, cookie
+    dropped; the sign-in page works."""
+    for name in (b"suanli_session", b"suanli_csrf", b"suanli_org"):
+        cookie = {"Cookie": name + b"=" + value}
+        r = api.get("/", headers=cookie, follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"].startswith("/login"), (name, r.status_code)
+        for path in ("/login", "/signup"):
+            r = api.get(path, headers=cookie, follow_redirects=False)
+            assert r.status_code == 200, (name, path, r.status_code)
+        r = api.post("/lang", headers=cookie, data={"csrf": "x", "lang": "en"}, follow_redirects=False)
+        assert r.status_code == 403, (name, r.status_code)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ ORG_COOKIE = "suanli_org"
 SESSION_DAYS = 1
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
+TOKEN_RE = re.compile(r"[A-Za-z0-9_.~+/=-]{1,256}")  # an API token's (and the CSRF cookie's) characters
 # No page of the console may be framed by another site (clickjacking), sniffed into another type, or leak its
 # address (which may carry a workload's name) to another site.
 SECURITY_HEADERS = {
@@ -152,22 +154,29 @@ def _lang(request: Request) -> str:
     return i18n.pick(request.cookies.get(i18n.LANG_COOKIE), request.headers.get("accept-language"))
 
 
+def _session_token(request: Request) -> str | None:
+    """The session cookie when it has a token's shape; anything else (non-ASCII bytes a browser kept, a sibling
+    host's planted junk) is no session, never a header httpx refuses to send (500 on every page)."""
+    token = read_cookie(request, SESSION_COOKIE)
+    return token if token and TOKEN_RE.fullmatch(token) else None
+
+
 async def anonymous(request: Request) -> Page:
     """A page anyone may see (login, sign-up): the double-submit CSRF cookie, made when missing."""
-    token = read_cookie(request, SESSION_COOKIE)
+    token = _session_token(request)
     if token:
         return Page(request, _lang(request), csrf_of_session(token), token=token)
     cookie = read_cookie(request, CSRF_COOKIE)
     fresh = None
-    if not cookie or len(cookie) > 64:
+    if not cookie or not TOKEN_RE.fullmatch(cookie) or len(cookie) > 64:
         cookie = fresh = secrets.token_urlsafe(24)
     return Page(request, _lang(request), cookie, new_csrf_cookie=fresh)
 
 
 async def tenant(request: Request) -> Page:
     """A signed-in user's page; no valid session → /login."""
-    token = read_cookie(request, SESSION_COOKIE)
-    if not token or len(token) > 256:
+    token = _session_token(request)
+    if token is None:
         raise LoginRequired()
     page = Page(request, _lang(request), csrf_of_session(token), token=token)
     r = await apicall.call(request, token, "GET", "/me")

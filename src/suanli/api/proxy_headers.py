@@ -32,11 +32,19 @@ def raw_target(path: bytes, query: bytes) -> bytes:
     return path + (b"?" + query if query else b"")
 
 
+def ours(name: str) -> bool:
+    """A cookie of this server: the proxy's session and the web console's (`suanli_session`, its CSRF, org and
+    language cookies; `__Host-` prefixed over HTTPS). Without `proxy_url` the console shares the instance's host,
+    so the browser sends the console's Path=/ cookies with every request for `/i/<id>/` too."""
+    return name.strip().removeprefix("__Host-").startswith("suanli_")
+
+
 def strip_cookie(header: str) -> str:
-    """The Cookie header without the proxy's own session cookie: the instance never sees it. Split by hand: a
-    cookie parser gives up on a header with one malformed pair, which the instance itself can plant."""
+    """The Cookie header without this server's own cookies (`ours`): the instance never sees a session of the
+    proxy's or of the console's. Split by hand: a cookie parser gives up on a header with one malformed pair, which
+    the instance itself can plant."""
     parts = [p.strip() for p in header.split(";")]
-    return "; ".join(p for p in parts if p and p.split("=", 1)[0].strip() != proxy.COOKIE)
+    return "; ".join(p for p in parts if p and not ours(p.split("=", 1)[0]))
 
 
 def cross_site(headers: Any, method: str) -> bool:
@@ -74,10 +82,10 @@ def upstream_headers(request_headers: Any, up: proxy.Upstream, client: str, sche
 
 
 def _cookie(value: str, scope: str) -> str | None:
-    """An upstream's Set-Cookie, confined to the instance: none named like the proxy's session, no Domain, and a
-    Path inside `scope` (a service at / that sets Path=/ means its own prefix)."""
+    """An upstream's Set-Cookie, confined to the instance: none named like this server's own (`ours`), no Domain,
+    and a Path inside `scope` (a service at / that sets Path=/ means its own prefix)."""
     pair, *attrs = value.split(";")
-    if pair.split("=", 1)[0].strip() == proxy.COOKIE:
+    if ours(pair.split("=", 1)[0]):
         return None
     kept = []
     for a in attrs:

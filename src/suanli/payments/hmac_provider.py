@@ -23,6 +23,7 @@ HEADER = "Suanli-Signature"
 AMOUNT = re.compile(r"[0-9]{1,12}(\.[0-9]{1,2})?")
 EVENT_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 CURRENCY = re.compile(r"[A-Z]{3}")
+STAMP = re.compile(r"[0-9]{1,12}")
 
 
 def signature(secret: str, body: bytes, timestamp: int) -> str:
@@ -47,7 +48,7 @@ class HmacProvider(PaymentProvider):
     def verify(self, headers: Mapping[str, str], body: bytes, now: datetime) -> TopUpEvent:
         timestamp, given = _parse_header(headers.get(HEADER) or headers.get(HEADER.lower()) or "")
         expected = signature(self._secret, body, timestamp)
-        if not any(hmac.compare_digest(expected, g) for g in given):
+        if not any(hmac.compare_digest(expected.encode(), g.encode()) for g in given):  # bytes: any text compares
             raise SignatureError(f"{HEADER}: the signature does not match the body")
         if abs(now.timestamp() - timestamp) > self.tolerance_s:
             raise SignatureError(f"{HEADER}: timestamp more than {self.tolerance_s} s from the server's clock")
@@ -58,7 +59,7 @@ def _parse_header(value: str) -> tuple[int, list[str]]:
     parts = [p.partition("=") for p in value.split(",")]
     stamps = [v for k, _, v in parts if k.strip() == "t"]
     given = [v.strip() for k, _, v in parts if k.strip() == "v1"]
-    if len(stamps) != 1 or not stamps[0].strip().isdigit() or not given:
+    if len(stamps) != 1 or not STAMP.fullmatch(stamps[0].strip()) or not given:  # ASCII digits: not "²"
         raise SignatureError(f"{HEADER}: missing or malformed (t=<unix seconds>,v1=<hex HMAC-SHA256>)")
     return int(stamps[0]), given
 

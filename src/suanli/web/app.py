@@ -37,7 +37,7 @@ def mount(app: FastAPI) -> None:
         if request.headers.get("HX-Request"):
             return Response(status_code=204, headers={"HX-Redirect": url})
         resp = RedirectResponse(url, status_code=303)
-        resp.delete_cookie(session.SESSION_COOKIE, path="/")
+        session.delete_cookie(resp, request, session.SESSION_COOKIE)
         return resp
 
     @app.exception_handler(session.Forbidden)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ ORG_COOKIE = "suanli_org"
 SESSION_DAYS = 1
 CSRF_FIELD = "csrf"
 CSRF_HEADER = "X-CSRF-Token"
+TOKEN_RE = re.compile(r"[A-Za-z0-9_.~+/=-]{1,256}")  # an API token's (and the CSRF cookie's) characters
 # No page of the console may be framed by another site (clickjacking), sniffed into another type, or leak its
 # address (which may carry a workload's name) to another site.
 SECURITY_HEADERS = {
@@ -60,6 +62,27 @@ def cookie_args(request: Request) -> dict[str, Any]:
     return {"httponly": True, "samesite": "lax", "secure": request.url.scheme == "https", "path": "/"}
 
 
+def cookie_name(request: Request, base: str) -> str:
+    """Over HTTPS the console's own cookies are `__Host-` cookies: Secure, Path=/ and no Domain, so no other host
+    can set or shadow them. A tenant's instance on a sibling host (`proxy_url: https://{id}.i.example.com`) could
+    otherwise plant `suanli_session=<its own token>` for the parent domain, and the victim would then act in the
+    attacker's account (redeem a top-up code into it) or be logged in as the attacker (a planted CSRF cookie).
+    Plain HTTP cannot carry the prefix (browsers require Secure), so there the names stay bare."""
+    return "__Host-" + base if request.url.scheme == "https" else base
+
+
+def read_cookie(request: Request, base: str) -> str | None:
+    return request.cookies.get(cookie_name(request, base))
+
+
+def set_cookie(resp: Response, request: Request, base: str, value: str, max_age: int) -> None:
+    resp.set_cookie(cookie_name(request, base), value, max_age=max_age, **cookie_args(request))
+
+
+def delete_cookie(resp: Response, request: Request, base: str) -> None:
+    resp.delete_cookie(cookie_name(request, base), **cookie_args(request))
+
+
 @dataclass
 class Page:
     """One request's view: the language, the CSRF token, and (signed in) the token, the user and their orgs."""
@@ -87,7 +110,7 @@ class Page:
     @property
     def org(self) -> dict[str, Any]:
         """The organisation the pages act for: the switch's cookie when it names one of the user's, else personal."""
-        wanted = self.request.cookies.get(ORG_COOKIE)
+        wanted = read_cookie(self.request, ORG_COOKIE)
         for o in self.orgs:
             if o["id"] == wanted:
                 return o
@@ -120,7 +143,7 @@ class Page:
 
     def finish(self, resp: Response) -> Response:
         if self.new_csrf_cookie:
-            resp.set_cookie(CSRF_COOKIE, self.new_csrf_cookie, max_age=7 * 86400, **cookie_args(self.request))
+            set_cookie(resp, self.request, CSRF_COOKIE, self.new_csrf_cookie, 7 * 86400)
         resp.headers.setdefault("Cache-Control", "no-store")
         for k, v in SECURITY_HEADERS.items():
             resp.headers.setdefault(k, v)
@@ -131,22 +154,29 @@ def _lang(request: Request) -> str:
     return i18n.pick(request.cookies.get(i18n.LANG_COOKIE), request.headers.get("accept-language"))
 
 
+def _session_token(request: Request) -> str | None:
+    """The session cookie when it has a token's shape; anything else (non-ASCII bytes a browser kept, a sibling
+    host's planted junk) is no session, never a header httpx refuses to send (500 on every page)."""
+    token = read_cookie(request, SESSION_COOKIE)
+    return token if token and TOKEN_RE.fullmatch(token) else None
+
+
 async def anonymous(request: Request) -> Page:
     """A page anyone may see (login, sign-up): the double-submit CSRF cookie, made when missing."""
-    token = request.cookies.get(SESSION_COOKIE)
+    token = _session_token(request)
     if token:
         return Page(request, _lang(request), csrf_of_session(token), token=token)
-    cookie = request.cookies.get(CSRF_COOKIE)
+    cookie = read_cookie(request, CSRF_COOKIE)
     fresh = None
-    if not cookie or len(cookie) > 64:
+    if not cookie or not TOKEN_RE.fullmatch(cookie) or len(cookie) > 64:
         cookie = fresh = secrets.token_urlsafe(24)
     return Page(request, _lang(request), cookie, new_csrf_cookie=fresh)
 
 
 async def tenant(request: Request) -> Page:
     """A signed-in user's page; no valid session → /login."""
-    token = request.cookies.get(SESSION_COOKIE)
-    if not token or len(token) > 256:
+    token = _session_token(request)
+    if token is None:
         raise LoginRequired()
     page = Page(request, _lang(request), csrf_of_session(token), token=token)
     r = await apicall.call(request, token, "GET", "/me")

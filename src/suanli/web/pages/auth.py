@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 
-from suanli.web import i18n, session
+from suanli.web import apicall, i18n, session
 from suanli.web.apicall import ApiError
 from suanli.web.session import Page
 
@@ -26,16 +26,18 @@ def _safe_next(target: str | None) -> str:
 
 
 async def _start_session(page: Page, login_token: str, target: str) -> Response:
-    """Trade the login token for a one-day console token, revoke the login token, set the cookie."""
-    page.token = login_token
+    """Trade the login token for a one-day console token, revoke the login token and the session this browser
+    had before (signing in again, or as someone else, leaves no older token alive), set the cookie."""
+    replaced, page.token = page.token, login_token
     made = (
         await page.api("POST", "/tokens", json={"name": "web console", "expires_in_days": session.SESSION_DAYS})
     ).json()
     await page.api("POST", "/logout")
+    if replaced:  # whatever it was (expired, someone else's): it stops working now
+        await apicall.call(page.request, replaced, "POST", "/logout")
     resp = RedirectResponse(_safe_next(target), status_code=303)
-    resp.set_cookie(session.SESSION_COOKIE, made["token"], max_age=session.SESSION_DAYS * 86400,
-                    **session.cookie_args(page.request))  # fmt: skip
-    resp.delete_cookie(session.CSRF_COOKIE, path="/")
+    session.set_cookie(resp, page.request, session.SESSION_COOKIE, made["token"], session.SESSION_DAYS * 86400)
+    session.delete_cookie(resp, page.request, session.CSRF_COOKIE)
     return resp
 
 
@@ -78,7 +80,7 @@ async def logout(request: Request, page: Tenant) -> Response:
     await session.form(request, page)
     await page.api("POST", "/logout")
     resp = RedirectResponse("/login", status_code=303)
-    resp.delete_cookie(session.SESSION_COOKIE, path="/")
+    session.delete_cookie(resp, request, session.SESSION_COOKIE)
     return resp
 
 
@@ -98,5 +100,5 @@ async def switch_org(request: Request, page: Tenant) -> Response:
     if org not in {o["id"] for o in page.orgs}:
         raise session.Forbidden(page.t("Not an organisation of yours.", "不是你所在的组织。"))
     resp = RedirectResponse(_safe_next(data.get("next")), status_code=303)
-    resp.set_cookie(session.ORG_COOKIE, org, max_age=365 * 86400, **session.cookie_args(request))
+    session.set_cookie(resp, request, session.ORG_COOKIE, org, 365 * 86400)
     return resp

@@ -4,13 +4,13 @@ a GPU's on-demand price and the host prices through the admin price routes)."""
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.pages.account_forms import seg
 from suanli.web.pages.ops_common import Operator, as_int, errors
 from suanli.web.session import Page
 
@@ -41,7 +41,7 @@ async def set_quota(org: str, request: Request, page: Operator) -> Response:
     data = await session.form(request, page)
     body = {k: (None if not (data.get(k) or "").strip() else as_int(data.get(k))) for k in QUOTAS}
     try:
-        await page.api("PUT", f"/admin/orgs/{quote(org, safe='')}/quota", json=body)
+        await page.api("PUT", f"/admin/orgs/{seg(org)}/quota", json=body)
     except ApiError as e:
         return await _quotas(page, status=e.status, errors=errors(e, "gpus"), failed=org)
     return RedirectResponse("/ops/quotas", status_code=303)
@@ -68,7 +68,7 @@ async def set_gpu_price(request: Request, page: Operator) -> Response:
     try:
         if not gpu:
             raise ApiError(422, "gpu: name the GPU model")
-        await page.api("PUT", f"/admin/prices/gpus/{quote(gpu, safe='')}", json=body)
+        await page.api("PUT", f"/admin/prices/gpus/{seg(gpu)}", json=body)
     except ApiError as e:
         return await _prices(page, status=e.status, errors=errors(e, "on_demand"), form=data)
     return RedirectResponse("/ops/prices", status_code=303)

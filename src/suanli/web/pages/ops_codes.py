@@ -4,13 +4,13 @@ shown once (the API keeps only their SHA-256), list batches and see which codes 
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.pages.account_forms import seg
 from suanli.web.pages.ops_common import Operator, as_int, error_page, errors
 from suanli.web.session import Page
 
@@ -48,7 +48,7 @@ async def create_batch(request: Request, page: Operator) -> Response:
 @router.get("/ops/codes/{batch}")
 async def batch_page(batch: str, page: Operator) -> Response:
     try:
-        b = await page.get(f"{CODES}/{quote(batch, safe='')}")
+        b = await page.get(f"{CODES}/{seg(batch)}")
     except ApiError as e:
         if e.status in (404, 422):
             return error_page(page, 404, e.detail)
@@ -61,7 +61,7 @@ async def void_batch(batch: str, request: Request, page: Operator) -> Response:
     """Void every unredeemed code of the batch."""
     await session.form(request, page)
     try:
-        await page.api("POST", f"{CODES}/{quote(batch, safe='')}/void", json={})
+        await page.api("POST", f"{CODES}/{seg(batch)}/void", json={})
     except ApiError as e:
         return error_page(page, e.status, e.detail)
-    return RedirectResponse(f"/ops/codes/{quote(batch, safe='')}", status_code=303)
+    return RedirectResponse(f"/ops/codes/{seg(batch)}", status_code=303)

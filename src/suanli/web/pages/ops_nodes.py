@@ -5,13 +5,13 @@ fault injection into a virtual node's simulated GPUs (what `PATCH /admin/nodes/{
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import quote
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.pages.account_forms import seg
 from suanli.web.pages.ops_common import Operator, as_int, error_page, errors
 from suanli.web.session import Page
 
@@ -29,8 +29,8 @@ async def nodes_page(page: Operator, state: str | None = None) -> Response:
 
 
 async def _node(page: Page, node: str, **extra: Any) -> Response:
-    n = await page.get(f"/admin/nodes/{quote(node, safe='')}")
-    events = await page.get(f"/admin/nodes/{quote(node, safe='')}/events", limit=200)
+    n = await page.get(f"/admin/nodes/{seg(node)}")
+    events = await page.get(f"/admin/nodes/{seg(node)}/events", limit=200)
     readings = {g["gpu"]: g for g in await page.get("/admin/gpus") if g["node"] == n["name"]}
     status = extra.pop("status", 200)
     return page.render("ops/node.html", status=status, node=n, events=list(reversed(events)), readings=readings,
@@ -48,7 +48,7 @@ async def node_page(node: str, page: Operator) -> Response:
 
 
 def _back(node: str) -> Response:
-    return RedirectResponse(f"/ops/nodes/{quote(node, safe='')}", status_code=303)
+    return RedirectResponse(f"/ops/nodes/{seg(node)}", status_code=303)
 
 
 @router.post("/ops/nodes/{node}/state")
@@ -57,7 +57,7 @@ async def set_state(node: str, request: Request, page: Operator) -> Response:
     data = await session.form(request, page)
     body = {"state": data.get("state", ""), "reason": data.get("reason", "")}
     try:
-        await page.api("PATCH", f"/admin/nodes/{quote(node, safe='')}", json=body)
+        await page.api("PATCH", f"/admin/nodes/{seg(node)}", json=body)
     except ApiError as e:
         if e.status == 404:
             return error_page(page, 404, e.detail)
@@ -73,7 +73,7 @@ async def inject_fault(node: str, request: Request, page: Operator) -> Response:
     if data.get("xid"):
         body["xid"] = as_int(data["xid"])
     try:
-        await page.api("POST", f"/admin/nodes/{quote(node, safe='')}/faults", json=body)
+        await page.api("POST", f"/admin/nodes/{seg(node)}/faults", json=body)
     except ApiError as e:
         if e.status == 404:
             return error_page(page, 404, e.detail)

@@ -59,7 +59,7 @@ async def remove_member(user_id: str, request: Request, page: Tenant) -> Respons
     await session.form(request, page)
     r = await _act(page, "DELETE", f"/orgs/{seg(page.org['id'])}/members/{seg(user_id)}")
     if isinstance(r, RedirectResponse) and user_id == page.user.get("id"):
-        r.delete_cookie(session.ORG_COOKIE, path="/")
+        session.delete_cookie(r, request, session.ORG_COOKIE)
     return r
 
 
@@ -96,7 +96,7 @@ async def answer_invitation(invitation_id: str, answer: str, request: Request, p
         return await _view(page, status=e.status, error=e.detail)
     r = done("/team")
     if answer == "accept":
-        r.set_cookie(session.ORG_COOKIE, joined["id"], max_age=365 * 86400, **session.cookie_args(request))
+        session.set_cookie(r, request, session.ORG_COOKIE, joined["id"], 365 * 86400)
     return r
 
 
@@ -109,5 +109,5 @@ async def create_org(request: Request, page: Tenant) -> Response:
     except ApiError as e:
         return await _view(page, status=e.status, fields=at_fields(e, "name", ("name",)), form="org")
     r = done("/team")
-    r.set_cookie(session.ORG_COOKIE, made["id"], max_age=365 * 86400, **session.cookie_args(request))
+    session.set_cookie(r, request, session.ORG_COOKIE, made["id"], 365 * 86400)
     return r

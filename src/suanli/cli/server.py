@@ -68,6 +68,7 @@ def server(
         f"suanli server on http://{settings.host}:{settings.port}  (database: {_redact(settings.db_url)})", err=True
     )
     _ssh_note(settings)
+    _origin_note(settings)
     _sandbox_note(settings)
     if workers == 1:
         from suanli.cli.malloc import tune_for_streams
@@ -159,6 +160,7 @@ def up(
     typer.echo(f"web console: {url}/ (log in as {local.OPERATOR_EMAIL} with the password in "
                f"{settings.home / local.PASSWORD_FILE}, or sign up as a tenant)", err=True)  # fmt: skip
     _ssh_note(settings)
+    _origin_note(settings)
     _sandbox_note(settings)
     uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,
                 access_log=False)  # fmt: skip
@@ -230,6 +232,14 @@ def _ssh_note(settings: Settings) -> None:
     if settings.ssh_port and settings.background:
         typer.echo(f"ssh gateway on {settings.host}:{settings.ssh_port}: suanli keys add ~/.ssh/id_ed25519.pub, then "
                    f"ssh -p {settings.ssh_port} INSTANCE@{settings.host}  (--ssh-port 0 turns it off)", err=True)  # fmt: skip
+
+
+def _origin_note(settings: Settings) -> None:
+    """Without `proxy_url`, instances' web pages share the console's origin: say what that means (docs/web.md)."""
+    if not settings.proxy_url:
+        typer.echo("note: instances' web pages (JupyterLab, ports) are served on the console's own origin; a "
+                   "tenant's page there could act in the console as a visitor. For strangers, set proxy_url in the config "
+                   "(a wildcard host of its own, with HTTPS): docs/jupyter-and-ports.md", err=True)  # fmt: skip
 
 
 def _redact(url: str) -> str:

@@ -90,3 +90,12 @@ def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[A
     app = create_app(settings(tmp_path / "home", db_url))
     with TestClient(app) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless Chromium (Debian's) for every browser test of the session (tests/web_helpers.py)."""
+    from tests.web_helpers import chromium
+
+    with chromium() as b:
+        yield b

@@ -8,23 +8,15 @@ from typing import Any
 
 import pytest
 
-from tests.control_plane import live_server
-from tests.web_helpers import chromium, screenshot
+from tests.web_helpers import console_server, screenshot
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("web")
-    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", args=("--virtual", "rtx4090-box")) as srv:
+    with console_server(tmp_path_factory, "web") as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
 
 
 def test_sign_up_and_see_the_trial_credit(server: Any, browser: Any) -> None:

@@ -11,23 +11,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server
-from tests.web_helpers import chromium, screenshot
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD
+from tests.web_helpers import console_server, screenshot
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("web-account")
-    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", args=("--virtual", "rtx4090-box")) as srv:
+    with console_server(tmp_path_factory, "web-account") as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
 
 
 def _code(server: Any, amount: str) -> str:

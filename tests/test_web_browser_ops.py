@@ -8,8 +8,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer, live_server
-from tests.web_helpers import chromium, screenshot
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer
+from tests.web_helpers import console_server, screenshot
 
 pytestmark = pytest.mark.browser
 RED = "rgb(211, 47, 47)"  # static/ops_cluster.js: the unhealthy colour
@@ -18,16 +18,8 @@ GREEN = "rgb(46, 125, 50)"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("web-ops")
-    env = {"SUANLI_TELEMETRY_INTERVAL_S": "1"}
-    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", env=env, args=("--virtual", "rtx4090-box")) as srv:
+    with console_server(tmp_path_factory, "web-ops", env={"SUANLI_TELEMETRY_INTERVAL_S": "1"}) as srv:
         yield srv
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
 
 
 def _login(browser: Any, url: str) -> Any:

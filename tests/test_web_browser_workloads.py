@@ -16,8 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.control_plane import live_server
-from tests.web_helpers import chromium, screenshot
+from tests.web_helpers import console_server, screenshot
 
 pytestmark = pytest.mark.browser
 ENV = {"SUANLI_TELEMETRY_INTERVAL_S": "1", "SUANLI_SCHEDULE_INTERVAL_S": "0.2", "SUANLI_METER_INTERVAL_S": "1"}
@@ -25,15 +24,8 @@ ENV = {"SUANLI_TELEMETRY_INTERVAL_S": "1", "SUANLI_SCHEDULE_INTERVAL_S": "0.2", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    home = tmp_path_factory.mktemp("web-work")
-    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", env=ENV, args=("--virtual", "rtx4090-box")) as s:
-        yield s
-
-
-@pytest.fixture(scope="module")
-def browser() -> Any:
-    with chromium() as b:
-        yield b
+    with console_server(tmp_path_factory, "web-work", env=ENV) as srv:
+        yield srv
 
 
 def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:

@@ -50,6 +50,18 @@ class Console:
 
 
 @contextmanager
+def console_server(
+    tmp_path_factory: Any, name: str, *, env: dict[str, str] | None = None, preset: str = "rtx4090-box"
+) -> Iterator[Any]:
+    """`suanli server` as a real process on SQLite with a virtual preset, for a module of browser tests."""
+    from tests.control_plane import live_server
+
+    home = tmp_path_factory.mktemp(name)
+    with live_server(home, f"sqlite+pysqlite:///{home}/suanli.db", env=env, args=("--virtual", preset)) as srv:
+        yield srv
+
+
+@contextmanager
 def chromium() -> Iterator[Any]:
     """A headless Chromium (Debian's, not a downloaded one) under Playwright; flags keep it off the network."""
     from playwright.sync_api import sync_playwright

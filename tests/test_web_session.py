@@ -129,6 +129,7 @@ def test_api_docs_are_served_from_the_package(api: Any) -> None:
         assert asset in html
         assert api.get(asset).status_code == 200
     assert api.get("/redoc").status_code == 404  # not offered: it would need a CDN
+    assert '"validatorUrl": null' in html  # and nothing asked of validator.swagger.io on a public host
 
 
 def test_pages_cannot_be_framed_and_an_api_refusal_is_its_own_status_not_a_500(api: Any) -> None:

@@ -29,6 +29,7 @@ def mount(app: FastAPI) -> None:
             swagger_js_url=f"{VENDOR}/swagger-ui/swagger-ui-bundle.js",
             swagger_css_url=f"{VENDOR}/swagger-ui/swagger-ui.css",
             swagger_favicon_url=f"{VENDOR}/swagger-ui/favicon-32x32.png",
+            swagger_ui_parameters={"validatorUrl": None},  # no badge fetched from validator.swagger.io
         )  # fmt: skip
 
     @app.exception_handler(session.LoginRequired)

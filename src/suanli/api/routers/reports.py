@@ -37,6 +37,10 @@ class WasteHourOut(Out):
     held_gpu_hours: float
     idle_gpu_hours: float
     idle_fraction: float | None
+    waste_gpu_hours: str = Field(description="GPU-hours idle while work waited for GPUs (at most what it asked for)")
+    held_idle_gpu_hours: str | None = Field(
+        description="GPU-hours held by work but not busy, from the GPUs' readings; null: no readings that hour"
+    )
 
 
 @router.get("/revenue")
@@ -56,6 +60,7 @@ def revenue_by_day(ctx: Admin, days: Annotated[int, Query(ge=1, le=revenue.MAX_D
 @in_thread
 def waste_by_hour(ctx: Admin, hours: Annotated[int, Query(ge=1, le=waste_history.MAX_HOURS)] = 48
                   ) -> list[WasteHourOut]:  # fmt: skip
-    """GPU-hours offered, held by work and left idle, per UTC hour, oldest first (the current hour up to now)."""
+    """GPU-hours offered, held by work, left idle, wasted (idle while work waited) and held but not busy, per UTC
+    hour, oldest first (the current hour up to now). docs/web.md defines each."""
     with ctx.db.read() as s:
         return [WasteHourOut(**h) for h in waste_history.by_hour(s, hours, ctx.now)]

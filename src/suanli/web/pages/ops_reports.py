@@ -6,6 +6,7 @@ cents only for display, as statements), the charts draw the same figures."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter
@@ -35,11 +36,14 @@ async def waste_page(page: Operator, hours: str = "48") -> Response:
     data = {"t": [r["hour"] for r in rows], "series": {
         page.t("capacity", "总量"): [r["capacity_gpu_hours"] for r in rows],
         page.t("held by work", "已分配"): [r["held_gpu_hours"] for r in rows],
-        page.t("idle", "闲置"): [r["idle_gpu_hours"] for r in rows]}}  # fmt: skip
+        page.t("idle", "闲置"): [r["idle_gpu_hours"] for r in rows],
+        page.t("waste (idle while work waited)", "浪费（有任务排队时闲置）"): [r["waste_gpu_hours"] for r in rows],
+        page.t("held, not busy", "已分配未使用"): [r["held_idle_gpu_hours"] for r in rows]}}  # fmt: skip
     idle = sum(r["idle_gpu_hours"] for r in rows)
+    waste = sum((Decimal(r["waste_gpu_hours"]) for r in rows), start=Decimal(0))
     cap = sum(r["capacity_gpu_hours"] for r in rows)
     return page.render("ops/waste.html", rows=list(reversed(rows)), hours=hours, errors={}, data=_inline(data),
-                       idle=idle, cap=cap)  # fmt: skip
+                       idle=idle, cap=cap, waste=waste)  # fmt: skip
 
 
 @router.get("/ops/revenue")

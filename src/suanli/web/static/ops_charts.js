@@ -8,7 +8,7 @@
   var cols = [data.t.map(function (t) { return Date.parse(t) / 1000; })];
   var series = [{}];
   names.forEach(function (n, i) {
-    cols.push(data.series[n].map(Number));  // display only: the table beside it shows the exact figures
+    cols.push(data.series[n].map(function (v) { return v === null ? null : Number(v); }));  // null: a gap; display only: the table beside it shows the exact figures
     series.push({ label: n, stroke: "hsl(" + Math.round((i * 137.508 + 210) % 360) + ",65%,45%)", width: i ? 1.5 : 2.5 });
   });
   var opts = { width: Math.min(el.clientWidth || 900, 1100), height: 260, series: series,

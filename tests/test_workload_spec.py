@@ -266,7 +266,11 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"retry": {"on": [], "limits": 2}}, "retry.limits", "did you mean 'limit'"),
     # model
     ({"model": {"preset": "gpt5"}}, "model.preset", "presets: llama3.1-8b"),
-    ({"model": {"preset": "llama3.1-8b", "precision": "int8"}}, "model.precision", "'bf16', 'fp16', 'fp8' or 'fp32'"),
+    (
+        {"model": {"preset": "llama3.1-8b", "precision": "int8"}},
+        "model.precision",
+        "'fp8', 'fp8-blockwise', 'mxfp8', 'nvfp4' or 'fp32'",
+    ),
     ({"model": {"preset": "llama3.1-8b", "tokens": 0}}, "model.tokens", "greater than 0"),
     ({"model": {"preset": "llama3.1-8b", "tokens": "1e9"}}, "model.tokens", "valid number"),
     ({"model": {"preset": "llama3.1-8b", "tokens": float("inf")}}, "model.tokens", "finite"),

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from suanli.web.pages import ROUTERS
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, admin_token, bearer
-from tests.web_helpers import Console, csrf_of
+from tests.web_helpers import Console, csrf_of, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 XSS = "</script><script>alert(1)</script><img src=x onerror=alert(2)>\"'<!--"
 

@@ -12,7 +12,7 @@ import pytest
 from suanli.control.ids import utcnow
 from suanli.control.storage import hub
 from tests.control_plane import admin_token, bearer, join, signup
-from tests.web_helpers import Console
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
 API = "/api/v1"

@@ -13,7 +13,7 @@ from suanli.control.ids import utcnow
 from suanli.control.storage import hub
 from tests.control_plane import signup
 from tests.test_workloads_api import Platform, make_platform
-from tests.web_helpers import Console
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
 EP = "/api/v1/endpoints"

@@ -11,7 +11,7 @@ import pytest
 
 from tests.control_plane import bearer, signup
 from tests.ssh_helpers import keygen
-from tests.web_helpers import Console
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
 

@@ -6,6 +6,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.test_web_workloads import API, EN, World
+from tests.web_helpers import sqlite_db_url  # noqa: F401  (the db_url fixture: SQLite only)
 
 INSTANCE = "name: box\nkind: instance\nresources: {gpu: RTX-4090, gpus: 1}\n"
 

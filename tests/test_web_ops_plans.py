@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, admin_token, bearer
-from tests.web_helpers import Console
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 
 @pytest.fixture

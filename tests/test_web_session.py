@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer
-from tests.web_helpers import Console, csrf_of
+from tests.web_helpers import Console, csrf_of, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 
 def test_pages_need_a_session_and_send_the_browser_to_login(api: Any) -> None:

@@ -18,7 +18,7 @@ from suanli.control.scheduling.scheduling import SchedulingPass
 from suanli.control.telemetry.telemetry_loop import TelemetryTicker
 from suanli.control.workloads.supervisor import Supervisor
 from tests.control_plane import admin_token, bearer
-from tests.web_helpers import Console
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 API = "/api/v1"
 EN = {"Accept-Language": "en"}

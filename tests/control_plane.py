@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -160,3 +160,15 @@ def cmdline(pid: int) -> str:
 def spawned(pid: int) -> list[int]:
     """A server's children started by multiprocessing (API workers, the loop process), not its resource tracker."""
     return [k for k in children(pid) if "multiprocessing" in (c := cmdline(k)) and "resource_tracker" not in c]
+
+
+def poll(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """`check()`'s first truthy answer, asked every 0.3 s; an AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = check()
+        if out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout:g} s")
+        time.sleep(0.3)

@@ -10,8 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +21,7 @@ from rich.console import Console
 from suanli.cli.telemetry import parse_when
 from suanli.cli.top_frame import UNHEALTHY, UNLIMITED, render_top
 from suanli.client import ApiError, Client
-from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server, poll
 
 PRESET = "dgx-h100-superpod-su"
 NODE = f"{PRESET}.dgx-0003"
@@ -148,17 +146,6 @@ def suanli(
     if code:
         assert p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
     return p
-
-
-def poll(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out:
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout:g} s")
-        time.sleep(0.3)
 
 
 def test_top_fault_drain_events_and_metrics_against_a_live_server(db_url: str, tmp_path: Path) -> None:

@@ -207,3 +207,26 @@ def test_the_sdk_and_the_cli_read_the_same_statement(sdk: World) -> None:
     assert "-0.006" in table  # exact amounts, not rounded to cents
     assert invoke(["statement", "--since", "not-a-date"], code=2).stderr.startswith("error: ")
     assert "at most one" in invoke(["statement", "--csv", "--json"], code=2).stderr
+
+
+def test_the_statement_filters_by_kind_and_until_with_true_balances(api: Any) -> None:
+    """`kind` keeps the org's own balance after each row; `until` stops before it; bad values are 422s."""
+    t = signup(api, "filters@example.com")
+    adm = bearer(admin_token(api))
+    for amount in ("1.25", "2.50"):
+        r = api.post(f"{API}/admin/orgs/{t.org_id}/transactions", json={"kind": "topup", "amount": amount}, headers=adm)
+        assert r.status_code in (200, 201), r.text
+    url = f"{API}/orgs/{t.org_id}/statement"
+    every = api.get(url, headers=t.headers).json()["rows"]
+    tops = api.get(url, params={"kind": "topup"}, headers=t.headers).json()["rows"]
+    assert [r["kind"] for r in tops] == ["topup", "topup"]
+    assert [r["balance"] for r in tops] == [r["balance"] for r in every if r["kind"] == "topup"]  # not re-summed
+    assert [r["balance"] for r in tops] == ["11.25000000", "13.75000000"]
+    before = api.get(url, params={"until": every[1]["created_at"]}, headers=t.headers).json()["rows"]
+    assert [r["id"] for r in before] == [r["id"] for r in every if r["created_at"] < every[1]["created_at"]]
+    assert api.get(url, params={"until": "2000-01-01T00:00:00Z"}, headers=t.headers).json()["rows"] == []
+    csv_text = api.get(url, params={"kind": "topup", "format": "csv"}, headers=t.headers).text
+    assert [r["kind"] for r in csv.DictReader(io.StringIO(csv_text))] == ["topup", "topup"]
+    for bad in ({"kind": "TOPUP"}, {"kind": "x" * 33}, {"kind": "a=b"}, {"until": "not-a-time"}):
+        r = api.get(url, params=bad, headers=t.headers)
+        assert r.status_code == 422 and r.json()["detail"].startswith(("query.kind", "query.until")), (bad, r.text)

@@ -8,14 +8,13 @@ no agent has to post `/api/v1/telemetry/samples`."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.control_plane import poll as until
 from tests.web_helpers import console_server, screenshot
 
 pytestmark = pytest.mark.browser
@@ -26,17 +25,6 @@ ENV = {"SUANLI_TELEMETRY_INTERVAL_S": "1", "SUANLI_SCHEDULE_INTERVAL_S": "0.2", 
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with console_server(tmp_path_factory, "web-work", env=ENV) as srv:
         yield srv
-
-
-def until(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        out = check()
-        if out:
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not {what} after {timeout:g} s")
-        time.sleep(0.3)
 
 
 def canvas_drawn(page: Any) -> int:
@@ -76,7 +64,7 @@ def test_sign_up_run_watch_stop_and_see_the_charge(server: Any, browser: Any) ->
     page.wait_for_url(server.url + "/workloads/wl_*")
     wid = page.url.rsplit("/", 1)[1]
 
-    until(lambda: page.inner_text("#state") == "running", "running")  # htmx polls the status fragment
+    until(lambda: page.inner_text("#state") == "running", "running", 60)  # htmx polls the status fragment
     first = Decimal(page.get_attribute("#cost", "data-exact") or "0")
     until(lambda: Decimal(page.get_attribute("#cost", "data-exact") or "0") > first, "cost growing", 20)
     assert page.inner_text("#rate") == "¥4.40/h"

@@ -35,6 +35,8 @@ class StatementCalls:
         org_id: str | None = None,
         *,
         since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        kind: str | None = None,
         after_id: int | None = None,
         limit: int | None = None,
     ) -> Statement:
@@ -42,7 +44,9 @@ class StatementCalls:
         usage per workload, plan purchases, refunds and credits, each with its memo and the balance after it. Pass
         `next_after_id` as `after_id` for the next page (None: it was the last)."""
         since = since.isoformat() if isinstance(since, datetime) else since
-        params = {k: v for k, v in {"since": since, "after_id": after_id, "limit": limit}.items() if v is not None}
+        until = until.isoformat() if isinstance(until, datetime) else until
+        asked = {"since": since, "until": until, "kind": kind, "after_id": after_id, "limit": limit}
+        params = {k: v for k, v in asked.items() if v is not None}
         return load(Statement, self._get(self._statement_path(org_id), **params))
 
     def statement_all(self, org_id: str | None = None, *, since: datetime | str | None = None) -> Statement:

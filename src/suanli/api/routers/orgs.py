@@ -131,6 +131,17 @@ def org_statement(
     since: Annotated[
         UtcTime | None, Query(description="from the first transaction at or after it (UTC if no zone)")
     ] = None,
+    until: Annotated[UtcTime | None, Query(description="up to the last transaction before it (UTC if no zone)")] = None,
+    kind: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=32,
+            pattern="^[a-z_]+$",
+            description="only rows of this kind (topup, usage, …); "
+            "the balance after each stays the org's own, and a page may hold fewer rows than `limit`",
+        ),
+    ] = None,
     after_id: Annotated[int | None, Query(ge=0, le=2**62, description="the previous page's next_after_id")] = None,
     limit: Annotated[int, Query(ge=1, le=statement.MAX_PAGE)] = 500,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
@@ -139,7 +150,7 @@ def org_statement(
     plan purchases, refunds and credits, each with its memo and the balance after it. Members and operators only."""
     with ctx.db.read() as s:
         accounts.org_for(s, ctx.who, org_id)
-        p = statement.page(s, org_id, since=since, after_id=after_id, limit=limit)
+        p = statement.page(s, org_id, since=since, until=until, kind=kind, after_id=after_id, limit=limit)
     if format == "csv":
         headers = {"X-Next-After-Id": str(p.next_after_id)} if p.next_after_id is not None else {}
         return PlainTextResponse(statement.to_csv(p.rows), media_type="text/csv", headers=headers)

@@ -39,26 +39,40 @@ class Page:
 
 
 def page(
-    s: Session, org_id: str, *, since: datetime | None = None, after_id: int | None = None, limit: int = MAX_PAGE
+    s: Session,
+    org_id: str,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    kind: str | None = None,
+    after_id: int | None = None,
+    limit: int = MAX_PAGE,
 ) -> Page:
-    """One page of the org's statement, from the first transaction at or after `since` and after `after_id`. It
-    reads the page's own entries and, for the balance before it, one range of the org's entries in the index
-    by account and transaction (a window over the whole history cost every page ~1.5 s at 300,000 transactions),
-    in one statement: one snapshot."""
+    """One page of the org's statement, from the first transaction at or after `since` and after `after_id`, up to
+    the last one before `until`. It reads the page's own entries and, for the balance before it, one range of the
+    org's entries in the index by account and transaction (a window over the whole history cost every page ~1.5 s
+    at 300,000 transactions), in one statement: one snapshot. With `kind`, only that kind's rows of the page's
+    `limit` transactions are returned, each still with the org's true balance after it (a page may hold fewer
+    rows than `limit`: follow `next_after_id`)."""
     if not 1 <= limit <= MAX_PAGE:
         raise ValueError(f"limit: 1..{MAX_PAGE}")
     acct = org_account(org_id)
     e, tx = LedgerEntry, LedgerTransaction
-    start = after_id or 0
+    mine = tx.id.in_(select(e.tx_id).where(e.account == acct))
+    start: int | None = after_id or 0
     if since is not None:  # from the first transaction posted at or after `since`: the pages stay contiguous
-        first = s.scalar(select(func.min(tx.id)).where(tx.created_at >= since,
-                                                       tx.id.in_(select(e.tx_id).where(e.account == acct))))  # fmt: skip
-        start = max(start, first - 1) if first is not None else None  # type: ignore[assignment]
+        first = s.scalar(select(func.min(tx.id)).where(tx.created_at >= since, mine))
+        start = max(start or 0, first - 1) if first is not None else None
+    stop = None
+    if until is not None:  # to the last transaction posted before `until`, the same way
+        stop = s.scalar(select(func.max(tx.id)).where(tx.created_at < until, mine))
+        if stop is None:
+            start = None
     found = []
     if start is not None:
         nets = (
             select(e.tx_id.label("tx_id"), func.sum(e.amount).label("net"))
-            .where(e.account == acct, e.tx_id > start)
+            .where(e.account == acct, e.tx_id > start, *([e.tx_id <= stop] if stop is not None else []))
             .group_by(e.tx_id)
             .order_by(e.tx_id)
             .limit(limit + 1)
@@ -90,7 +104,10 @@ def page(
                      "balance": format(balance, "f"), "workload": r[4] or None, "workload_name": r[5],
                      "allocation": r[6], "memo": r[7], "key": r[8]})  # fmt: skip
     _, book = prices.current(s)
-    return Page(org_id, book.currency, opening, balance, rows, rows[-1]["id"] if more else None)
+    next_after = rows[-1]["id"] if more else None
+    if kind is not None:
+        rows = [r for r in rows if r["kind"] == kind]
+    return Page(org_id, book.currency, opening, balance, rows, next_after)
 
 
 FORMULA = ("=", "+", "-", "@", "\t", "\r")  # what makes a spreadsheet run a cell as a formula

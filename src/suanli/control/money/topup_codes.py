@@ -1,6 +1,6 @@
 """Top-up codes: operators sell credit as printed codes, tenants redeem them into an org they may spend from.
 
-A code is 20 Crockford base32 characters (100 random bits), shown once, as `XXXXX-XXXXX-XXXXX-XXXXX`, and typed back
+A code is 20 Crockford base32 characters (100 random bits), shown once in four dashed groups of five (`7K2QD-…`), and typed back
 in any case, with or without dashes or spaces (O reads as 0, I and L as 1). It is stored as the SHA-256 of its
 normalised text, not with argon2: a password needs a slow, salted hash because people choose guessable ones, but a
 code has 100 random bits, so there is no dictionary to run and a fast unsalted hash is as safe; and a deterministic

@@ -137,7 +137,7 @@ def org_statement(
         Query(
             min_length=1,
             max_length=32,
-            pattern="^[a-z_]+$",
+            pattern="^[a-z][a-z0-9_]{0,31}$",
             description="only rows of this kind (topup, usage, …); "
             "the balance after each stays the org's own, and a page may hold fewer rows than `limit`",
         ),

@@ -267,6 +267,11 @@ def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platfo
     _usage(platform, priced["id"], theirs, old, 1, 0)  # a late report for the same minute: only the rest is charged
     assert token_billing.charge(platform.db, utcnow()) == 1
     assert _balance(platform, mallory.org_id) == buyer0 - Decimal("1.9444475")
+    rows = platform.api.get(f"{EP}/{priced['id']}/usage", headers=platform.tenant.headers).json()
+    paid = {
+        (r["key_id"], r["charged_tokens"], r["charged"]) for r in rows if r["minute"].startswith(old.isoformat()[:16])
+    }
+    assert paid == {(theirs, 777_779, "1.94444750"), (own, 0, "0.00000000")}  # what the ledger took, per row
     from suanli.control.money import ledger
 
     with platform.db.read() as s:

@@ -4,6 +4,7 @@ another org's endpoint refused and never shown; CSRF."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +43,14 @@ def _owner(p: Platform) -> tuple[Console, dict[str, Any]]:
 
 def test_list_and_page_show_state_usage_and_what_other_orgs_paid(platform: Platform) -> None:
     from suanli.control.serving import gateway as store
+    from suanli.control.serving import token_billing
 
     c, ep = _owner(platform)
     buyer = signup(platform.api, "buyer@example.com")
     key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"name": "buyer-key"}, headers=buyer.headers).json()
-    minute = utcnow().replace(second=0, microsecond=0)
+    minute = (utcnow() - timedelta(minutes=5)).replace(second=0, microsecond=0)  # settled: charged now
     store.report(platform.db, "w", {}, [(ep["id"], key["id"], minute, 3, 300_000, 100_000)], utcnow())
+    assert token_billing.charge(platform.db, utcnow()) == 1  # the buyer's org pays: what the page shows as paid
     listing = c.get("/endpoints", headers=EN).text
     assert 'href="/endpoints/' in listing and ">chat<" in listing and "400000" in listing
     assert "¥1.00" in listing  # 400,000 tokens at ¥2.50 per 1M, a key of another org

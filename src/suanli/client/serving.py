@@ -72,6 +72,8 @@ class EndpointUsage:
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    charged_tokens: int = 0  # of these, charged to another org's key
+    charged: Decimal = Decimal(0)  # what they cost (exact)
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from fastapi import APIRouter
-from pydantic import ConfigDict, Field, StrictInt, model_validator
+from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 from sqlalchemy.orm import Session
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import In, Out
+from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.serving import endpoints
 from suanli.control.workloads.sandboxes import sandbox_policy
@@ -184,12 +185,20 @@ class UsageOut(Out):
     requests: int
     prompt_tokens: int
     completion_tokens: int
+    charged_tokens: int = Field(description="of these, tokens already charged to another org's key")
+    charged: str = Field(description="what they cost at the endpoint's per-token price now (exact)")
+
+    @field_validator("charged", mode="before")
+    @classmethod
+    def _exact(cls, v: object) -> object:
+        return money(v) if isinstance(v, Decimal) else v
 
 
 @router.get("/endpoints/{ref}/usage")
 @in_thread
 def usage(ref: str, ctx: Auth) -> list[UsageOut]:
-    """Requests and tokens per key per minute (from the runtime's `usage`), newest first, the last 10,000 rows."""
+    """Requests and tokens per key per minute (from the runtime's `usage`), newest first, the last 10,000 rows, with
+    what other orgs' keys were charged for each."""
     with ctx.db.read() as s:
         return [UsageOut.model_validate(u) for u in endpoints.usage(s, ctx.who, ref)]
 

@@ -17,11 +17,13 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from suanli.billing.tokens import cost_of_tokens
 from suanli.control.accounts import accounts, memberships
 from suanli.control.accounts.accounts import Principal
 from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, Unauthorized
 from suanli.control.ids import new_id, token_hash
+from suanli.control.serving.token_billing import price_of
 from suanli.control.storage import hub
 from suanli.control.workloads import workloads
 from suanli.db.models import Org, User, Workload
@@ -220,10 +222,31 @@ def remove(s: Session, who: Principal, ref: str, now: datetime) -> Endpoint:
     return e
 
 
-def usage(s: Session, who: Principal, ref: str, limit: int = 10_000) -> list[EndpointUsage]:
+@dataclass(frozen=True)
+class UsageRow:
+    minute: datetime
+    key_id: str
+    requests: int
+    prompt_tokens: int
+    completion_tokens: int
+    charged_tokens: int  # of this row's tokens, those another org's key has paid for
+    charged: Decimal  # what they cost at the endpoint's per-token price now (`billing.tokens.cost_of_tokens`)
+
+
+def usage(s: Session, who: Principal, ref: str, limit: int = 10_000) -> list[UsageRow]:
+    """Per key per minute, newest first, with what other orgs' keys were charged for it."""
     e = get(s, who, ref)
     q = select(EndpointUsage).where(EndpointUsage.endpoint_id == e.id)
-    return list(s.scalars(q.order_by(EndpointUsage.minute.desc(), EndpointUsage.key_id).limit(limit)))
+    rows = s.scalars(q.order_by(EndpointUsage.minute.desc(), EndpointUsage.key_id).limit(limit))
+    price = price_of(e.spec)
+    buyers = set(
+        s.scalars(select(EndpointKey.id).where(EndpointKey.endpoint_id == e.id, EndpointKey.org_id != e.org_id))
+    )
+    # (the endpoint's own keys have their tokens marked as settled too, but pay nothing per token)
+    return [UsageRow(u.minute, u.key_id, u.requests, u.prompt_tokens, u.completion_tokens,
+                     paid := u.charged_tokens if u.key_id in buyers and price else 0,
+                     cost_of_tokens(paid, price) if paid and price else Decimal(0))
+            for u in rows]  # fmt: skip
 
 
 # ---- keys -------------------------------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Endpoints: each with its state (replicas ready of desired), its usage (requests, tokens, and what other orgs'
 keys paid per token), its API keys (created and shown once, revoked) and a scale form.
 
-Token charges are computed from the API's usage rows with the ledger's own rule (`billing.tokens.cost_of_tokens`
-per row, for keys of another org; the endpoint's own keys pay nothing per token: its org pays its replicas' GPU
-time, which the statement shows)."""
+Token charges are the API's own per usage row (`charged`: what another org's key paid for the tokens already
+charged; the endpoint's own keys pay nothing per token: its org pays its replicas' GPU time, which the statement
+shows)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from suanli.billing.tokens import cost_of_tokens
 from suanli.web import session
 from suanli.web.apicall import ApiError
 from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, missing, seg
@@ -25,16 +24,13 @@ RECENT_MINUTES = 30  # usage rows shown on an endpoint's page
 
 def _totals(e: dict[str, Any], usage: list[dict[str, Any]], keys: list[dict[str, Any]]) -> dict[str, Any]:
     """Requests and tokens over the API's usage rows, per key and in all, and what other orgs' keys were charged."""
-    price = Decimal(e["price_per_1m_tokens"]) if e.get("price_per_1m_tokens") else None
-    org_of = {k["id"]: k["org_id"] for k in keys}
     per_key: dict[str, dict[str, Any]] = {}
     for u in usage:
         k = per_key.setdefault(u["key_id"], {"requests": 0, "prompt": 0, "completion": 0, "charged": Decimal(0)})
         k["requests"] += u["requests"]
         k["prompt"] += u["prompt_tokens"]
         k["completion"] += u["completion_tokens"]
-        if price is not None and org_of.get(u["key_id"], e["org_id"]) != e["org_id"]:
-            k["charged"] += cost_of_tokens(u["prompt_tokens"] + u["completion_tokens"], price)
+        k["charged"] += Decimal(u["charged"])
     total = {f: sum((k[f] for k in per_key.values()), start=Decimal(0) if f == "charged" else 0)
              for f in ("requests", "prompt", "completion", "charged")}  # fmt: skip
     return {"per_key": per_key, "total": total}

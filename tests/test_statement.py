@@ -227,6 +227,9 @@ def test_the_statement_filters_by_kind_and_until_with_true_balances(api: Any) ->
     assert api.get(url, params={"until": "2000-01-01T00:00:00Z"}, headers=t.headers).json()["rows"] == []
     csv_text = api.get(url, params={"kind": "topup", "format": "csv"}, headers=t.headers).text
     assert [r["kind"] for r in csv.DictReader(io.StringIO(csv_text))] == ["topup", "topup"]
+    stranger = signup(api, "stranger@example.com")  # a foreign tenant's filters open nothing
+    r = api.get(url, params={"kind": "topup", "until": "2100-01-01T00:00:00Z"}, headers=stranger.headers)
+    assert r.status_code == 404 and "13.75" not in r.text
     for bad in ({"kind": "TOPUP"}, {"kind": "x" * 33}, {"kind": "a=b"}, {"until": "not-a-time"}):
         r = api.get(url, params=bad, headers=t.headers)
         assert r.status_code == 422 and r.json()["detail"].startswith(("query.kind", "query.until")), (bad, r.text)

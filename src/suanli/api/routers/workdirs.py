@@ -40,8 +40,11 @@ async def upload_workdir(
     """Upload a job's workdir as a .tar.gz body (at most `max_upload_bytes`, 413 beyond). It is unpacked at once
     under the bounds of one upload (`workdir_max_bytes`, `workdir_max_files`) and what is left of the org's
     `storage_quota_bytes` (409 naming both): only files and directories, no absolute paths or `..` (422 naming
-    the entry). Kept for an hour for the submission that names it."""
+    the entry). Kept for an hour for the submission that names it. Whether the caller may upload for the org, and
+    whether the org has room, is asked before the body is read."""
     settings = ctx.srv.settings
+    store = storage.Store.of(settings)
+    await run_in_threadpool(storage.admit, ctx.db, ctx.who, org, store)  # refusals come before the body is read
     incoming = workdirs.incoming_dir(settings.home)
     incoming.mkdir(parents=True, exist_ok=True)
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY, dir=incoming) as spool:
@@ -51,5 +54,5 @@ async def upload_workdir(
         except ClientDisconnect:
             raise Invalid("body: the upload did not arrive whole") from None
         spool.seek(0)
-        up = await run_in_threadpool(storage.upload, ctx.db, ctx.who, org, spool, storage.Store.of(settings), ctx.now)
+        up = await run_in_threadpool(storage.upload, ctx.db, ctx.who, org, spool, store, ctx.now)
     return WorkdirOut(id=up.id, org_id=up.org_id, bytes=up.bytes, files=up.files, expires_at=up.expires_at)

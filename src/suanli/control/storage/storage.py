@@ -116,12 +116,12 @@ def _over(field: str, org: Org, store: Store, used: int, rest: str) -> Conflict:
                     f"{used}{rest}; {store.note()}")  # fmt: skip
 
 
-def upload(
-    db: Database, who: Principal, org: str | None, source: bytes | BinaryIO, store: Store, now: datetime,
-    field: str = "upload",
-) -> Upload:  # fmt: skip
-    """Unpack an upload for `org` under the bounds of one upload and what is left of the org's quota, and keep it
-    staged for the submission that names it. Refusals name `field`: 422 for the archive, 409 for the quota."""
+def admit(
+    db: Database, who: Principal, org: str | None, store: Store, field: str = "upload"
+) -> tuple[Org, int, int, int]:
+    """Whether `who` may upload for `org` at all, asked before the body is read: a stranger's upload (404), a
+    viewer's (403) and one for an org with no room left (409) are refused without taking in a byte of it. Returns
+    the paying org, its usage, and the caller's staged uploads (count, bytes)."""
     with db.read() as s:
         paying = paying_org(s, who, org)
         used = usage(s, paying.id)
@@ -130,6 +130,16 @@ def upload(
         raise _over(field, paying, store, used, ", and none is left")
     if n >= MAX_STAGED or mine >= store.quota:
         raise _mine_over(field, store, n, mine, "")
+    return paying, used, n, mine
+
+
+def upload(
+    db: Database, who: Principal, org: str | None, source: bytes | BinaryIO, store: Store, now: datetime,
+    field: str = "upload",
+) -> Upload:  # fmt: skip
+    """Unpack an upload for `org` under the bounds of one upload and what is left of the org's quota, and keep it
+    staged for the submission that names it. Refusals name `field`: 422 for the archive, 409 for the quota."""
+    paying, used, n, mine = admit(db, who, org, store, field)
     room = min(store.quota - used, store.quota - mine)
     limits = workdirs.Limits(min(store.limits.bytes, room), store.limits.entries)
     upload_id = new_id("wd")

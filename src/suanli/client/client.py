@@ -294,10 +294,24 @@ class Client(
         workload: str | None = None,
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        page_size: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Usage statement rows (one per allocation), newest first."""
-        params = _params(format="json", user_id=user_id, workload=workload, since=since, until=until)
-        return self.call("GET", self._usage_path(org_id), params=params)
+        """Usage statement rows (one per allocation), newest first: every page of it (`page_size` rows a request)."""
+        params = _params(format="json", user_id=user_id, workload=workload, since=since, until=until, limit=page_size)
+        rows: list[dict[str, Any]] = []
+        for page in self._usage_pages(org_id, params):
+            rows.extend(page.json())
+        return rows
+
+    def _usage_pages(self, org_id: str | None, params: dict[str, Any]) -> Iterator[httpx.Response]:
+        """The statement's pages, following `X-Next-After` to the last."""
+        path, after = self._usage_path(org_id), None
+        while True:
+            page = self.request("GET", path, params={**params, **({"after": after} if after else {})})
+            yield page
+            after = page.headers.get("X-Next-After")
+            if after is None:
+                return
 
     def usage_csv(
         self,
@@ -307,10 +321,12 @@ class Client(
         workload: str | None = None,
         since: datetime | str | None = None,
         until: datetime | str | None = None,
+        page_size: int | None = None,
     ) -> str:
-        """The same statement as CSV, header first."""
-        params = _params(format="csv", user_id=user_id, workload=workload, since=since, until=until)
-        return self.request("GET", self._usage_path(org_id), params=params).text
+        """The same statement as CSV, header first: every page of it."""
+        params = _params(format="csv", user_id=user_id, workload=workload, since=since, until=until, limit=page_size)
+        parts = [p.text for p in self._usage_pages(org_id, params)]
+        return parts[0] + "".join(p.split("\n", 1)[1] for p in parts[1:])
 
     def plans(self, org_id: str | None = None) -> list[Plan]:
         """Reserved plans the org bought, newest first."""

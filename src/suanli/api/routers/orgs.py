@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import (
@@ -103,15 +103,22 @@ def usage(
     workload: Annotated[str | None, Query(max_length=128)] = None,
     since: Annotated[UtcTime | None, Query(description="times without a zone are UTC")] = None,
     until: Annotated[UtcTime | None, Query(description="times without a zone are UTC")] = None,
+    after: Annotated[
+        str | None, Query(max_length=64, description="the previous page's `X-Next-After` header: the next page")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=metering.USAGE_MAX_PAGE)] = metering.USAGE_PAGE,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
 ) -> Response | list[dict[str, object]]:
-    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost)."""
+    """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost), newest first, `limit`
+    rows a page; the `X-Next-After` header names the next page's `after` (absent on the last page)."""
     with ctx.db.read() as s:
         accounts.org_for(s, ctx.who, org_id)
-        rows = metering.statement(s, org_id, user_id=user_id, workload=workload, since=since, until=until)
+        rows, nxt = metering.statement(s, org_id, user_id=user_id, workload=workload, since=since, until=until,
+                                       after=after, limit=limit)  # fmt: skip
+    headers = {"X-Next-After": nxt} if nxt is not None else {}
     if format == "csv":
-        return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv")
-    return rows
+        return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv", headers=headers)
+    return JSONResponse(rows, headers=headers)
 
 
 STATEMENT_CSV = {

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import REVENUE, org_account, transfer
@@ -39,6 +39,9 @@ def open_rates(s: Session, org_id: str) -> Decimal:
         select(func.sum(Allocation.rate_per_hour)).where(Allocation.org_id == org_id, Allocation.stopped_at.is_(None))
     )
     return exact(total or ZERO)
+
+
+USAGE_PAGE, USAGE_MAX_PAGE = 1000, 10_000  # rows in a page of the usage statement: by default, and at most
 
 
 @dataclass
@@ -356,11 +359,19 @@ def statement(
     workload: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
-    limit: int = 10_000,
-) -> list[dict[str, Any]]:
-    """Usage per allocation (per workload and user), newest first; cost is what the ledger charged. `workload` is
-    a workload's id or its name (all its runs of that name)."""
+    after: str | None = None,
+    limit: int = USAGE_PAGE,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of usage per allocation (per workload and user), newest first (by start, then id), and the cursor of
+    the next page (the last row's allocation; None on the last page); cost is what the ledger charged. `workload`
+    is a workload's id or its name (all its runs of that name). `after` must be one of this org's allocations."""
     q = select(Allocation, User.email).join(User, User.id == Allocation.user_id).where(Allocation.org_id == org_id)
+    if after is not None:
+        mark = s.get(Allocation, after)
+        if mark is None or mark.org_id != org_id:
+            raise Invalid("after: not an allocation of this org's statement (give the previous page's X-Next-After)")
+        q = q.where(or_(Allocation.started_at < mark.started_at,
+                        and_(Allocation.started_at == mark.started_at, Allocation.id < mark.id)))  # fmt: skip
     if user_id:
         q = q.where(Allocation.user_id == user_id)
     if workload:  # an id, or a name: every run of that name in this org
@@ -371,7 +382,8 @@ def statement(
     if until:
         q = q.where(Allocation.started_at < until)
     out = []
-    for a, email in s.execute(q.order_by(Allocation.started_at.desc()).limit(limit)):
+    found = s.execute(q.order_by(Allocation.started_at.desc(), Allocation.id.desc()).limit(limit + 1)).all()
+    for a, email in found[:limit]:
         out.append(
             {
                 "allocation": a.id, "workload": a.workload, "user": email, "gpu_model": a.gpu_model, "gpus": a.gpus,
@@ -386,7 +398,7 @@ def statement(
                 if a.billing_mode == usage.USAGE else None,
             }
         )  # fmt: skip
-    return out
+    return out, (out[-1]["allocation"] if len(found) > limit else None)
 
 
 def statement_csv(rows: list[dict[str, Any]]) -> str:

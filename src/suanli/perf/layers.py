@@ -32,6 +32,9 @@ KERNELS_PER_SUBLAYER = 50  # forward + backward kernels of one mixer or one MLP 
 MOE_EXTRA_KERNELS = 90
 SSD_CHUNK = 256  # Mamba-2 chunked scan: intra-chunk quadratic part over 256-token chunks
 HDIM64_ATTENTION_EFFICIENCY = 0.77  # flash attention at head dim 64 vs 128 (FlashAttention-3 paper, fig. 5)
+# SMs the dispatch/combine kernels hold while they run beside compute (EP all-to-all overlap): Megatron-Bridge's
+# benchmark setup gives HybridEP 32 (`moe_hybridep_num_sms = 32`, scripts/performance/utils/overrides.py)
+EP_COMM_SMS = 32
 
 
 def gemm_efficiency(m: float, n: float, sms: int) -> float:
@@ -85,6 +88,9 @@ class LayerTime:
     launch: float = 0.0
     tp_linear: float = 0.0  # GEMM time of the sublayers whose inputs are TP all-gathered (for overlap)
     tp_sublayers: int = 0
+    # the part of `ep` still exposed when this layer's all-to-alls run beside another micro-batch's compute of
+    # the same layer (EP all-to-all overlap, `ep_overlapped`); not part of `total`
+    ep_paired: float = 0.0
 
     FIELDS = ("linear", "attention", "elementwise", "recompute", "tp", "cp", "ep", "launch")
 
@@ -93,11 +99,11 @@ class LayerTime:
         return sum(getattr(self, k) for k in self.FIELDS)
 
     def add(self, other: LayerTime) -> None:
-        for k in (*self.FIELDS, "tp_linear", "tp_sublayers"):
+        for k in (*self.FIELDS, "tp_linear", "tp_sublayers", "ep_paired"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def scaled(self, f: float) -> LayerTime:
-        return LayerTime(**{k: getattr(self, k) * f for k in self.FIELDS})
+        return LayerTime(**{k: getattr(self, k) * f for k in (*self.FIELDS, "ep_paired")})
 
 
 def _attn_gemms(a: TransformerArch, t: float, tp: int) -> list[tuple[float, float, float]]:
@@ -243,8 +249,27 @@ def moe_alltoall_time(env: LayerEnv, rows: float) -> float:
     return one * (4 + (2 if env.full_recompute else 0))
 
 
+def ep_overlapped(comm: float, mixer: float, ffn: float, sms: int) -> float:
+    """Exposed time of one layer's `comm` seconds of dispatch/combine (forward and backward) under Megatron's EP
+    all-to-all overlap (`overlap_moe_expert_parallel_comm`): the forward of one micro-batch is merged with the
+    backward of another layer by layer, and each of the four all-to-alls runs on a second stream beside one
+    compute chunk of the other micro-batch (forward dispatch beside the experts' backward, forward combine beside
+    the attention backward, backward dispatch beside the experts' forward, backward combine beside the attention
+    forward; forward = 1/3 of a sublayer's compute, backward 2/3). What its chunk cannot cover stays exposed;
+    while they run together the communication kernels hold `EP_COMM_SMS` SMs, slowing that chunk by their share.
+    Never below the compute alone, never above running them one after the other."""
+    share = min(1.0, EP_COMM_SMS / sms)
+    one = comm / 4
+    chunks = (ffn * 2 / 3, mixer * 2 / 3, ffn / 3, mixer / 3)
+    return sum(max(0.0, one - c) + share * min(one, c) for c in chunks)
+
+
 def layer_time(env: LayerEnv, kind: tuple[Mixer, Ffn]) -> LayerTime:
     out = mixer_time(env, kind[0])
-    out.add(ffn_time(env, kind[1]))
+    mixer = out.total
+    ffn = ffn_time(env, kind[1])
+    out.add(ffn)
     out.tp = _tp_exposed(env, out.tp_linear, out.tp_sublayers)
+    if out.ep:
+        out.ep_paired = ep_overlapped(out.ep, mixer + out.tp / 2, ffn.total - ffn.ep + out.tp / 2, env.sms)
     return out

@@ -79,9 +79,13 @@ class Plan:
     dp: int = 1
     ep: int = 1  # expert parallel: experts split over ep ranks (inside the tp*cp*dp ranks of a stage)
     etp: int = 1  # expert tensor parallel: each expert's FFN split over etp ranks
+    # EP all-to-all overlap (Megatron `overlap_moe_expert_parallel_comm`, Bridge `moe_a2a_overlap`): one
+    # micro-batch's dispatch/combine run beside another's compute (see `unpaired_fraction`)
+    moe_a2a_overlap: bool = False
 
     def label(self) -> str:
         moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
+        moe += " A2A-overlap" if self.moe_a2a_overlap else ""
         return (
             f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
@@ -283,9 +287,22 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
             )
         if a.moe_ffn % p.etp:
             raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
+    if p.moe_a2a_overlap and p.recompute == "full":
+        raise PlanError("EP all-to-all overlap (moe_a2a_overlap) does not run with full recompute: use selective")
     m = job.global_batch // (p.dp * p.mbs)
     if p.pp > 1 and p.vp > 1 and m % p.pp:
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
+
+
+def unpaired_fraction(pp: int, vp: int, m: int) -> float:
+    """Share of a stage's forward and backward passes that have no other micro-batch's pass to run beside under
+    EP all-to-all overlap: the warm-up forwards and cool-down backwards of the (interleaved) 1F1B schedule. The
+    first stage has the most: `2(pp-1) + (vp-1)pp` model chunks with vp > 1 (Megatron's interleaved schedule),
+    `pp-1` without, of `m * vp` chunks; with no pipeline, the first forward and the last backward."""
+    if pp == 1:
+        return min(1.0, 1.0 / m)
+    warmup = 2 * (pp - 1) + (vp - 1) * pp if vp > 1 else pp - 1
+    return min(1.0, warmup / (m * vp))
 
 
 def step_time(
@@ -325,6 +342,9 @@ def step_time(
         st = layers.LayerTime()
         for k, n in counts.items():
             st.add(per_kind[k].scaled(n))  # type: ignore[index]
+        if p.moe_a2a_overlap and st.ep:
+            u = unpaired_fraction(p.pp, p.vp, m)
+            st.ep = u * st.ep + (1 - u) * st.ep_paired
         stages.append(st)
     logits = [
         (tokens, a.vocab / p.tp, a.hidden),
@@ -338,7 +358,11 @@ def step_time(
         key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
         if key not in memo:
             memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
-        block = memo[key].total  # type: ignore[attr-defined]
+        lt: layers.LayerTime = memo[key]  # type: ignore[assignment]
+        block = lt.total
+        if p.moe_a2a_overlap and lt.ep:
+            u = unpaired_fraction(p.pp, p.vp, m)
+            block += (u - 1) * (lt.ep - lt.ep_paired)
         proj = layers.gemm_time(layers.fwd_bwd([(tokens, a.hidden, 2 * a.hidden / p.tp)]), mm_rate, gpu.sms)
         t_extra_last += a.mtp_layers * (block + proj + t_logits)
     totals = [st.total for st in stages]

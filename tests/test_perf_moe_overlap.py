@@ -1,0 +1,79 @@
+"""EP all-to-all overlap (Megatron `overlap_moe_expert_parallel_comm`): what it may and may not do to a step."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from suanli.perf import Placement, Plan, PlanError, TrainJob, evaluate, model_preset
+from suanli.perf.layers import EP_COMM_SMS, ep_overlapped
+from suanli.perf.training import unpaired_fraction
+from suanli.topology import parse
+
+
+def _placement(nodes: int, gpus: int) -> Placement:
+    c = parse({"name": "t", "fabric": "ib-ndr",
+               "node_groups": [{"name": "n", "count": nodes, "gpu": "H100-SXM", "gpus_per_node": 8, "nics": 8}]})  # fmt: skip
+    return Placement(c, c.compact_gpus(gpus))
+
+
+JOB = TrainJob(model_preset("qwen3-30b-a3b"), "bf16", 4096, 64)
+ACROSS = Plan(ep=16, dp=16, mbs=1)  # EP across two HGX nodes: the all-to-all is a large part of the step
+
+
+@given(st.floats(0, 10), st.floats(0, 10), st.floats(0, 10), st.sampled_from([108, 132, 148, 160]))
+def test_overlap_never_beats_compute_nor_loses_to_serial(comm: float, mixer: float, ffn: float, sms: int) -> None:
+    exposed = ep_overlapped(comm, mixer, ffn, sms)
+    assert 0.0 <= exposed <= comm + 1e-12  # never worse than running the all-to-alls after the compute
+    assert exposed >= comm - (mixer + ffn) - 1e-12  # what no compute covers stays exposed
+
+
+def test_overlap_exposes_nothing_without_comm_and_the_sm_share_with_ample_compute() -> None:
+    assert ep_overlapped(0.0, 1.0, 1.0, 132) == 0.0
+    # comm far below every chunk: only the SMs the comm kernels hold cost time
+    assert ep_overlapped(0.04, 10.0, 10.0, 132) == pytest.approx(0.04 * EP_COMM_SMS / 132)
+
+
+def test_overlap_exposure_grows_with_comm() -> None:
+    vals = [ep_overlapped(c, 0.3, 0.6, 132) for c in (0.0, 0.2, 0.5, 1.0, 2.0, 4.0)]
+    assert vals == sorted(vals) and vals[-1] > vals[0]
+
+
+@pytest.mark.parametrize(("pp", "vp"), [(1, 1), (4, 1), (4, 2), (8, 4)])
+def test_unpaired_share_falls_with_micro_batches(pp: int, vp: int) -> None:
+    shares = [unpaired_fraction(pp, vp, m) for m in (pp, 2 * pp, 8 * pp, 64 * pp)]
+    assert all(0.0 < s <= 1.0 for s in shares)
+    assert shares == sorted(shares, reverse=True) and shares[-1] < shares[0]
+    assert unpaired_fraction(1, 1, 1) == 1.0  # one micro-batch: nothing to pair with
+
+
+def test_overlap_shortens_the_step_but_not_below_its_compute() -> None:
+    placement = _placement(2, 16)
+    serial = evaluate(JOB, ACROSS, placement)
+    overlapped = evaluate(JOB, replace(ACROSS, moe_a2a_overlap=True), placement)
+    ep = serial.breakdown["ep_exposed"]
+    assert ep > 0.1 * serial.step_time_s
+    assert overlapped.step_time_s < serial.step_time_s
+    assert overlapped.step_time_s >= serial.step_time_s - ep - 1e-9
+    assert overlapped.breakdown["ep_exposed"] < ep
+    assert "A2A-overlap" in overlapped.plan.label()
+
+
+def test_overlap_changes_nothing_without_expert_parallelism() -> None:
+    placement = _placement(1, 8)
+    plan = Plan(dp=8)
+    assert evaluate(JOB, replace(plan, moe_a2a_overlap=True), placement).step_time_s == pytest.approx(
+        evaluate(JOB, plan, placement).step_time_s
+    )
+    dense = TrainJob(model_preset("llama3.1-8b"), "bf16", 4096, 64)
+    assert evaluate(dense, replace(plan, moe_a2a_overlap=True), placement).step_time_s == pytest.approx(
+        evaluate(dense, plan, placement).step_time_s
+    )
+
+
+def test_overlap_with_full_recompute_is_refused() -> None:
+    with pytest.raises(PlanError, match="full recompute"):
+        evaluate(JOB, replace(ACROSS, moe_a2a_overlap=True, recompute="full"), _placement(2, 16))

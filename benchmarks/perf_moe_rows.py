@@ -83,16 +83,22 @@ def _int(v: object, default: int = 1) -> int | None:
     return None  # "a (b)" cells of 25.09: two configurations in one cell
 
 
-def recipe_overlap() -> dict[tuple, bool]:
-    """(release, model, gpu, precision, gpus, gbs, mbs, tp, pp, vp, ep) -> whether the row's Megatron-Bridge recipe
-    runs the EP all-to-all overlap (data/bridge_moe_recipe_flags.yaml, read from the recipes, with its sources)."""
+def recipe_settings() -> dict[tuple, dict]:
+    """(release, model, gpu, precision, gpus, gbs, mbs, tp, pp, vp, ep) -> the Plan settings of the row's
+    Megatron-Bridge recipe: EP all-to-all overlap and token dispatcher (data/bridge_moe_recipe_flags.yaml, read from
+    the recipes, with its sources). A row no recipe matches keeps the Plan's defaults."""
     keys = ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp", "pp", "vp", "ep")
-    return {tuple(r[k] for k in keys): bool(r["moe_a2a_overlap"]) for r in yaml.safe_load(RECIPE_FLAGS.read_text())}
+    out = {}
+    for r in yaml.safe_load(RECIPE_FLAGS.read_text()):
+        if r["recipe"] is not None:
+            out[tuple(r[k] for k in keys)] = {"moe_a2a_overlap": bool(r["moe_a2a_overlap"]),
+                                              "moe_dispatcher": r["moe_dispatcher"]}  # fmt: skip
+    return out
 
 
 def cases(moe_yaml: dict) -> list[Case]:
     out: list[Case] = []
-    overlap = recipe_overlap()
+    settings = recipe_settings()
     groups = {g["group"]: g for g in moe_yaml["training"]}
     rows = list(groups["megatron_bridge_performance_summary"]["rows"])
     for r in groups.get("nemo_framework_performance_summary_pages", {}).get("rows", []):
@@ -114,10 +120,9 @@ def cases(moe_yaml: dict) -> list[Case]:
         if v["gpus"] % (tp * pp * cp):
             continue
         dp = v["gpus"] // (tp * pp * cp)
-        a2a = overlap.get(tuple(r.get(k) for k in ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp", "pp",
-                                                       "vp", "ep")), False)  # fmt: skip
-        plan = Plan(tp=tp, pp=pp, cp=cp, vp=v["vp"], mbs=v["mbs"], dp=dp, ep=v["ep"] if arch.is_moe else 1,
-                    moe_a2a_overlap=a2a and arch.is_moe)  # fmt: skip
+        recipe = settings.get(tuple(r.get(k) for k in ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp",
+                                                          "pp", "vp", "ep")), {}) if arch.is_moe else {}  # fmt: skip
+        plan = Plan(tp=tp, pp=pp, cp=cp, vp=v["vp"], mbs=v["mbs"], dp=dp, ep=v["ep"] if arch.is_moe else 1, **recipe)
         job = TrainJob(arch, prec, v["seq"], v["gbs"])  # type: ignore[arg-type]
         step = v["gbs"] * v["seq"] / (float(r["tok_s_gpu"]) * v["gpus"])
         key = "|".join(str(x) for x in (r["model"], r["gpu"], v["gpus"], prec, v["gbs"], v["mbs"], v["seq"], tp, pp, cp,

@@ -77,3 +77,22 @@ def test_overlap_changes_nothing_without_expert_parallelism() -> None:
 def test_overlap_with_full_recompute_is_refused() -> None:
     with pytest.raises(PlanError, match="full recompute"):
         evaluate(JOB, replace(ACROSS, moe_a2a_overlap=True, recompute="full"), _placement(2, 16))
+
+
+def test_plain_alltoall_dispatch_costs_more_across_nodes_and_the_same_inside_one() -> None:
+    across = _placement(2, 16)
+    flex = evaluate(JOB, ACROSS, across)
+    plain = evaluate(JOB, replace(ACROSS, moe_dispatcher="alltoall"), across)
+    # top-8 of 128 experts over two nodes: a plain all-to-all sends 8 * 1/2 = 4 copies of a token across,
+    # the flex dispatcher at most one per other node
+    assert plain.breakdown["ep_exposed"] > 2 * flex.breakdown["ep_exposed"]
+    assert "alltoall-dispatch" in plain.plan.label()
+    inside, plan = _placement(1, 8), Plan(ep=8, dp=8)
+    assert evaluate(JOB, replace(plan, moe_dispatcher="alltoall"), inside).step_time_s == pytest.approx(
+        evaluate(JOB, plan, inside).step_time_s
+    )
+
+
+def test_unknown_dispatcher_is_refused() -> None:
+    with pytest.raises(PlanError, match="dispatcher"):
+        evaluate(JOB, replace(ACROSS, moe_dispatcher="ring"), _placement(2, 16))  # type: ignore[arg-type]

@@ -74,6 +74,7 @@ class LayerEnv:
     full_recompute: bool
     imbalance: float
     group: Callable[[int, int], CommGroup]
+    flex_dispatch: bool = True  # DeepEP/HybridEP (once per remote domain) or a plain all-to-all (every pair)
 
 
 @dataclass
@@ -236,13 +237,14 @@ def moe_alltoall_time(env: LayerEnv, rows: float) -> float:
     Across NVLink domains the dispatcher (DeepEP / HybridEP, what NVIDIA's MoE recipes run) sends a token once
     per destination domain and fans it out over NVLink there (DeepSeek-V3 report, sec. 3.2.2; DeepEP's
     internode kernels), so the network carries `remote_domain_copies` copies of each token instead of the
-    `top_k * (domains-1)/domains` a plain all-to-all would."""
+    `top_k * (domains-1)/domains` a plain all-to-all would. Megatron's `alltoall` dispatcher (what a recipe
+    without a flex backend runs) sends every (token, expert) pair: `env.flex_dispatch` False."""
     if env.ep <= 1:
         return 0.0
     g = env.group(env.etp, env.ep)
     a = env.arch
     size = rows * a.hidden * 2  # rows travel in 16 bits
-    if g.domains > 1 and a.top_k > 1:
+    if env.flex_dispatch and g.domains > 1 and a.top_k > 1:
         plain = a.top_k * (g.domains - 1) / g.domains
         size *= min(1.0, remote_domain_copies(a.experts, a.top_k, g.domains) / plain)
     one = collectives.estimate("all_to_all", int(size), g).time_us * 1e-6

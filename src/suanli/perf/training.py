@@ -82,10 +82,14 @@ class Plan:
     # EP all-to-all overlap (Megatron `overlap_moe_expert_parallel_comm`, Bridge `moe_a2a_overlap`): one
     # micro-batch's dispatch/combine run beside another's compute (see `unpaired_fraction`)
     moe_a2a_overlap: bool = False
+    # token dispatcher: "flex" (DeepEP / HybridEP: a token crosses the network once per destination NVLink domain)
+    # or "alltoall" (Megatron's plain all-to-all dispatcher: once per (token, expert) pair)
+    moe_dispatcher: Literal["flex", "alltoall"] = "flex"
 
     def label(self) -> str:
         moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
         moe += " A2A-overlap" if self.moe_a2a_overlap else ""
+        moe += " alltoall-dispatch" if self.moe_dispatcher == "alltoall" and self.ep > 1 else ""
         return (
             f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
@@ -287,6 +291,8 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
             )
         if a.moe_ffn % p.etp:
             raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
+    if p.moe_dispatcher not in ("flex", "alltoall"):
+        raise PlanError(f"moe dispatcher must be flex or alltoall, not {p.moe_dispatcher!r}")
     if p.moe_a2a_overlap and p.recompute == "full":
         raise PlanError("EP all-to-all overlap (moe_a2a_overlap) does not run with full recompute: use selective")
     m = job.global_batch // (p.dp * p.mbs)
@@ -325,13 +331,13 @@ def step_time(
         arch=a, seq_len=job.seq_len, tokens=tokens, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.etp, mm_rate=mm_rate,
         attn_rate=attn_rate * ATTENTION_VS_MATMUL, hbm=hbm, sms=gpu.sms, act_b=act_b,
         low_precision=job.precision in LOW_PRECISION, full_recompute=p.recompute == "full",
-        imbalance=job.moe_imbalance, group=group,
+        imbalance=job.moe_imbalance, group=group, flex_dispatch=p.moe_dispatcher == "flex",
     )  # fmt: skip
     kinds = a.layer_kinds()
     memo = memo if memo is not None else {}
     per_kind: dict[object, layers.LayerTime] = {}
     for k in set(kinds):
-        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher)
         if key not in memo:
             memo[key] = layers.layer_time(env, k)
         per_kind[k] = memo[key]  # type: ignore[assignment]
@@ -355,7 +361,7 @@ def step_time(
     t_extra_last = t_logits
     if a.mtp_layers:  # each MTP module: projection, one block, its own logits
         mtp_kind = ("attn", "moe" if a.is_moe else "dense")
-        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher)
         if key not in memo:
             memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
         lt: layers.LayerTime = memo[key]  # type: ignore[assignment]

@@ -85,14 +85,15 @@ def _int(v: object, default: int = 1) -> int | None:
 
 def recipe_settings() -> dict[tuple, dict]:
     """(release, model, gpu, precision, gpus, gbs, mbs, tp, pp, vp, ep) -> the Plan settings of the row's
-    Megatron-Bridge recipe: EP all-to-all overlap and token dispatcher (data/bridge_moe_recipe_flags.yaml, read from
+    Megatron-Bridge recipe: EP all-to-all overlap, token dispatcher and FP8 attention (data/bridge_moe_recipe_flags.yaml, read from
     the recipes, with its sources). A row no recipe matches keeps the Plan's defaults."""
     keys = ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp", "pp", "vp", "ep")
     out = {}
     for r in yaml.safe_load(RECIPE_FLAGS.read_text()):
         if r["recipe"] is not None:
             out[tuple(r[k] for k in keys)] = {"moe_a2a_overlap": bool(r["moe_a2a_overlap"]),
-                                              "moe_dispatcher": r["moe_dispatcher"]}  # fmt: skip
+                                              "moe_dispatcher": r["moe_dispatcher"],
+                                              "fp8_attention": bool(r["fp8_attention"])}  # fmt: skip
     return out
 
 

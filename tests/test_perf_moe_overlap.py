@@ -110,3 +110,16 @@ def test_overlap_matches_a_published_on_off_measurement() -> None:
     assert off == pytest.approx(24.71, rel=0.10)
     assert on == pytest.approx(20.99, rel=0.10)
     assert on / off == pytest.approx(20.99 / 24.71, abs=0.05)
+
+
+def test_fp8_attention_speeds_only_attention_and_needs_an_fp8_recipe() -> None:
+    job, placement = replace(JOB, precision="fp8"), _placement(1, 8)
+    plan = Plan(ep=8, dp=8)
+    base = evaluate(job, plan, placement)
+    fp8 = evaluate(job, replace(plan, fp8_attention=True), placement)
+    assert fp8.breakdown["compute_attention"] < base.breakdown["compute_attention"]
+    assert fp8.breakdown["compute_linear"] == pytest.approx(base.breakdown["compute_linear"])
+    assert fp8.step_time_s >= base.step_time_s - base.breakdown["compute_attention"]
+    assert "FP8-attention" in fp8.plan.label()
+    with pytest.raises(PlanError, match="fp8 attention"):
+        evaluate(JOB, replace(plan, fp8_attention=True), placement)

@@ -58,6 +58,9 @@ ATTENTION_VS_MATMUL = 0.50
 SUSTAINED_CLOCK_FACTOR = 0.90
 HBM_EFFICIENCY = 0.89  # STREAM triad / peak HBM bandwidth (H100: 2.97 of 3.35 TB/s)
 RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, allocator fragmentation
+# FP8 flash attention (Transformer Engine `fp8_dot_product_attention`) vs BF16: FlashAttention-3 (Shah et al.
+# 2024) reaches close to 1.2 PFLOPS in FP8 and 740 TFLOPS in BF16 on H100 (abstract); the ratio, for every GPU
+FP8_ATTENTION_SPEEDUP = 1.2 / 0.74
 GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
 # Expert load imbalance: the busiest EP rank's (token, expert) rows / the mean. NVIDIA's published MoE
 # benchmarks force-balance routing (Megatron-Bridge performance summary footnote), hence 1.0 by default;
@@ -85,11 +88,13 @@ class Plan:
     # token dispatcher: "flex" (DeepEP / HybridEP: a token crosses the network once per destination NVLink domain)
     # or "alltoall" (Megatron's plain all-to-all dispatcher: once per (token, expert) pair)
     moe_dispatcher: Literal["flex", "alltoall"] = "flex"
+    fp8_attention: bool = False  # flash attention in FP8 (TE `fp8_dot_product_attention`; FP8 recipes only)
 
     def label(self) -> str:
         moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
         moe += " A2A-overlap" if self.moe_a2a_overlap else ""
         moe += " alltoall-dispatch" if self.moe_dispatcher == "alltoall" and self.ep > 1 else ""
+        moe += " FP8-attention" if self.fp8_attention else ""
         return (
             f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
@@ -293,6 +298,8 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
             raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
     if p.moe_dispatcher not in ("flex", "alltoall"):
         raise PlanError(f"moe dispatcher must be flex or alltoall, not {p.moe_dispatcher!r}")
+    if p.fp8_attention and job.precision not in LOW_PRECISION:
+        raise PlanError(f"fp8 attention needs a low-precision recipe (fp8, mxfp8, …), not {job.precision}")
     if p.moe_a2a_overlap and p.recompute == "full":
         raise PlanError("EP all-to-all overlap (moe_a2a_overlap) does not run with full recompute: use selective")
     m = job.global_batch // (p.dp * p.mbs)
@@ -324,6 +331,8 @@ def step_time(
     m = job.global_batch // (p.dp * p.mbs)  # micro-batches per pipeline per step
     mm_rate = _matmul_rate(gpu, job.precision)
     attn_rate = _matmul_rate(gpu, "bf16" if job.precision in (*LOW_PRECISION, "bf16") else job.precision)
+    if p.fp8_attention:
+        attn_rate *= FP8_ATTENTION_SPEEDUP
     hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
     act_b = 4 if job.precision == "fp32" else 2
     tokens = p.mbs * job.seq_len / p.cp  # tokens each CP rank processes per micro-batch
@@ -337,7 +346,7 @@ def step_time(
     memo = memo if memo is not None else {}
     per_kind: dict[object, layers.LayerTime] = {}
     for k in set(kinds):
-        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher)
+        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention)
         if key not in memo:
             memo[key] = layers.layer_time(env, k)
         per_kind[k] = memo[key]  # type: ignore[assignment]
@@ -361,7 +370,7 @@ def step_time(
     t_extra_last = t_logits
     if a.mtp_layers:  # each MTP module: projection, one block, its own logits
         mtp_kind = ("attn", "moe" if a.is_moe else "dense")
-        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher)
+        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention)
         if key not in memo:
             memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
         lt: layers.LayerTime = memo[key]  # type: ignore[assignment]

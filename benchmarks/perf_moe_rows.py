@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from suanli.perf import Placement, Plan, TrainJob, model_preset
+from suanli.perf.training import RECOMPUTE_MODULES
 from suanli.topology import parse
 
 HELD_OUT_PERCENT = 30
@@ -85,7 +86,7 @@ def _int(v: object, default: int = 1) -> int | None:
 
 def recipe_settings() -> dict[tuple, dict]:
     """(release, model, gpu, precision, gpus, gbs, mbs, tp, pp, vp, ep) -> the Plan settings of the row's
-    Megatron-Bridge recipe: EP all-to-all overlap, token dispatcher and FP8 attention (data/bridge_moe_recipe_flags.yaml, read from
+    Megatron-Bridge recipe: EP all-to-all overlap, token dispatcher, FP8 attention and selective recompute (data/bridge_moe_recipe_flags.yaml, read from
     the recipes, with its sources). A row no recipe matches keeps the Plan's defaults."""
     keys = ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp", "pp", "vp", "ep")
     out = {}
@@ -94,6 +95,9 @@ def recipe_settings() -> dict[tuple, dict]:
             out[tuple(r[k] for k in keys)] = {"moe_a2a_overlap": bool(r["moe_a2a_overlap"]),
                                               "moe_dispatcher": r["moe_dispatcher"],
                                               "fp8_attention": bool(r["fp8_attention"])}  # fmt: skip
+            mods = tuple(m for m in r.get("recompute_modules") or () if m in RECOMPUTE_MODULES)
+            if mods:
+                out[tuple(r[k] for k in keys)] |= {"recompute": "selective", "recompute_modules": mods}
     return out
 
 

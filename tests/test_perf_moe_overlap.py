@@ -123,3 +123,37 @@ def test_fp8_attention_speeds_only_attention_and_needs_an_fp8_recipe() -> None:
     assert "FP8-attention" in fp8.plan.label()
     with pytest.raises(PlanError, match="fp8 attention"):
         evaluate(JOB, replace(plan, fp8_attention=True), placement)
+
+
+@pytest.mark.parametrize("module", ["mla_up_proj", "layernorm", "moe_act", "mlp"])
+def test_each_recompute_module_costs_time_and_never_saves_any(module: str) -> None:
+    job = TrainJob(model_preset("deepseek-v3"), "mxfp8", 4096, 512)
+    c = parse({"name": "t", "node_groups": [{"name": "n", "count": 8, "gpu": "B200", "gpus_per_node": 8, "nics": 8}],
+               "fabric": "ib-ndr"})  # fmt: skip
+    placement = Placement(c, c.compact_gpus(64))
+    plan = Plan(dp=64, ep=8, recompute="selective")  # one stage: every layer kind on the critical path
+    base = evaluate(job, plan, placement)
+    more = evaluate(job, replace(plan, recompute_modules=(module,)), placement)
+    assert more.step_time_s > base.step_time_s
+    assert more.breakdown["recompute"] > base.breakdown["recompute"] == 0.0
+    # never more than recomputing whole layers
+    assert more.step_time_s < evaluate(job, replace(plan, recompute="full"), placement).step_time_s
+
+
+def test_mla_up_projection_recompute_is_free_without_mla() -> None:
+    placement, plan = _placement(1, 8), Plan(ep=8, dp=8, recompute="selective")
+    assert evaluate(JOB, replace(plan, recompute_modules=("mla_up_proj",)), placement).step_time_s == pytest.approx(
+        evaluate(JOB, plan, placement).step_time_s
+    )
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [
+        (Plan(ep=8, dp=8, recompute_modules=("moe_act",)), "selective"),
+        (Plan(ep=8, dp=8, recompute="selective", recompute_modules=("everything",)), "unknown recompute"),
+    ],
+)
+def test_bad_recompute_modules_are_refused(plan: Plan, match: str) -> None:
+    with pytest.raises(PlanError, match=match):
+        evaluate(JOB, plan, _placement(1, 8))

@@ -75,6 +75,7 @@ class LayerEnv:
     imbalance: float
     group: Callable[[int, int], CommGroup]
     flex_dispatch: bool = True  # DeepEP/HybridEP (once per remote domain) or a plain all-to-all (every pair)
+    recompute_modules: frozenset[str] = frozenset()  # selective recompute (Megatron `recompute_modules`)
 
 
 @dataclass
@@ -184,7 +185,24 @@ def mixer_time(env: LayerEnv, mixer: Mixer) -> LayerTime:
     out.tp_linear, out.tp_sublayers = out.linear, 1
     if env.full_recompute:
         out.recompute = (out.linear + out.attention + out.elementwise) / 3
+    else:
+        out.recompute = _selective_mixer(env, mixer)
     return out
+
+
+def _selective_mixer(env: LayerEnv, mixer: Mixer) -> float:
+    """Forward work Megatron's selective `recompute_modules` repeat in the backward of a mixer: `mla_up_proj` (the
+    MLA query and key/value up-projections) and `layernorm` (the input norm: read and write the hidden state)."""
+    a, t, tp, mods = env.arch, env.tokens, env.tp, env.recompute_modules
+    extra = 0.0
+    if "mla_up_proj" in mods and mixer == "attn" and a.is_mla:
+        up = [(t, a.heads * (a.qk_nope_dim + a.v_head_dim) / tp, a.kv_lora_rank)]
+        if a.q_lora_rank:
+            up.append((t, a.heads * a.qk_head_dim / tp, a.q_lora_rank))
+        extra += gemm_time(up, env.mm_rate, env.sms)
+    if "layernorm" in mods:
+        extra += 2 * a.hidden * env.act_b * t / tp / env.hbm
+    return extra
 
 
 def ffn_time(env: LayerEnv, ffn: Ffn) -> LayerTime:
@@ -216,7 +234,27 @@ def ffn_time(env: LayerEnv, ffn: Ffn) -> LayerTime:
     out.launch += KERNELS_PER_SUBLAYER * KERNEL_OVERHEAD_US * 1e-6
     if env.full_recompute:
         out.recompute = (out.linear + out.elementwise) / 3
+    else:
+        out.recompute = _selective_ffn(env, ffn)
     return out
+
+
+def _selective_ffn(env: LayerEnv, ffn: Ffn) -> float:
+    """Forward work the selective `recompute_modules` repeat for an MLP: `mlp` (a dense MLP's forward GEMMs and
+    activation), `moe_act` (the routed experts' activation: read the gated input, write its output), `layernorm`
+    (the pre-MLP norm)."""
+    a, t, tp, mods = env.arch, env.tokens, env.tp, env.recompute_modules
+    mult = 3 if a.gated_mlp else 2
+    extra = 0.0
+    if "mlp" in mods and ffn == "dense":
+        extra += gemm_time(_mlp_gemms(a, t, tp, a.ffn), env.mm_rate, env.sms)
+        extra += mult * a.ffn * env.act_b * t / tp / env.hbm
+    if "moe_act" in mods and ffn == "moe":
+        rows = t / tp * a.top_k * env.imbalance
+        extra += rows * mult * a.moe_ffn / env.etp * env.act_b / env.hbm
+    if "layernorm" in mods and ffn != "none":
+        extra += 2 * a.hidden * env.act_b * t / tp / env.hbm
+    return extra
 
 
 def remote_domain_copies(experts: int, top_k: int, domains: int) -> float:

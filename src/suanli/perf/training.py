@@ -61,7 +61,13 @@ RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, a
 # FP8 flash attention (Transformer Engine `fp8_dot_product_attention`) vs BF16: FlashAttention-3 (Shah et al.
 # 2024) reaches close to 1.2 PFLOPS in FP8 and 740 TFLOPS in BF16 on H100 (abstract); the ratio, for every GPU
 FP8_ATTENTION_SPEEDUP = 1.2 / 0.74
-GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
+GRAD_BUCKETS_EXPOSED = 1.0
+RECOMPUTE_MODULES = (
+    "mla_up_proj",
+    "layernorm",
+    "mlp",
+    "moe_act",
+)  # the selective modules with a cost term  # DP reduction overlaps all but the final micro-batch's backward
 # Expert load imbalance: the busiest EP rank's (token, expert) rows / the mean. NVIDIA's published MoE
 # benchmarks force-balance routing (Megatron-Bridge performance summary footnote), hence 1.0 by default;
 # real runs with auxiliary-loss-free balancing sit above it and can say so (--moe-imbalance).
@@ -89,12 +95,15 @@ class Plan:
     # or "alltoall" (Megatron's plain all-to-all dispatcher: once per (token, expert) pair)
     moe_dispatcher: Literal["flex", "alltoall"] = "flex"
     fp8_attention: bool = False  # flash attention in FP8 (TE `fp8_dot_product_attention`; FP8 recipes only)
+    # selective recompute of named modules (Megatron `recompute_modules`; recompute must be "selective")
+    recompute_modules: tuple[str, ...] = ()
 
     def label(self) -> str:
         moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
         moe += " A2A-overlap" if self.moe_a2a_overlap else ""
         moe += " alltoall-dispatch" if self.moe_dispatcher == "alltoall" and self.ep > 1 else ""
         moe += " FP8-attention" if self.fp8_attention else ""
+        moe += f" recompute[{','.join(self.recompute_modules)}]" if self.recompute_modules else ""
         return (
             f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
@@ -298,6 +307,11 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
             raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
     if p.moe_dispatcher not in ("flex", "alltoall"):
         raise PlanError(f"moe dispatcher must be flex or alltoall, not {p.moe_dispatcher!r}")
+    if p.recompute_modules and p.recompute != "selective":
+        raise PlanError("recompute modules need recompute=selective")
+    unknown = set(p.recompute_modules) - set(RECOMPUTE_MODULES)
+    if unknown:
+        raise PlanError(f"unknown recompute modules {sorted(unknown)}; known: {', '.join(RECOMPUTE_MODULES)}")
     if p.fp8_attention and job.precision not in LOW_PRECISION:
         raise PlanError(f"fp8 attention needs a low-precision recipe (fp8, mxfp8, …), not {job.precision}")
     if p.moe_a2a_overlap and p.recompute == "full":
@@ -341,12 +355,13 @@ def step_time(
         attn_rate=attn_rate * ATTENTION_VS_MATMUL, hbm=hbm, sms=gpu.sms, act_b=act_b,
         low_precision=job.precision in LOW_PRECISION, full_recompute=p.recompute == "full",
         imbalance=job.moe_imbalance, group=group, flex_dispatch=p.moe_dispatcher == "flex",
+        recompute_modules=frozenset(p.recompute_modules),
     )  # fmt: skip
     kinds = a.layer_kinds()
     memo = memo if memo is not None else {}
     per_kind: dict[object, layers.LayerTime] = {}
     for k in set(kinds):
-        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention)
+        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention, p.recompute_modules)
         if key not in memo:
             memo[key] = layers.layer_time(env, k)
         per_kind[k] = memo[key]  # type: ignore[assignment]
@@ -370,7 +385,18 @@ def step_time(
     t_extra_last = t_logits
     if a.mtp_layers:  # each MTP module: projection, one block, its own logits
         mtp_kind = ("attn", "moe" if a.is_moe else "dense")
-        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention)
+        key = (
+            mtp_kind,
+            p.tp,
+            p.cp,
+            p.ep,
+            p.etp,
+            p.mbs,
+            p.recompute,
+            p.moe_dispatcher,
+            p.fp8_attention,
+            p.recompute_modules,
+        )
         if key not in memo:
             memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
         lt: layers.LayerTime = memo[key]  # type: ignore[assignment]

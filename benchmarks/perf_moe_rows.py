@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, replace
+from pathlib import Path
+
+import yaml
 
 from suanli.perf import Placement, Plan, TrainJob, model_preset
+from suanli.perf.training import RECOMPUTE_MODULES
 from suanli.topology import parse
 
 HELD_OUT_PERCENT = 30
+RECIPE_FLAGS = Path(__file__).resolve().parent / "data" / "bridge_moe_recipe_flags.yaml"
 MODELS = {
     "DeepSeekV3": "deepseek-v3",
     "DeepSeekV3 (w/o MTP)": "deepseek-v3-nomtp",
@@ -79,8 +84,26 @@ def _int(v: object, default: int = 1) -> int | None:
     return None  # "a (b)" cells of 25.09: two configurations in one cell
 
 
+def recipe_settings() -> dict[tuple, dict]:
+    """(release, model, gpu, precision, gpus, gbs, mbs, tp, pp, vp, ep) -> the Plan settings of the row's
+    Megatron-Bridge recipe: EP all-to-all overlap, token dispatcher, FP8 attention and selective recompute (data/bridge_moe_recipe_flags.yaml, read from
+    the recipes, with its sources). A row no recipe matches keeps the Plan's defaults."""
+    keys = ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp", "pp", "vp", "ep")
+    out = {}
+    for r in yaml.safe_load(RECIPE_FLAGS.read_text()):
+        if r["recipe"] is not None:
+            out[tuple(r[k] for k in keys)] = {"moe_a2a_overlap": bool(r["moe_a2a_overlap"]),
+                                              "moe_dispatcher": r["moe_dispatcher"],
+                                              "fp8_attention": bool(r["fp8_attention"])}  # fmt: skip
+            mods = tuple(m for m in r.get("recompute_modules") or () if m in RECOMPUTE_MODULES)
+            if mods:
+                out[tuple(r[k] for k in keys)] |= {"recompute": "selective", "recompute_modules": mods}
+    return out
+
+
 def cases(moe_yaml: dict) -> list[Case]:
     out: list[Case] = []
+    settings = recipe_settings()
     groups = {g["group"]: g for g in moe_yaml["training"]}
     rows = list(groups["megatron_bridge_performance_summary"]["rows"])
     for r in groups.get("nemo_framework_performance_summary_pages", {}).get("rows", []):
@@ -102,7 +125,9 @@ def cases(moe_yaml: dict) -> list[Case]:
         if v["gpus"] % (tp * pp * cp):
             continue
         dp = v["gpus"] // (tp * pp * cp)
-        plan = Plan(tp=tp, pp=pp, cp=cp, vp=v["vp"], mbs=v["mbs"], dp=dp, ep=v["ep"] if arch.is_moe else 1)
+        recipe = settings.get(tuple(r.get(k) for k in ("release", "model", "gpu", "precision", "gpus", "gbs", "mbs", "tp",
+                                                          "pp", "vp", "ep")), {}) if arch.is_moe else {}  # fmt: skip
+        plan = Plan(tp=tp, pp=pp, cp=cp, vp=v["vp"], mbs=v["mbs"], dp=dp, ep=v["ep"] if arch.is_moe else 1, **recipe)
         job = TrainJob(arch, prec, v["seq"], v["gbs"])  # type: ignore[arg-type]
         step = v["gbs"] * v["seq"] / (float(r["tok_s_gpu"]) * v["gpus"])
         key = "|".join(str(x) for x in (r["model"], r["gpu"], v["gpus"], prec, v["gbs"], v["mbs"], v["seq"], tp, pp, cp,

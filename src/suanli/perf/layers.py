@@ -32,6 +32,9 @@ KERNELS_PER_SUBLAYER = 50  # forward + backward kernels of one mixer or one MLP 
 MOE_EXTRA_KERNELS = 90
 SSD_CHUNK = 256  # Mamba-2 chunked scan: intra-chunk quadratic part over 256-token chunks
 HDIM64_ATTENTION_EFFICIENCY = 0.77  # flash attention at head dim 64 vs 128 (FlashAttention-3 paper, fig. 5)
+# SMs the dispatch/combine kernels hold while they run beside compute (EP all-to-all overlap): Megatron-Bridge's
+# benchmark setup gives HybridEP 32 (`moe_hybridep_num_sms = 32`, scripts/performance/utils/overrides.py)
+EP_COMM_SMS = 32
 
 
 def gemm_efficiency(m: float, n: float, sms: int) -> float:
@@ -71,6 +74,8 @@ class LayerEnv:
     full_recompute: bool
     imbalance: float
     group: Callable[[int, int], CommGroup]
+    flex_dispatch: bool = True  # DeepEP/HybridEP (once per remote domain) or a plain all-to-all (every pair)
+    recompute_modules: frozenset[str] = frozenset()  # selective recompute (Megatron `recompute_modules`)
 
 
 @dataclass
@@ -85,6 +90,9 @@ class LayerTime:
     launch: float = 0.0
     tp_linear: float = 0.0  # GEMM time of the sublayers whose inputs are TP all-gathered (for overlap)
     tp_sublayers: int = 0
+    # the part of `ep` still exposed when this layer's all-to-alls run beside another micro-batch's compute of
+    # the same layer (EP all-to-all overlap, `ep_overlapped`); not part of `total`
+    ep_paired: float = 0.0
 
     FIELDS = ("linear", "attention", "elementwise", "recompute", "tp", "cp", "ep", "launch")
 
@@ -93,11 +101,11 @@ class LayerTime:
         return sum(getattr(self, k) for k in self.FIELDS)
 
     def add(self, other: LayerTime) -> None:
-        for k in (*self.FIELDS, "tp_linear", "tp_sublayers"):
+        for k in (*self.FIELDS, "tp_linear", "tp_sublayers", "ep_paired"):
             setattr(self, k, getattr(self, k) + getattr(other, k))
 
     def scaled(self, f: float) -> LayerTime:
-        return LayerTime(**{k: getattr(self, k) * f for k in self.FIELDS})
+        return LayerTime(**{k: getattr(self, k) * f for k in (*self.FIELDS, "ep_paired")})
 
 
 def _attn_gemms(a: TransformerArch, t: float, tp: int) -> list[tuple[float, float, float]]:
@@ -177,7 +185,24 @@ def mixer_time(env: LayerEnv, mixer: Mixer) -> LayerTime:
     out.tp_linear, out.tp_sublayers = out.linear, 1
     if env.full_recompute:
         out.recompute = (out.linear + out.attention + out.elementwise) / 3
+    else:
+        out.recompute = _selective_mixer(env, mixer)
     return out
+
+
+def _selective_mixer(env: LayerEnv, mixer: Mixer) -> float:
+    """Forward work Megatron's selective `recompute_modules` repeat in the backward of a mixer: `mla_up_proj` (the
+    MLA query and key/value up-projections) and `layernorm` (the input norm: read and write the hidden state)."""
+    a, t, tp, mods = env.arch, env.tokens, env.tp, env.recompute_modules
+    extra = 0.0
+    if "mla_up_proj" in mods and mixer == "attn" and a.is_mla:
+        up = [(t, a.heads * (a.qk_nope_dim + a.v_head_dim) / tp, a.kv_lora_rank)]
+        if a.q_lora_rank:
+            up.append((t, a.heads * a.qk_head_dim / tp, a.q_lora_rank))
+        extra += gemm_time(up, env.mm_rate, env.sms)
+    if "layernorm" in mods:
+        extra += 2 * a.hidden * env.act_b * t / tp / env.hbm
+    return extra
 
 
 def ffn_time(env: LayerEnv, ffn: Ffn) -> LayerTime:
@@ -209,7 +234,27 @@ def ffn_time(env: LayerEnv, ffn: Ffn) -> LayerTime:
     out.launch += KERNELS_PER_SUBLAYER * KERNEL_OVERHEAD_US * 1e-6
     if env.full_recompute:
         out.recompute = (out.linear + out.elementwise) / 3
+    else:
+        out.recompute = _selective_ffn(env, ffn)
     return out
+
+
+def _selective_ffn(env: LayerEnv, ffn: Ffn) -> float:
+    """Forward work the selective `recompute_modules` repeat for an MLP: `mlp` (a dense MLP's forward GEMMs and
+    activation), `moe_act` (the routed experts' activation: read the gated input, write its output), `layernorm`
+    (the pre-MLP norm)."""
+    a, t, tp, mods = env.arch, env.tokens, env.tp, env.recompute_modules
+    mult = 3 if a.gated_mlp else 2
+    extra = 0.0
+    if "mlp" in mods and ffn == "dense":
+        extra += gemm_time(_mlp_gemms(a, t, tp, a.ffn), env.mm_rate, env.sms)
+        extra += mult * a.ffn * env.act_b * t / tp / env.hbm
+    if "moe_act" in mods and ffn == "moe":
+        rows = t / tp * a.top_k * env.imbalance
+        extra += rows * mult * a.moe_ffn / env.etp * env.act_b / env.hbm
+    if "layernorm" in mods and ffn != "none":
+        extra += 2 * a.hidden * env.act_b * t / tp / env.hbm
+    return extra
 
 
 def remote_domain_copies(experts: int, top_k: int, domains: int) -> float:
@@ -230,21 +275,41 @@ def moe_alltoall_time(env: LayerEnv, rows: float) -> float:
     Across NVLink domains the dispatcher (DeepEP / HybridEP, what NVIDIA's MoE recipes run) sends a token once
     per destination domain and fans it out over NVLink there (DeepSeek-V3 report, sec. 3.2.2; DeepEP's
     internode kernels), so the network carries `remote_domain_copies` copies of each token instead of the
-    `top_k * (domains-1)/domains` a plain all-to-all would."""
+    `top_k * (domains-1)/domains` a plain all-to-all would. Megatron's `alltoall` dispatcher (what a recipe
+    without a flex backend runs) sends every (token, expert) pair: `env.flex_dispatch` False."""
     if env.ep <= 1:
         return 0.0
     g = env.group(env.etp, env.ep)
     a = env.arch
     size = rows * a.hidden * 2  # rows travel in 16 bits
-    if g.domains > 1 and a.top_k > 1:
+    if env.flex_dispatch and g.domains > 1 and a.top_k > 1:
         plain = a.top_k * (g.domains - 1) / g.domains
         size *= min(1.0, remote_domain_copies(a.experts, a.top_k, g.domains) / plain)
     one = collectives.estimate("all_to_all", int(size), g).time_us * 1e-6
     return one * (4 + (2 if env.full_recompute else 0))
 
 
+def ep_overlapped(comm: float, mixer: float, ffn: float, sms: int) -> float:
+    """Exposed time of one layer's `comm` seconds of dispatch/combine (forward and backward) under Megatron's EP
+    all-to-all overlap (`overlap_moe_expert_parallel_comm`): the forward of one micro-batch is merged with the
+    backward of another layer by layer, and each of the four all-to-alls runs on a second stream beside one
+    compute chunk of the other micro-batch (forward dispatch beside the experts' backward, forward combine beside
+    the attention backward, backward dispatch beside the experts' forward, backward combine beside the attention
+    forward; forward = 1/3 of a sublayer's compute, backward 2/3). What its chunk cannot cover stays exposed;
+    while they run together the communication kernels hold `EP_COMM_SMS` SMs, slowing that chunk by their share.
+    Never below the compute alone, never above running them one after the other."""
+    share = min(1.0, EP_COMM_SMS / sms)
+    one = comm / 4
+    chunks = (ffn * 2 / 3, mixer * 2 / 3, ffn / 3, mixer / 3)
+    return sum(max(0.0, one - c) + share * min(one, c) for c in chunks)
+
+
 def layer_time(env: LayerEnv, kind: tuple[Mixer, Ffn]) -> LayerTime:
     out = mixer_time(env, kind[0])
-    out.add(ffn_time(env, kind[1]))
+    mixer = out.total
+    ffn = ffn_time(env, kind[1])
+    out.add(ffn)
     out.tp = _tp_exposed(env, out.tp_linear, out.tp_sublayers)
+    if out.ep:
+        out.ep_paired = ep_overlapped(out.ep, mixer + out.tp / 2, ffn.total - ffn.ep + out.tp / 2, env.sms)
     return out

@@ -58,7 +58,16 @@ ATTENTION_VS_MATMUL = 0.50
 SUSTAINED_CLOCK_FACTOR = 0.90
 HBM_EFFICIENCY = 0.89  # STREAM triad / peak HBM bandwidth (H100: 2.97 of 3.35 TB/s)
 RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, allocator fragmentation
-GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
+# FP8 flash attention (Transformer Engine `fp8_dot_product_attention`) vs BF16: FlashAttention-3 (Shah et al.
+# 2024) reaches close to 1.2 PFLOPS in FP8 and 740 TFLOPS in BF16 on H100 (abstract); the ratio, for every GPU
+FP8_ATTENTION_SPEEDUP = 1.2 / 0.74
+GRAD_BUCKETS_EXPOSED = 1.0
+RECOMPUTE_MODULES = (
+    "mla_up_proj",
+    "layernorm",
+    "mlp",
+    "moe_act",
+)  # the selective modules with a cost term  # DP reduction overlaps all but the final micro-batch's backward
 # Expert load imbalance: the busiest EP rank's (token, expert) rows / the mean. NVIDIA's published MoE
 # benchmarks force-balance routing (Megatron-Bridge performance summary footnote), hence 1.0 by default;
 # real runs with auxiliary-loss-free balancing sit above it and can say so (--moe-imbalance).
@@ -79,9 +88,22 @@ class Plan:
     dp: int = 1
     ep: int = 1  # expert parallel: experts split over ep ranks (inside the tp*cp*dp ranks of a stage)
     etp: int = 1  # expert tensor parallel: each expert's FFN split over etp ranks
+    # EP all-to-all overlap (Megatron `overlap_moe_expert_parallel_comm`, Bridge `moe_a2a_overlap`): one
+    # micro-batch's dispatch/combine run beside another's compute (see `unpaired_fraction`)
+    moe_a2a_overlap: bool = False
+    # token dispatcher: "flex" (DeepEP / HybridEP: a token crosses the network once per destination NVLink domain)
+    # or "alltoall" (Megatron's plain all-to-all dispatcher: once per (token, expert) pair)
+    moe_dispatcher: Literal["flex", "alltoall"] = "flex"
+    fp8_attention: bool = False  # flash attention in FP8 (TE `fp8_dot_product_attention`; FP8 recipes only)
+    # selective recompute of named modules (Megatron `recompute_modules`; recompute must be "selective")
+    recompute_modules: tuple[str, ...] = ()
 
     def label(self) -> str:
         moe = f" EP{self.ep} ETP{self.etp}" if self.ep > 1 or self.etp > 1 else ""
+        moe += " A2A-overlap" if self.moe_a2a_overlap else ""
+        moe += " alltoall-dispatch" if self.moe_dispatcher == "alltoall" and self.ep > 1 else ""
+        moe += " FP8-attention" if self.fp8_attention else ""
+        moe += f" recompute[{','.join(self.recompute_modules)}]" if self.recompute_modules else ""
         return (
             f"TP{self.tp} PP{self.pp} CP{self.cp} DP{self.dp}{moe} VP{self.vp} MBS{self.mbs} "
             f"ZeRO-{self.zero} recompute={self.recompute}"
@@ -283,9 +305,31 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
             )
         if a.moe_ffn % p.etp:
             raise PlanError(f"expert FFN {a.moe_ffn} does not split over etp={p.etp}")
+    if p.moe_dispatcher not in ("flex", "alltoall"):
+        raise PlanError(f"moe dispatcher must be flex or alltoall, not {p.moe_dispatcher!r}")
+    if p.recompute_modules and p.recompute != "selective":
+        raise PlanError("recompute modules need recompute=selective")
+    unknown = set(p.recompute_modules) - set(RECOMPUTE_MODULES)
+    if unknown:
+        raise PlanError(f"unknown recompute modules {sorted(unknown)}; known: {', '.join(RECOMPUTE_MODULES)}")
+    if p.fp8_attention and job.precision not in LOW_PRECISION:
+        raise PlanError(f"fp8 attention needs a low-precision recipe (fp8, mxfp8, …), not {job.precision}")
+    if p.moe_a2a_overlap and p.recompute == "full":
+        raise PlanError("EP all-to-all overlap (moe_a2a_overlap) does not run with full recompute: use selective")
     m = job.global_batch // (p.dp * p.mbs)
     if p.pp > 1 and p.vp > 1 and m % p.pp:
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
+
+
+def unpaired_fraction(pp: int, vp: int, m: int) -> float:
+    """Share of a stage's forward and backward passes that have no other micro-batch's pass to run beside under
+    EP all-to-all overlap: the warm-up forwards and cool-down backwards of the (interleaved) 1F1B schedule. The
+    first stage has the most: `2(pp-1) + (vp-1)pp` model chunks with vp > 1 (Megatron's interleaved schedule),
+    `pp-1` without, of `m * vp` chunks; with no pipeline, the first forward and the last backward."""
+    if pp == 1:
+        return min(1.0, 1.0 / m)
+    warmup = 2 * (pp - 1) + (vp - 1) * pp if vp > 1 else pp - 1
+    return min(1.0, warmup / (m * vp))
 
 
 def step_time(
@@ -301,6 +345,8 @@ def step_time(
     m = job.global_batch // (p.dp * p.mbs)  # micro-batches per pipeline per step
     mm_rate = _matmul_rate(gpu, job.precision)
     attn_rate = _matmul_rate(gpu, "bf16" if job.precision in (*LOW_PRECISION, "bf16") else job.precision)
+    if p.fp8_attention:
+        attn_rate *= FP8_ATTENTION_SPEEDUP
     hbm = gpu.mem_bw_GBps * 1e9 * HBM_EFFICIENCY
     act_b = 4 if job.precision == "fp32" else 2
     tokens = p.mbs * job.seq_len / p.cp  # tokens each CP rank processes per micro-batch
@@ -308,13 +354,14 @@ def step_time(
         arch=a, seq_len=job.seq_len, tokens=tokens, tp=p.tp, cp=p.cp, ep=p.ep, etp=p.etp, mm_rate=mm_rate,
         attn_rate=attn_rate * ATTENTION_VS_MATMUL, hbm=hbm, sms=gpu.sms, act_b=act_b,
         low_precision=job.precision in LOW_PRECISION, full_recompute=p.recompute == "full",
-        imbalance=job.moe_imbalance, group=group,
+        imbalance=job.moe_imbalance, group=group, flex_dispatch=p.moe_dispatcher == "flex",
+        recompute_modules=frozenset(p.recompute_modules),
     )  # fmt: skip
     kinds = a.layer_kinds()
     memo = memo if memo is not None else {}
     per_kind: dict[object, layers.LayerTime] = {}
     for k in set(kinds):
-        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        key = (k, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute, p.moe_dispatcher, p.fp8_attention, p.recompute_modules)
         if key not in memo:
             memo[key] = layers.layer_time(env, k)
         per_kind[k] = memo[key]  # type: ignore[assignment]
@@ -325,6 +372,9 @@ def step_time(
         st = layers.LayerTime()
         for k, n in counts.items():
             st.add(per_kind[k].scaled(n))  # type: ignore[index]
+        if p.moe_a2a_overlap and st.ep:
+            u = unpaired_fraction(p.pp, p.vp, m)
+            st.ep = u * st.ep + (1 - u) * st.ep_paired
         stages.append(st)
     logits = [
         (tokens, a.vocab / p.tp, a.hidden),
@@ -335,10 +385,25 @@ def step_time(
     t_extra_last = t_logits
     if a.mtp_layers:  # each MTP module: projection, one block, its own logits
         mtp_kind = ("attn", "moe" if a.is_moe else "dense")
-        key = (mtp_kind, p.tp, p.cp, p.ep, p.etp, p.mbs, p.recompute)
+        key = (
+            mtp_kind,
+            p.tp,
+            p.cp,
+            p.ep,
+            p.etp,
+            p.mbs,
+            p.recompute,
+            p.moe_dispatcher,
+            p.fp8_attention,
+            p.recompute_modules,
+        )
         if key not in memo:
             memo[key] = layers.layer_time(env, mtp_kind)  # type: ignore[arg-type]
-        block = memo[key].total  # type: ignore[attr-defined]
+        lt: layers.LayerTime = memo[key]  # type: ignore[assignment]
+        block = lt.total
+        if p.moe_a2a_overlap and lt.ep:
+            u = unpaired_fraction(p.pp, p.vp, m)
+            block += (u - 1) * (lt.ep - lt.ep_paired)
         proj = layers.gemm_time(layers.fwd_bwd([(tokens, a.hidden, 2 * a.hidden / p.tp)]), mm_rate, gpu.sms)
         t_extra_last += a.mtp_layers * (block + proj + t_logits)
     totals = [st.total for st in stages]

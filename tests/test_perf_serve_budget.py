@@ -101,3 +101,16 @@ def test_the_budget_flag_is_bounded_and_reported() -> None:
         assert "--max-num-tokens" in r.stderr and "Traceback" not in r.stderr
     r = invoke([*base, "--max-num-tokens", "2048", "--json"])
     assert '"max_num_tokens": 2048' in r.stdout
+
+
+def test_a_finite_run_never_serves_more_at_a_finite_rate_than_fed_at_once() -> None:
+    """500 requests at a rate the engine cannot keep up with ramp up, queue and drain like the run fed at once,
+    only later: throughput grows with the rate and stays at or below the infinite-rate run."""
+    last = 0.0
+    runs = [_est(ServeWorkload(467, 256, rate=r, num_requests=500)) for r in (2, 8, 16, 24, 32, 64, 1000)]
+    inf = _est(ServeWorkload(467, 256, num_requests=500))
+    for e in runs:
+        assert e.tokens_per_s >= last * (1 - 1e-6)
+        assert e.tokens_per_s <= inf.tokens_per_s * 1.01  # to the integration's step
+        last = e.tokens_per_s
+    assert runs[-1].saturated and runs[-1].tokens_per_s == pytest.approx(inf.tokens_per_s, rel=0.02)

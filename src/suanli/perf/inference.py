@@ -376,9 +376,11 @@ def estimate(
             busy, ttft, itl = finite_run(
                 lambda b, c, p, pl: _total(eng.iteration(b, c, p, pl)), n, i_len, o_len, budget, float(cap_batch)
             )
-        elif saturated:  # arrivals outpace the engine: it runs full until the queue drains
-            drain = o_len * _total(eng.iteration(batch / 2, ctx, 0.0, i_len))
-            busy = max(n / (w.rate / replicas), (n - batch / 2) / mu) + drain
+        elif saturated:  # arrivals outpace the engine: it ramps up, runs full while the queue lasts and drains
+            busy, ttft, itl = finite_run(
+                lambda b, c, p, pl: _total(eng.iteration(b, c, p, pl)), n, i_len, o_len, budget, float(cap_batch),
+                w.rate / replicas,
+            )  # fmt: skip
         else:  # the last request arrives at n/rate and takes one request's latency
             busy = n / (w.rate / replicas) + e2e
         req_s = n / busy

@@ -42,16 +42,24 @@ def prefill_iterations(batch: float, input_len: int, output_len: int, budget: fl
 
 
 def finite_run(
-    t_iter: IterFn, requests: float, input_len: int, output_len: int, budget: float, slots: float
+    t_iter: IterFn,
+    requests: float,
+    input_len: int,
+    output_len: int,
+    budget: float,
+    slots: float,
+    rate: float = math.inf,
 ) -> tuple[float, float, float]:
-    """(seconds, mean TTFT, mean ITL) of `requests` queued at once on an idle engine.
+    """(seconds, mean TTFT, mean ITL) of `requests` arriving at `rate` per second (infinite: queued at once) on
+    an idle engine.
 
     The engine admits waiting prompts as far as the token budget left after the decode tokens and the free
     sequence slots allow, so the batch ramps up from empty, runs at the mixed steady state while the queue lasts,
     and drains as the last requests finish. Integrated over steps of a quarter of a request's life (cohorts
     admitted in the same step finish together); once the run repeats itself from one request lifetime to the
     next, the rest of the queue is fast-forwarded by whole lifetimes, so one estimate costs a few dozen
-    iteration evaluations whatever the number of requests."""
+    iteration evaluations whatever the number of requests. Requests are served in arrival order; TTFT counts
+    from each one's arrival."""
     o_len = float(output_len)
     h = max(1.0, o_len / 4.0)
     period = max(1, round(o_len / h))
@@ -59,6 +67,7 @@ def finite_run(
     queue, clock = float(requests), 0.0
     ttft_sum = itl_sum = decode_iters = 0.0
     steps, mark, skipped = 0, None, False
+    last_dt = 0.0 if rate == math.inf else t_iter(0.0, float(input_len), min(budget, float(input_len)), input_len)
     while queue > 1e-9 or cohorts:
         if not skipped and steps >= 2 * period and steps % period == 0:
             if mark is None:
@@ -77,8 +86,13 @@ def finite_run(
         steps += 1
         active = sum(c for c, _ in cohorts)
         room_tokens = max(budget - active, 0.0)
-        admit = min(queue, max(slots - active, 0.0), h * room_tokens / input_len)
-        if admit < 1e-9 and not cohorts:  # nothing runs and nothing fits: one prompt alone, chunked
+        # requests that have arrived by the middle of this step (the last step's iteration time as the guess)
+        arrived = queue - max(0.0, requests - rate * (clock + h * last_dt / 2)) if rate < math.inf else queue
+        admit = min(arrived, max(slots - active, 0.0), h * room_tokens / input_len)
+        if admit < 1e-9 and not cohorts:  # idle: wait for the next arrival, or run one prompt alone, chunked
+            if arrived < 1.0 and rate < math.inf:
+                clock = max(clock, (requests - queue + 1.0) / rate)
+                continue
             admit = min(queue, 1.0)
         queue -= admit
         ctx = (sum(c * (input_len + o_len - r) for c, r in cohorts) / active) if active else float(input_len)
@@ -86,6 +100,7 @@ def finite_run(
         if queue <= 1e-9:  # the queue is empty: run until the step ends or the last sequence finishes
             step = max(1.0, min(h, max([r for _, r in cohorts] + ([o_len] if admit else [0.0]))))
         dt = t_iter(active + admit / 2.0, ctx, admit * input_len / step, float(input_len))
+        last_dt = dt
         if admit:
             chunks = max(1.0, input_len / max(room_tokens, 1.0))
             ttft_sum += admit * (clock + step * dt / 2.0 + chunks * dt)
@@ -105,4 +120,5 @@ def finite_run(
                 survivors.append([admit, o_len - 1.0 - ran])
         cohorts = survivors
     itl = itl_sum / decode_iters if decode_iters else 0.0
-    return clock, ttft_sum / requests, itl
+    arrivals = 0.0 if rate == math.inf else requests * (requests - 1.0) / (2.0 * rate)  # sum of j/rate
+    return clock, max(0.0, ttft_sum - arrivals) / requests, itl

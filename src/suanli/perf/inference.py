@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from suanli.catalog import GPUSpec
 from suanli.perf import collectives
-from suanli.perf.layers import KERNEL_OVERHEAD_US
+from suanli.perf.layers import KERNEL_OVERHEAD_US, TILE_M, TILE_N
 from suanli.perf.models import TransformerArch
 from suanli.perf.serve_sched import DEFAULT_MAX_NUM_TOKENS, budget_batch, finite_run, prefill_iterations
 from suanli.perf.serve_shape import (
@@ -77,6 +77,18 @@ def _gemm_eff(m: float) -> float:
     64 rows, and on average half a tile above (batch sizes and per-expert token counts vary from step to step),
     which keeps the cost monotone in the batch."""
     return m / max(SMALL_TILE_M, m + SMALL_TILE_M / 2)
+
+
+def _grouped_wave_eff(groups: float, rows: float, widths: tuple[float, ...], sms: int) -> float:
+    """Share of the SMs a grouped GEMM (one problem per expert, no split-K) keeps busy: its output tiles
+    (128 x 256, as in training) over whole waves of the GPU's SMs, the last wave half full on average; the mean over
+    the GEMMs of `widths` (their N)."""
+    out = 0.0
+    for n in widths:
+        tiles = groups * max(1.0, rows / TILE_M) * math.ceil(n / TILE_N)
+        waves = tiles / sms
+        out += waves / max(1.0, waves + 0.5)
+    return out / len(widths)
 
 
 @dataclass(frozen=True)
@@ -185,7 +197,7 @@ class _Engine:
         k_down = s.expert_ffn / lay.etp
         per_expert = rows / max(touched, 1e-9)
         flops = 2 * rows * (n_up * s.hidden + n_down * k_down)
-        eff = _gemm_eff(max(per_expert, 1.0))
+        eff = _gemm_eff(max(per_expert, 1.0)) * _grouped_wave_eff(touched, per_expert, (n_up, n_down), self.gpu.sms)
         tc = flops / (self.mm_rate * eff * MOE_GEMM_EFFICIENCY)
         tm = (touched * (n_up * s.hidden + n_down * k_down) * self.wb + rows * 4 * s.hidden * ACT_BYTES) / self.hbm
         return (tc, 0.0) if tc >= tm else (0.0, tm)

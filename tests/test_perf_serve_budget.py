@@ -114,3 +114,19 @@ def test_a_finite_run_never_serves_more_at_a_finite_rate_than_fed_at_once() -> N
         assert e.tokens_per_s <= inf.tokens_per_s * 1.01  # to the integration's step
         last = e.tokens_per_s
     assert runs[-1].saturated and runs[-1].tokens_per_s == pytest.approx(inf.tokens_per_s, rel=0.02)
+
+
+def test_a_finite_run_of_a_fraction_of_a_request_ends() -> None:
+    """Requests split over attention replicas can leave a fraction of one request per replica: the run still ends
+    (an idle engine waiting for an arrival that never comes would loop forever)."""
+
+    def t_iter(dec: float, ctx: float, pre: float, pre_len: float) -> float:
+        return 0.01
+
+    for n in (0.5, 2.5, 7.25):
+        busy, ttft, itl = finite_run(t_iter, n, 100, 10, 8192, 4, rate=0.1)
+        assert busy >= (n - 1) / 0.1 and ttft >= 0 and itl >= 0
+    p = _placement(8)  # attention data-parallel over 8 GPUs: 3 requests are 3/8 of one per replica
+    w = ServeWorkload(467, 256, rate=1000.0, num_requests=3)
+    e = estimate(shape_of(model_preset("mixtral-8x7b")), p.gpu, Layout(8, 1, ep=8), "fp8", w, p.group_fn())
+    assert e.saturated and e.tokens_per_s > 0

@@ -90,7 +90,7 @@ def finite_run(
         arrived = queue - max(0.0, requests - rate * (clock + h * last_dt / 2)) if rate < math.inf else queue
         admit = min(arrived, max(slots - active, 0.0), h * room_tokens / input_len)
         if admit < 1e-9 and not cohorts:  # idle: wait for the next arrival, or run one prompt alone, chunked
-            if arrived < 1.0 and rate < math.inf:
+            if arrived < min(1.0, queue) - 1e-9 and rate < math.inf:
                 clock = max(clock, (requests - queue + 1.0) / rate)
                 continue
             admit = min(queue, 1.0)

@@ -28,7 +28,13 @@ from suanli.catalog import GPUSpec
 from suanli.perf import collectives
 from suanli.perf.layers import KERNEL_OVERHEAD_US, TILE_M, TILE_N
 from suanli.perf.models import TransformerArch
-from suanli.perf.serve_sched import DEFAULT_MAX_NUM_TOKENS, budget_batch, finite_run, prefill_iterations
+from suanli.perf.serve_sched import (
+    DEFAULT_MAX_NUM_TOKENS,
+    budget_batch,
+    finite_run,
+    mean_queue_wait,
+    prefill_iterations,
+)
 from suanli.perf.serve_shape import (
     ACT_BYTES,
     EMBEDDING_BYTES,
@@ -379,7 +385,7 @@ def estimate(
         if w.num_requests is not None:
             n = w.num_requests / replicas
             arrival = float("inf") if w.rate is None else w.rate / replicas
-            ttft = first + _mean_queue_wait(n, batch, mu, arrival)
+            ttft = first + mean_queue_wait(n, batch, mu, arrival)
     if w.num_requests is not None and w.concurrency is None:
         n = w.num_requests / replicas
         if w.rate is None:
@@ -414,21 +420,6 @@ def estimate(
         memory_bytes_per_gpu=mem,
         breakdown=parts,
     )
-
-
-def _mean_queue_wait(n: float, slots: float, mu: float, arrival: float) -> float:
-    """Mean wait for a slot of `n` requests arriving at `arrival`/s (inf: all at once) into `slots` slots that
-    free at `mu`/s: request j starts at max(j/arrival, (j - slots)/mu)."""
-    if n <= slots:
-        return 0.0
-    a = 1.0 / mu - (0.0 if math.isinf(arrival) else 1.0 / arrival)
-    if a <= 0:
-        return 0.0
-    j0 = max(slots, slots / mu / a)  # first request that waits
-    if j0 >= n:
-        return 0.0
-    k = n - j0
-    return (a * (j0 + n) / 2 * k - slots / mu * k) / n
 
 
 def serve(

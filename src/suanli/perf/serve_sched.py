@@ -122,3 +122,18 @@ def finite_run(
     itl = itl_sum / decode_iters if decode_iters else 0.0
     arrivals = 0.0 if rate == math.inf else requests * (requests - 1.0) / (2.0 * rate)  # sum of j/rate
     return clock, max(0.0, ttft_sum - arrivals) / requests, itl
+
+
+def mean_queue_wait(n: float, slots: float, mu: float, arrival: float) -> float:
+    """Mean wait for a slot of `n` requests arriving at `arrival`/s (inf: all at once) into `slots` slots that
+    free at `mu`/s: request j starts at max(j/arrival, (j - slots)/mu)."""
+    if n <= slots:
+        return 0.0
+    a = 1.0 / mu - (0.0 if math.isinf(arrival) else 1.0 / arrival)
+    if a <= 0:
+        return 0.0
+    j0 = max(slots, slots / mu / a)  # first request that waits
+    if j0 >= n:
+        return 0.0
+    k = n - j0
+    return (a * (j0 + n) / 2 * k - slots / mu * k) / n

@@ -267,7 +267,8 @@ def serving_rows(ref: dict, split: str) -> list[Row]:
             c = cluster(r.gpu, max(1, r.gpus // 8), min(8, r.gpus))
             placement = Placement(c, c.compact_gpus(r.gpus))
             precision = "fp8" if r.precision == "fp8" else "bf16"
-            w = ServeWorkload(r.input_len, r.output_len, rate=r.rate, num_requests=r.num_requests)
+            w = ServeWorkload(r.input_len, r.output_len, rate=r.rate, num_requests=r.num_requests,
+                              max_num_tokens=r.max_num_tokens)  # fmt: skip
             e = serve(model_preset(r.model), placement.gpu, Layout(r.gpus, r.tp, r.pp), precision, w,
                       placement.group_fn())  # fmt: skip
         except (ServeError, ValueError) as err:

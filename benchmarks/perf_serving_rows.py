@@ -26,6 +26,12 @@ MODEL_NAMES = {
 }
 
 
+# The engine's token budget per iteration (max_num_tokens) in each source's setup: trtllm-bench builds its engines
+# with dataset-driven settings (the model takes 32,768 tokens for them); the v0.14 online table ran Triton with
+# engines built by trtllm-build, whose default is 8,192.
+ENGINE_MAX_NUM_TOKENS = {"trtllm_perf_overview_v0.17": 32768, "trtllm_online_serving_v0.14": 8192}
+
+
 def _gpu_name(label: str) -> str:
     return "H200" if label.upper().startswith("H200") else "H100-SXM" if label.upper().startswith("H100") else label
 
@@ -47,6 +53,7 @@ class ServingRow:
     measured_tokens_per_s: float  # output tokens/s, all GPUs
     measured_ttft_ms: float | None = None
     measured_itl_ms: float | None = None
+    max_num_tokens: int = 8192
 
     @property
     def held_out(self) -> bool:
@@ -83,6 +90,7 @@ def serving_rows(ref: dict) -> list[ServingRow]:
                     int(requests) if requests else None, float(r["output_tokens_per_s_total"]),
                     float(r["mean_ttft_ms"]) if "mean_ttft_ms" in r else None,
                     float(r["mean_itl_ms"]) if "mean_itl_ms" in r else None,
+                    ENGINE_MAX_NUM_TOKENS.get(gid, 8192),
                 )
             )  # fmt: skip
     return out

@@ -258,7 +258,7 @@ def test_new_precisions_quote_where_the_gpu_has_them_and_name_the_field_where_no
     market: tuple[Any, dict[str, str], Tenant],
 ) -> None:
     """H20 (Hopper) has FP8 tensor cores but no FP4: nvfp4 on it is the caller's mistake (422 naming precision),
-    never a server error; any other GPU simply has no quote; fp8-blockwise and mxfp8 run at the FP8 rate."""
+    never a server error; any other GPU simply has no quote; fp8-blockwise runs at the FP8 rate."""
     api, _, who = market
     r = api.post(f"{API}/quotes", json={**JOB, "tokens": 1e9, "precision": "nvfp4", "gpu": "H20"}, headers=who.headers)
     assert r.status_code == 422 and _detail(r).startswith("precision: H20 has no fp4"), r.text
@@ -268,3 +268,17 @@ def test_new_precisions_quote_where_the_gpu_has_them_and_name_the_field_where_no
     assert fp8 and blockwise and Decimal(blockwise[0]["cost"]) >= Decimal(fp8[0]["cost"])  # scaling costs, never saves
     r = api.post(f"{API}/quotes", json={**JOB, "tokens": 1e9, "precision": "int4"}, headers=who.headers)
     assert r.status_code == 422 and _detail(r).startswith("precision:")
+
+
+def test_mxfp8_before_blackwell_is_refused_naming_the_field(market: tuple[Any, dict[str, str], Tenant]) -> None:
+    """MX block scaling is a Blackwell tensor-core feature: mxfp8 asked of a Hopper GPU (the H20 on offer, or an
+    H100 named) is a 422 naming precision, and the Hopper offer is skipped when any GPU may serve, never quoted at
+    the FP8 rate as before."""
+    api, _, who = market
+    for gpu in ("H20", "H100-SXM"):
+        body = {**JOB, "tokens": 1e9, "precision": "mxfp8", "gpu": gpu}
+        r = api.post(f"{API}/quotes", json=body, headers=who.headers)
+        assert r.status_code == 422, r.text
+        assert _detail(r).startswith(f"precision: {gpu} has no mxfp8") and "Blackwell" in _detail(r), r.text
+    assert _quotes(api, who, tokens=1e9, precision="mxfp8") == []
+    assert _quotes(api, who, tokens=1e9, precision="fp8", gpus=8)  # the same offer quotes the recipes it runs

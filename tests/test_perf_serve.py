@@ -232,3 +232,16 @@ def test_one_estimate_is_fast() -> None:
     for _ in range(20):
         estimate(s, p.gpu, Layout(8, 8, ep=8), "fp8", w, group)
     assert (time.perf_counter() - t0) / 20 < 0.05  # generous on a loaded CI core; the benchmark holds 5 ms
+
+
+def test_grouped_expert_gemms_lose_the_last_wave_when_split_thin() -> None:
+    """Routed experts run as one grouped GEMM without split-K: few output tiles leave SMs idle in the last wave.
+    Splitting each expert 8 ways (Mixtral TP8) gives fewer tiles per GPU than keeping it whole (TP1), so a smaller
+    share of the SMs works; with many tiles the share tends to one and never exceeds it."""
+    from suanli.perf.inference import _grouped_wave_eff
+
+    tp1 = _grouped_wave_eff(8, 375, (2 * 14336, 4096), 132)
+    tp8 = _grouped_wave_eff(8, 375, (2 * 14336 / 8, 4096), 132)
+    assert tp8 < tp1 <= 1.0
+    shares = [_grouped_wave_eff(8, m, (4096,), 132) for m in (1, 64, 256, 1024, 8192, 65536)]
+    assert shares == sorted(shares) and shares[-1] > 0.99

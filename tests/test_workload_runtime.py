@@ -53,5 +53,7 @@ def test_a_precision_the_gpus_lack_predicts_nothing_instead_of_failing_the_sched
     doc = {"name": "x", "command": "c", "resources": {"gpu": "H20", "gpus": 8},
            "model": {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "nvfp4"}}  # fmt: skip
     assert predicted_runtime(parse_spec(doc), CLUSTER, range(8)) is None  # type: ignore[arg-type]
-    doc["model"] = {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "mxfp8"}
+    doc["model"] = {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "mxfp8"}  # MX block scaling: Blackwell
+    assert predicted_runtime(parse_spec(doc), CLUSTER, range(8)) is None  # type: ignore[arg-type]
+    doc["model"] = {"preset": "llama3.1-8b", "tokens": 1e6, "precision": "fp8-blockwise"}
     assert predicted_runtime(parse_spec(doc), CLUSTER, range(8)) is not None  # type: ignore[arg-type]

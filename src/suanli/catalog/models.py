@@ -68,6 +68,13 @@ class GPUSpec(_Frozen):
         return value
 
     @property
+    def mx_block_scaling(self) -> bool:
+        """Tensor cores that apply OCP microscaling (MX) block scales inside the MMA: Blackwell (sm_100 and later).
+        Hopper and Ada run FP8 GEMMs with per-tensor scales, or with block scales applied in software between
+        MMAs (DeepSeek-V3's 1x128/128x128 recipe), never MXFP8."""
+        return self.arch == "blackwell"
+
+    @property
     def nvls_capable(self) -> bool:
         """NVLink SHARP (multimem) exists on NVSwitch-3 systems and later (Hopper SXM, Blackwell)."""
         return self.nvlink is not None and self.nvlink.gen >= 4 and self.nvlink_domain_size >= 4

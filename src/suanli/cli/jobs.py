@@ -36,7 +36,7 @@ PrecisionOpt = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="bf16|fp16|fp8 (per-tensor)|fp8-blockwise|mxfp8|nvfp4 (Blackwell)|fp32.",
+        help="bf16|fp16|fp8 (per-tensor)|fp8-blockwise|mxfp8 (Blackwell)|nvfp4 (Blackwell)|fp32.",
         rich_help_panel=MODEL,
     ),
 ]

@@ -84,7 +84,9 @@ def quote(
     gpus: Annotated[int | None, typer.Option("--gpus", help="GPU count (default: try a range).")] = None,
     precision: Annotated[
         str | None,
-        typer.Option("--precision", help="bf16|fp16|fp8|fp8-blockwise|mxfp8|nvfp4 (Blackwell)|fp32 (default bf16)."),
+        typer.Option(
+            "--precision", help="bf16|fp16|fp8|fp8-blockwise|mxfp8 (Blackwell)|nvfp4 (Blackwell)|fp32 (default bf16)."
+        ),
     ] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="Sequence length (default 4096).")] = None,
     global_batch: Annotated[

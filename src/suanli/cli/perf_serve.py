@@ -28,12 +28,14 @@ from suanli.cli.common import (
 )
 from suanli.perf import SERVE_PRECISIONS, Layout, ServeWorkload, model_preset, serve
 from suanli.perf.serve_plan import SLO, ServeOffer, cheapest_per_offer
+from suanli.perf.serve_sched import DEFAULT_MAX_NUM_TOKENS
 
 MAX_GPUS = 100_000
 MAX_LEN = 1 << 20  # tokens of prompt or output
 MAX_CONCURRENCY = 1_000_000
 MAX_RATE = 1e6  # requests/s
 MAX_REQUESTS = 10_000_000
+MAX_NUM_TOKENS = 1 << 20  # the engine's token budget per iteration
 MAX_SLO_MS = 3_600_000.0
 _W = "Workload"
 _L = "Layout"
@@ -87,6 +89,15 @@ def serve_cmd(
             "--requests", help="A finite run of this many requests (default: steady state).", rich_help_panel=_W
         ),
     ] = None,
+    max_num_tokens: Annotated[
+        int,
+        typer.Option(
+            "--max-num-tokens",
+            help="The engine's token budget per iteration: decode tokens first, prompt chunks in what is left "
+            "(TensorRT-LLM max_num_tokens, vLLM max_num_batched_tokens).",
+            rich_help_panel=_W,
+        ),
+    ] = DEFAULT_MAX_NUM_TOKENS,
     cluster: ClusterOpt = None,
     gpus_per_node: GpnOpt = None,
     intra: IntraOpt = None,
@@ -109,6 +120,7 @@ def serve_cmd(
     _check_int(concurrency, "--concurrency", 1, MAX_CONCURRENCY)
     _check_float(rate, "--rate", MAX_RATE)
     _check_int(requests, "--requests", 1, MAX_REQUESTS)
+    _check_int(max_num_tokens, "--max-num-tokens", 1, MAX_NUM_TOKENS)
     if requests is not None and concurrency is not None:
         fail("--requests applies to --rate or maximum throughput, not --concurrency")
     with user_errors():
@@ -119,7 +131,10 @@ def serve_cmd(
         if system.n_gpus != gpus:
             fail(f"--gpus {gpus}: the cluster has only {system.n_gpus} GPUs")
         placement = system.placement
-        work = ServeWorkload(input_len, output_len, concurrency=concurrency, rate=rate, num_requests=requests)
+        work = ServeWorkload(
+            input_len, output_len, concurrency=concurrency, rate=rate, num_requests=requests,
+            max_num_tokens=max_num_tokens,
+        )  # fmt: skip
         est = serve(arch, placement.gpu, Layout(gpus, tp, pp, ep), prec, work, placement.group_fn())  # type: ignore[arg-type]
     doc: dict[str, Any] = {
         "model": arch.name,
@@ -135,6 +150,7 @@ def serve_cmd(
         "concurrency": concurrency,
         "rate": rate,
         "requests": requests,
+        "max_num_tokens": max_num_tokens,
         **est.as_dict(),
     }
     if json_out:

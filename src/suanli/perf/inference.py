@@ -26,8 +26,15 @@ from dataclasses import dataclass, field
 
 from suanli.catalog import GPUSpec
 from suanli.perf import collectives
-from suanli.perf.layers import KERNEL_OVERHEAD_US
+from suanli.perf.layers import KERNEL_OVERHEAD_US, TILE_M, TILE_N
 from suanli.perf.models import TransformerArch
+from suanli.perf.serve_sched import (
+    DEFAULT_MAX_NUM_TOKENS,
+    budget_batch,
+    finite_run,
+    mean_queue_wait,
+    prefill_iterations,
+)
 from suanli.perf.serve_shape import (
     ACT_BYTES,
     EMBEDDING_BYTES,
@@ -56,7 +63,7 @@ from suanli.perf.training import (
 KV_CACHE_FRACTION = 0.90  # kv_cache_free_gpu_mem_fraction: share of the memory left after weights
 TOKENS_PER_BLOCK = 64  # paged KV cache block; a sequence reserves whole blocks
 MAX_BATCH = 4096  # trtllm-bench's cap on the engine batch (decoder buffers)
-MAX_NUM_TOKENS = 32768  # trtllm-bench's cap on tokens per iteration (activation buffers)
+MAX_NUM_TOKENS = 32768  # activation buffers are sized for a quarter of this many tokens
 ACTIVATION_RESERVE_BYTES_PER_TOKEN_HIDDEN = 8 * ACT_BYTES  # activation buffers: ~8 hidden-sized tensors per token
 # forward-only flash attention vs the GEMM rate (FA3 forward on H100 reaches ~70% of its dense BF16 peak)
 ATTENTION_FWD_VS_MATMUL = 0.75
@@ -78,6 +85,18 @@ def _gemm_eff(m: float) -> float:
     return m / max(SMALL_TILE_M, m + SMALL_TILE_M / 2)
 
 
+def _grouped_wave_eff(groups: float, rows: float, widths: tuple[float, ...], sms: int) -> float:
+    """Share of the SMs a grouped GEMM (one problem per expert, no split-K) keeps busy: its output tiles
+    (128 x 256, as in training) over whole waves of the GPU's SMs, the last wave half full on average; the mean over
+    the GEMMs of `widths` (their N)."""
+    out = 0.0
+    for n in widths:
+        tiles = groups * max(1.0, rows / TILE_M) * math.ceil(n / TILE_N)
+        waves = tiles / sms
+        out += waves / max(1.0, waves + 0.5)
+    return out / len(widths)
+
+
 @dataclass(frozen=True)
 class ServeWorkload:
     input_len: int
@@ -85,6 +104,7 @@ class ServeWorkload:
     concurrency: int | None = None  # closed loop: this many clients, each sends its next request on completion
     rate: float | None = None  # open loop: Poisson-like arrivals, requests/s; neither: infinite rate
     num_requests: int | None = None  # a finite run (benchmarks): ramp-down and queueing counted
+    max_num_tokens: int = DEFAULT_MAX_NUM_TOKENS  # the engine's token budget per iteration (decode + prefill)
 
 
 @dataclass(frozen=True)
@@ -183,7 +203,7 @@ class _Engine:
         k_down = s.expert_ffn / lay.etp
         per_expert = rows / max(touched, 1e-9)
         flops = 2 * rows * (n_up * s.hidden + n_down * k_down)
-        eff = _gemm_eff(max(per_expert, 1.0))
+        eff = _gemm_eff(max(per_expert, 1.0)) * _grouped_wave_eff(touched, per_expert, (n_up, n_down), self.gpu.sms)
         tc = flops / (self.mm_rate * eff * MOE_GEMM_EFFICIENCY)
         tm = (touched * (n_up * s.hidden + n_down * k_down) * self.wb + rows * 4 * s.hidden * ACT_BYTES) / self.hbm
         return (tc, 0.0) if tc >= tm else (0.0, tm)
@@ -302,7 +322,9 @@ def estimate(
             f"{w.input_len}+{w.output_len}-token sequence, {gpu.name} has {gpu.memory_GB:g} GB "
             "(raise --gpus/--tp/--pp, or lower --precision or the lengths)"
         )
-    b_tok = MAX_NUM_TOKENS / (1 + w.input_len / w.output_len)
+    if w.max_num_tokens < 1:
+        raise ServeError("--max-num-tokens must be at least 1")
+    b_tok = budget_batch(w.max_num_tokens, w.input_len, w.output_len)
     cap_batch = max(1, int(min(b_kv, MAX_BATCH, b_tok)))
     kv_limited = b_kv <= min(MAX_BATCH, b_tok)
     eng = _Engine(s, gpu, lay, precision, group)
@@ -313,10 +335,15 @@ def estimate(
     def t_iter(b: float) -> dict[str, float]:
         return eng.iteration(b, ctx, b * i_len / o_len, i_len)
 
+    budget = float(w.max_num_tokens)
+
     def prefill_wait(b: float) -> float:
         """Time to first token of a request admitted into a batch of `b`: half an iteration for the current one
-        to end, then the iteration that runs its prefill."""
-        return _total(t_iter(b)) / 2 + _total(eng.iteration(b, ctx, b * i_len / o_len + i_len, i_len))
+        to end, then the iterations that carry its prompt beside the steady traffic (one, unless the token budget
+        is contended or the prompt needs several chunks)."""
+        k = prefill_iterations(b, i_len, o_len, budget)
+        pre = min(max(budget - b, 1.0), b * i_len / o_len + i_len / k)
+        return _total(t_iter(b)) / 2 + k * _total(eng.iteration(b, ctx, pre, i_len))
 
     saturated = False
     ttft: float | None
@@ -358,21 +385,20 @@ def estimate(
         if w.num_requests is not None:
             n = w.num_requests / replicas
             arrival = float("inf") if w.rate is None else w.rate / replicas
-            ttft = first + _mean_queue_wait(n, batch, mu, arrival)
+            ttft = first + mean_queue_wait(n, batch, mu, arrival)
     if w.num_requests is not None and w.concurrency is None:
         n = w.num_requests / replicas
         if w.rate is None:
-            # all requests queued at once with equal lengths: they run in lock-step waves of `batch`
-            full, rest = divmod(n, batch)
-            wave_t, wave_pre = _wave(eng, batch, i_len, o_len)
-            rest_t, rest_pre = _wave(eng, rest, i_len, o_len) if rest >= 1 else (0.0, 0.0)
-            busy = full * wave_t + rest_t
-            ttft = (
-                batch * wave_t * full * (full - 1) / 2 + batch * full * wave_pre + rest * (full * wave_t + rest_pre)
-            ) / n
-        elif saturated:  # arrivals outpace the engine: it runs full until the queue drains
-            drain = o_len * _total(eng.iteration(batch / 2, ctx, 0.0, i_len))
-            busy = max(n / (w.rate / replicas), (n - batch / 2) / mu) + drain
+            # all requests queued at once on an idle engine: the batch ramps up under the token budget, runs while
+            # the queue lasts and drains (serve_sched.finite_run)
+            busy, ttft, itl = finite_run(
+                lambda b, c, p, pl: _total(eng.iteration(b, c, p, pl)), n, i_len, o_len, budget, float(cap_batch)
+            )
+        elif saturated:  # arrivals outpace the engine: it ramps up, runs full while the queue lasts and drains
+            busy, ttft, itl = finite_run(
+                lambda b, c, p, pl: _total(eng.iteration(b, c, p, pl)), n, i_len, o_len, budget, float(cap_batch),
+                w.rate / replicas,
+            )  # fmt: skip
         else:  # the last request arrives at n/rate and takes one request's latency
             busy = n / (w.rate / replicas) + e2e
         req_s = n / busy
@@ -394,31 +420,6 @@ def estimate(
         memory_bytes_per_gpu=mem,
         breakdown=parts,
     )
-
-
-def _wave(eng: _Engine, batch: float, i_len: int, o_len: int) -> tuple[float, float]:
-    """(seconds, seconds to the wave's last first token) of `batch` requests started together: their prompts in
-    iterations of at most MAX_NUM_TOKENS tokens, then `o_len` decode steps at the mean context."""
-    tokens = batch * i_len
-    chunks = max(1, math.ceil(tokens / MAX_NUM_TOKENS))
-    prefill = chunks * _total(eng.iteration(0.0, 0.0, tokens / chunks, i_len))
-    decode = (o_len - 1) * _total(eng.iteration(batch, i_len + o_len / 2, 0.0, i_len))
-    return prefill + decode, prefill
-
-
-def _mean_queue_wait(n: float, slots: float, mu: float, arrival: float) -> float:
-    """Mean wait for a slot of `n` requests arriving at `arrival`/s (inf: all at once) into `slots` slots that
-    free at `mu`/s: request j starts at max(j/arrival, (j - slots)/mu)."""
-    if n <= slots:
-        return 0.0
-    a = 1.0 / mu - (0.0 if math.isinf(arrival) else 1.0 / arrival)
-    if a <= 0:
-        return 0.0
-    j0 = max(slots, slots / mu / a)  # first request that waits
-    if j0 >= n:
-        return 0.0
-    k = n - j0
-    return (a * (j0 + n) / 2 * k - slots / mu * k) / n
 
 
 def serve(

@@ -40,8 +40,14 @@ def tensor_precision(precision: TrainPrecision) -> Precision:
 
 
 def precision_gap(gpu: GPUSpec, precision: TrainPrecision) -> str | None:
-    """Why `gpu` cannot train at `precision` (its tensor cores have no such rate: NVFP4 before Blackwell), or None."""
+    """Why `gpu` cannot train at `precision` (its tensor cores have no such rate: NVFP4 before Blackwell; no MX
+    block scaling: MXFP8 before Blackwell), or None."""
     prec = tensor_precision(precision)
+    if precision == "mxfp8" and not gpu.mx_block_scaling:
+        return (
+            f"{gpu.name} has no mxfp8: MX block-scaled tensor cores need Blackwell ({gpu.name} is {gpu.arch}); "
+            "use fp8 or fp8-blockwise"
+        )
     if gpu.tflops.get(prec):
         return None
     known = ", ".join(p for p, v in gpu.tflops.items() if v)
@@ -273,6 +279,9 @@ def memory_per_gpu(job: TrainJob, plan: Plan, gpu: GPUSpec) -> dict[str, float]:
 
 def _matmul_rate(gpu: GPUSpec, precision: TrainPrecision) -> float:
     """Achievable dense matmul FLOP/s."""
+    gap = precision_gap(gpu, precision)
+    if gap:
+        raise ValueError(gap)
     prec = tensor_precision(precision)
     eff = gpu.matmul_efficiency.get(prec, DEFAULT_MATMUL_EFFICIENCY)
     return gpu.peak_tflops(prec) * 1e12 * eff * SUSTAINED_CLOCK_FACTOR

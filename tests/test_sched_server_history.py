@@ -10,12 +10,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import event, insert
+from sqlalchemy import event, insert, select, update
 
 from suanli.control.ids import utcnow
 from suanli.control.scheduling.history import LAG_S, LONGEST_RUN_S, ServerHistory
 from suanli.control.scheduling.scheduling import SchedulingPass
-from suanli.db.models import Workload
+from suanli.db.models import Allocation, Workload
 from suanli.sched import Request, SchedulerConfig
 from suanli.sched.estimates import RuntimeHistory, for_request, run_seconds
 from suanli.workloads.spec import parse_spec
@@ -162,6 +162,44 @@ def test_under_srsf_the_servers_estimates_order_the_queue_as_the_cores_do(api: T
     """The contrast: a policy that orders by estimated service left (srsf) puts a's short-looking job first, as it
     would with a declared `duration: 1s`: history gives a tenant no more than declaring does (its own work only)."""
     assert _race(api, SchedulingPass(SchedulerConfig(policy="srsf"))) == ("a", "b")
+
+
+def test_a_lying_estimate_delays_starving_work_at_most_until_the_liar_may_be_preempted(api: TestClient) -> None:
+    """Where the default policy does read estimates: GPUs held for work waiting past `starvation_s` (EASY). a's 500
+    one-second jobs make its hour-long 8-GPU job look 1 s long, so it may start on the 8 GPUs a starving 128-GPU head
+    waits for (it "ends" before the wall frees the rest), as a declared `duration: 1s` would let it. The policy's
+    bound: once the liar has run `min_runtime_s` (600 s) and had more GPU-time than the head (a higher LAS level),
+    the head preempts it; until then the head waits, no longer."""
+    a, b, c = _setup(api, "a@example.com", "b@example.com", "c@example.com")
+    _finished(api, a, [1.0] * 500)
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    sched, t0 = SchedulingPass(), utcnow()
+    wall = _submit(api, b, _spec("wall", 120, duration=100))
+    sched.run(db, t0)
+    head = _submit(api, c, _spec("head", 128, duration=3600))
+    with db.write() as s, s.begin():  # it has waited 49 hours: past `starvation_s`, it holds what frees up
+        s.execute(update(Workload).where(Workload.id == head)
+                  .values(submitted_at=t0 - timedelta(hours=49), queued_at=t0 - timedelta(hours=49)))  # fmt: skip
+    liar = _submit(api, a, _spec("liar", 8))
+
+    def state(who: Tenant, wid: str) -> dict[str, Any]:
+        return dict(api.get(f"{API}/workloads/{wid}", headers=who.headers).json())
+
+    def stop_asked(wid: str) -> str | None:
+        with db.read() as s:
+            return s.scalar(select(Workload.stop_requested).where(Workload.id == wid))
+
+    sched.run(db, t0 + timedelta(seconds=1))
+    assert _request(sched, liar).est_runtime == 1.0
+    assert state(a, liar)["state"] == "scheduled" and state(c, head)["state"] == "pending"
+    with db.write() as s, s.begin():  # the wall ends on time (at t0 + 100 s)
+        s.execute(update(Allocation).where(Allocation.workload == wall).values(stopped_at=t0 + timedelta(seconds=100)))
+    sched.run(db, t0 + timedelta(seconds=300))
+    assert state(c, head)["state"] == "pending" and stop_asked(liar) is None  # ran < 600 s
+    sched.run(db, t0 + timedelta(seconds=602))
+    assert str(stop_asked(liar)).startswith("preempted"), stop_asked(liar)
+    sched.run(db, t0 + timedelta(seconds=603))
+    assert state(c, head)["state"] == "scheduled", state(c, head)
 
 
 def test_reads_are_bounded_and_incremental(api: TestClient) -> None:

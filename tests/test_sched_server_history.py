@@ -100,6 +100,27 @@ def test_the_servers_estimate_is_the_cores_from_the_orgs_own_finished_jobs(api: 
     assert (rc.est_runtime, rc.est_samples) == (None, ())
 
 
+def test_run_times_are_what_the_jobs_ran_through_the_supervisor(api: TestClient) -> None:
+    """Not rows written by hand: jobs run on virtual nodes and ended by the supervisor (at the pass that saw them end,
+    t=301); the next job of that shape, which declares nothing, is estimated from what they ran once they ended
+    `LAG_S` before the pass."""
+    from tests.test_resize_virtual import make_cluster, rigid
+
+    c = make_cluster(api)
+    ran = [_submit(api, c.tenant, rigid(f"ran-{d}", 2, d)) for d in (100, 300, 200)]
+    c.tick(0)
+    assert all(c.get(w)["state"] in ("starting", "running") for w in ran)
+    c.tick(301)
+    assert all(c.get(w)["state"] == "succeeded" for w in ran)
+    early = _submit(api, c.tenant, _spec("early", 2))
+    c.tick(301 + LAG_S - 1)  # they ended less than LAG_S ago: not yet
+    assert (_request(c.sched, early).est_runtime, _request(c.sched, early).est_samples) == (None, ())
+    late = _submit(api, c.tenant, _spec("late", 2))
+    c.tick(301 + LAG_S + 1)
+    r = _request(c.sched, late)
+    assert r.est_runtime == 200.0 and r.est_samples == (100.0, 200.0, 300.0)
+
+
 def test_a_declared_duration_wins_and_max_duration_caps(api: TestClient) -> None:
     (a,) = _setup(api, "a@example.com")
     mine = [900.0, 1000.0, 1100.0, 5000.0]

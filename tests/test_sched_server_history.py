@@ -149,10 +149,12 @@ def test_absurd_run_times_are_ignored_or_capped(api: TestClient) -> None:
 def test_the_cycle_runs_with_no_history(api: TestClient) -> None:
     (a,) = _setup(api, "a@example.com")
     j = _submit(api, a, _spec("first", 8))
+    m = _submit(api, a, _spec("limited", 8, max_duration=500))
     sched = SchedulingPass()
     report = sched.run(api.app.state.server.db, utcnow())  # type: ignore[attr-defined]
-    assert report.placed == 1 and sched.history.rows_read == 0
+    assert report.placed == 2 and sched.history.rows_read == 0
     assert (_request(sched, j).est_runtime, _request(sched, j).est_samples) == (None, ())
+    assert (_request(sched, m).est_runtime, _request(sched, m).est_samples) == (500.0, ())  # enforced: an estimate
 
 
 def _race(api: TestClient, sched: SchedulingPass) -> tuple[str, str]:

@@ -68,3 +68,34 @@ class RuntimeHistory:
         if limit is not None:
             est = limit if est is None else min(est, limit)
         return est
+
+
+def run_seconds(seconds: float, longest: float) -> float | None:
+    """A finished run's time as history takes it: None when it is no run at all (zero, negative, NaN: a clock
+    that went back, a row nobody ran), capped at `longest` (a run can last no longer than any limit enforces, and
+    one absurd sample must not stretch a tenant's estimates past every limit)."""
+    if not seconds > 0:  # also NaN
+        return None
+    return min(float(seconds), longest)
+
+
+def for_request(
+    history: RuntimeHistory,
+    tenant: str,
+    model: str | None,
+    gpus: int,
+    declared: float | None = None,
+    limit: float | None = None,
+    with_samples: bool = True,
+) -> tuple[float | None, tuple[float, ...]]:
+    """(`est_runtime`, `est_samples`) for a request, from `RuntimeHistory.estimate` and `.samples` as the simulator
+    asks them at an arrival (there nothing is declared and nothing limits, and this gives the same two values). A
+    declared duration wins over the samples as over the median; `limit` (the spec's `max_duration`, enforced) caps
+    each sample as it caps the estimate."""
+    est = history.estimate(tenant, model, gpus, declared, limit)
+    if declared is not None or not with_samples:
+        return est, ()
+    samples = history.samples(tenant, model, gpus)
+    if limit is not None:
+        samples = tuple(min(s, limit) for s in samples)
+    return est, samples

@@ -7,7 +7,8 @@ and allocation rows into a `ClusterState`, pending workloads into `Request`s, an
 `control.workloads.resizing`, which check admission again). Running elastic work is shown to the cycle as elastic (the
 policy may grow or shrink it), unless its owner scaled it (`suanli scale`: then it is held at that size, after the pass
 carried the owner's size out). What active plans reserve and their work leaves idle is held back from other work
-(`control.scheduling.plan_holds`).
+(`control.scheduling.plan_holds`). Runtime estimates come from the spec and the org's finished jobs
+(`control.scheduling.history`), as the simulator's come from the trace's.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 from suanli.control.money import committed, plans
 from suanli.control.scheduling import inventory, placing
 from suanli.control.scheduling.engines import ENGINE_KINDS, EXTERNAL_LABEL
+from suanli.control.scheduling.history import ServerHistory
 from suanli.control.scheduling.plan_holds import PlanHolds
 from suanli.control.scheduling.waste import LiveWaste, live_waste
 from suanli.control.workloads import resizing
@@ -118,6 +120,7 @@ class SchedulingPass:
     resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
     scheduler: Scheduler | None = None
     money: committed.Affordability = field(default_factory=committed.Affordability)
+    history: ServerHistory = field(default_factory=ServerHistory)  # orgs' finished jobs, read incrementally
 
     def __post_init__(self) -> None:
         self.scheduler = Scheduler(self.config)
@@ -187,6 +190,7 @@ class SchedulingPass:
                 report.total_s = time.perf_counter() - t0
                 return report
             self._signature, self._last_run = signature, now
+            self.history.refresh(s, now, self._parsed)  # before any request is built: estimates read it
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
             self.money.read(s, {r.org_id for r in queue_rows}, {(r.org_id, r.user_id) for r in queue_rows}, now)
@@ -272,7 +276,7 @@ class SchedulingPass:
         if req is None:
             spec = WorkloadSpec.model_validate(specs[wid])
             req = spec.to_request(wid, seconds(submitted_at), org_id, attained=attained, queued_since=key[2])
-            self.requests[key] = req
+            req = self.requests[key] = self.history.estimate(req, spec)
             self._rank[wid] = spec.priority_rank()
             self._parsed[wid] = spec
         return req
@@ -359,6 +363,7 @@ class SchedulingPass:
         elif a.workload in specs:
             spec = WorkloadSpec.model_validate(specs[a.workload])
             req = spec.to_request(a.workload, seconds(a.submitted_at), a.org_id, queued_since=seconds(a.queued_at))
+            req = self.history.estimate(req, spec)
         else:  # an allocation no workload owns (opened through the API directly)
             req = Request(a.id, len(gpus), seconds(a.started_at), milli=a.milli)
         sched_id = a.workload or a.id

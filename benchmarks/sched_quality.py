@@ -93,7 +93,7 @@ def load_jobs(root: Path, case: Case, quick: bool):
 
 
 def scheduler_config(variant: str) -> SchedulerConfig:
-    """`policy[/placement][@field=number]` → the scheduler configuration it names."""
+    """`policy[/placement][@field=number...]` → the scheduler configuration it names (several knobs: `@a=1@b=2`)."""
     name, *knobs = variant.split("@")
     policy, _, placement = name.partition("/")
     extra: dict[str, float] = {}

@@ -4,10 +4,13 @@ it may preempt instead of evicting it), `grow_las` (elastic jobs grow least atta
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from suanli.sched import Allocation, ClusterState, Request, Scheduler, SchedulerConfig
+from suanli.sim import SimConfig, simulate
+from suanli.sim.synthetic import synthetic_jobs
 from suanli.topology import load_preset
 
 LONG = 10_000.0  # 8 GPUs x 10,000 s = 22 GPU-h: LAS level 2, past min_runtime_s
@@ -120,3 +123,20 @@ def test_las_size_order_puts_the_smaller_gang_first_within_a_level() -> None:
     sized, _ = Scheduler(SchedulerConfig(las_size_order=True)).cycle(s, queue, 10.0)
     assert [p.request_id for p in by_default.placed] == ["big"]
     assert [p.request_id for p in sized.placed] == ["small"]
+
+
+KNOBS = {"elastic_shrink": True, "grow_las": True, "las_newer_only": True, "las_size_order": True}
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), knobs=st.sets(st.sampled_from(sorted(KNOBS))))
+def test_replays_with_the_knobs_finish_every_job_and_account_for_every_gpu_hour(seed: int, knobs: set[str]) -> None:
+    """In the simulator (the same cycle the server runs): every job finishes, and the GPU-time breakdown still adds up
+    to the allocated GPU-time, shrinks counted as resizes."""
+    jobs = [j for j in synthetic_jobs(60, seed, elastic_fraction=0.5) if j.num_gpus <= 32]
+    cfg = SimConfig(scheduler=SchedulerConfig(**{k: KNOBS[k] for k in knobs}), seed=seed)
+    r = simulate(jobs, load_preset("4x8:H100"), cfg)
+    assert r.finished == len(jobs) - r.unschedulable
+    allocated = r.utilization * r.makespan_s * 32 / 3600
+    parts = (r.work_gpu_h, r.slowdown_gpu_h, r.elastic_gpu_h, r.preemption_gpu_h, r.failure_gpu_h, r.resize_gpu_h)
+    assert sum(parts) == pytest.approx(allocated, rel=1e-6, abs=1e-6)

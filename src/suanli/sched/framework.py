@@ -112,11 +112,14 @@ class Scheduler:
             why = ""  # a placement made by preemption says what it evicted
             if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
                 preempt_budget -= 1
-                shrank = self._shrink_for(work, req, k, ctx, result, before) if self.config.elastic_shrink else 0
-                attempt = self._try(work, req, k) if shrank else PlacementResult(None, "")
+                shrunk = self._shrink_for(work, req, k, ctx, result) if self.config.elastic_shrink else []
+                attempt = self._try(work, req, k) if shrunk else PlacementResult(None, "")
                 if attempt.gpus is not None:
-                    why = f"shrank elastic work by {shrank} GPUs"
+                    before.extend(shrunk)
+                    given = sum(a.gpu_count - work.allocations[a.id].gpu_count for a in shrunk)
+                    why = f"shrank elastic work by {given} GPUs"
                 else:
+                    self._unshrink(work, result, shrunk)
                     attempt = self._preempt(work, req, k, ctx, result)
                     why = attempt.reason
                 if attempt.gpus is not None:
@@ -319,22 +322,17 @@ class Scheduler:
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------
     def _shrink_for(
-        self,
-        work: ClusterState,
-        req: Request,
-        k: int,
-        ctx: PolicyContext,
-        result: CycleResult,
-        before: list[Allocation],
-    ) -> int:
+        self, work: ClusterState, req: Request, k: int, ctx: PolicyContext, result: CycleResult
+    ) -> list[Allocation]:
         """Preemption that counts its cost: elastic work the policy may preempt for `req` gives up GPUs by shrinking
         (toward its minimum, most attained service first) rather than being evicted whole; a shrink restarts it at the
-        smaller size (a resize) and takes only the GPUs `req` is short of. Shrunk jobs go to `before`, so the cycle
-        gives them back what no placement took. Returns the GPUs given up."""
+        smaller size (a resize) and takes only the GPUs `req` is short of. Returns the jobs shrunk, as they were: the
+        caller undoes the shrinks (`_unshrink`) unless `req` then fits, and the cycle's end gives back what no
+        placement took."""
         rule = self.policy.preempt
         need = k - work.free_whole_gpus()
         if rule is None or not self.policy.elastic or req.milli < FULL or need <= 0:
-            return 0
+            return []
         decided = {p.request_id for p in result.placed} | {r.allocation_id for r in result.resized}
         victims = [
             a
@@ -347,14 +345,24 @@ class Scheduler:
         ]
         victims.sort(key=lambda a: (-served(a, ctx.now), a.id))
         given = 0
+        shrunk: list[Allocation] = []
         for a in victims:
             if given >= need:
                 break
             want = max(a.request.min_gpus or a.gpu_count, a.gpu_count - (need - given))
             if self._resize(work, result, a, want, f"shrunk for waiting work {req.id}"):
-                before.append(a)
+                shrunk.append(a)
                 given += a.gpu_count - work.allocations[a.id].gpu_count
-        return given
+        return shrunk
+
+    @staticmethod
+    def _unshrink(work: ClusterState, result: CycleResult, shrunk: list[Allocation]) -> None:
+        """Undo shrinks that made no room (latest first: nothing was placed since, so their GPUs are free)."""
+        for a in reversed(shrunk):
+            work.unreserve(a.id)
+            work.reserve(a, restore=True)
+        ids = {a.id for a in shrunk}
+        result.resized = [r for r in result.resized if r.allocation_id not in ids]
 
     def _scaling(self, work: ClusterState) -> ScalingModel:
         model = self._scaling_models.get(id(work.cluster))

@@ -51,8 +51,8 @@ class SchedulerConfig:
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
     las_newer_only: bool = False  # LAS preemption only for work that joined the queue after the victim started
-    las_size_order: bool = False  # within a LAS level, fewer GPUs first (2D-LAS: at equal attained service the
-    # smaller gang has the least expected service left)
+    las_size_order: bool = False  # `default`, `elastic`: within a class and LAS level, fewer GPUs first (2D-LAS: at
+    # equal attained time the smaller gang has the least expected service left)
     elastic_shrink: bool = False  # a blocked request first shrinks elastic work it may preempt (toward its minimum,
     # most attained service first) instead of evicting it: a resize, not a restart, and only the GPUs it needs
     grow_las: bool = False  # elastic jobs grow into idle GPUs least attained service first (LAS level, then oldest)

@@ -7,9 +7,9 @@ One replay of a small trace is one path through a chaotic system: a different ti
 earlier changes everything after it, and waste differences of a tenth of a point between two policies can be
 that alone. Here every arrival of the trace (as `benchmarks/sched_quality.py` loads it, `--quick` sizes) is
 moved by a uniform draw in +-`--jitter-s` seconds, once per seed, and each policy replays every perturbed
-trace at the trace's two load levels. A policy may override its placement (`las/topology`) or one number
-of the scheduler's configuration (`default@starvation_s=inf`), to see which part of a policy makes a
-difference. Prints per trace, load and policy the median (and range) of waste and of average JCT, in
+trace at the trace's two load levels. A policy may override its placement (`las/topology`) or numbers of
+the scheduler's configuration (`default@starvation_s=inf`, `default@a=1@b=1`), to see which part of a policy makes
+a difference. Prints per trace, load and policy the median (and range) of waste and of average JCT, in
 how many seeds its waste was above the first policy's, and the median ratio of its average JCT to `oracle-srsf`'s
 (the clairvoyant reference) on the same perturbed trace.
 """

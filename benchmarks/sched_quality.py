@@ -93,11 +93,11 @@ def load_jobs(root: Path, case: Case, quick: bool):
 
 
 def scheduler_config(variant: str) -> SchedulerConfig:
-    """`policy[/placement][@field=number]` → the scheduler configuration it names."""
-    name, _, knob = variant.partition("@")
+    """`policy[/placement][@field=number...]` → the scheduler configuration it names (several knobs: `@a=1@b=2`)."""
+    name, *knobs = variant.split("@")
     policy, _, placement = name.partition("/")
     extra: dict[str, float] = {}
-    if knob:
+    for knob in knobs:
         field, _, value = knob.partition("=")
         extra[field] = float(value)
     return SchedulerConfig(policy=policy, placement=placement or None, **extra)

@@ -1112,10 +1112,21 @@ def check_cycle(
             busy_nodes = {int(c.gpu_node[g]) for a in survivors for g in resized_to.get(a.id, a.gpus)}
             assert not busy_nodes & set(c.gpu_node[gpus].tolist()), f"exclusive {rid} shares a node"
 
-    # resizes: elastic only, within [min, max]; grow only when nothing waits; shrink, back to its ask, only for work
-    # that could not be placed otherwise: work placed in this cycle takes GPUs the shrunk job gave back (holds them, or
-    # owns their node exclusively), or another shrunk job moved onto them for such work. The cycle may then place
-    # everything, so nothing need wait after a shrink.
+    # resizes: elastic only, within [min, max]; grow only when nothing waits; shrink, back to its ask (below it only
+    # under `elastic_shrink`, and only work the policy could preempt for something it placed), only for work that could
+    # not be placed otherwise: work placed in this cycle takes GPUs the shrunk job gave back (holds them, or owns their
+    # node exclusively), or another shrunk job moved onto them for such work. The cycle may then place everything, so
+    # nothing need wait after a shrink.
+    placed_reqs = [queue[rid] for rid in placed]
+    thresholds = cfg.las_thresholds
+
+    def las_ok(v: Allocation, r: Request) -> bool:
+        return (
+            v.request.rank <= r.rank
+            and now - v.start_time >= cfg.min_runtime_s
+            and _victim_level(v, now, thresholds) > _las_level(r.attained, thresholds)
+        )
+
     shrunk = {}
     for aid, rz in resized.items():
         a = old.allocations[aid]
@@ -1126,6 +1137,10 @@ def check_cycle(
         assert len(set(rz.gpus)) == len(rz.gpus)
         if len(rz.gpus) > a.gpu_count:
             assert not result.pending
+        elif len(rz.gpus) < r.gpus:
+            assert cfg.elastic_shrink, (a, rz)
+            assert any(a.request.rank < q.rank or las_ok(a, q) for q in placed_reqs), (a, rz)
+            shrunk[aid] = set(a.gpus) - set(rz.gpus)
         else:
             assert len(rz.gpus) == r.gpus, (a, rz)
             shrunk[aid] = set(a.gpus) - set(rz.gpus)
@@ -1140,16 +1155,6 @@ def check_cycle(
     assert needed == shrunk.keys(), f"{sorted(shrunk.keys() - needed)} shrunk, and no work placed takes what they gave"
 
     # preemption: only what the policy's rule allows, for something it placed
-    placed_reqs = [queue[rid] for rid in placed]
-    thresholds = cfg.las_thresholds
-
-    def las_ok(v: Allocation, r: Request) -> bool:
-        return (
-            v.request.rank <= r.rank
-            and now - v.start_time >= cfg.min_runtime_s
-            and _victim_level(v, now, thresholds) > _las_level(r.attained, thresholds)
-        )
-
     rule = POLICIES[name].preempt
     for aid in preempted:
         v = old.allocations[aid]
@@ -1215,6 +1220,24 @@ def test_cycle_invariants(name: str, sc: Scenario) -> None:
     assert_same_state(sc.state, snap)
     check_cycle(name, cfg, sc, result, new)
     # the resulting state schedules again without error and stays consistent
+    rest = [r for r in sc.queue if r.id not in placed_ids(result)]
+    result2, new2 = Scheduler(cfg).cycle(new, rest, NOW + 1.0)
+    check_cycle(name, cfg, Scenario(new, rest, sc.down_node), result2, new2, NOW + 1.0)
+
+
+@pytest.mark.parametrize("name", ["default", "elastic", "las-srsf"])
+@settings(max_examples=40, deadline=None, derandomize=True, phases=NO_SHRINK)
+@given(sc=scenarios())
+@example(sc=SHRINK_THEN_ALL_PLACED)
+@example(sc=SHRINK_ONLY_WHAT_IS_NEEDED)
+def test_cycle_invariants_with_the_las_knobs(name: str, sc: Scenario) -> None:
+    """The same invariants with `elastic_shrink`, `grow_las`, `las_size_order` and `las_newer_only` on."""
+    knobs = {"elastic_shrink": True, "grow_las": True, "las_size_order": True, "las_newer_only": True}
+    cfg = SchedulerConfig(policy=name, quotas=QUOTAS, min_runtime_s=600.0, **knobs)
+    snap = snapshot_of(sc.state)
+    result, new = Scheduler(cfg).cycle(sc.state, sc.queue, NOW)
+    assert_same_state(sc.state, snap)
+    check_cycle(name, cfg, sc, result, new)
     rest = [r for r in sc.queue if r.id not in placed_ids(result)]
     result2, new2 = Scheduler(cfg).cycle(new, rest, NOW + 1.0)
     check_cycle(name, cfg, Scenario(new, rest, sc.down_node), result2, new2, NOW + 1.0)

@@ -17,7 +17,7 @@ import numpy as np
 
 from suanli.sched import holds
 from suanli.sched.placement import PLACEMENTS, PlacementResult, Placer
-from suanli.sched.policies import Policy, PolicyContext, SchedulerConfig, policy
+from suanli.sched.policies import Policy, PolicyContext, SchedulerConfig, policy, served
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.state import ClusterState
 from suanli.sched.types import FULL, Allocation, CycleResult, Pending, Place, Preempt, Request, Resize
@@ -112,11 +112,20 @@ class Scheduler:
             why = ""  # a placement made by preemption says what it evicted
             if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
                 preempt_budget -= 1
-                attempt = self._preempt(work, req, k, ctx, result)
+                shrunk = self._shrink_for(work, req, k, ctx, result) if self.config.elastic_shrink else []
+                attempt = self._try(work, req, k) if shrunk else PlacementResult(None, "")
                 if attempt.gpus is not None:
-                    placed, why = attempt, attempt.reason
+                    before.extend(shrunk)
+                    given = sum(a.gpu_count - work.allocations[a.id].gpu_count for a in shrunk)
+                    why = f"shrank elastic work by {given} GPUs"
+                else:
+                    self._unshrink(work, result, shrunk)
+                    attempt = self._preempt(work, req, k, ctx, result)
+                    why = attempt.reason
+                if attempt.gpus is not None:
+                    placed = attempt
                 else:  # the reason says why preemption could not make room either
-                    placed = PlacementResult(None, f"{placed.reason}; {attempt.reason}")
+                    placed, why = PlacementResult(None, f"{placed.reason}; {attempt.reason}"), ""
             if placed.gpus is not None:
                 self._commit(work, req, placed.gpus, now, result, ctx, why)
                 continue
@@ -312,6 +321,49 @@ class Scheduler:
         return PlacementResult(placed.gpus, f"preempted {what}")
 
     # ---- elastic grow / shrink ----------------------------------------------------------------------
+    def _shrink_for(
+        self, work: ClusterState, req: Request, k: int, ctx: PolicyContext, result: CycleResult
+    ) -> list[Allocation]:
+        """Preemption that counts its cost: elastic work the policy may preempt for `req` gives up GPUs by shrinking
+        (toward its minimum, most attained service first) rather than being evicted whole; a shrink restarts it at the
+        smaller size (a resize) and takes only the GPUs `req` is short of. Returns the jobs shrunk, as they were: the
+        caller undoes the shrinks (`_unshrink`) unless `req` then fits, and the cycle's end gives back what no
+        placement took."""
+        rule = self.policy.preempt
+        need = k - work.free_whole_gpus()
+        if rule is None or not self.policy.elastic or req.milli < FULL or need <= 0:
+            return []
+        decided = {p.request_id for p in result.placed} | {r.allocation_id for r in result.resized}
+        victims = [
+            a
+            for a in work.allocations.values()
+            if a.request.elastic
+            and a.milli == FULL
+            and a.id not in decided
+            and a.gpu_count > (a.request.min_gpus or a.gpu_count)
+            and rule(a, req, ctx)
+        ]
+        victims.sort(key=lambda a: (-served(a, ctx.now), a.id))
+        given = 0
+        shrunk: list[Allocation] = []
+        for a in victims:
+            if given >= need:
+                break
+            want = max(a.request.min_gpus or a.gpu_count, a.gpu_count - (need - given))
+            if self._resize(work, result, a, want, f"shrunk for waiting work {req.id}"):
+                shrunk.append(a)
+                given += a.gpu_count - work.allocations[a.id].gpu_count
+        return shrunk
+
+    @staticmethod
+    def _unshrink(work: ClusterState, result: CycleResult, shrunk: list[Allocation]) -> None:
+        """Undo shrinks that made no room (latest first: nothing was placed since, so their GPUs are free)."""
+        for a in reversed(shrunk):
+            work.unreserve(a.id)
+            work.reserve(a, restore=True)
+        ids = {a.id for a in shrunk}
+        result.resized = [r for r in result.resized if r.allocation_id not in ids]
+
     def _scaling(self, work: ClusterState) -> ScalingModel:
         model = self._scaling_models.get(id(work.cluster))
         if model is None or model.cluster is not work.cluster:
@@ -352,10 +404,16 @@ class Scheduler:
             result.resized = [r for r in result.resized if r.allocation_id not in undone]
 
     def _grow(self, work: ClusterState, result: CycleResult) -> None:
-        """Nothing waits: grow elastic jobs, oldest first, while another GPU still pays (goodput)."""
+        """Nothing waits: grow elastic jobs, oldest first (`grow_las`: least attained service first), while another
+        GPU still pays (goodput)."""
         resized_now = {r.allocation_id for r in result.resized}
         elastic = [a for a in work.allocations.values() if a.request.elastic and a.id not in resized_now]
-        for a in sorted(elastic, key=lambda a: a.start_time):
+        if self.config.grow_las:  # least attained service first, as the queue is ordered
+            ctx = PolicyContext(self.config, self._now, work, {})
+            elastic.sort(key=lambda a: (ctx.las_level(served(a, self._now)), a.start_time))
+        else:
+            elastic.sort(key=lambda a: a.start_time)
+        for a in elastic:
             req = a.request
             assert req.max_gpus is not None
             free = holds.room(work, req, self.policy.class_preemption) if work.held else work.free_whole_gpus()

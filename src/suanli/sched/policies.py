@@ -51,6 +51,12 @@ class SchedulerConfig:
     max_victims: int = 64  # victims one preemption statement may consider
     max_preemption_attempts: int = 8  # blocked requests per cycle that may try preemption
     las_newer_only: bool = False  # LAS preemption only for work that joined the queue after the victim started
+    las_size_order: bool = False  # `default`, `elastic`: within a class and LAS level, fewer GPUs first (2D-LAS: at
+    # equal attained time the smaller gang has the least expected service left)
+    elastic_shrink: bool = False  # a blocked request first shrinks elastic work it may preempt (toward its minimum,
+    # most attained service first) instead of evicting it: a resize, not a restart, and only the GPUs it needs
+    grow_las: bool = False  # elastic jobs grow into idle GPUs least attained service first (LAS level, then oldest)
+    # instead of oldest first
     preempt_gain: float = 2.0  # srsf: evict only work with this many times the request's estimated service left
     locality_wait_s: float = 0.0  # a gang one node could hold waits up to this long (since it joined the queue) for
     # one node rather than start split over several (delay scheduling); 0: never waits
@@ -92,7 +98,14 @@ def by_las(r: Request, ctx: PolicyContext) -> tuple:
 
 
 def by_class_las(r: Request, ctx: PolicyContext) -> tuple:
+    if ctx.config.las_size_order:  # a g-GPU job's Gittins index at equal attained time is 1/g of a 1-GPU job's
+        return (-r.rank, ctx.las_level(r.attained), r.gpus * r.milli, r.submit_time, r.id)
     return (-r.rank, ctx.las_level(r.attained), r.submit_time, r.id)
+
+
+def served(a: Allocation, now: float) -> float:
+    """GPU-seconds a running allocation has attained by `now`: before this run and during it."""
+    return a.request.attained + (now - a.start_time) * a.gpu_count * a.milli / FULL
 
 
 def est_left(r: Request, attained: float | None = None) -> float:
@@ -140,8 +153,7 @@ def higher_las_level(victim: Allocation, req: Request, ctx: PolicyContext) -> bo
         return False
     if ctx.config.las_newer_only and req.waiting_since < victim.start_time:
         return False  # it was waiting when the victim was chosen to start: nothing new to preempt for
-    attained = victim.request.attained + (ctx.now - victim.start_time) * victim.gpu_count * victim.milli / FULL
-    return ctx.las_level(attained) > ctx.las_level(req.attained)
+    return ctx.las_level(served(victim, ctx.now)) > ctx.las_level(req.attained)
 
 
 def more_left(victim: Allocation, req: Request, ctx: PolicyContext) -> bool:

@@ -61,13 +61,8 @@ RUNTIME_RESERVE_BYTES = 3.0e9  # CUDA context, NCCL buffers, cuBLAS workspace, a
 # FP8 flash attention (Transformer Engine `fp8_dot_product_attention`) vs BF16: FlashAttention-3 (Shah et al.
 # 2024) reaches close to 1.2 PFLOPS in FP8 and 740 TFLOPS in BF16 on H100 (abstract); the ratio, for every GPU
 FP8_ATTENTION_SPEEDUP = 1.2 / 0.74
-GRAD_BUCKETS_EXPOSED = 1.0
-RECOMPUTE_MODULES = (
-    "mla_up_proj",
-    "layernorm",
-    "mlp",
-    "moe_act",
-)  # the selective modules with a cost term  # DP reduction overlaps all but the final micro-batch's backward
+GRAD_BUCKETS_EXPOSED = 1.0  # DP reduction overlaps all but the final micro-batch's backward
+RECOMPUTE_MODULES = ("mla_up_proj", "layernorm", "mlp", "moe_act")  # the selective modules with a cost term
 # Expert load imbalance: the busiest EP rank's (token, expert) rows / the mean. NVIDIA's published MoE
 # benchmarks force-balance routing (Megatron-Bridge performance summary footnote), hence 1.0 by default;
 # real runs with auxiliary-loss-free balancing sit above it and can say so (--moe-imbalance).
@@ -316,9 +311,23 @@ def _validate(job: TrainJob, p: Plan, n_gpus: int) -> None:
         raise PlanError(f"fp8 attention needs a low-precision recipe (fp8, mxfp8, …), not {job.precision}")
     if p.moe_a2a_overlap and p.recompute == "full":
         raise PlanError("EP all-to-all overlap (moe_a2a_overlap) does not run with full recompute: use selective")
+    if p.moe_a2a_overlap and p.pp > 1 and p.vp == 1:
+        raise PlanError("EP all-to-all overlap (moe_a2a_overlap) needs virtual pipeline stages (vp > 1) when pp > 1")
     m = job.global_batch // (p.dp * p.mbs)
     if p.pp > 1 and p.vp > 1 and m % p.pp:
         raise PlanError(f"interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({p.pp})")
+
+
+def overlap_gap(p: Plan) -> str | None:
+    """Why Megatron refuses EP all-to-all overlap on plan `p` (TransformerConfig: expert parallelism, no full
+    recompute, virtual pipeline stages when pipelined), or None."""
+    if p.ep <= 1:
+        return "needs expert parallelism (ep > 1)"
+    if p.recompute == "full":
+        return "does not run with full recompute"
+    if p.pp > 1 and p.vp == 1:
+        return "needs virtual pipeline stages (vp > 1) when pp > 1"
+    return None
 
 
 def unpaired_fraction(pp: int, vp: int, m: int) -> float:

@@ -45,6 +45,10 @@ def test_overlap_flag_is_refused_where_megatron_refuses_it() -> None:
     pipelined = [*QWEN, "--tp", "1", "--pp", "2", "--cp", "1", "--ep", "8", "--moe-a2a-overlap"]
     err = _refused("perf", "train", *pipelined)
     assert "--moe-a2a-overlap" in err and "vp" in err
+    err = _refused("perf", "plan", *QWEN, "--pp", "2", "--vp", "1", "--moe-a2a-overlap")
+    assert "--moe-a2a-overlap" in err and "--vp" in err
+    searched = json.loads(invoke(["perf", "plan", *QWEN, "--pp", "2", "--moe-a2a-overlap", "--json"]).stdout)
+    assert all(p["plan"]["moe_a2a_overlap"] and p["plan"]["vp"] > 1 for p in searched["plans"])
     # without the flag the same pipelined plan simply runs without the overlap
     assert _train(*pipelined[:-1])["plan"]["moe_a2a_overlap"] is False
 

@@ -238,6 +238,8 @@ def check_moe_options(job: TrainJob, fixed: dict[str, Any]) -> None:
         fail("--moe-a2a-overlap needs expert parallelism (--ep > 1)")
     if fixed.get("recompute") == "full":
         fail("--moe-a2a-overlap does not run with --recompute full (Megatron refuses it): use selective or none")
+    if fixed.get("pp", 1) > 1 and fixed.get("vp") == 1:
+        fail("--moe-a2a-overlap needs virtual pipeline stages (--vp > 1) when --pp > 1 (Megatron refuses it)")
 
 
 def _recompute_modules(text: str, recompute: str | None) -> tuple[str, ...]:

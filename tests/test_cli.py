@@ -200,6 +200,10 @@ def test_train_exact_plan_issue_example() -> None:
         "dp": 4,
         "ep": 1,
         "etp": 1,
+        "moe_a2a_overlap": False,
+        "moe_dispatcher": "flex",
+        "fp8_attention": False,
+        "recompute_modules": [],
     }
     for key in ("step_time_s", "tokens_per_s", "mfu", "tflops_per_gpu", "memory_gib_per_gpu"):
         assert doc[key] > 0

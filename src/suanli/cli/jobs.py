@@ -18,7 +18,8 @@ from suanli.perf import (
     model_preset,
     search,
 )
-from suanli.perf.training import TRAIN_PRECISIONS
+from suanli.perf.plan import with_moe_options
+from suanli.perf.training import LOW_PRECISION, RECOMPUTE_MODULES, TRAIN_PRECISIONS, overlap_gap
 
 # ---- training jobs and plans ----------------------------------------------------------------------------
 PRECISIONS = TRAIN_PRECISIONS
@@ -106,6 +107,45 @@ ZeroOpt = Annotated[
     int | None, typer.Option("--zero", help="ZeRO stage 0..3 (FSDP: --tp 1 --pp 1 --zero 3).", rich_help_panel=PLAN)
 ]
 RecomputeOpt = Annotated[str | None, typer.Option("--recompute", help="none|selective|full.", rich_help_panel=PLAN)]
+A2aOverlapOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--moe-a2a-overlap/--no-moe-a2a-overlap",
+        help="EP all-to-all overlap (Megatron overlap_moe_expert_parallel_comm): one micro-batch's dispatch/combine "
+        "beside another's compute. Default: on wherever Megatron allows it (--ep > 1, recompute not full, --vp > 1 "
+        "when --pp > 1).",
+        rich_help_panel=PLAN,
+    ),
+]
+DISPATCHERS = ("flex", "alltoall")
+DispatcherOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--moe-dispatcher",
+        help="MoE token dispatcher: flex (DeepEP/HybridEP: a token crosses the network once per destination NVLink "
+        "domain) | alltoall (Megatron's plain all-to-all: once per (token, expert) pair). Default: flex when the "
+        "EP group spans NVLink domains, else alltoall (the same cost inside one).",
+        rich_help_panel=PLAN,
+    ),
+]
+Fp8AttentionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fp8-attention",
+        help="Flash attention in FP8 (Transformer Engine fp8_dot_product_attention); FP8 recipes only "
+        "(--precision fp8|fp8-blockwise|mxfp8|nvfp4). Off unless given: it changes the numerics.",
+        rich_help_panel=PLAN,
+    ),
+]
+RecomputeModulesOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--recompute-modules",
+        help=f"Selective recompute of these modules, comma-separated ({', '.join(RECOMPUTE_MODULES)}; Megatron "
+        "recompute_modules); implies --recompute selective.",
+        rich_help_panel=PLAN,
+    ),
+]
 PriceOpt = Annotated[float | None, typer.Option("--price-per-gpu-hour", help="Price of one GPU-hour, for cost.")]
 TokensOpt = Annotated[
     str | None, typer.Option("--tokens", help="Tokens to train on (1e9, 300B, 15T), for time and cost.")
@@ -166,7 +206,8 @@ def build_job(
     return TrainJob(build_arch(model, **dims), prec, seq_len, global_batch, moe_imbalance)  # type: ignore[arg-type]
 
 
-def fixed_plan(**plan: Any) -> dict[str, Any]:
+def fixed_plan(precision: str = "bf16", **plan: Any) -> dict[str, Any]:
+    """The plan fields the user fixed, checked at the edge (each refusal names its flag)."""
     for k in ("tp", "pp", "cp", "vp", "mbs", "ep", "etp"):
         if k in plan:
             check_positive(plan[k], f"--{k}")
@@ -174,7 +215,45 @@ def fixed_plan(**plan: Any) -> dict[str, Any]:
         fail(f"--zero must be 0, 1, 2 or 3 (got {plan['zero']})")
     if plan["recompute"] is not None:
         plan["recompute"] = check_choice(plan["recompute"], RECOMPUTE, "--recompute")
+    if plan.get("moe_dispatcher") is not None:
+        plan["moe_dispatcher"] = check_choice(plan["moe_dispatcher"], DISPATCHERS, "--moe-dispatcher")
+    if plan.get("fp8_attention"):
+        if precision not in LOW_PRECISION:
+            fail(f"--fp8-attention needs an FP8 recipe (--precision {'|'.join(LOW_PRECISION)}), not {precision}")
+    else:
+        plan.pop("fp8_attention", None)
+    if plan.get("recompute_modules") is not None:
+        plan["recompute_modules"] = _recompute_modules(plan["recompute_modules"], plan["recompute"])
+        plan["recompute"] = "selective"
     return {k: v for k, v in plan.items() if v is not None}
+
+
+def check_moe_options(job: TrainJob, fixed: dict[str, Any]) -> None:
+    """Refuse a forced EP all-to-all overlap no plan of this job can run, naming the flags (not 'no plan')."""
+    if not fixed.get("moe_a2a_overlap"):
+        return
+    if not job.arch.is_moe:
+        fail(f"--moe-a2a-overlap needs a Mixture-of-Experts model ({job.arch.name} has no experts)")
+    if fixed.get("ep") == 1:
+        fail("--moe-a2a-overlap needs expert parallelism (--ep > 1)")
+    if fixed.get("recompute") == "full":
+        fail("--moe-a2a-overlap does not run with --recompute full (Megatron refuses it): use selective or none")
+    if fixed.get("pp", 1) > 1 and fixed.get("vp") == 1:
+        fail("--moe-a2a-overlap needs virtual pipeline stages (--vp > 1) when --pp > 1 (Megatron refuses it)")
+
+
+def _recompute_modules(text: str, recompute: str | None) -> tuple[str, ...]:
+    if len(text) > 200:
+        fail("--recompute-modules is too long (at most 200 characters)")
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if not names:
+        fail(f"--recompute-modules names no module; known: {', '.join(RECOMPUTE_MODULES)}")
+    unknown = [n for n in names if n not in RECOMPUTE_MODULES]
+    if unknown:
+        fail(f"--recompute-modules: unknown module {unknown[0]!r}; known: {', '.join(RECOMPUTE_MODULES)}")
+    if recompute not in (None, "selective"):
+        fail(f"--recompute-modules needs --recompute selective (got --recompute {recompute})")
+    return tuple(dict.fromkeys(names))
 
 
 def best_plans(job: TrainJob, system: System, fixed: dict[str, Any], top: int = 1) -> tuple[list[TrainEstimate], bool]:
@@ -184,7 +263,12 @@ def best_plans(job: TrainJob, system: System, fixed: dict[str, Any], top: int = 
         if system.n_gpus % prod:
             raise PlanError(f"tp*pp*cp = {prod} does not divide {system.n_gpus} GPUs")
         defaults = {"vp": 1, "mbs": 1, "zero": 1, "recompute": "none", "ep": 1, "etp": 1}
-        plan = Plan(**{**defaults, **fixed, "dp": system.n_gpus // prod})
+        sizes = {k: v for k, v in {**defaults, **fixed}.items() if k in defaults or k in ("tp", "pp", "cp")}
+        base = Plan(**sizes, dp=system.n_gpus // prod)
+        if fixed.get("moe_a2a_overlap") and (gap := overlap_gap(base)):
+            raise PlanError(f"--moe-a2a-overlap {gap}")
+        plan = with_moe_options(base, system.placement.domain_size, fixed)
+        assert plan is not None  # only a fixed overlap the plan cannot run makes it None: refused above
         return [evaluate(job, plan, system.placement)], False
     return search(job, system.placement, fixed, top=top), True
 
@@ -210,5 +294,10 @@ def plan_label(p: dict[str, Any]) -> str:
     if p.get("ep", 1) > 1 or p.get("etp", 1) > 1:
         label += f" EP{p['ep']} ETP{p['etp']}"
     extra = [f"VP{p['vp']}" if p["vp"] > 1 else "", f"MBS{p['mbs']}", f"ZeRO-{p['zero']}"]
-    extra.append("" if p["recompute"] == "none" else f"recompute={p['recompute']}")
+    modules = f"({','.join(p['recompute_modules'])})" if p.get("recompute_modules") else ""
+    extra.append("" if p["recompute"] == "none" else f"recompute={p['recompute']}{modules}")
+    if p.get("ep", 1) > 1:
+        extra.append("A2A-overlap" if p.get("moe_a2a_overlap") else "")
+        extra.append(f"{p.get('moe_dispatcher', 'flex')}-dispatch")
+    extra.append("FP8-attention" if p.get("fp8_attention") else "")
     return " ".join([label, *[e for e in extra if e]])

@@ -24,13 +24,16 @@ from suanli.cli.common import (
     user_errors,
 )
 from suanli.cli.jobs import (
+    A2aOverlapOpt,
     AutoBatchOpt,
     CpOpt,
     DenseLayersOpt,
+    DispatcherOpt,
     EpOpt,
     EtpOpt,
     ExpertsOpt,
     FfnOpt,
+    Fp8AttentionOpt,
     GatedOpt,
     HeadDimOpt,
     HeadsOpt,
@@ -49,6 +52,7 @@ from suanli.cli.jobs import (
     QkNopeOpt,
     QkRopeOpt,
     QLoraOpt,
+    RecomputeModulesOpt,
     RecomputeOpt,
     SeqLenOpt,
     SharedExpertsOpt,
@@ -173,6 +177,10 @@ def train(
     recompute: RecomputeOpt = None,
     ep: EpOpt = None,
     etp: EtpOpt = None,
+    moe_a2a_overlap: A2aOverlapOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    fp8_attention: Fp8AttentionOpt = False,
+    recompute_modules: RecomputeModulesOpt = None,
     price_per_gpu_hour: PriceOpt = None,
     tokens: TokensOpt = None,
     json_out: JsonOpt = False,
@@ -190,7 +198,10 @@ def train(
                    q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_dim=qk_nope_dim,
                    qk_rope_dim=qk_rope_dim, v_head_dim=v_head_dim, mtp_layers=mtp_layers,
                    head_dim=head_dim)  # fmt: skip
-        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute, ep=ep, etp=etp)
+        fixed = jobs.fixed_plan(job.precision, tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute,
+                                ep=ep, etp=etp, moe_a2a_overlap=moe_a2a_overlap, moe_dispatcher=moe_dispatcher,
+                                fp8_attention=fp8_attention, recompute_modules=recompute_modules)  # fmt: skip
+        jobs.check_moe_options(job, fixed)
         n_tokens = common.parse_count(tokens) if tokens is not None else None
         if price_per_gpu_hour is not None and price_per_gpu_hour < 0:
             fail("--price-per-gpu-hour must be >= 0")
@@ -294,6 +305,10 @@ def plan(
     recompute: RecomputeOpt = None,
     ep: EpOpt = None,
     etp: EtpOpt = None,
+    moe_a2a_overlap: A2aOverlapOpt = None,
+    moe_dispatcher: DispatcherOpt = None,
+    fp8_attention: Fp8AttentionOpt = False,
+    recompute_modules: RecomputeModulesOpt = None,
     top: Annotated[int, typer.Option("--top", help="How many plans to list.")] = 5,
     json_out: JsonOpt = False,
 ) -> None:
@@ -310,7 +325,10 @@ def plan(
                    q_lora_rank=q_lora_rank, kv_lora_rank=kv_lora_rank, qk_nope_dim=qk_nope_dim,
                    qk_rope_dim=qk_rope_dim, v_head_dim=v_head_dim, mtp_layers=mtp_layers,
                    head_dim=head_dim)  # fmt: skip
-        fixed = jobs.fixed_plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute, ep=ep, etp=etp)
+        fixed = jobs.fixed_plan(job.precision, tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=recompute,
+                                ep=ep, etp=etp, moe_a2a_overlap=moe_a2a_overlap, moe_dispatcher=moe_dispatcher,
+                                fp8_attention=fp8_attention, recompute_modules=recompute_modules)  # fmt: skip
+        jobs.check_moe_options(job, fixed)
         common.check_positive(top, "--top")
         results = search(job, system.placement, fixed, top=top)
     plans = [{"rank": i + 1, **r.as_dict()} for i, r in enumerate(results)]

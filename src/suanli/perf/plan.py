@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from numpy.typing import NDArray
 
 from suanli.catalog import GPUSpec
-from suanli.perf.training import GroupFn, Plan, PlanError, Recompute, TrainEstimate, TrainJob, precision_gap, step_time
+from suanli.perf.training import (
+    GroupFn,
+    Plan,
+    PlanError,
+    Recompute,
+    TrainEstimate,
+    TrainJob,
+    overlap_gap,
+    precision_gap,
+    step_time,
+)
 from suanli.topology.model import Cluster, CommGroup
 
 
@@ -56,9 +66,40 @@ def _divisors(n: int, cap: int) -> list[int]:
     return [d for d in (1, 2, 4, 8, 16, 32, 64) if d <= cap and n % d == 0]
 
 
+MOE_OPTIONS = ("moe_a2a_overlap", "moe_dispatcher", "fp8_attention", "recompute_modules")
+
+
+def with_moe_options(plan: Plan, domain: int, fixed: dict[str, object] | None = None) -> Plan | None:
+    """`plan` with the MoE and attention options a real Megatron run of it would choose, where `fixed` does not
+    set them; None when a fixed option cannot run on this plan.
+
+    * EP all-to-all overlap on wherever Megatron allows it (`overlap_gap`): it never lengthens a step here;
+    * the flex dispatcher (DeepEP / HybridEP) when the EP group spans NVLink domains (`domain` GPUs each), the
+      plain all-to-all inside one (the same cost there);
+    * BF16 attention and no selective recompute modules: FP8 attention changes the numerics (most FP8 recipes
+      leave it off), so only a caller turns it on."""
+    fixed = fixed or {}
+    overlap = fixed.get("moe_a2a_overlap")
+    if overlap is None:
+        overlap = overlap_gap(plan) is None
+    elif overlap and overlap_gap(plan) is not None:
+        return None
+    dispatcher = fixed.get("moe_dispatcher") or (
+        "flex" if plan.ep * plan.etp > domain or plan.ep <= 1 else "alltoall"  # (no dispatcher without EP)
+    )
+    return replace(
+        plan,
+        moe_a2a_overlap=bool(overlap),
+        moe_dispatcher=dispatcher,  # type: ignore[arg-type]
+        fp8_attention=bool(fixed.get("fp8_attention", False)),
+        recompute_modules=tuple(fixed.get("recompute_modules", ())),  # type: ignore[call-overload]
+    )
+
+
 def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, object] | None = None) -> Iterator[Plan]:
     """Every plan worth trying: TP inside one NVLink domain, PP over layers (Megatron's uneven splits
-    included), CP over the sequence, EP over the experts (MoE models)."""
+    included), CP over the sequence, EP over the experts (MoE models); each with the MoE options of
+    `with_moe_options`."""
     fixed = {k: v for k, v in (fixed or {}).items() if v is not None}
     a = job.arch
     tps = [fixed["tp"]] if "tp" in fixed else _divisors(n_gpus, min(domain, 8, a.heads))
@@ -68,6 +109,8 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
     zeros = [fixed["zero"]] if "zero" in fixed else [1, 3]
     # selective recompute costs what none costs with flash attention (no s x s scores to keep): not searched
     recs: list[Recompute] = [fixed["recompute"]] if "recompute" in fixed else ["none", "full"]  # type: ignore[list-item]
+    if fixed.get("recompute_modules") and "recompute" not in fixed:
+        recs = ["selective"]  # named modules are selective recompute
     etps = [fixed["etp"]] if "etp" in fixed else [1]
     for tp in tps:
         for pp in pps:
@@ -100,8 +143,11 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
                                     if stage % (ep * etp):
                                         continue
                                     for rec in recs:
-                                        yield Plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec,
-                                                   dp=dp, ep=ep, etp=etp)  # fmt: skip
+                                        plan = with_moe_options(
+                                            Plan(tp=tp, pp=pp, cp=cp, vp=vp, mbs=mbs, zero=zero, recompute=rec,
+                                                 dp=dp, ep=ep, etp=etp), domain, fixed)  # fmt: skip
+                                        if plan is not None:
+                                            yield plan
 
 
 def default_global_batch(n_gpus: int) -> int:

@@ -68,18 +68,22 @@ async def run(url: str, headers: dict[str, str], model: str, tokens: int, conc: 
         await one(client, url, headers, model, tokens)  # warm the connection pool
         queue = list(range(total))
         out: list[tuple[float, float, int]] = []
+        errors: list[str] = []
 
         async def worker() -> None:
             while queue:
                 queue.pop()
-                out.append(await one(client, url, headers, model, tokens))
+                try:
+                    out.append(await one(client, url, headers, model, tokens))
+                except httpx.HTTPError as e:  # counted and shown: a reset connection must not end the run
+                    errors.append(type(e).__name__)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(conc)))
         wall = time.perf_counter() - t0
     ttft, whole = [x[0] for x in out], [x[1] for x in out]
     return {"ttft50": pct(ttft, 50), "ttft99": pct(ttft, 99), "req50": pct(whole, 50), "req99": pct(whole, 99),
-            "tps": sum(x[2] for x in out) / wall, "n": len(out)}  # fmt: skip
+            "tps": sum(x[2] for x in out) / wall, "n": len(out), "errors": len(errors)}  # fmt: skip
 
 
 def cpu_s(pid: int) -> float:
@@ -125,8 +129,8 @@ def main() -> None:
                     f"one replica (fake runtime in a sandbox); 2-core host shared with the load generator"
                 )
                 print("| concurrency | mode | requests | TTFT p50 ms | TTFT p99 ms | request p50 ms | request p99 ms "
-                      "| tokens/s | server CPU ms per request |")  # fmt: skip
-                print("|---|---|---|---|---|---|---|---|---|")
+                      "| tokens/s | server CPU ms per request | failed requests |")  # fmt: skip
+                print("|---|---|---|---|---|---|---|---|---|---|")
                 summary = []
                 for conc in [int(x) for x in args.levels.split(",")]:
                     total = args.requests * (4 if conc >= 64 else 1)
@@ -141,7 +145,7 @@ def main() -> None:
                     for mode, r in res.items():
                         print(f"| {conc} | {mode} | {args.rounds} x {r['n']:.0f} | {r['ttft50'] * 1000:.1f} | "
                               f"{r['ttft99'] * 1000:.1f} | {r['req50'] * 1000:.1f} | {r['req99'] * 1000:.1f} | "
-                              f"{r['tps']:.0f} | {r['cpu'] * 1000:.2f} |")  # fmt: skip
+                              f"{r['tps']:.0f} | {r['cpu'] * 1000:.2f} | {r['errors']:.0f} |")  # fmt: skip
                     g, dd = res["gateway"], res["direct"]
                     summary.append((conc, (g["ttft50"] - dd["ttft50"]) * 1000, (g["ttft99"] - dd["ttft99"]) * 1000,
                                     (g["req50"] - dd["req50"]) * 1000, (g["req99"] - dd["req99"]) * 1000,

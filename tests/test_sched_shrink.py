@@ -140,3 +140,24 @@ def test_replays_with_the_knobs_finish_every_job_and_account_for_every_gpu_hour(
     allocated = r.utilization * r.makespan_s * 32 / 3600
     parts = (r.work_gpu_h, r.slowdown_gpu_h, r.elastic_gpu_h, r.preemption_gpu_h, r.failure_gpu_h, r.resize_gpu_h)
     assert sum(parts) == pytest.approx(allocated, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["default", "elastic"])
+def test_grown_jobs_give_back_once_a_cycle_with_the_knobs_off(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Review: the shrink-for-waiting-work list reused the name of the cycle's "grown jobs already shrunk" flag, so
+    with `elastic_shrink` off every preemption attempt reset it and `_shrink_grown` ran again for each later blocked
+    request (19,847 calls where the unchanged default made 2,537). It runs at most once per cycle."""
+    calls: dict[int, int] = {}
+    kept: list[object] = []  # each cycle's result, held so that no id is reused
+    original = Scheduler._shrink_grown
+
+    def counted(self: Scheduler, work: ClusterState, result: object, before: list[Allocation]) -> bool:
+        kept.append(result)
+        calls[id(result)] = calls.get(id(result), 0) + 1
+        return original(self, work, result, before)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Scheduler, "_shrink_grown", counted)
+    jobs = [j for j in synthetic_jobs(80, 3, elastic_fraction=0.6) if j.num_gpus <= 32]
+    simulate(jobs, load_preset("4x8:H100"), SimConfig(scheduler=SchedulerConfig(policy=policy), seed=3))
+    assert calls, "the replay blocked work while grown jobs ran"
+    assert max(calls.values()) == 1

@@ -112,14 +112,14 @@ class Scheduler:
             why = ""  # a placement made by preemption says what it evicted
             if placed.gpus is None and self.policy.preempt is not None and preempt_budget > 0 and not held_back:
                 preempt_budget -= 1
-                shrunk = self._shrink_for(work, req, k, ctx, result) if self.config.elastic_shrink else []
-                attempt = self._try(work, req, k) if shrunk else PlacementResult(None, "")
+                gave = self._shrink_for(work, req, k, ctx, result) if self.config.elastic_shrink else []
+                attempt = self._try(work, req, k) if gave else PlacementResult(None, "")
                 if attempt.gpus is not None:
-                    before.extend(shrunk)
-                    given = sum(a.gpu_count - work.allocations[a.id].gpu_count for a in shrunk)
+                    before.extend(gave)
+                    given = sum(a.gpu_count - work.allocations[a.id].gpu_count for a in gave)
                     why = f"shrank elastic work by {given} GPUs"
                 else:
-                    self._unshrink(work, result, shrunk)
+                    self._unshrink(work, result, gave)
                     attempt = self._preempt(work, req, k, ctx, result)
                     why = attempt.reason
                 if attempt.gpus is not None:

@@ -198,6 +198,8 @@ class _Engine:
         local = s.experts / lay.ep
         touched = local * (1.0 - (1.0 - s.top_k / s.experts) ** group_tokens)
         rows = group_tokens * s.top_k / lay.ep  # token-expert pairs this GPU computes
+        if rows <= 0 or touched <= 0:  # an iteration with no token for these experts (a finite run's last steps)
+            return 0.0, 0.0
         n_up = (2 if s.gated else 1) * s.expert_ffn / lay.etp
         n_down = s.hidden
         k_down = s.expert_ffn / lay.etp

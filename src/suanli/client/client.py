@@ -309,9 +309,10 @@ class Client(
         while True:
             page = self.request("GET", path, params={**params, **({"after": after} if after else {})})
             yield page
-            after = page.headers.get("X-Next-After")
-            if after is None:
+            nxt = page.headers.get("X-Next-After")
+            if not nxt or nxt == after:  # the last page (or a cursor that does not move: never loop on it)
                 return
+            after = nxt
 
     def usage_csv(
         self,

@@ -272,6 +272,7 @@ class Allocation(Base):
     __table_args__ = (
         Index("ix_allocations_open", "stopped_at", "metered_until_s"),
         Index("ix_allocations_workload", "workload"),
+        Index("ix_allocations_org_started", "org_id", "started_at", "id"),  # usage statement pages, newest first
         # Every submission sums its org's running rate: from this index alone, however long the history.
         Index(
             "ix_allocations_org_open",

@@ -41,7 +41,7 @@ def open_rates(s: Session, org_id: str) -> Decimal:
     return exact(total or ZERO)
 
 
-USAGE_PAGE, USAGE_MAX_PAGE = 1000, 10_000  # rows in a page of the usage statement: by default, and at most
+USAGE_PAGE = USAGE_MAX_PAGE = 10_000  # rows in a page of the usage statement (as many as before it was paged)
 
 
 @dataclass

@@ -280,3 +280,29 @@ def test_for_request_asks_the_core_what_the_simulator_asks_at_an_arrival() -> No
     # history lends a tenant others' run times, which is why the server keeps a history per org
     assert run_seconds(float("nan"), 10.0) is None and run_seconds(0.0, 10.0) is None
     assert run_seconds(-1.0, 10.0) is None and run_seconds(11.0, 10.0) == 10.0 and run_seconds(3.0, 10.0) == 3.0
+
+
+def test_cpu_only_jobs_specs_are_never_read_and_specs_come_a_batch_at_a_time(api: TestClient, monkeypatch: Any) -> None:
+    """Review: after a restart the first pass fetched the spec of every succeeded job before it dropped the ones that
+    held no GPU, so a flood of CPU-only jobs with specs near the 1 MiB body limit could make one pass hold gigabytes.
+    Jobs that held no GPU-second are skipped before their spec is read, and specs are read `SPEC_BATCH` at a time."""
+    from suanli.control.scheduling import history, placing
+
+    (a,) = _setup(api, "a@example.com")
+    _finished(api, a, [0.0] * 30, ended=utcnow() - timedelta(hours=3))  # CPU-only: no GPU-second held
+    _finished(api, a, [float(i + 1) for i in range(7)], ended=utcnow() - timedelta(hours=2))
+    asked: list[list[str]] = []
+    real = placing.specs_of
+
+    def spy(s: Any, ids: list[str]) -> Any:
+        asked.append(list(ids))
+        return real(s, ids)
+
+    monkeypatch.setattr(placing, "specs_of", spy)
+    monkeypatch.setattr(history, "SPEC_BATCH", 3)
+    sched = SchedulingPass(history=ServerHistory())
+    _submit(api, a, _spec("tick", 1))
+    sched.run(api.app.state.server.db, utcnow())  # type: ignore[attr-defined]
+    ended = [[i for i in batch if not i.startswith("wl_")] for batch in asked]  # (not the queued job's own spec)
+    assert sum(map(len, ended)) == 7 and max(map(len, ended)) <= 3, asked
+    assert sched.history.of(a.org_id).samples(a.org_id, None, 8) == tuple(float(x) for x in range(1, 8))

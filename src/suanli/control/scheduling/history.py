@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
@@ -34,6 +35,7 @@ from suanli.workloads.spec import WorkloadSpec
 
 LAG_S = 60.0  # a transaction that ends jobs at its `now` may commit after a pass read past that `now`, and the
 # watermark never goes back: what ended within this long of the pass waits for the next one
+SPEC_BATCH = 500  # specs parsed at a time: a spec may be up to the 1 MiB body limit
 BATCH_ROWS = 1000  # ended workloads one pass reads at most, of every org and state
 STARTUP_ROWS = 20_000  # the newest ended workloads the first pass reads (after a restart): enough to fill the core's
 # 64-sample windows of the active orgs, bounded however long the table's history is
@@ -79,7 +81,14 @@ class ServerHistory:
             self._mark = (rows[-1].finished_at, rows[-1].id)
         elif self._mark is None:
             self._mark = (upto, "")
-        done = [r for r in rows if r.kind == "job" and r.state == "succeeded"]
+        # only jobs that held GPUs: a flood of CPU-only jobs (specs up to the body limit each) is never read
+        done = [r for r in rows if r.kind == "job" and r.state == "succeeded" and (r.attained_gpu_s or 0.0) > 0.0]
+        n = 0
+        for i in range(0, len(done), SPEC_BATCH):  # specs are read and dropped a batch at a time
+            n += self._record(s, done[i : i + SPEC_BATCH], parsed)
+        return n
+
+    def _record(self, s: Session, done: list[Any], parsed: dict[str, WorkloadSpec]) -> int:
         unknown = [r.id for r in done if r.id not in parsed]
         raw = placing.specs_of(s, unknown) if unknown else {}
         n = 0

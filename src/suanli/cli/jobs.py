@@ -19,7 +19,7 @@ from suanli.perf import (
     search,
 )
 from suanli.perf.plan import with_moe_options
-from suanli.perf.training import LOW_PRECISION, RECOMPUTE_MODULES, TRAIN_PRECISIONS, overlap_gap
+from suanli.perf.train_plan import LOW_PRECISION, RECOMPUTE_MODULES, TRAIN_PRECISIONS, overlap_gap
 
 # ---- training jobs and plans ----------------------------------------------------------------------------
 PRECISIONS = TRAIN_PRECISIONS
@@ -234,12 +234,12 @@ def check_moe_options(job: TrainJob, fixed: dict[str, Any]) -> None:
         return
     if not job.arch.is_moe:
         fail(f"--moe-a2a-overlap needs a Mixture-of-Experts model ({job.arch.name} has no experts)")
-    if fixed.get("ep") == 1:
-        fail("--moe-a2a-overlap needs expert parallelism (--ep > 1)")
-    if fixed.get("recompute") == "full":
-        fail("--moe-a2a-overlap does not run with --recompute full (Megatron refuses it): use selective or none")
-    if fixed.get("pp", 1) > 1 and fixed.get("vp") == 1:
-        fail("--moe-a2a-overlap needs virtual pipeline stages (--vp > 1) when --pp > 1 (Megatron refuses it)")
+    pp = fixed.get("pp", 1)  # what the user did not fix, the search may still choose so that it runs
+    probe = Plan(
+        ep=fixed.get("ep", 2), recompute=fixed.get("recompute", "none"), pp=pp, vp=fixed.get("vp", 2 if pp > 1 else 1)
+    )
+    if gap := overlap_gap(probe):  # the core's rule, named by the flags that set it
+        fail(f"--moe-a2a-overlap {gap}: Megatron refuses it (see --ep, --recompute, --pp and --vp)")
 
 
 def _recompute_modules(text: str, recompute: str | None) -> tuple[str, ...]:

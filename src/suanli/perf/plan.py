@@ -9,7 +9,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from suanli.catalog import GPUSpec
-from suanli.perf.training import (
+from suanli.perf.train_plan import (
     GroupFn,
     Plan,
     PlanError,
@@ -18,8 +18,8 @@ from suanli.perf.training import (
     TrainJob,
     overlap_gap,
     precision_gap,
-    step_time,
 )
+from suanli.perf.training import step_time
 from suanli.topology.model import Cluster, CommGroup
 
 

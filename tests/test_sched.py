@@ -1214,7 +1214,11 @@ def _check_quota_sequence(old: ClusterState, result: CycleResult, placed_tenants
 @example(sc=SHRINK_THEN_ALL_PLACED)
 @example(sc=SHRINK_ONLY_WHAT_IS_NEEDED)
 def test_cycle_invariants(name: str, sc: Scenario) -> None:
-    cfg = SchedulerConfig(policy=name, quotas=QUOTAS, min_runtime_s=600.0)
+    _cycle_twice(name, sc)
+
+
+def _cycle_twice(name: str, sc: Scenario, **knobs: bool) -> None:
+    cfg = SchedulerConfig(policy=name, quotas=QUOTAS, min_runtime_s=600.0, **knobs)
     snap = snapshot_of(sc.state)
     result, new = Scheduler(cfg).cycle(sc.state, sc.queue, NOW)
     assert_same_state(sc.state, snap)
@@ -1232,15 +1236,7 @@ def test_cycle_invariants(name: str, sc: Scenario) -> None:
 @example(sc=SHRINK_ONLY_WHAT_IS_NEEDED)
 def test_cycle_invariants_with_the_las_knobs(name: str, sc: Scenario) -> None:
     """The same invariants with `elastic_shrink`, `grow_las`, `las_size_order` and `las_newer_only` on."""
-    knobs = {"elastic_shrink": True, "grow_las": True, "las_size_order": True, "las_newer_only": True}
-    cfg = SchedulerConfig(policy=name, quotas=QUOTAS, min_runtime_s=600.0, **knobs)
-    snap = snapshot_of(sc.state)
-    result, new = Scheduler(cfg).cycle(sc.state, sc.queue, NOW)
-    assert_same_state(sc.state, snap)
-    check_cycle(name, cfg, sc, result, new)
-    rest = [r for r in sc.queue if r.id not in placed_ids(result)]
-    result2, new2 = Scheduler(cfg).cycle(new, rest, NOW + 1.0)
-    check_cycle(name, cfg, Scenario(new, rest, sc.down_node), result2, new2, NOW + 1.0)
+    _cycle_twice(name, sc, elastic_shrink=True, grow_las=True, las_size_order=True, las_newer_only=True)
 
 
 @st.composite

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.control_plane import live_server, signup
+from tests.control_plane import join, live_server, signup
 
 API = "/api/v1"
 BODY = 32 << 20  # what the request says it will send: never sent
@@ -56,6 +56,10 @@ def test_an_upload_for_someone_elses_org_is_refused_before_its_body(tmp_path: Pa
         assert answer.startswith("HTTP/1.1 404"), answer
         answer = _answer_before_the_body(srv.url, "not-a-token", victim.org_id)
         assert answer.startswith("HTTP/1.1 401"), answer
+        team = api.post(f"{API}/orgs", json={"name": "lab"}, headers=victim.headers).json()["id"]
+        join(api, victim, team, stranger, role="viewer")  # a viewer may not fill the team's storage
+        answer = _answer_before_the_body(srv.url, token, team)
+        assert answer.startswith("HTTP/1.1 403"), answer
 
 
 def test_an_upload_for_an_org_with_no_room_left_is_refused_before_its_body(tmp_path: Path) -> None:

@@ -62,6 +62,9 @@ def test_usage_is_paged_newest_first_and_a_foreign_cursor_is_refused(api: TestCl
     other = signup(api, "other@example.com")
     r = api.get(f"{API}/orgs/{other.org_id}/usage", params={"after": whole[0]["allocation"]}, headers=other.headers)
     assert r.status_code == 422 and "after" in r.json()["detail"], r.text
+    for bad in ("x" * 65, "' OR 1=1 --", "../al_x", "%00"):  # malformed cursors: a 422 naming after, never a 500
+        r = api.get(url, params={"after": bad}, headers=c.tenant.headers)
+        assert r.status_code == 422 and "after" in r.text, (bad, r.text)
     sdk = Client("http://testserver", token=c.tenant.token, transport=InProcess(api))
     assert sdk.usage(page_size=2) == whole, "the SDK follows the pages to the last"
     assert sdk.usage_csv(page_size=2) == api.get(url, params={"format": "csv"}, headers=c.tenant.headers).text

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from suanli.sched import ClusterState, Request, Scheduler, SchedulerConfig, cluster_host
-from suanli.sched.estimates import RuntimeHistory
+from suanli.sched.estimates import RuntimeHistory, for_request
 from suanli.sched.scaling import ScalingModel
 from suanli.sched.types import FULL, ModelHint
 from suanli.sim.metrics import JobRecord, MetricsRecorder, SimResult
@@ -153,8 +153,9 @@ class Simulation:
                 if kind == ARRIVAL:
                     if self.history is not None:
                         j = self.jobs[a]
-                        est = self.history.estimate(j.tenant, j.model, j.num_gpus)
-                        samples = self.history.samples(j.tenant, j.model, j.num_gpus) if self.config.est_samples else ()
+                        est, samples = for_request(  # what the server asks of its orgs' histories, too
+                            self.history, j.tenant, j.model, j.num_gpus, with_samples=self.config.est_samples
+                        )
                         self.requests[a] = replace(self.requests[a], est_runtime=est, est_samples=samples)
                     self.queue[a] = self.requests[a]
                     changed = True

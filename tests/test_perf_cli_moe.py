@@ -42,6 +42,7 @@ def test_overlap_flag_is_refused_where_megatron_refuses_it() -> None:
     assert "--moe-a2a-overlap" in _refused("perf", "train", *QWEN, "--ep", "1", "--moe-a2a-overlap")
     dense = ["--model", "llama3.1-8b", *H100_2x8]
     assert "--moe-a2a-overlap" in _refused("perf", "plan", *dense, "--moe-a2a-overlap")
+    assert "--moe-dispatcher" in _refused("perf", "plan", *dense, "--moe-dispatcher", "flex")  # (it was ignored)
     pipelined = [*QWEN, "--tp", "1", "--pp", "2", "--cp", "1", "--ep", "8", "--moe-a2a-overlap"]
     err = _refused("perf", "train", *pipelined)
     assert "--moe-a2a-overlap" in err and "vp" in err

@@ -229,11 +229,14 @@ def fixed_plan(precision: str = "bf16", **plan: Any) -> dict[str, Any]:
 
 
 def check_moe_options(job: TrainJob, fixed: dict[str, Any]) -> None:
-    """Refuse a forced EP all-to-all overlap no plan of this job can run, naming the flags (not 'no plan')."""
+    """Refuse MoE options a dense model has no use for, and a forced EP all-to-all overlap no plan of this job can
+    run, naming the flags (not 'no plan')."""
+    if not job.arch.is_moe:
+        for flag, key in (("--moe-a2a-overlap", "moe_a2a_overlap"), ("--moe-dispatcher", "moe_dispatcher")):
+            if fixed.get(key):
+                fail(f"{flag} needs a Mixture-of-Experts model ({job.arch.name} has no experts)")
     if not fixed.get("moe_a2a_overlap"):
         return
-    if not job.arch.is_moe:
-        fail(f"--moe-a2a-overlap needs a Mixture-of-Experts model ({job.arch.name} has no experts)")
     pp = fixed.get("pp", 1)  # what the user did not fix, the search may still choose so that it runs
     probe = Plan(
         ep=fixed.get("ep", 2), recompute=fixed.get("recompute", "none"), pp=pp, vp=fixed.get("vp", 2 if pp > 1 else 1)

@@ -5,8 +5,9 @@ Usage: python benchmarks/volumes.py [--size-mib 1024] [--files 10000] [--file-ki
 
 A real `suanli server` (SQLite) on this host; a tenant's volume on the local backend (the server's disk). For a
 `--size-mib` file of random bytes and a tree of `--files` files of `--file-kib` KiB: `suanli volumes cp` into the
-volume and back out (the SDK's `volume_upload`/`volume_download`, as the CLI runs them: sha256 checked both ways;
-a tree as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. With
+volume and back out (the SDK's `volume_upload`/`volume_download`, as the CLI runs them on the server's host: the
+open files passed over the same-host socket; and over HTTP, as from another host: sha256 checked both ways, a tree
+as one tar stream) next to `cp` / `cp -r` of the same data between two directories of the same disk. With
 moto and s3fs installed (and not `--no-s3`), the same into a volume on the S3 backend (a moto S3 server on this
 host: the copy lands in the working copy and is pushed to the bucket before the call returns) next to s3fs's own
 `put`/`get` of the same data (a copy out of an S3 volume reads the server's working copy); the large file there is
@@ -48,6 +49,26 @@ def median_time(fn: Callable[[], object], runs: int, before: Callable[[], object
         fn()
         out.append(time.perf_counter() - t)
     return statistics.median(out)
+
+
+def rounds(fns: dict[str, Callable[[], object]], runs: int, before: Callable[[], object]) -> dict[str, float]:
+    """Median seconds of each way, taken in turns (one of each per round, so a busy minute hits all alike), each
+    from the same start: `before` clears the destination and the page cache's dirty data is written back first
+    (a copy of 1 GiB otherwise pays for the writeback of the one before it)."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(runs):
+        for k, fn in fns.items():
+            before()
+            os.sync()
+            t = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def clear(*paths: Path) -> None:
+    for o in paths:
+        shutil.rmtree(o, ignore_errors=True) if o.is_dir() else o.unlink(missing_ok=True)
 
 
 def tree_bytes(top: Path) -> int:
@@ -107,29 +128,30 @@ def main() -> None:
                         (f"{args.files} files of {args.file_kib} KiB", tree, tree_size, True))  # fmt: skip
 
             def plain(src: Path, dst: Path, recursive: bool) -> None:
-                shutil.rmtree(dst, ignore_errors=True) if recursive else dst.unlink(missing_ok=True)
                 subprocess.run(
                     ["cp", "-r", str(src), str(dst)] if recursive else ["cp", str(src), str(dst)], check=True
                 )
 
             for label, src, nbytes, recursive in datasets:
                 name = src.name
-                t_cp_in = median_time(lambda s=src, r=recursive: plain(s, tmp / f"plain-{s.name}", r), args.runs)
-                t_in = median_time(lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False), args.runs)
-                out = tmp / f"out-{name}"
-                t_cp_out = median_time(
-                    lambda n=name, r=recursive: plain(data / n, tmp / f"plain-out-{n}", r), args.runs
-                )
+                into, out = tmp / f"plain-{name}", tmp / f"out-{name}"
 
-                def clear(o: Path = out) -> None:
-                    shutil.rmtree(o, ignore_errors=True) if o.is_dir() else o.unlink(missing_ok=True)
-
-                t_out = median_time(lambda n=name, o=out: c.volume_download("bench", n, o), args.runs, before=clear)
+                t_in = rounds({
+                    "cp": lambda s=src, d=into, r=recursive: plain(s, d, r),
+                    "same-host": lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False),
+                    "http": lambda s=src, n=name: c.volume_upload("bench", s, n, resume=False, same_host=False),
+                }, args.runs, before=lambda d=into, n=name: clear(d, data / n))  # fmt: skip
+                t_out = rounds({
+                    "cp": lambda n=name, o=out, r=recursive: plain(data / n, o, r),
+                    "same-host": lambda n=name, o=out: c.volume_download("bench", n, o),
+                    "http": lambda n=name, o=out: c.volume_download("bench", n, o, same_host=False),
+                }, args.runs, before=lambda o=out: clear(o))  # fmt: skip
                 mb = nbytes / 1e6
-                rows.append(("local", label, "in", "cp", mb / t_cp_in, mb / t_in))
-                rows.append(("local", label, "out", "cp", mb / t_cp_out, mb / t_out))
+                for d, t in (("in", t_in), ("out", t_out)):
+                    rows.append(("local", label, d, "cp", mb / t["cp"], mb / t["same-host"], mb / t["http"]))
             if s3 is not None:
-                c.volume_create("bench-s3", f"{2 * args.size_mib + 1024}Mi", backend="s3")
+                vol_s3 = c.volume_create("bench-s3", f"{2 * args.size_mib + 1024}Mi", backend="s3")
+                data_s3 = srv.home / "volumes" / vol_s3.org_id / "vols" / vol_s3.id / "data"
                 fs = s3.filesystem()
                 s3_big = tmp / "s3big.bin"
                 with open(big, "rb") as f, open(s3_big, "wb") as out:
@@ -138,28 +160,32 @@ def main() -> None:
                 for label, src, nbytes, recursive in s3_data:
                     name = src.name
                     mb = nbytes / 1e6
-                    t_put = median_time(lambda s_=src, n=name, r=recursive: fs.put(str(s_), f"bench/plain/{n}",
-                                                                                 recursive=r), args.runs)  # fmt: skip
-                    t_in = median_time(lambda s_=src, n=name: c.volume_upload("bench-s3", s_, n, resume=False),
-                                       args.runs)  # fmt: skip
                     out = tmp / f"s3-out-{name}"
-                    plain_out = tmp / f"s3-plain-out-{name}"
-
-                    def clear2(o: Path = out, q: Path = plain_out) -> None:
-                        for x in (o, q):
-                            shutil.rmtree(x, ignore_errors=True) if x.is_dir() else x.unlink(missing_ok=True)
-
-                    t_get = median_time(lambda n=name, q=plain_out, r=recursive: fs.get(f"bench/plain/{n}", str(q),
-                                                                                      recursive=r), args.runs, before=clear2)  # fmt: skip
-                    t_out = median_time(lambda n=name, o=out: c.volume_download("bench-s3", n, o), args.runs,
-                                        before=clear2)  # fmt: skip
-                    rows.append(("s3 (moto)", label, "in", "s3fs put", mb / t_put, mb / t_in))
-                    rows.append(("s3 (moto)", label, "out", "s3fs get", mb / t_get, mb / t_out))
-            print(f"\n### Copy throughput (MB/s, medians of {args.runs}; sha256 checked)\n")
-            print("| backend | data | direction | baseline | baseline MB/s | suanli volumes cp MB/s | ratio |")
-            print("|---|---|---|---|---|---|---|")
-            for backend, label, d, base, a, b in rows:
-                print(f"| {backend} | {label} | {d} | {base} | {a:,.1f} | {b:,.1f} | {b / a:.2f}x |")
+                    t_in = rounds({
+                        "put": lambda s_=src, n=name, r=recursive: fs.put(str(s_), f"bench/plain/{n}", recursive=r),
+                        "same-host": lambda s_=src, n=name: c.volume_upload("bench-s3", s_, n, resume=False),
+                        "http": lambda s_=src, n=name: c.volume_upload("bench-s3", s_, n, resume=False,
+                                                                       same_host=False),
+                    }, args.runs, before=lambda n=name: clear(data_s3 / n))  # fmt: skip
+                    t_out = rounds({
+                        "get": lambda n=name, o=out, r=recursive: fs.get(f"bench/plain/{n}", str(o), recursive=r),
+                        "same-host": lambda n=name, o=out: c.volume_download("bench-s3", n, o),
+                        "http": lambda n=name, o=out: c.volume_download("bench-s3", n, o, same_host=False),
+                    }, args.runs, before=lambda o=out: clear(o))  # fmt: skip
+                    rows.append(("s3 (moto)", label, "in", "s3fs put", mb / t_in["put"], mb / t_in["same-host"],
+                                 mb / t_in["http"]))  # fmt: skip
+                    rows.append(("s3 (moto)", label, "out", "s3fs get", mb / t_out["get"], mb / t_out["same-host"],
+                                 mb / t_out["http"]))  # fmt: skip
+            print(f"\n### Copy throughput (MB/s, medians of {args.runs})\n")
+            print("`cp` as the CLI runs it on the server's host (same-host: open files passed, copied in the kernel) "
+                  "and over HTTP (`same_host=False`, as from another host: sha256 checked both ways).\n")  # fmt: skip
+            print(
+                "| backend | data | direction | baseline | baseline MB/s | same-host MB/s | ratio | HTTP MB/s | ratio |"
+            )
+            print("|---|---|---|---|---|---|---|---|---|")
+            for backend, label, d, base, a, b, h in rows:
+                print(f"| {backend} | {label} | {d} | {base} | {a:,.1f} | {b:,.1f} | {b / a:.2f}x | {h:,.1f} | "
+                      f"{h / a:.2f}x |")  # fmt: skip
 
             t0 = time.perf_counter()
             first = c.volume_snapshot("bench", "first")

@@ -1,5 +1,6 @@
-"""The SDK and the CLI move files in and out of a volume of a real server process (both databases): a file resumes
-after a break and is checked, a directory goes in and comes back the same, versions through the CLI."""
+"""The SDK and the CLI move files in and out of a volume of a real server process (both databases): over HTTP a
+file resumes after a break and is checked, a directory goes in and comes back the same; versions through the CLI
+(whose copies take the same-host path unless `--http`; `test_volumes_local_copy` tests that path)."""
 
 from __future__ import annotations
 
@@ -44,22 +45,22 @@ def test_sdk_resumes_a_file_checks_it_and_copies_trees(server, tmp_path: Path) -
     part = vio.partial_path(store.paths(srv.home / "volumes", vol.org_id, vol.id), "blob.bin")
     part.write_bytes(blob[: 1 << 20])
     seen: list[int] = []
-    out = c.volume_upload("data", src, "blob.bin", progress=seen.append)
+    out = c.volume_upload("data", src, "blob.bin", progress=seen.append, same_host=False)  # HTTP, as from afar
     assert out.resumed_from == 1 << 20 and sum(seen) == len(blob)
     back = tmp_path / "back.bin"
     (tmp_path / "back.bin.suanli-part").write_bytes(blob[:12345])  # an interrupted download resumes too
-    got = c.volume_download("data", "blob.bin", back)
+    got = c.volume_download("data", "blob.bin", back, same_host=False)
     assert back.read_bytes() == blob and got.resumed_from == 12345
     (tmp_path / "back.bin.suanli-part").write_bytes(b"garbage!")  # a corrupt partial copy is caught by sha256
     with pytest.raises(ApiError, match="hashes to"):
-        c.volume_download("data", "blob.bin", tmp_path / "back.bin")
+        c.volume_download("data", "blob.bin", tmp_path / "back.bin", same_host=False)
     tree = tmp_path / "tree"
     for i in range(30):
         (tree / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
         (tree / f"d{i % 3}" / f"f{i}.txt").write_text(f"file {i}")
-    c.volume_upload("data", tree, "tree")
+    assert c.volume_upload("data", tree, "tree", same_host=False).via == "http"
     assert sorted(e.name for e in c.volume_ls("data", "tree")) == ["d0", "d1", "d2"]
-    c.volume_download("data", "tree", tmp_path / "out")
+    assert c.volume_download("data", "tree", tmp_path / "out", same_host=False).via == "http"
     for p in tree.rglob("*.txt"):
         assert (tmp_path / "out" / p.relative_to(tree)).read_text() == p.read_text()
 
@@ -73,7 +74,7 @@ def test_cli_create_cp_snapshot_versions_diff_restore_clone_rm(server, tmp_path:
     invoke(["volumes", "cp", str(f), "vol:data/x/a.txt"])
     invoke(["volumes", "snapshot", "data", "-m", "first"])
     f.write_text("two")
-    invoke(["volumes", "cp", str(f), "data:x/a.txt"])
+    assert "same host" not in invoke(["volumes", "cp", str(f), "data:x/a.txt", "--http"]).stdout
     invoke(["volumes", "snapshot", "data", "-m", "second"])
     rows = json.loads(invoke(["volumes", "versions", "data", "--json"]).stdout)
     assert [r["message"] for r in rows] == ["first", "second"]
@@ -81,7 +82,7 @@ def test_cli_create_cp_snapshot_versions_diff_restore_clone_rm(server, tmp_path:
     assert d == {"added": [], "removed": [], "changed": ["x/a.txt"]}
     assert "a.txt" in invoke(["volumes", "ls", "vol:data/x"]).stdout
     invoke(["volumes", "restore", "data@1"])
-    invoke(["volumes", "cp", "vol:data/x/a.txt", str(tmp_path / "got.txt")])
+    assert "same host" in invoke(["volumes", "cp", "vol:data/x/a.txt", str(tmp_path / "got.txt")]).stdout
     assert (tmp_path / "got.txt").read_text() == "one"
     invoke(["volumes", "clone", "data@2", "exp"])
     invoke(["volumes", "cp", "vol:exp/x/a.txt", str(tmp_path / "exp.txt")])

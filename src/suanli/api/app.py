@@ -260,6 +260,10 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
             gateway = GatewayProcess(settings)
             gateway.start()
         app.state.background = background
+        if settings.local_copy:
+            from suanli.api.local_copy import LocalCopyServer
+
+            app.state.local_copy = LocalCopyServer(srv)
         try:
             yield
         finally:
@@ -267,6 +271,8 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
                 await app.state.proxy.aclose()
             if getattr(app.state, "gateway", None) is not None:
                 await app.state.gateway.aclose()
+            if getattr(app.state, "local_copy", None) is not None:
+                app.state.local_copy.close()
             if gateway:
                 gateway.stop()
             if background:

@@ -158,9 +158,14 @@ def cp(
     org: OrgOpt = None,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
+    http: Annotated[
+        bool, typer.Option("--http", help="Copy over HTTP even on the server's own host (no same-host copy).")
+    ] = False,
 ) -> None:
-    """Copy a file or a directory into a volume or out of one, with a progress bar. A file resumes after a break
-    (run the same command again) and its sha256 is checked; a directory travels as one checked tar stream."""
+    """Copy a file or a directory into a volume or out of one, with a progress bar. Over HTTP a file resumes after
+    a break (run the same command again) and its sha256 is checked; a directory travels as one checked tar stream.
+    On the server's own host (a loopback server address) the open files are passed to the server instead, which
+    copies them in the kernel as `cp` does."""
     from suanli.cli.malloc import tune_for_streams
 
     a, b = remote(src), remote(dst)
@@ -179,7 +184,8 @@ def cp(
             )
             path = b[1] if b[1] and not b[1].endswith("/") else b[1] + local.name if not local.is_dir() else b[1]
             task = bar.add_task(f"{src} → vol:{b[0]}/{path}", total=total)
-            out = c.volume_upload(b[0], local, path, org, progress=lambda n: bar.advance(task, n))
+            out = c.volume_upload(b[0], local, path, org, progress=lambda n: bar.advance(task, n),
+                                  same_host=False if http else None)  # fmt: skip
         else:
             assert a is not None
             stat = c.volume_stat(a[0], a[1], org)
@@ -187,11 +193,13 @@ def cp(
             if local.is_dir() and stat["kind"] == "file":
                 local = local / Path(a[1]).name
             task = bar.add_task(f"vol:{a[0]}/{a[1]} → {local}", total=stat["size"] or None)
-            out = c.volume_download(a[0], a[1], local, org, progress=lambda n: bar.advance(task, n))
+            out = c.volume_download(a[0], a[1], local, org, progress=lambda n: bar.advance(task, n),
+                                    same_host=False if http else None)  # fmt: skip
     if json_out:
         emit_json(jsonable(out))
         return
     note = f", resumed from byte {out.resumed_from}" if out.resumed_from else ""
+    note += " (same host: a kernel copy)" if out.via == "same-host" else ""
     console.print(
         f"copied {out.files} file(s), {out.bytes} bytes{note}" + (f"; sha256 {out.sha256}" if out.sha256 else "")
     )

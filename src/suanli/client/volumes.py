@@ -74,8 +74,9 @@ class Copied:
     path: str
     bytes: int
     files: int
-    sha256: str
+    sha256: str  # "" for a same-host copy (a kernel copy: no byte crossed a network) and for a tree out
     resumed_from: int = 0
+    via: str = "http"  # or "same-host": open files passed to the server over its Unix socket
 
 
 @dataclass(frozen=True)
@@ -267,12 +268,58 @@ class VolumeCalls:
             raise _error(r)
         return r
 
+    def _same_host(self, same_host: bool | None) -> Any:
+        """The server's same-host copy channel when this process may use it (`same_host` None: when the server's
+        address is a loopback one and the server offers it; True: required; False: never)."""
+        from suanli.client import ApiError
+        from suanli.client import local_copy as lc
+
+        if same_host is False or (same_host is None and not lc.is_loopback(self.server)) or not self.token:
+            return None
+        cached = self.__dict__.get("_local_copy")
+        if cached is None:
+            try:
+                got = self.call("GET", "/storage/local-copy")
+                cached = lc.Channel(str(got["socket"]), int(got["pid"]), int(got["uid"]), self.token)
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                cached = False
+            self.__dict__["_local_copy"] = cached
+        if cached is False and same_host:
+            raise ApiError(404, "this server offers no same-host copies (local_copy is off)")
+        return cached or None
+
+    def _copy_same_host(self, same_host: bool | None, fn: Callable[..., dict[str, Any]], *args: Any) -> Copied | None:
+        """The copy through the same-host channel; None where there is none, or the server is busy (then HTTP)."""
+        from suanli.client import ApiError
+        from suanli.client import local_copy as lc
+
+        chan = self._same_host(same_host)
+        if chan is None:
+            return None
+        try:
+            out = fn(chan, *args)
+        except lc.Busy as e:
+            if same_host:
+                raise ApiError(503, f"no same-host copy: {e}") from None
+            return None
+        return Copied(str(out["path"]), int(out["bytes"]), int(out["files"]), "", 0, "same-host")
+
     def volume_upload(self, ref: str, local: str | Path, path: str, org: str | None = None,
-                      progress: Progress | None = None, resume: bool = True) -> Copied:  # fmt: skip
+                      progress: Progress | None = None, resume: bool = True,
+                      same_host: bool | None = None) -> Copied:  # fmt: skip
         """Copy a local file (or directory: one tar stream, its sha256 checked before anything is moved in) to
         `path` in the volume. A file resumes where an interrupted upload of the same path stopped; its sha256 is
-        checked before it replaces anything."""
+        checked before it replaces anything. On the server's own host (`same_host`, see `_same_host`) the open
+        files are passed to the server instead, which copies them in the kernel as `cp` would."""
+        from suanli.client import local_copy as lc
+
         src = Path(local)
+        fast = self._copy_same_host(same_host, lc.put_tree if src.is_dir() else lc.put_file, ref, org, path, src,
+                                    progress)  # fmt: skip
+        if fast is not None:
+            return fast
         if src.is_dir():
             digest = hashlib.sha256()
             for chunk in tar_stream(src):
@@ -301,12 +348,20 @@ class VolumeCalls:
         return load(Copied, {**r, "resumed_from": offset})
 
     def volume_download(self, ref: str, path: str, local: str | Path, org: str | None = None,
-                        progress: Progress | None = None) -> Copied:  # fmt: skip
+                        progress: Progress | None = None, same_host: bool | None = None) -> Copied:  # fmt: skip
         """Copy a file (or a directory, as a tar unpacked here) of the volume to `local`. A file is written to
         `local` + ".suanli-part" first, resumed from its size after a break, hashed as it arrives, and its sha256
-        checked against the server's (asked for at the same time) before it takes `local`'s name."""
+        checked against the server's (asked for at the same time) before it takes `local`'s name. On the server's
+        own host the files are created here and passed to the server, which fills them in the kernel."""
+        from suanli.client import local_copy as lc
+
         info = self.volume_stat(ref, path, org)
         dest = Path(local)
+        if info["kind"] in ("dir", "file"):
+            fast = self._copy_same_host(same_host, lc.get_tree if info["kind"] == "dir" else lc.get_file, ref, org,
+                                        path, dest, progress)  # fmt: skip
+            if fast is not None:
+                return fast
         if info["kind"] == "dir":
             dest.mkdir(parents=True, exist_ok=True)
             with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/tree", params=_q(org, path=path),

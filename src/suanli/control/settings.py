@@ -57,6 +57,10 @@ class Settings(BaseModel):
                                       description="most bytes one org's volumes may have allocated, all together")  # fmt: skip
     endpoints_per_org: int = Field(20, ge=0, le=10_000, description="most endpoints one org may have")
     volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")
+    local_copy: bool = Field(
+        True, description="same-host copies: a tenant's `volumes cp` on the server's own host passes open files over "
+        "a Unix socket and the server copies them in the kernel (off: every copy goes through HTTP)",
+    )  # fmt: skip
     volume_s3_bucket: str | None = Field(None, max_length=63, description="S3 volume backend: the bucket (unset: none)")
     volume_s3_prefix: str = Field("", max_length=200, description="S3 volume backend: keys start with this")
     volume_s3_endpoint: str | None = Field(None, max_length=500, description="S3 volume backend: endpoint URL")

@@ -74,9 +74,10 @@ def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
     return digest, size, replaced
 
 
-def _place(p: Paths, rel: str, digest: str) -> int:
+def _place(p: Paths, rel: str, digest: str | None) -> int:
     """Move a whole, checked partial copy to `rel` in the tree; remember its hash (for reads, while it is
-    unchanged). Returns the bytes of the file it replaced."""
+    unchanged; none is known for a same-host copy, which forgets any older one). Returns the bytes of the file it
+    replaced."""
     src = partial_path(p, rel)
     parts = _split(rel)
     if p.owner is not None:
@@ -95,6 +96,9 @@ def _place(p: Paths, rel: str, digest: str) -> int:
             os.replace(src.name, parts[-1], src_dir_fd=pfd, dst_dir_fd=dfd)
         finally:
             os.close(pfd)
+        if digest is None:
+            _sum_path(p, rel).unlink(missing_ok=True)
+            return replaced
         with contextlib.suppress(OSError):
             st = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
             sums = p.root / SUMS

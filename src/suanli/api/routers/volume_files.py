@@ -8,6 +8,7 @@
 - `GET /volumes/{volume}/files?path=P` (with `Range: bytes=N-` to resume), `GET …/stat?path=P` (size and sha256).
 - `PUT /volumes/{volume}/tree?path=D&sha256=H`: a plain tar stream merged into directory D (its hash checked before
   anything is moved in); `GET …/tree?path=D` streams D as a plain tar. `GET …/ls?path=D`, `DELETE …/files?path=P`.
+- `GET /storage/local-copy`: where a client on the server's own host passes open files instead (`api.local_copy`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from suanli.api.deps import Auth
 from suanli.api.routers.volumes import OrgQ, Ref
 from suanli.api.schemas import Out
-from suanli.control.errors import Invalid
+from suanli.control.errors import Invalid, NotFound
 from suanli.control.storage import volume_files as files
 from suanli.control.storage import volumes
 from suanli.storage import volume_io as vio
@@ -66,6 +67,23 @@ class EntryOut(Out):
     kind: str
     size: int
     mtime_ns: int
+
+
+class LocalCopyOut(Out):
+    socket: str = Field(description="the Unix socket (abstract namespace: '@' then its name)")
+    pid: int = Field(description="the server process behind it: a client checks the socket's peer is this one")
+    uid: int
+
+
+@router.get("/storage/local-copy", responses={404: {"description": "this server copies over HTTP only"}})
+async def local_copy(request: Request, ctx: Auth) -> LocalCopyOut:
+    """Where a client on this server's own host can pass open files instead of streaming them (`suanli volumes
+    cp` uses it by itself when the server's address is a loopback one); 404 where the operator turned it off."""
+    del ctx  # announced to authenticated callers only
+    lc = getattr(request.app.state, "local_copy", None)
+    if lc is None:
+        raise NotFound("this server copies over HTTP only (local_copy is off)")
+    return LocalCopyOut(**lc.info())
 
 
 def _lim(ctx: Auth) -> volumes.Limits:

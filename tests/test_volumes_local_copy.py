@@ -303,3 +303,18 @@ def test_a_server_with_same_host_copies_off_says_404_and_copies_go_over_http(tmp
             assert c.volume_upload("v", tmp_path / "f", "f").via == "http"
             with pytest.raises(ApiError):
                 c.volume_upload("v", tmp_path / "f", "g", same_host=True)
+
+
+def test_verify_compares_both_sides_hashes_after_a_same_host_copy(srv: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    _, c, _ = srv
+    f = tmp_path / "v.bin"
+    f.write_bytes(os.urandom(1 << 20))
+    up = c.volume_upload("v", f, "verified.bin", verify=True)
+    assert (up.via, up.sha256) == ("same-host", sha(f))
+    down = c.volume_download("v", "verified.bin", tmp_path / "back", verify=True)
+    assert (down.via, down.sha256) == ("same-host", sha(f))
+    assert c.volume_upload("v", f, "unverified.bin").sha256 == ""  # no hash unless asked
+    real = c.volume_stat
+    monkeypatch.setattr(c, "volume_stat", lambda *a, **k: {**real(*a, **k), "sha256": "0" * 64})
+    with pytest.raises(ApiError, match="hashes to"):  # a disagreement is an error, not a silent pass
+        c.volume_upload("v", f, "verified.bin", verify=True)

@@ -161,6 +161,9 @@ def cp(
     http: Annotated[
         bool, typer.Option("--http", help="Copy over HTTP even on the server's own host (no same-host copy).")
     ] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="After a same-host copy of a file, compare its sha256 on both sides.")
+    ] = False,
 ) -> None:
     """Copy a file or a directory into a volume or out of one, with a progress bar. Over HTTP a file resumes after
     a break (run the same command again) and its sha256 is checked; a directory travels as one checked tar stream.
@@ -185,7 +188,7 @@ def cp(
             path = b[1] if b[1] and not b[1].endswith("/") else b[1] + local.name if not local.is_dir() else b[1]
             task = bar.add_task(f"{src} → vol:{b[0]}/{path}", total=total)
             out = c.volume_upload(b[0], local, path, org, progress=lambda n: bar.advance(task, n),
-                                  same_host=False if http else None)  # fmt: skip
+                                  same_host=False if http else None, verify=verify)  # fmt: skip
         else:
             assert a is not None
             stat = c.volume_stat(a[0], a[1], org)
@@ -194,7 +197,7 @@ def cp(
                 local = local / Path(a[1]).name
             task = bar.add_task(f"vol:{a[0]}/{a[1]} → {local}", total=stat["size"] or None)
             out = c.volume_download(a[0], a[1], local, org, progress=lambda n: bar.advance(task, n),
-                                    same_host=False if http else None)  # fmt: skip
+                                    same_host=False if http else None, verify=verify)  # fmt: skip
     if json_out:
         emit_json(jsonable(out))
         return

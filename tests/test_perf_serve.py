@@ -43,6 +43,7 @@ BASE = ["perf", "serve", "--model", "llama3.1-8b", "--input-len", "512", "--outp
         (["--rate", "inf"], "--rate"),
         (["--rate", "0"], "--rate"),
         (["--rate", "-3"], "--rate"),
+        (["--rate", "1e-300"], "--rate"),  # a request every 10^292 years: refused, not estimated
         (["--concurrency", "0"], "--concurrency"),
         (["--concurrency", "10000000000"], "--concurrency"),
         (["--requests", "0"], "--requests"),
@@ -94,6 +95,7 @@ def test_serve_plan_flags_are_bounded() -> None:
         (["--slo-ttft-ms", "nan", "--slo-itl-ms", "50", "--rps", "1"], "--slo-ttft-ms"),
         (["--slo-ttft-ms", "500", "--slo-itl-ms", "0", "--rps", "1"], "--slo-itl-ms"),
         (["--slo-ttft-ms", "500", "--slo-itl-ms", "50", "--rps", "-1"], "--rps"),
+        (["--slo-ttft-ms", "500", "--slo-itl-ms", "50", "--rps", "1e-9"], "--rps"),
         (["--slo-ttft-ms", "500", "--slo-itl-ms", "50", "--rps", "1", "--max-gpus-per-replica", "0"], "--max-gpus"),
         (["--slo-ttft-ms", "500", "--slo-itl-ms", "50", "--rps", "1", "--precision", "fp2"], "--precision"),
     ):

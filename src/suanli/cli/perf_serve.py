@@ -34,6 +34,7 @@ MAX_GPUS = 100_000
 MAX_LEN = 1 << 20  # tokens of prompt or output
 MAX_CONCURRENCY = 1_000_000
 MAX_RATE = 1e6  # requests/s
+MIN_RATE = 1e-6  # requests/s: one in about 12 days (below it the estimate is of nothing: an idle engine)
 MAX_REQUESTS = 10_000_000
 MAX_NUM_TOKENS = 1 << 20  # the engine's token budget per iteration
 MAX_SLO_MS = 3_600_000.0
@@ -53,9 +54,10 @@ def _check_int(value: int | None, option: str, lo: int, hi: int) -> None:
         fail(f"{option} must be between {lo:,} and {hi:,} (got {value:,})")
 
 
-def _check_float(value: float | None, option: str, hi: float) -> None:
-    if value is not None and not (math.isfinite(value) and 0 < value <= hi):
-        fail(f"{option} must be a number above 0 and at most {hi:g} (got {value})")
+def _check_float(value: float | None, option: str, hi: float, lo: float = 0.0) -> None:
+    if value is not None and not (math.isfinite(value) and (value > 0 if lo == 0 else value >= lo) and value <= hi):
+        what = "above 0" if lo == 0 else f"at least {lo:g}"
+        fail(f"{option} must be a number {what} and at most {hi:g} (got {value})")
 
 
 def _model(name: str):
@@ -118,7 +120,7 @@ def serve_cmd(
     if concurrency is not None and rate is not None:
         fail("give --concurrency or --rate, not both")
     _check_int(concurrency, "--concurrency", 1, MAX_CONCURRENCY)
-    _check_float(rate, "--rate", MAX_RATE)
+    _check_float(rate, "--rate", MAX_RATE, MIN_RATE)
     _check_int(requests, "--requests", 1, MAX_REQUESTS)
     _check_int(max_num_tokens, "--max-num-tokens", 1, MAX_NUM_TOKENS)
     if requests is not None and concurrency is not None:
@@ -197,7 +199,7 @@ def serve_plan_cmd(
     arch = _model(model)
     _check_float(slo_ttft_ms, "--slo-ttft-ms", MAX_SLO_MS)
     _check_float(slo_itl_ms, "--slo-itl-ms", MAX_SLO_MS)
-    _check_float(rps, "--rps", MAX_RATE)
+    _check_float(rps, "--rps", MAX_RATE, MIN_RATE)
     _check_int(input_len, "--input-len", 1, MAX_LEN)
     _check_int(output_len, "--output-len", 1, MAX_LEN)
     _check_int(max_gpus, "--max-gpus-per-replica", 1, 512)

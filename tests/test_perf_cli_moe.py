@@ -123,3 +123,19 @@ def test_a_fixed_overlap_is_kept_or_the_plan_dropped(fixed: dict[str, object]) -
     ok, full = Plan(ep=8, dp=8), Plan(ep=8, dp=8, recompute="full")
     assert with_moe_options(ok, 8, fixed).moe_a2a_overlap is fixed["moe_a2a_overlap"]  # type: ignore[union-attr]
     assert (with_moe_options(full, 8, fixed) is None) is bool(fixed["moe_a2a_overlap"])
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--ep", "3"], "--ep 3 must divide the model's 128 experts"),
+        (["--ep", "3", "--moe-a2a-overlap"], "--ep 3 must divide the model's 128 experts"),
+        (["--gpus", "24", "--ep", "16"], "--ep 16 x --etp 1 must divide the GPUs of one pipeline stage"),
+    ],
+)
+def test_an_expert_split_that_fits_no_plan_is_named_not_blamed_on_the_batch(args: list[str], said: str) -> None:
+    """Review: `--ep 3` on a 128-expert model was refused as "global batch 256 must be a multiple of …", with the
+    advice to try --global-batch 256."""
+    err = _refused("perf", "train", "--model", "qwen3-30b-a3b", "--gpu", "H100-SXM", "--gpus", "16", "--tp", "1",
+                   "--pp", "1", *args)  # fmt: skip
+    assert said in err and "global batch" not in err

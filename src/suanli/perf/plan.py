@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
@@ -150,6 +151,20 @@ def candidate_plans(job: TrainJob, n_gpus: int, domain: int, fixed: dict[str, ob
                                             yield plan
 
 
+def _expert_split_gap(job: TrainJob, n_gpus: int, fixed: dict[str, object]) -> str | None:
+    """Why a fixed expert split fits no plan, as Megatron would say it (else None: look at the batch)."""
+    ep, etp = int(fixed.get("ep") or 1), int(fixed.get("etp") or 1)  # type: ignore[call-overload]
+    if ep * etp == 1:
+        return None
+    if job.arch.is_moe and job.arch.experts % ep:
+        return f"--ep {ep} must divide the model's {job.arch.experts} experts"
+    pp = int(fixed.get("pp") or 1)  # type: ignore[call-overload]
+    if n_gpus % pp or (n_gpus // pp) % (ep * etp):
+        return (f"--ep {ep} x --etp {etp} must divide the GPUs of one pipeline stage ({n_gpus} GPUs / pp {pp} = "
+                f"{n_gpus // pp if n_gpus % pp == 0 else n_gpus / pp:g})")  # fmt: skip
+    return None
+
+
 def default_global_batch(n_gpus: int) -> int:
     """Sequences per step when none is given: 256, or more at scale so every data-parallel rank still gets
     a few micro-batches (a quarter of the GPU count, a power of two: 4,096 on 16,384 GPUs, as Llama 3 405B
@@ -169,11 +184,17 @@ def search(
         raise PlanError(unsupported)  # every caller skips such an offer or placement, as it skips a plan that fails
     group = placement.group_fn()
     memo: dict[object, object] = {}
+    why: Counter[str] = Counter()
     for plan in candidate_plans(job, placement.n_gpus, placement.domain_size, fixed):
         try:
             results.append(step_time(job, plan, gpu, placement.n_gpus, group, memo))
-        except PlanError:
-            continue
+        except PlanError as e:
+            why[str(e)] += 1
+    if not results and why:  # plans there were, and each was refused: say why (the batch was not the problem)
+        raise PlanError(f"no parallel plan fits these GPUs, model and batch: {why.most_common(1)[0][0]}")
+    gap = _expert_split_gap(job, placement.n_gpus, fixed or {})
+    if not results and gap:
+        raise PlanError(f"no parallel plan matches these GPUs and model: {gap}")
     if not results:
         raise PlanError(
             f"no parallel plan matches these GPUs, model and batch: global batch {job.global_batch} must be a "

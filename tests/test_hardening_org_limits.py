@@ -111,3 +111,23 @@ def test_zero_replica_endpoints_are_bounded_also_when_deployed_at_once(platform:
     assert sorted(codes) == [201] * 3 + [409] * 3, (codes, details)
     assert all("endpoints_per_org" in d for d in details), details
     assert len(p.api.get(f"{API}/endpoints", headers=p.tenant.headers).json()) == 3
+
+
+def test_one_user_owns_at_most_teams_per_user_team_orgs(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> None:
+    """Issue: a user could make team organisations without end (each a row, a ledger account and a name taken
+    from everyone else). Now `teams_per_user` bounds the ones a user owns; a 409 names the setting, and giving an
+    org up (or another user) leaves the bound where it is."""
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    with TestClient(create_app(settings(tmp_path / "home", db_url, teams_per_user=3))) as api:
+        t, other = signup(api, "hoarder@example.com"), signup(api, "other@example.com")
+        for i in range(3):
+            assert api.post(f"{API}/orgs", json={"name": f"team-{i}"}, headers=t.headers).status_code == 201
+        r = api.post(f"{API}/orgs", json={"name": "team-3"}, headers=t.headers)
+        assert r.status_code == 409 and "teams_per_user" in r.json()["detail"], r.text
+        assert api.post(f"{API}/orgs", json={"name": "theirs"}, headers=other.headers).status_code == 201
+        assert api.app.state.server.settings.teams_per_user == 3  # type: ignore[attr-defined]
+    from suanli.control.settings import Settings
+
+    assert Settings.model_fields["teams_per_user"].default == 20

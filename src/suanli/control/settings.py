@@ -56,6 +56,7 @@ class Settings(BaseModel):
     volume_bytes_per_org: int = Field(10 << 40, ge=1 << 20, le=1 << 60,
                                       description="most bytes one org's volumes may have allocated, all together")  # fmt: skip
     endpoints_per_org: int = Field(20, ge=0, le=10_000, description="most endpoints one org may have")
+    teams_per_user: int = Field(20, ge=0, le=10_000, description="most team organisations one user may own")
     volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")
     local_copy: bool = Field(
         True, description="same-host copies: a tenant's `volumes cp` on the server's own host passes open files over "

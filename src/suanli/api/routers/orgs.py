@@ -39,7 +39,7 @@ def list_orgs(ctx: Auth) -> list[OrgOut]:
 def create_org(body: OrgIn, ctx: Auth) -> OrgOut:
     """A team organisation, owned by the caller, to share a balance with other users."""
     with ctx.db.write() as s, s.begin():
-        org = accounts.create_org(s, ctx.who, body.name, ctx.now)
+        org = accounts.create_org(s, ctx.who, body.name, ctx.now, ctx.srv.settings.teams_per_user)
     return OrgOut.model_validate(org).model_copy(update={"role": "owner"})
 
 

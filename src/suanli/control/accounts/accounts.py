@@ -15,7 +15,7 @@ from decimal import Decimal
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -255,11 +255,21 @@ def org_name_problem(name: str) -> str | None:
     return None
 
 
-def create_org(s: Session, who: Principal, name: str, now: datetime) -> Org:
+def create_org(s: Session, who: Principal, name: str, now: datetime, most: int = 20) -> Org:
+    """A team org the caller owns; at most `most` (the setting `teams_per_user`) owned at once, counted under the
+    user's row lock so concurrent requests cannot pass it together."""
     name = name.strip()
     problem = org_name_problem(name)
     if problem is not None:
         raise Invalid(f"name: {problem}")
+    s.get(User, who.user_id, with_for_update=True)
+    owned = s.scalar(
+        select(func.count()).select_from(Membership).join(Org, Org.id == Membership.org_id)
+        .where(Membership.user_id == who.user_id, Membership.role == "owner", Org.personal.is_(False))
+    )  # fmt: skip
+    if (owned or 0) >= most:
+        raise Conflict(f"you own {owned} team organisations, the most one user may (teams_per_user: {most}); "
+                       "remove one or ask the operator")  # fmt: skip
     if s.scalar(select(Org.id).where(Org.name == name)):  # team names only: an email is never a team's name
         raise Conflict("name: taken by another organisation; choose another")
     org = Org(id=new_id("org"), name=name, personal=False, created_at=now)

@@ -54,8 +54,9 @@ def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | tuple[int, .
 
 def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], list[int]]:
     """One message and the descriptors that came with it (the caller closes them). More descriptors than
-    `max_fds`, a truncated set, a message over `MAX_MESSAGE` or not a JSON object: `ChannelError` (any
-    descriptors received are closed first)."""
+    `max_fds`, a truncated set, a message over `MAX_MESSAGE`, not a JSON object, nested deeper than the parser
+    recurses or holding a lone surrogate (which no database or path encodes): `ChannelError` (any descriptors
+    received are closed first)."""
     head, fds, flags, _ = socket.recv_fds(sock, _HEAD.size, MAX_FDS + 3)
     try:
         if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
@@ -68,8 +69,9 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], l
             raise ChannelError(f"a message of {n} bytes is over {MAX_MESSAGE}")
         try:
             msg = json.loads(_exactly(sock, n))
-        except ValueError:
-            raise ChannelError("a message is not JSON") from None
+            json.dumps(msg, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") is no text a path holds
+        except (ValueError, RecursionError):  # (UnicodeError is a ValueError)
+            raise ChannelError("a message is not JSON text (or it is nested too deeply)") from None
         if not isinstance(msg, dict):
             raise ChannelError("a message must be a JSON object")
         return msg, fds

@@ -67,3 +67,16 @@ def test_a_message_nested_too_deeply_or_naming_a_lone_surrogate_is_dropped_not_r
     finally:
         os.close(fd)
     assert pair["ok"] is True  # a surrogate pair (an emoji, as json.dumps escapes it) is text
+
+
+@pytest.mark.parametrize("how", ["O_PATH", "O_DIRECT"])
+def test_a_descriptor_opened_with_o_path_or_o_direct_is_refused_by_name(srv: Any, tmp_path: Path, how: str) -> None:
+    """Both passed the checks and then failed the kernel copy (EBADF, EINVAL): a 500 in the reply, not a 422."""
+    _, c, _ = srv
+    (tmp_path / "f").write_bytes(b"x" * 100)
+    fd = os.open(tmp_path / "f", getattr(os, how) | os.O_RDONLY)
+    try:
+        got = ask(c, {"op": "put-file"}, [fd])
+    finally:
+        os.close(fd)
+    assert got["status"] == 422 and got["detail"].startswith("fd: ") and how in got["detail"], got

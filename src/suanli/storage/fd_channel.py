@@ -114,7 +114,7 @@ def fs_type(fd: int) -> int:
 
 def check_fd(fd: int, *, write: bool) -> os.stat_result:
     """The descriptor's stat if it is a regular file opened for reading (or, with `write`, for writing, not in
-    append mode), on a filesystem other than FUSE; else `BadDescriptor` saying why."""
+    append mode), not with O_PATH or O_DIRECT, on a filesystem other than FUSE; else `BadDescriptor` saying why."""
     try:
         st = os.fstat(fd)
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -122,6 +122,9 @@ def check_fd(fd: int, *, write: bool) -> os.stat_result:
         raise BadDescriptor("not an open file") from None
     if not stat.S_ISREG(st.st_mode):
         raise BadDescriptor("not a regular file (a directory, pipe, socket or device is refused)")
+    for flag in ("O_PATH", "O_DIRECT"):  # neither can be copied from or to in the kernel (EBADF, EINVAL)
+        if flags & getattr(os, flag):
+            raise BadDescriptor(f"opened with {flag}; open it plainly")
     access = flags & os.O_ACCMODE
     if write and (access not in (os.O_WRONLY, os.O_RDWR) or flags & os.O_APPEND):
         raise BadDescriptor("not opened for writing (or opened to append)")

@@ -80,3 +80,34 @@ def test_a_descriptor_opened_with_o_path_or_o_direct_is_refused_by_name(srv: Any
     finally:
         os.close(fd)
     assert got["status"] == 422 and got["detail"].startswith("fd: ") and how in got["detail"], got
+
+
+@pytest.mark.parametrize("where", ["/proc/self/status", "/sys/kernel/mm/transparent_hugepage/enabled"])
+def test_a_file_of_a_kernel_filesystem_is_never_read_by_the_server(srv: Any, where: str) -> None:
+    """Some of their files check the reader's capabilities as they are read: a root server would read with its
+    own what the tenant's process only opened."""
+    _, c, _ = srv
+    if not os.path.exists(where):
+        pytest.skip(f"{where} is not on this host")
+    fd = os.open(where, os.O_RDONLY)
+    try:
+        got = ask(c, {"op": "put-file", "path": "kernel.txt"}, [fd])
+    finally:
+        os.close(fd)
+    assert got["status"] == 422 and got["detail"].startswith("fd: ") and "kernel" in got["detail"], got
+    assert all(e.name != "kernel.txt" for e in c.volume_ls("v", ""))
+
+
+def test_a_copy_out_never_writes_into_a_kernel_file(srv: Any, tmp_path: Path) -> None:
+    """Writes such as a lower /proc/PID/oom_score_adj check the writer's capabilities as they are written."""
+    _, c, _ = srv
+    (tmp_path / "src").write_bytes(b"pwned")
+    c.volume_upload("v", tmp_path / "src", "comm.txt")
+    before = Path("/proc/self/comm").read_text()
+    fd = os.open("/proc/self/comm", os.O_WRONLY)
+    try:
+        got = ask(c, {"op": "get-file", "path": "comm.txt"}, [fd])
+    finally:
+        os.close(fd)
+    assert got["status"] == 422 and got["detail"].startswith("fd: ") and "kernel" in got["detail"], got
+    assert Path("/proc/self/comm").read_text() == before

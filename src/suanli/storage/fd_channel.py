@@ -27,6 +27,12 @@ MAX_FDS = 250  # per message (the kernel's SCM_MAX_FD is 253)
 MAX_MESSAGE = 4 << 20  # bytes of JSON one message may carry
 STEP = 256 << 20  # a kernel copy in steps this large: progress is told and a cancel is seen between steps
 FUSE_SUPER_MAGIC = 0x65735546
+# The kernel's own filesystems (statfs f_type): some of their files check the capabilities of whoever reads or
+# writes them as it happens, not of who opened them, so a root server must never be the one that reads or writes.
+KERNEL_FS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+             0x73636673: "securityfs", 0x62656570: "configfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
+             0xCAFE4A11: "bpf", 0xDE5E81E4: "efivarfs", 0x6165676C: "pstore", 0xF97CFF8C: "selinuxfs",
+             0x43415D53: "smackfs", 0x42494E4D: "binfmt_misc", 0x65735543: "fusectl"}  # fmt: skip
 _HEAD = struct.Struct("!I")
 
 
@@ -114,7 +120,8 @@ def fs_type(fd: int) -> int:
 
 def check_fd(fd: int, *, write: bool) -> os.stat_result:
     """The descriptor's stat if it is a regular file opened for reading (or, with `write`, for writing, not in
-    append mode), not with O_PATH or O_DIRECT, on a filesystem other than FUSE; else `BadDescriptor` saying why."""
+    append mode), not with O_PATH or O_DIRECT, on a filesystem other than FUSE and the kernel's own (`KERNEL_FS`);
+    else `BadDescriptor` saying why."""
     try:
         st = os.fstat(fd)
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -131,10 +138,13 @@ def check_fd(fd: int, *, write: bool) -> os.stat_result:
     if not write and access not in (os.O_RDONLY, os.O_RDWR):
         raise BadDescriptor("not opened for reading")
     try:
-        if fs_type(fd) == FUSE_SUPER_MAGIC:
-            raise BadDescriptor("on a FUSE filesystem (its reads could stall the server); copy it over HTTP")
+        kind = fs_type(fd)
     except OSError:
         raise BadDescriptor("its filesystem cannot be told") from None
+    if kind == FUSE_SUPER_MAGIC:
+        raise BadDescriptor("on a FUSE filesystem (its reads could stall the server); copy it over HTTP")
+    if kind in KERNEL_FS:
+        raise BadDescriptor(f"a file of the kernel's {KERNEL_FS[kind]} filesystem, not one to copy")
     return st
 
 

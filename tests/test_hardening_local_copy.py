@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from suanli.storage import fd_channel as ch
 from tests import test_volumes_local_copy as base
 from tests.test_volumes_local_copy import ask, info
 
@@ -111,3 +112,17 @@ def test_a_copy_out_never_writes_into_a_kernel_file(srv: Any, tmp_path: Path) ->
         os.close(fd)
     assert got["status"] == 422 and got["detail"].startswith("fd: ") and "kernel" in got["detail"], got
     assert Path("/proc/self/comm").read_text() == before
+
+
+def test_the_directories_of_a_tree_count_against_the_volumes_room(srv: Any) -> None:
+    """As over HTTP (a directory is a 4 KiB block, as the volume is measured): a tree of empty directories cannot
+    outgrow the volume; they were not counted, and a 1 MiB volume took a thousand."""
+    _, c, _ = srv
+    c.volume_create("tiny", "1Mi")  # 256 blocks
+    with raw(c) as sock:
+        ch.send(sock, {"op": "put-tree", "token": c.token, "volume": "tiny", "path": "d"})
+        ch.send(sock, {"op": "batch", "dirs": [f"d{i}" for i in range(1000)], "files": []})
+        ch.send(sock, {"op": "end"})
+        got, _ = ch.recv(sock)
+    assert got["ok"] is False and got["status"] == 507, got
+    assert c.volume_ls("tiny", "") == []

@@ -66,10 +66,14 @@ class TreeIn:
         self.tmp = Path(tempfile.mkdtemp(prefix="fds-", dir=self.p.partial))
         (self.tmp / "t").mkdir()
 
-    def _count(self, n: int = 1) -> None:
-        self.entries += n
+    def _count(self, size: int) -> None:
+        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block)."""
+        self.entries += 1
         if self.entries > self.max_files:
             raise VolumeFileError(f"the tree has more than {self.max_files} files and directories")
+        self.bytes += footprint(size)
+        if self.bytes > self.room:
+            raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
 
     def _dir(self, rel: str) -> None:
         parts = _split(rel)
@@ -82,7 +86,7 @@ class TreeIn:
             except FileExistsError:
                 raise VolumeFileError(f"{d}: named as a file and as a directory") from None
             self.dirs.add(d)
-            self._count()
+            self._count(0)
 
     def add(self, dirs: list[str], files: list[str], fds: list[int]) -> int:
         """Make `dirs` and copy each of `files` from its descriptor (one each, in order). Returns the bytes."""
@@ -101,9 +105,7 @@ class TreeIn:
                 raise VolumeFileError(f"{rel}: {e}") from None
             parent = rel.rpartition("/")[0]
             self._dir(parent)
-            self._count()
-            if self.bytes + footprint(size) > self.room:
-                raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
+            self._count(size)  # its size now: what is copied, never more
             try:
                 out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
             except FileExistsError:
@@ -112,7 +114,6 @@ class TreeIn:
                 n = fd_channel.copy(src, out, size)
             finally:
                 os.close(out)
-            self.bytes += footprint(n)
             got += n
         return got
 

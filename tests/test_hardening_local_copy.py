@@ -126,3 +126,21 @@ def test_the_directories_of_a_tree_count_against_the_volumes_room(srv: Any) -> N
         got, _ = ch.recv(sock)
     assert got["ok"] is False and got["status"] == 507, got
     assert c.volume_ls("tiny", "") == []
+
+
+def test_a_skip_list_longer_than_its_batch_is_refused_at_once(srv: Any, tmp_path: Path) -> None:
+    """skip was made a set again for each file of a batch: a million entries cost seconds of CPU in the HTTP
+    server's process, batch after batch."""
+    _, c, _ = srv
+    (tmp_path / "f").write_bytes(b"x")
+    c.volume_upload("v", tmp_path / "f", "sk/a")
+    c.volume_upload("v", tmp_path / "f", "sk/b")
+    with raw(c) as sock:
+        ch.send(sock, {"op": "get-tree", "token": c.token, "volume": "v", "path": "sk"})
+        batch, _ = ch.recv(sock)
+        assert [f[0] for f in batch["files"]] == ["a", "b"]
+        fd = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT, 0o600)
+        ch.send(sock, {"op": "fds", "skip": [0] * 1_000_000}, [fd])
+        os.close(fd)
+        got, _ = ch.recv(sock)
+    assert got["status"] == 422 and got["detail"].startswith("fds: "), got

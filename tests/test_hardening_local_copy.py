@@ -144,3 +144,30 @@ def test_a_skip_list_longer_than_its_batch_is_refused_at_once(srv: Any, tmp_path
         os.close(fd)
         got, _ = ch.recv(sock)
     assert got["status"] == 422 and got["detail"].startswith("fds: "), got
+
+
+def test_a_peer_trickling_a_message_is_dropped_when_the_message_is_late_not_when_it_falls_silent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The idle timeout was per read: a byte every IDLE_S - 1 seconds held a slot (of 8) for ever, before any
+    token was shown. A whole message must now come within IDLE_S."""
+    from suanli.api import local_copy
+
+    monkeypatch.setattr(local_copy, "IDLE_S", 1.0)
+    server = local_copy.LocalCopyServer(None)  # type: ignore[arg-type] # dropped before a copy needs the server
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect("\0" + server.name)
+            body = b'{"op":"put-file"}'
+            data = struct.pack("!I", len(body)) + body
+            start = time.monotonic()
+            try:
+                for b in data:  # one byte every 0.3 s: never a second of silence
+                    sock.sendall(bytes([b]))
+                    time.sleep(0.3)
+            except OSError:  # dropped: what is asked
+                pass
+            assert dropped(sock) and time.monotonic() - start < 3
+        assert not server.by_uid  # its slot is back
+    finally:
+        server.close()

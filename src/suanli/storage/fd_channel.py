@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -62,19 +63,22 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], l
     """One message and the descriptors that came with it (the caller closes them). More descriptors than
     `max_fds`, a truncated set, a message over `MAX_MESSAGE`, not a JSON object, nested deeper than the parser
     recurses or holding a lone surrogate (which no database or path encodes): `ChannelError` (any descriptors
-    received are closed first)."""
+    received are closed first). Where the socket has a timeout, the whole message must come within it (a peer
+    trickling a byte at a time is not waited for without end): `TimeoutError` otherwise."""
+    timeout = sock.gettimeout()
+    deadline = None if timeout is None else time.monotonic() + timeout
     head, fds, flags, _ = socket.recv_fds(sock, _HEAD.size, MAX_FDS + 3)
     try:
         if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
             raise ChannelError(f"at most {max_fds} descriptors a message")
-        head += _exactly(sock, _HEAD.size - len(head)) if head else b""
+        head += _exactly(sock, _HEAD.size - len(head), deadline) if head else b""
         if not head:
             raise ChannelError("the peer closed the connection")
         (n,) = _HEAD.unpack(head)
         if n > MAX_MESSAGE:
             raise ChannelError(f"a message of {n} bytes is over {MAX_MESSAGE}")
         try:
-            msg = json.loads(_exactly(sock, n))
+            msg = json.loads(_exactly(sock, n, deadline))
             json.dumps(msg, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") is no text a path holds
         except (ValueError, RecursionError):  # (UnicodeError is a ValueError)
             raise ChannelError("a message is not JSON text (or it is nested too deeply)") from None
@@ -84,11 +88,18 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], l
     except BaseException:
         close_all(fds)
         raise
+    finally:
+        sock.settimeout(timeout)
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
+def _exactly(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the rest of the message did not come in time")
+            sock.settimeout(left)
         got = sock.recv(min(n - len(buf), 1 << 20))
         if not got:
             raise ChannelError("the peer closed the connection mid-message")

@@ -171,3 +171,33 @@ def test_a_peer_trickling_a_message_is_dropped_when_the_message_is_late_not_when
         assert not server.by_uid  # its slot is back
     finally:
         server.close()
+
+
+class _Failing:
+    """A listening socket whose accept fails as it does when the process is out of descriptors."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def accept(self) -> Any:
+        self.calls += 1
+        raise OSError(24, "Too many open files")
+
+
+def test_the_accept_thread_backs_off_when_out_of_descriptors_instead_of_spinning() -> None:
+    """EMFILE made the accept loop retry at once, for ever: a core of CPU (and the GIL) taken from the HTTP server
+    while the process was short of descriptors, which a few local users holding copies open can bring about."""
+    from suanli.api import local_copy
+
+    server = local_copy.LocalCopyServer(None)  # type: ignore[arg-type] # accepts, never copies
+    real, fake = server.sock, _Failing()
+    try:
+        server.sock = fake  # type: ignore[assignment]
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect("\0" + server.name)  # the loop's pending accept returns; its next ones fail
+            time.sleep(1.0)
+        assert 1 <= fake.calls <= 20, fake.calls
+    finally:
+        server.closed = True
+        server.sock = real
+        server.close()

@@ -23,6 +23,7 @@ import secrets
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from suanli.api.deps import Server
@@ -40,6 +41,7 @@ log = logging.getLogger("suanli.local_copy")
 SLOTS = 8
 PER_UID = 2
 IDLE_S = 60.0
+ACCEPT_BACKOFF_S = 0.1  # a failed accept waits this long before the next
 MAX_DIRS = 10_000  # directories one batch of a tree may name
 OPS = ("put-file", "get-file", "put-tree", "get-tree")
 
@@ -75,6 +77,7 @@ class LocalCopyServer:
             except OSError:
                 if self.closed:
                     return
+                time.sleep(ACCEPT_BACKOFF_S)  # out of descriptors (EMFILE) fails at once: no spinning on it
                 continue
             uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
             if not self._take(uid):

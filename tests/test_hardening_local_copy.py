@@ -201,3 +201,22 @@ def test_the_accept_thread_backs_off_when_out_of_descriptors_instead_of_spinning
         server.closed = True
         server.sock = real
         server.close()
+
+
+@pytest.mark.parametrize(("soft", "hard"), [(1024, 524_288), (1024, 4096)])
+def test_the_copies_descriptors_are_added_to_the_process_limit_not_taken_from_the_http_servers(
+    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int
+) -> None:
+    """A copy holds up to a batch received, a batch going out and a walk's open directories at once: under the
+    usual soft limit of 1024 two local users' copies left the HTTP server no descriptor to accept or answer with."""
+    import resource
+
+    from suanli.api import local_copy
+
+    set_to: list[tuple[int, int]] = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (soft, hard))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, lim: set_to.append(lim))
+    server = local_copy.LocalCopyServer(None)  # type: ignore[arg-type]
+    server.close()
+    want = min(hard, soft + local_copy.SLOTS * local_copy.FDS_PER_COPY)
+    assert set_to == [(want, hard)] and local_copy.FDS_PER_COPY > 2 * (ch.MAX_FDS + 3)

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import secrets
 import socket
 import struct
@@ -41,6 +42,9 @@ log = logging.getLogger("suanli.local_copy")
 SLOTS = 8
 PER_UID = 2
 IDLE_S = 60.0
+# Descriptors one copy may hold at once: a batch received (up to MAX_FDS + 3 before it is refused), a batch going
+# out (200), the directories a walk has open (one a level; Python's recursion stops a walk near 1000 deep), its own.
+FDS_PER_COPY = 2 * (ch.MAX_FDS + 3) + 1_100
 ACCEPT_BACKOFF_S = 0.1  # a failed accept waits this long before the next
 MAX_DIRS = 10_000  # directories one batch of a tree may name
 OPS = ("put-file", "get-file", "put-tree", "get-tree")
@@ -50,6 +54,7 @@ class LocalCopyServer:
     def __init__(self, srv: Server) -> None:
         self.srv = srv
         self.name = "suanli-copy-" + secrets.token_hex(16)
+        _add_descriptors(SLOTS * FDS_PER_COPY)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.bind("\0" + self.name)
         self.sock.listen(64)
@@ -126,6 +131,18 @@ class LocalCopyServer:
             self._give(uid)
         with contextlib.suppress(OSError):
             ch.send(conn, reply)
+
+
+def _add_descriptors(n: int) -> None:
+    """Raise this process's soft limit on open files by `n` (up to its hard limit): the copies' descriptors come on
+    top of what the HTTP server uses, so that copies held open cannot leave it none to accept or answer with."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = soft + n if hard == resource.RLIM_INFINITY else min(hard, soft + n)
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if want < soft + n:
+        log.warning("same-host copies may hold %d descriptors; the hard limit on open files (%d) leaves them %d",
+                    n, hard, want - soft)  # fmt: skip
 
 
 def _text(msg: dict[str, Any], key: str, most: int, optional: bool = False) -> str | None:

@@ -220,3 +220,54 @@ def test_the_copies_descriptors_are_added_to_the_process_limit_not_taken_from_th
     server.close()
     want = min(hard, soft + local_copy.SLOTS * local_copy.FDS_PER_COPY)
     assert set_to == [(want, hard)] and local_copy.FDS_PER_COPY > 2 * (ch.MAX_FDS + 3)
+
+
+def chain(top: Path, depth: int) -> None:
+    """`depth` directories named d, one in the other, under `top` (made through descriptors: deeper than a path)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+
+
+def unchain(top: Path) -> None:
+    """Remove what `chain` made, bottom up (shutil.rmtree, and pytest's own clean-up, recurse a level a frame)."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    while True:
+        try:
+            fds.append(os.open("d", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        except OSError:
+            break
+    os.close(fds.pop())
+    while fds:
+        os.rmdir("d", dir_fd=fds[-1])
+        os.close(fds.pop())
+
+
+def test_a_tree_nested_deeper_than_a_walk_recurses_is_refused_by_name(srv: Any, tmp_path: Path) -> None:
+    """A workload can nest directories a thousand deep in its volume; the walks (os.fwalk recurses a level a
+    frame) raised RecursionError in the connection thread, on a copy out of the tree and on any copy in (which
+    measures the volume first): no answer, a traceback."""
+    s, c, _ = srv
+    vol = c.volume_create("deep", "8Mi")
+    data = next(s.home.glob(f"volumes/*/vols/{vol.id}/data"))
+    chain(data, 1200)
+    try:
+        (tmp_path / "f").write_bytes(b"x")
+        fd = os.open(tmp_path / "f", os.O_RDONLY)
+        try:
+            put = ask(c, {"op": "put-file", "volume": "deep", "path": "f"}, [fd])
+        finally:
+            os.close(fd)
+        with raw(c) as sock:  # batches of directories (no files: nothing to answer), then the reply
+            ch.send(sock, {"op": "get-tree", "token": c.token, "volume": "deep", "path": ""})
+            while (out := ch.recv(sock)[0]).get("op") == "batch":
+                pass
+    finally:
+        unchain(data)
+    for got in (put, out):
+        assert got["ok"] is False and got["status"] == 422 and "nested too deep" in got["detail"], got
+    assert no_traceback(s)

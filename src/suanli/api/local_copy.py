@@ -185,6 +185,9 @@ class Copy:
             return self._get_tree(who, ref, org, path)
         except ch.BadDescriptor as e:
             raise Invalid(f"fd: {e}") from None
+        except RecursionError:  # os.fwalk recurses a level a frame: a workload may nest directories deeper
+            raise Invalid("volume: it holds directories nested too deep to walk (about 1000 levels); "
+                          "remove some levels") from None  # fmt: skip
 
     def _who(self) -> Principal:
         token = self.msg.get("token")

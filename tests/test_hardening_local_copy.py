@@ -271,3 +271,32 @@ def test_a_tree_nested_deeper_than_a_walk_recurses_is_refused_by_name(srv: Any, 
     for got in (put, out):
         assert got["ok"] is False and got["status"] == 422 and "nested too deep" in got["detail"], got
     assert no_traceback(s)
+
+
+def test_two_copies_of_one_path_at_once_each_land_whole(srv: Any, tmp_path: Path) -> None:
+    """Both wrote the same partial file (truncating each other's) and the second to finish found it gone: a 500,
+    or a file of both copies' bytes. Each now lands whole, the last one renamed into place stays."""
+    import threading
+
+    _, c, _ = srv
+    srcs = [tmp_path / "a", tmp_path / "b"]
+    for i, p in enumerate(srcs):
+        p.write_bytes(bytes([65 + i]) * (8 << 20))
+    got: list[dict[str, Any]] = []
+
+    def one(p: Path) -> None:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            got.append(ask(c, {"op": "put-file", "path": "race.bin"}, [fd]))
+        finally:
+            os.close(fd)
+
+    for _ in range(4):
+        ts = [threading.Thread(target=one, args=(p,)) for p in srcs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        c.volume_download("v", "race.bin", tmp_path / "back", same_host=False)
+        assert (tmp_path / "back").read_bytes() in (srcs[0].read_bytes(), srcs[1].read_bytes())
+    assert all(g["ok"] is True for g in got), got

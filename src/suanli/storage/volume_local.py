@@ -20,12 +20,11 @@ from pathlib import Path
 
 from suanli.storage import fd_channel
 from suanli.storage.archive import footprint, remove_tree
-from suanli.storage.volume_io import _held, _merge, _place, partial_path
+from suanli.storage.volume_io import _merge, _place
 from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir
 from suanli.workloads.volumes import VolumeRuleError, clean_path
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_TRUNC = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -35,17 +34,16 @@ def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None
     size = os.fstat(src).st_size
     if footprint(size) > room:
         raise OverSize(f"this file would need more than the {room} bytes left in the volume")
-    path = partial_path(p, rel)
-    _held(p, rel).unlink(missing_ok=True)
-    fd = os.open(path, _TRUNC, 0o644)  # a half HTTP upload of the same path is replaced, not resumed into
+    fd, name = tempfile.mkstemp(prefix="fd-", dir=p.partial)  # its own: two copies of one path (or an HTTP
+    path = Path(name)  # upload of it) at once do not write one file, and each lands whole
     try:
-        n = fd_channel.copy(src, fd, size, step=step)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return n, _place(p, rel, None)
+        try:
+            n = fd_channel.copy(src, fd, size, step=step)
+        finally:
+            os.close(fd)
+        return n, _place(p, rel, None, path)
+    finally:
+        path.unlink(missing_ok=True)  # (gone once placed)
 
 
 @dataclass

@@ -300,3 +300,37 @@ def test_two_copies_of_one_path_at_once_each_land_whole(srv: Any, tmp_path: Path
         c.volume_download("v", "race.bin", tmp_path / "back", same_host=False)
         assert (tmp_path / "back").read_bytes() in (srcs[0].read_bytes(), srcs[1].read_bytes())
     assert all(g["ok"] is True for g in got), got
+
+
+def test_every_descriptor_of_a_tree_copy_broken_off_midway_is_closed(srv: Any, tmp_path: Path) -> None:
+    """A copy in refused at its second batch, a copy out answered with the wrong number of files and one whose
+    peer leaves mid-tree: the server's descriptors (received, opened in the volume, the walk's) all closed."""
+    s, c, _ = srv
+    for i in range(300):  # two batches out
+        (tmp_path / "src" / f"s{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / f"s{i % 3}" / f"f{i}").write_bytes(b"x")
+    assert c.volume_upload("v", tmp_path / "src", "many").via == "same-host"
+    info(c)
+    before = base.server_fds(s)
+    fds = [os.open(p, os.O_RDONLY) for p in sorted((tmp_path / "src" / "s0").iterdir())[:50]]
+    try:
+        with raw(c) as sock:
+            ch.send(sock, {"op": "put-tree", "token": c.token, "volume": "v", "path": "in"})
+            ch.send(sock, {"op": "batch", "dirs": [], "files": [f"ok{i}" for i in range(50)]}, fds)
+            ch.send(sock, {"op": "batch", "dirs": [], "files": [f"../x{i}" for i in range(50)]}, fds)
+            assert ch.recv(sock)[0]["status"] == 422
+        out = os.open(tmp_path / "o", os.O_WRONLY | os.O_CREAT, 0o600)
+        for answer in ([out] * 3, None):  # too few files; then no answer at all (the peer leaves)
+            with raw(c) as sock:
+                ch.send(sock, {"op": "get-tree", "token": c.token, "volume": "v", "path": "many"})
+                while not (b := ch.recv(sock)[0])["files"]:
+                    pass
+                assert len(b["files"]) > 3
+                if answer is None:
+                    continue
+                ch.send(sock, {"op": "fds", "skip": []}, answer)
+                assert ch.recv(sock)[0]["status"] == 422
+        os.close(out)
+    finally:
+        ch.close_all(fds)
+    assert base.settles_at(s, before)

@@ -334,3 +334,20 @@ def test_every_descriptor_of_a_tree_copy_broken_off_midway_is_closed(srv: Any, t
     finally:
         ch.close_all(fds)
     assert base.settles_at(s, before)
+
+
+def test_a_sealed_memfd_to_copy_out_into_is_refused_by_name(srv: Any, tmp_path: Path) -> None:
+    """A memfd sealed against writing passed the checks (a regular file opened for writing) and failed the copy
+    with EPERM: a 500 in the reply and a warning in the server's log, as often as a tenant liked."""
+    import fcntl
+
+    _, c, _ = srv
+    (tmp_path / "src").write_bytes(b"y" * 10)
+    c.volume_upload("v", tmp_path / "src", "seal.txt")
+    fd = os.memfd_create("sealed", os.MFD_ALLOW_SEALING)
+    try:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK)
+        got = ask(c, {"op": "get-file", "path": "seal.txt"}, [fd])
+    finally:
+        os.close(fd)
+    assert got["status"] == 422 and got["detail"].startswith("fd: ") and "sealed" in got["detail"], got

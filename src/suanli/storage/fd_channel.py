@@ -131,7 +131,7 @@ def fs_type(fd: int) -> int:
 
 def check_fd(fd: int, *, write: bool) -> os.stat_result:
     """The descriptor's stat if it is a regular file opened for reading (or, with `write`, for writing, not in
-    append mode), not with O_PATH or O_DIRECT, on a filesystem other than FUSE and the kernel's own (`KERNEL_FS`);
+    append mode and not sealed against it), not with O_PATH or O_DIRECT, on a filesystem other than FUSE and the kernel's own (`KERNEL_FS`);
     else `BadDescriptor` saying why."""
     try:
         st = os.fstat(fd)
@@ -148,6 +148,8 @@ def check_fd(fd: int, *, write: bool) -> os.stat_result:
         raise BadDescriptor("not opened for writing (or opened to append)")
     if not write and access not in (os.O_RDONLY, os.O_RDWR):
         raise BadDescriptor("not opened for reading")
+    if write and _seals(fd) & _NO_WRITE:
+        raise BadDescriptor("sealed against writing, growing or shrinking (a memfd)")
     try:
         kind = fs_type(fd)
     except OSError:
@@ -157,6 +159,16 @@ def check_fd(fd: int, *, write: bool) -> os.stat_result:
     if kind in KERNEL_FS:
         raise BadDescriptor(f"a file of the kernel's {KERNEL_FS[kind]} filesystem, not one to copy")
     return st
+
+
+_NO_WRITE = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+
+
+def _seals(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # EINVAL: a file that takes no seals
+        return 0
 
 
 # ---- kernel copies ------------------------------------------------------------------------------------------------

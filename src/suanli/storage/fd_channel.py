@@ -78,8 +78,10 @@ def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], l
         if n > MAX_MESSAGE:
             raise ChannelError(f"a message of {n} bytes is over {MAX_MESSAGE}")
         try:
-            msg = json.loads(_exactly(sock, n, deadline))
-            json.dumps(msg, ensure_ascii=False).encode()  # a lone surrogate ("\ud800") is no text a path holds
+            raw = _exactly(sock, n, deadline)
+            msg = json.loads(raw)
+            if b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw:  # a surrogate, escaped or in UTF-8: one alone
+                json.dumps(msg, ensure_ascii=False).encode()  # ("\ud800") is no text a path or a row holds
         except (ValueError, RecursionError):  # (UnicodeError is a ValueError)
             raise ChannelError("a message is not JSON text (or it is nested too deeply)") from None
         if not isinstance(msg, dict):

@@ -19,10 +19,12 @@ import contextlib
 import errno
 import logging
 import os
+import resource
 import secrets
 import socket
 import struct
 import threading
+import time
 from typing import Any
 
 from suanli.api.deps import Server
@@ -40,6 +42,10 @@ log = logging.getLogger("suanli.local_copy")
 SLOTS = 8
 PER_UID = 2
 IDLE_S = 60.0
+# Descriptors one copy may hold at once: a batch received (up to MAX_FDS + 3 before it is refused), a batch going
+# out (200), the directories a walk has open (one a level; Python's recursion stops a walk near 1000 deep), its own.
+FDS_PER_COPY = 2 * (ch.MAX_FDS + 3) + 1_100
+ACCEPT_BACKOFF_S = 0.1  # a failed accept waits this long before the next
 MAX_DIRS = 10_000  # directories one batch of a tree may name
 OPS = ("put-file", "get-file", "put-tree", "get-tree")
 
@@ -48,6 +54,7 @@ class LocalCopyServer:
     def __init__(self, srv: Server) -> None:
         self.srv = srv
         self.name = "suanli-copy-" + secrets.token_hex(16)
+        _add_descriptors(SLOTS * FDS_PER_COPY)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self.sock.bind("\0" + self.name)
         self.sock.listen(64)
@@ -75,6 +82,7 @@ class LocalCopyServer:
             except OSError:
                 if self.closed:
                     return
+                time.sleep(ACCEPT_BACKOFF_S)  # out of descriptors (EMFILE) fails at once: no spinning on it
                 continue
             uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
             if not self._take(uid):
@@ -125,6 +133,18 @@ class LocalCopyServer:
             ch.send(conn, reply)
 
 
+def _add_descriptors(n: int) -> None:
+    """Raise this process's soft limit on open files by `n` (up to its hard limit): the copies' descriptors come on
+    top of what the HTTP server uses, so that copies held open cannot leave it none to accept or answer with."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = soft + n if hard == resource.RLIM_INFINITY else min(hard, soft + n)
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    if want < soft + n:
+        log.warning("same-host copies may hold %d descriptors; the hard limit on open files (%d) leaves them %d",
+                    n, hard, want - soft)  # fmt: skip
+
+
 def _text(msg: dict[str, Any], key: str, most: int, optional: bool = False) -> str | None:
     v = msg.get(key)
     if v is None and optional:
@@ -165,6 +185,9 @@ class Copy:
             return self._get_tree(who, ref, org, path)
         except ch.BadDescriptor as e:
             raise Invalid(f"fd: {e}") from None
+        except RecursionError:  # os.fwalk recurses a level a frame: a workload may nest directories deeper
+            raise Invalid("volume: it holds directories nested too deep to walk (about 1000 levels); "
+                          "remove some levels") from None  # fmt: skip
 
     def _who(self) -> Principal:
         token = self.msg.get("token")
@@ -248,11 +271,13 @@ class Copy:
                 msg, fds = ch.recv(self.conn)
                 try:
                     skip = msg.get("skip", [])
-                    if (msg.get("op") != "fds" or not isinstance(skip, list)
+                    if (msg.get("op") != "fds" or not isinstance(skip, list) or len(skip) > len(b.files)
                             or not all(type(i) is int and 0 <= i < len(b.files) for i in skip)
                             or len(fds) != len(b.files) - len(set(skip))):  # fmt: skip
-                        raise Invalid("fds: send one open file for each file of the batch not in skip")
-                    wanted = [i for i in range(len(b.files)) if i not in set(skip)]
+                        raise Invalid("fds: send one open file for each file of the batch not in skip "
+                                      "(skip: at most one index each)")  # fmt: skip
+                    skipped = set(skip)
+                    wanted = [i for i in range(len(b.files)) if i not in skipped]
                     for i, dst in zip(wanted, fds, strict=True):
                         ch.check_fd(dst, write=True)
                         n += ch.copy(b.fds[i], dst, b.files[i][1])

@@ -20,6 +20,7 @@ import os
 import socket
 import stat
 import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,12 @@ MAX_FDS = 250  # per message (the kernel's SCM_MAX_FD is 253)
 MAX_MESSAGE = 4 << 20  # bytes of JSON one message may carry
 STEP = 256 << 20  # a kernel copy in steps this large: progress is told and a cancel is seen between steps
 FUSE_SUPER_MAGIC = 0x65735546
+# The kernel's own filesystems (statfs f_type): some of their files check the capabilities of whoever reads or
+# writes them as it happens, not of who opened them, so a root server must never be the one that reads or writes.
+KERNEL_FS = {0x9FA0: "proc", 0x62656572: "sysfs", 0x64626720: "debugfs", 0x74726163: "tracefs",
+             0x73636673: "securityfs", 0x62656570: "configfs", 0x27E0EB: "cgroup", 0x63677270: "cgroup2",
+             0xCAFE4A11: "bpf", 0xDE5E81E4: "efivarfs", 0x6165676C: "pstore", 0xF97CFF8C: "selinuxfs",
+             0x43415D53: "smackfs", 0x42494E4D: "binfmt_misc", 0x65735543: "fusectl"}  # fmt: skip
 _HEAD = struct.Struct("!I")
 
 
@@ -54,33 +61,47 @@ def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | tuple[int, .
 
 def recv(sock: socket.socket, max_fds: int = MAX_FDS) -> tuple[dict[str, Any], list[int]]:
     """One message and the descriptors that came with it (the caller closes them). More descriptors than
-    `max_fds`, a truncated set, a message over `MAX_MESSAGE` or not a JSON object: `ChannelError` (any
-    descriptors received are closed first)."""
+    `max_fds`, a truncated set, a message over `MAX_MESSAGE`, not a JSON object, nested deeper than the parser
+    recurses or holding a lone surrogate (which no database or path encodes): `ChannelError` (any descriptors
+    received are closed first). Where the socket has a timeout, the whole message must come within it (a peer
+    trickling a byte at a time is not waited for without end): `TimeoutError` otherwise."""
+    timeout = sock.gettimeout()
+    deadline = None if timeout is None else time.monotonic() + timeout
     head, fds, flags, _ = socket.recv_fds(sock, _HEAD.size, MAX_FDS + 3)
     try:
         if flags & socket.MSG_CTRUNC or len(fds) > max_fds:
             raise ChannelError(f"at most {max_fds} descriptors a message")
-        head += _exactly(sock, _HEAD.size - len(head)) if head else b""
+        head += _exactly(sock, _HEAD.size - len(head), deadline) if head else b""
         if not head:
             raise ChannelError("the peer closed the connection")
         (n,) = _HEAD.unpack(head)
         if n > MAX_MESSAGE:
             raise ChannelError(f"a message of {n} bytes is over {MAX_MESSAGE}")
         try:
-            msg = json.loads(_exactly(sock, n))
-        except ValueError:
-            raise ChannelError("a message is not JSON") from None
+            raw = _exactly(sock, n, deadline)
+            msg = json.loads(raw)
+            if b"\\ud" in raw or b"\\uD" in raw or b"\xed" in raw:  # a surrogate, escaped or in UTF-8: one alone
+                json.dumps(msg, ensure_ascii=False).encode()  # ("\ud800") is no text a path or a row holds
+        except (ValueError, RecursionError):  # (UnicodeError is a ValueError)
+            raise ChannelError("a message is not JSON text (or it is nested too deeply)") from None
         if not isinstance(msg, dict):
             raise ChannelError("a message must be a JSON object")
         return msg, fds
     except BaseException:
         close_all(fds)
         raise
+    finally:
+        sock.settimeout(timeout)
 
 
-def _exactly(sock: socket.socket, n: int) -> bytes:
+def _exactly(sock: socket.socket, n: int, deadline: float | None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the rest of the message did not come in time")
+            sock.settimeout(left)
         got = sock.recv(min(n - len(buf), 1 << 20))
         if not got:
             raise ChannelError("the peer closed the connection mid-message")
@@ -112,7 +133,8 @@ def fs_type(fd: int) -> int:
 
 def check_fd(fd: int, *, write: bool) -> os.stat_result:
     """The descriptor's stat if it is a regular file opened for reading (or, with `write`, for writing, not in
-    append mode), on a filesystem other than FUSE; else `BadDescriptor` saying why."""
+    append mode and not sealed against it), not with O_PATH or O_DIRECT, on a filesystem other than FUSE and the kernel's own (`KERNEL_FS`);
+    else `BadDescriptor` saying why."""
     try:
         st = os.fstat(fd)
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
@@ -120,17 +142,35 @@ def check_fd(fd: int, *, write: bool) -> os.stat_result:
         raise BadDescriptor("not an open file") from None
     if not stat.S_ISREG(st.st_mode):
         raise BadDescriptor("not a regular file (a directory, pipe, socket or device is refused)")
+    for flag in ("O_PATH", "O_DIRECT"):  # neither can be copied from or to in the kernel (EBADF, EINVAL)
+        if flags & getattr(os, flag):
+            raise BadDescriptor(f"opened with {flag}; open it plainly")
     access = flags & os.O_ACCMODE
     if write and (access not in (os.O_WRONLY, os.O_RDWR) or flags & os.O_APPEND):
         raise BadDescriptor("not opened for writing (or opened to append)")
     if not write and access not in (os.O_RDONLY, os.O_RDWR):
         raise BadDescriptor("not opened for reading")
+    if write and _seals(fd) & _NO_WRITE:
+        raise BadDescriptor("sealed against writing, growing or shrinking (a memfd)")
     try:
-        if fs_type(fd) == FUSE_SUPER_MAGIC:
-            raise BadDescriptor("on a FUSE filesystem (its reads could stall the server); copy it over HTTP")
+        kind = fs_type(fd)
     except OSError:
         raise BadDescriptor("its filesystem cannot be told") from None
+    if kind == FUSE_SUPER_MAGIC:
+        raise BadDescriptor("on a FUSE filesystem (its reads could stall the server); copy it over HTTP")
+    if kind in KERNEL_FS:
+        raise BadDescriptor(f"a file of the kernel's {KERNEL_FS[kind]} filesystem, not one to copy")
     return st
+
+
+_NO_WRITE = fcntl.F_SEAL_WRITE | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SHRINK | getattr(fcntl, "F_SEAL_FUTURE_WRITE", 0x10)
+
+
+def _seals(fd: int) -> int:
+    try:
+        return fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:  # EINVAL: a file that takes no seals
+        return 0
 
 
 # ---- kernel copies ------------------------------------------------------------------------------------------------

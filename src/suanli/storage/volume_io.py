@@ -74,11 +74,11 @@ def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
     return digest, size, replaced
 
 
-def _place(p: Paths, rel: str, digest: str | None) -> int:
-    """Move a whole, checked partial copy to `rel` in the tree; remember its hash (for reads, while it is
-    unchanged; none is known for a same-host copy, which forgets any older one). Returns the bytes of the file it
-    replaced."""
-    src = partial_path(p, rel)
+def _place(p: Paths, rel: str, digest: str | None, src: Path | None = None) -> int:
+    """Move a whole, checked partial copy (`src`, a file of `p.partial`; by default the path's resumable one) to
+    `rel` in the tree; remember its hash (for reads, while it is unchanged; none is known for a same-host copy,
+    which forgets any older one). Returns the bytes of the file it replaced."""
+    src = src or partial_path(p, rel)
     parts = _split(rel)
     if p.owner is not None:
         os.chown(src, *p.owner)

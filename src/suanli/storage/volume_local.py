@@ -20,12 +20,11 @@ from pathlib import Path
 
 from suanli.storage import fd_channel
 from suanli.storage.archive import footprint, remove_tree
-from suanli.storage.volume_io import _held, _merge, _place, partial_path
+from suanli.storage.volume_io import _merge, _place
 from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir
 from suanli.workloads.volumes import VolumeRuleError, clean_path
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_TRUNC = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
@@ -35,17 +34,16 @@ def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None
     size = os.fstat(src).st_size
     if footprint(size) > room:
         raise OverSize(f"this file would need more than the {room} bytes left in the volume")
-    path = partial_path(p, rel)
-    _held(p, rel).unlink(missing_ok=True)
-    fd = os.open(path, _TRUNC, 0o644)  # a half HTTP upload of the same path is replaced, not resumed into
+    fd, name = tempfile.mkstemp(prefix="fd-", dir=p.partial)  # its own: two copies of one path (or an HTTP
+    path = Path(name)  # upload of it) at once do not write one file, and each lands whole
     try:
-        n = fd_channel.copy(src, fd, size, step=step)
-    except BaseException:
-        os.close(fd)
-        path.unlink(missing_ok=True)
-        raise
-    os.close(fd)
-    return n, _place(p, rel, None)
+        try:
+            n = fd_channel.copy(src, fd, size, step=step)
+        finally:
+            os.close(fd)
+        return n, _place(p, rel, None, path)
+    finally:
+        path.unlink(missing_ok=True)  # (gone once placed)
 
 
 @dataclass
@@ -66,10 +64,14 @@ class TreeIn:
         self.tmp = Path(tempfile.mkdtemp(prefix="fds-", dir=self.p.partial))
         (self.tmp / "t").mkdir()
 
-    def _count(self, n: int = 1) -> None:
-        self.entries += n
+    def _count(self, size: int) -> None:
+        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block)."""
+        self.entries += 1
         if self.entries > self.max_files:
             raise VolumeFileError(f"the tree has more than {self.max_files} files and directories")
+        self.bytes += footprint(size)
+        if self.bytes > self.room:
+            raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
 
     def _dir(self, rel: str) -> None:
         parts = _split(rel)
@@ -82,7 +84,7 @@ class TreeIn:
             except FileExistsError:
                 raise VolumeFileError(f"{d}: named as a file and as a directory") from None
             self.dirs.add(d)
-            self._count()
+            self._count(0)
 
     def add(self, dirs: list[str], files: list[str], fds: list[int]) -> int:
         """Make `dirs` and copy each of `files` from its descriptor (one each, in order). Returns the bytes."""
@@ -101,9 +103,7 @@ class TreeIn:
                 raise VolumeFileError(f"{rel}: {e}") from None
             parent = rel.rpartition("/")[0]
             self._dir(parent)
-            self._count()
-            if self.bytes + footprint(size) > self.room:
-                raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
+            self._count(size)  # its size now: what is copied, never more
             try:
                 out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
             except FileExistsError:
@@ -112,7 +112,6 @@ class TreeIn:
                 n = fd_channel.copy(src, out, size)
             finally:
                 os.close(out)
-            self.bytes += footprint(n)
             got += n
         return got
 

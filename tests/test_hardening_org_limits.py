@@ -113,7 +113,9 @@ def test_zero_replica_endpoints_are_bounded_also_when_deployed_at_once(platform:
     assert len(p.api.get(f"{API}/endpoints", headers=p.tenant.headers).json()) == 3
 
 
-def test_one_user_owns_at_most_teams_per_user_team_orgs(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> None:
+def test_one_user_owns_at_most_teams_per_user_team_orgs(
+    db_url: str, tmp_path: Path, cheap_password_hashing: None
+) -> None:
     """Issue: a user could make team organisations without end (each a row, a ledger account and a name taken
     from everyone else). Now `teams_per_user` bounds the ones a user owns; a 409 names the setting, and giving an
     org up (or another user) leaves the bound where it is."""

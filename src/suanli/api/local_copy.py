@@ -140,9 +140,8 @@ def _add_descriptors(n: int) -> None:
     want = soft + n if hard == resource.RLIM_INFINITY else min(hard, soft + n)
     if want > soft:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    if want < soft + n:
-        log.warning("same-host copies may hold %d descriptors; the hard limit on open files (%d) leaves them %d",
-                    n, hard, want - soft)  # fmt: skip
+    if hard != resource.RLIM_INFINITY and hard < n + 1024:  # not room for the copies and a small server beside them
+        log.warning("same-host copies may hold %d descriptors; the hard limit on open files is %d", n, hard)
 
 
 def _text(msg: dict[str, Any], key: str, most: int, optional: bool = False) -> str | None:

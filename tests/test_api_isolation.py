@@ -35,8 +35,9 @@ GLOBAL = {
     ("GET", "/keys"), ("POST", "/keys"), ("GET", "/ssh"), ("GET", "/invitations"), ("POST", "/workdirs"),
     ("GET", "/hub/models"), ("GET", "/hub/datasets"), ("GET", "/volumes"), ("POST", "/volumes"),
     ("GET", "/endpoints"), ("POST", "/endpoints"),
-    ("GET", "/storage/local-copy"),  # the same-host socket's address: no tenant's data; the socket checks tokens
 }  # fmt: skip
+# For callers on the server's own host only (the same-host copy socket's address): 404 to the in-process client here.
+LOCAL = {("GET", "/storage/local-copy")}
 # The hub's public catalogue: every tenant may read any entry (no tenant's data in it).
 CATALOG = {("GET", "/hub/models/{name}"), ("GET", "/hub/datasets/{name}")}
 # The OpenAI gateway (outside /api/v1): it takes endpoint keys only, never a tenant's API token.
@@ -350,6 +351,10 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
                 r, mine = api.request(method, url, headers=headers), api.request(method, url, headers=w.victim.headers)
                 if (r.status_code, r.text) != (mine.status_code, mine.text) or any(x in r.text for x in w.secrets()):
                     problems.append(f"{method} {url}: {r.status_code}: {r.text[:200]}")
+        elif (method, path) in LOCAL:
+            r = api.request(method, full, headers=headers)
+            if r.status_code != 404 or any(x in r.text for x in w.secrets()):
+                problems.append(f"{method} {path}: {r.status_code} to a caller off the host: {r.text[:200]}")
         elif (method, path) in GLOBAL:
             if (method, path) in RAW:  # a body that is not JSON
                 r = api.request(method, full, content=RAW[method, path], headers=headers)
@@ -388,7 +393,7 @@ def test_the_walk_was_not_refused_for_its_bodies(api: Any, world: World) -> None
     routes = sorted(api_routes(api.app), key=lambda r: (r[0] == "DELETE", -len(r[1])))
     for n, (method, full, model) in enumerate(routes):
         path = full[len(API) :]
-        if not full.startswith(API) or (method, path) in GLOBAL | CATALOG | SIGNED:
+        if not full.startswith(API) or (method, path) in GLOBAL | CATALOG | SIGNED | LOCAL:
             continue
         body = _body(w, method, path, model, n)
         headers = w.admin if path.startswith("/admin/") else w.victim.headers

@@ -318,3 +318,22 @@ def test_verify_compares_both_sides_hashes_after_a_same_host_copy(srv: Any, tmp_
     monkeypatch.setattr(c, "volume_stat", lambda *a, **k: {**real(*a, **k), "sha256": "0" * 64})
     with pytest.raises(ApiError, match="hashes to"):  # a disagreement is an error, not a silent pass
         c.volume_upload("v", f, "verified.bin", verify=True)
+
+
+def test_a_caller_from_another_host_is_not_told_the_socket_or_the_servers_pid_and_uid(
+    tmp_path: Path, cheap_password_hashing: None
+) -> None:
+    """Review: the announcement told any remote caller the server's pid and uid (whether it runs as root)."""
+    from fastapi.testclient import TestClient
+
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    for where, status in ((("203.0.113.9", 50000), 404), (("127.0.0.1", 50000), 200)):
+        home = tmp_path / str(status)
+        app = create_app(settings(home / "home", f"sqlite+pysqlite:///{home}.db"))
+        with TestClient(app, client=where) as api:
+            t = signup(api, f"caller-{status}@example.com")
+            r = api.get("/api/v1/storage/local-copy", headers=t.headers)
+            assert r.status_code == status, r.text
+            assert ("pid" in r.json()) is (status == 200)

@@ -90,7 +90,11 @@ class LocalCopyServer:
                     ch.send(conn, {"ok": False, "status": 503, "detail": "busy: too many same-host copies; use HTTP"})
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, uid), name="local-copy-conn", daemon=True).start()
+            try:
+                threading.Thread(target=self._serve, args=(conn, uid), name="local-copy-conn", daemon=True).start()
+            except RuntimeError:  # no thread to be had: this copy goes over HTTP, the loop and the slot stay
+                self._give(uid)
+                conn.close()
 
     def _take(self, uid: int) -> bool:
         with self.lock:

@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 from starlette.requests import ClientDisconnect
 
-from suanli.api.deps import Auth
+from suanli.api.deps import Auth, client_address
 from suanli.api.routers.volumes import OrgQ, Ref
 from suanli.api.schemas import Out
 from suanli.control.errors import Invalid, NotFound
@@ -83,7 +83,18 @@ async def local_copy(request: Request, ctx: Auth) -> LocalCopyOut:
     lc = getattr(request.app.state, "local_copy", None)
     if lc is None:
         raise NotFound("this server copies over HTTP only (local_copy is off)")
+    if not _loopback(client_address(request)):  # no same-host copy from there: the pid and uid are not its business
+        raise NotFound("same-host copies are for clients on the server's own host")
     return LocalCopyOut(**lc.info())
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def _lim(ctx: Auth) -> volumes.Limits:

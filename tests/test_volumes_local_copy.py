@@ -337,3 +337,22 @@ def test_a_caller_from_another_host_is_not_told_the_socket_or_the_servers_pid_an
             r = api.get("/api/v1/storage/local-copy", headers=t.headers)
             assert r.status_code == status, r.text
             assert ("pid" in r.json()) is (status == 200)
+
+
+def test_a_server_that_cannot_open_the_socket_still_starts_and_copies_over_http(
+    tmp_path: Path, cheap_password_hashing: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from suanli.api import local_copy
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    def no_socket(self: object, srv: object) -> None:
+        raise PermissionError(13, "abstract sockets are not allowed here")
+
+    monkeypatch.setattr(local_copy.LocalCopyServer, "__init__", no_socket)
+    app = create_app(settings(tmp_path / "home", f"sqlite+pysqlite:///{tmp_path / 'db'}"))
+    with TestClient(app, client=("127.0.0.1", 50000)) as api:
+        t = signup(api, "nosocket@example.com")
+        assert api.get("/api/v1/storage/local-copy", headers=t.headers).status_code == 404

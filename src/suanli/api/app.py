@@ -263,7 +263,10 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         if settings.local_copy:
             from suanli.api.local_copy import LocalCopyServer
 
-            app.state.local_copy = LocalCopyServer(srv)
+            try:
+                app.state.local_copy = LocalCopyServer(srv)
+            except OSError as e:  # no Unix socket to be had here: every copy goes over HTTP, the server still starts
+                logging.getLogger("suanli.local_copy").warning("same-host copies are off: %s", e)
         try:
             yield
         finally:

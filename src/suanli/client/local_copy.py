@@ -59,7 +59,7 @@ def connect(c: Channel) -> socket.socket:
     try:
         s.connect("\0" + c.socket[1:])
         pid, uid, _ = struct.unpack("3i", s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-    except OSError:
+    except (OSError, AttributeError):  # (no abstract sockets or SO_PEERCRED off Linux: HTTP)
         s.close()
         raise Busy("no such socket here") from None
     if (pid, uid) != (c.pid, c.uid):

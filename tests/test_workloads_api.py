@@ -472,6 +472,38 @@ def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
     assert any("re-attached" in e["reason"] for e in done["events"])
 
 
+def test_a_run_that_ended_while_the_server_was_down_mid_launch_is_billed_to_its_end(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI's crash loop: a run launched just before a kill -9 ended while the server was down; the restarted server
+    re-attached it and took the re-attach as its start, so its end was moved up to it: 11 s billed past the end."""
+    import time
+
+    from suanli.control.scheduling.scheduling import seconds
+    from suanli.control.workloads import supervisor
+    from suanli.db.models import Allocation
+
+    w = platform.submit({"name": "quick", "command": "true", "resources": {"gpus": 0}})
+    platform.sched.run(platform.db, utcnow())
+
+    def launch_then_die(self: Supervisor, db: Any, wid: str, launch: Any, now: Any, report: Any) -> None:
+        supervisor._write_handle(launch.log_dir, self.executor("local").launch(launch, seconds(now)))
+        raise ServerDied
+
+    monkeypatch.setattr(Supervisor, "_start", launch_then_die)
+    with pytest.raises(ServerDied):
+        platform.sup.run(platform.db, utcnow())
+    monkeypatch.undo()
+    time.sleep(4)  # the server is down; the run ends meanwhile
+    platform.sup = Supervisor(platform.sup.home, grace_s=1.0)
+    done = platform.until(w["id"], finished)
+    assert done["state"] == "succeeded" and any("re-attached" in e["reason"] for e in done["events"])
+    with platform.db.read() as s:
+        a = s.get(Allocation, f"{w['id']}.1")
+        held = (a.stopped_at - a.started_at).total_seconds()
+    assert held < 2.5, f"billed {held:.1f} s for a run that ended at once"
+
+
 def test_a_virtual_job_runs_as_long_as_the_performance_model_predicts_on_its_placement(platform: Platform) -> None:
     from suanli.topology import presets
     from suanli.topology.spec import parse

@@ -202,8 +202,11 @@ class Supervisor(Launches):
             return
         if w.handle is None:  # the server stopped between `starting` and storing the handle
             saved = _read_handle(workdirs.log_dir(self.home, w.id, w.attempt))
-            if saved is not None:
-                self._running(s, w, saved, now, "running (re-attached: the server restarted while launching it)")
+            if saved is not None:  # it ran from its launch, not from now: an end learned later is measured from there
+                launched = saved.get("launched_at")
+                began = EPOCH + timedelta(seconds=launched) if isinstance(launched, int | float) else now
+                self._running(s, w, saved, now, "running (re-attached: the server restarted while launching it)",
+                              started=min(now, max(began, w.queued_at)))  # fmt: skip
                 return
             since = w.restarted_at or w.started_at
             if since is not None and (now - since).total_seconds() < LAUNCH_GRACE_S:
@@ -260,13 +263,14 @@ class Supervisor(Launches):
         if w.executor == "virtual":  # no process to start: at once, in this transaction
             self._launch(s, w, now, report, duration)
 
-    def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str) -> None:
+    def _running(self, s: Session, w: Workload, handle: dict[str, Any], now: datetime, reason: str,
+                 started: datetime | None = None) -> None:  # fmt: skip
         """Store the handle (naming its attempt, and how long a whole run lasts on its GPUs); a resize's restart keeps
-        the run's start, so `max_duration` counts from it."""
+        the run's start, so `max_duration` counts from it. `started`: when it really started (a re-attached launch)."""
         spec = WorkloadSpec.model_validate(w.spec)
         w.handle = {"attempt": w.attempt, "length_s": _length(w, spec), **handle}
         if w.restarted_at is None or w.started_at is None:
-            w.started_at = now
+            w.started_at = started or now
         w.deadline_at = _deadline(s, spec, w.started_at)
         if w.executor == "virtual":
             duration = handle.get("duration_s")

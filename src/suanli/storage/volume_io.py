@@ -30,6 +30,7 @@ from suanli.storage.volumes import (
     load_state,
     open_dir,
     open_file,
+    walk,
 )
 
 SUMS = "sums"  # per path: [inode, size, mtime_ns, ctime_ns, sha256] of a file copied in (trusted while unchanged)
@@ -271,31 +272,25 @@ def tar_tree(data: Path, rel: str) -> Iterator[bytes]:
     """A plain tar of the directory `rel` of the tree as it streams (regular files, directories, links as links),
     read through directory descriptors: a link a workload swaps in is stored as a link, never followed."""
     sink = _Sink()
-    with open_dir(data, _split(rel)) as top, tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
-            base = "" if dirpath == "." else dirpath[2:] + "/"
-            for name in sorted(dirs) + sorted(files):
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+        for path, name, dfd, st in walk(data, rel):
+            info = tarfile.TarInfo(path)
+            info.mtime, info.mode = int(st.st_mtime), st.st_mode & 0o777
+            if stat.S_ISDIR(st.st_mode):
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif stat.S_ISLNK(st.st_mode):
+                info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
+                tar.addfile(info)
+            elif stat.S_ISREG(st.st_mode):
                 try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
                 except OSError:
                     continue
-                info = tarfile.TarInfo(base + name)
-                info.mtime, info.mode = int(st.st_mtime), st.st_mode & 0o777
-                if stat.S_ISDIR(st.st_mode):
-                    info.type = tarfile.DIRTYPE
-                    tar.addfile(info)
-                elif stat.S_ISLNK(st.st_mode):
-                    info.type, info.linkname = tarfile.SYMTYPE, os.readlink(name, dir_fd=dfd)
-                    tar.addfile(info)
-                elif stat.S_ISREG(st.st_mode):
-                    try:
-                        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
-                    except OSError:
-                        continue
-                    with os.fdopen(fd, "rb") as f:
-                        info.size = os.fstat(fd).st_size
-                        tar.addfile(info, f)
-                yield from sink.take()
+                with os.fdopen(fd, "rb") as f:
+                    info.size = os.fstat(fd).st_size
+                    tar.addfile(info, f)
+            yield from sink.take()
     yield from sink.take()
 
 

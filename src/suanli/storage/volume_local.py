@@ -21,7 +21,7 @@ from pathlib import Path
 from suanli.storage import fd_channel
 from suanli.storage.archive import footprint, remove_tree
 from suanli.storage.volume_io import _merge, _place
-from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir
+from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir, walk
 from suanli.workloads.volumes import VolumeRuleError, clean_path
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -145,30 +145,23 @@ class OutBatch:
 
 
 def tree_out(data: Path, rel: str, batch: int = 200) -> Iterator[OutBatch]:
-    """The directory `rel` of the tree in batches of at most `batch` entries, its files each open for reading, walked through
-    directory descriptors (a link is reported as a link, never followed). The caller closes each batch."""
+    """The directory `rel` of the tree (`storage.volumes.walk`) in batches of at most `batch` entries, its files
+    each open for reading. The caller closes each batch."""
     out = OutBatch()
-    with open_dir(data, _split(rel)) as top:
-        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
-            base = "" if dirpath == "." else dirpath[2:] + "/"
-            for name in sorted(dirs) + sorted(files):
-                try:
-                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISDIR(st.st_mode):
-                    out.dirs.append(base + name)
-                elif stat.S_ISLNK(st.st_mode):
-                    with contextlib.suppress(OSError):
-                        out.links.append((base + name, os.readlink(name, dir_fd=dfd)))
-                elif stat.S_ISREG(st.st_mode):
-                    try:
-                        fd = os.open(name, _READ, dir_fd=dfd)
-                    except OSError:
-                        continue
-                    out.fds.append(fd)
-                    out.files.append((base + name, os.fstat(fd).st_size, st.st_mode & 0o777))
-                if len(out.fds) + len(out.dirs) + len(out.links) >= batch:
-                    yield out
-                    out = OutBatch()
+    for path, name, dfd, st in walk(data, rel):
+        if stat.S_ISDIR(st.st_mode):
+            out.dirs.append(path)
+        elif stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                out.links.append((path, os.readlink(name, dir_fd=dfd)))
+        elif stat.S_ISREG(st.st_mode):
+            try:
+                fd = os.open(name, _READ, dir_fd=dfd)
+            except OSError:
+                continue
+            out.fds.append(fd)
+            out.files.append((path, os.fstat(fd).st_size, st.st_mode & 0o777))
+        if len(out.fds) + len(out.dirs) + len(out.links) >= batch:
+            yield out
+            out = OutBatch()
     yield out

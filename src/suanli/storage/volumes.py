@@ -122,6 +122,21 @@ def open_dir(base: Path, parts: list[str], create: bool = False, owner: tuple[in
         os.close(fd)
 
 
+def walk(data: Path, rel: str) -> Iterator[tuple[str, str, int, os.stat_result]]:
+    """Every entry under the directory `rel` of the tree, by name within each directory, as (path under `rel`,
+    name, its directory's descriptor, lstat): walked through directory descriptors, a link reported, never followed.
+    Entries that vanish while walked are skipped."""
+    with open_dir(data, _split(rel)) as top:
+        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+            base = "" if dirpath == "." else dirpath[2:] + "/"
+            for name in sorted(dirs) + sorted(files):
+                try:
+                    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+                except OSError:
+                    continue
+                yield base + name, name, dfd, st
+
+
 def open_file(data: Path, rel: str) -> tuple[int, os.stat_result]:
     """A descriptor of a regular file of the tree (not through a link), and its stat."""
     parts = _split(rel)

@@ -10,7 +10,6 @@ busy server, and the copy goes over HTTP as before.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import socket
 import struct
@@ -42,13 +41,7 @@ class Channel:
 
 
 def is_loopback(server: str) -> bool:
-    host = urlparse(server).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return ch.loopback_host(urlparse(server).hostname or "")
 
 
 def connect(c: Channel) -> socket.socket:

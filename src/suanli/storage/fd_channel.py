@@ -15,6 +15,7 @@ import ctypes
 import ctypes.util
 import errno
 import fcntl
+import ipaddress
 import json
 import os
 import socket
@@ -43,6 +44,16 @@ class ChannelError(Exception):
 
 class BadDescriptor(ValueError):
     """A descriptor that is not an open regular file of the kind asked for."""
+
+
+def loopback_host(host: str) -> bool:
+    """A host name or address of this machine's loopback: where a same-host copy may be offered and taken."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def send(sock: socket.socket, msg: dict[str, Any], fds: list[int] | tuple[int, ...] = ()) -> None:

@@ -34,6 +34,7 @@ from suanli.control.storage import volumes
 from suanli.storage import volume_io as vio
 from suanli.storage import volumes as store
 from suanli.storage.archive import ArchiveError
+from suanli.storage.fd_channel import loopback_host
 
 router = APIRouter(tags=["volumes"])
 PathQ = Annotated[str, Query(max_length=1024, description="a path inside the volume ('' or '/': its root)")]
@@ -83,18 +84,9 @@ async def local_copy(request: Request, ctx: Auth) -> LocalCopyOut:
     lc = getattr(request.app.state, "local_copy", None)
     if lc is None:
         raise NotFound("this server copies over HTTP only (local_copy is off)")
-    if not _loopback(client_address(request)):  # no same-host copy from there: the pid and uid are not its business
+    if not loopback_host(client_address(request)):  # no same-host copy from there: the pid and uid are not its business
         raise NotFound("same-host copies are for clients on the server's own host")
     return LocalCopyOut(**lc.info())
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
 
 
 def _lim(ctx: Auth) -> volumes.Limits:

@@ -273,17 +273,11 @@ class Copy:
                     continue
                 msg, fds = ch.recv(self.conn)
                 try:
-                    skip = msg.get("skip", [])
-                    if (msg.get("op") != "fds" or not isinstance(skip, list) or len(skip) > len(b.files)
-                            or not all(type(i) is int and 0 <= i < len(b.files) for i in skip)
-                            or len(fds) != len(b.files) - len(set(skip))):  # fmt: skip
-                        raise Invalid("fds: send one open file for each file of the batch not in skip "
-                                      "(skip: at most one index each)")  # fmt: skip
-                    skipped = set(skip)
-                    wanted = [i for i in range(len(b.files)) if i not in skipped]
-                    for i, dst in zip(wanted, fds, strict=True):
+                    if msg.get("op") != "fds" or len(fds) != len(b.files):
+                        raise Invalid("fds: send one open file for each file of the batch, in its order")
+                    for src, (_, size, _), dst in zip(b.fds, b.files, fds, strict=True):
                         ch.check_fd(dst, write=True)
-                        n += ch.copy(b.fds[i], dst, b.files[i][1])
+                        n += ch.copy(src, dst, size)
                         count += 1
                 finally:
                     ch.close_all(fds)

@@ -217,7 +217,7 @@ def get_tree(c: Channel, ref: str, org: str | None, path: str, dest: Path, progr
                     fds.append(os.open(where, _WRITE, (int(mode) & 0o755) | 0o600))
                     total += int(size)
                 if fds:
-                    ch.send(s, {"op": "fds", "skip": []}, fds)
+                    ch.send(s, {"op": "fds"}, fds)
             finally:
                 ch.close_all(fds)
             if progress is not None and total:

@@ -356,3 +356,61 @@ def test_a_server_that_cannot_open_the_socket_still_starts_and_copies_over_http(
     with TestClient(app, client=("127.0.0.1", 50000)) as api:
         t = signup(api, "nosocket@example.com")
         assert api.get("/api/v1/storage/local-copy", headers=t.headers).status_code == 404
+
+
+def _op(token: str, op: str, volume: str, path: str, tmp_path: Path, org: str | None = None, **q: Any) -> dict:
+    """One socket request of `op` as the holder of `token` (a file passed where the op takes one)."""
+    c = q.pop("c")
+    fds: list[int] = []
+    if op == "put-file":
+        (tmp_path / "payload").write_bytes(b"theirs now")
+        fds = [os.open(tmp_path / "payload", os.O_RDONLY)]
+    elif op == "get-file":
+        fds = [os.open(tmp_path / "stolen", os.O_WRONLY | os.O_CREAT, 0o600)]
+    try:
+        return ask(c, {"op": op, "volume": volume, "path": path, "org": org}, fds, token=token)
+    finally:
+        ch.close_all(fds)
+
+
+@pytest.mark.parametrize("op", ["put-file", "get-file", "put-tree", "get-tree"])
+def test_a_stranger_gets_404_from_every_op_and_nothing_of_the_volume(srv: Any, tmp_path: Path, op: str) -> None:
+    _, c, other = srv
+    (tmp_path / "secret").write_bytes(b"owner's secret")
+    c.volume_upload("v", tmp_path / "secret", "dir/secret.txt")
+    for ref, org in (("v", None), ("v", c.volume("v").org_id), (c.volume("v").id, None)):
+        got = _op(other.token, op, ref, "dir/secret.txt" if op.endswith("file") else "dir", tmp_path, org, c=c)
+        assert got["ok"] is False and got["status"] == 404, got
+    assert not (tmp_path / "stolen").exists() or (tmp_path / "stolen").read_bytes() == b""
+    assert c.volume_stat("v", "dir/secret.txt", sha256=True)["sha256"] == sha(tmp_path / "secret")
+
+
+def test_a_team_viewer_reads_but_never_writes_and_a_read_only_volume_takes_nothing(srv: Any, tmp_path: Path) -> None:
+    from tests.control_plane import admin_token, bearer, join
+
+    s, c, _ = srv
+    with httpx.Client(base_url=s.url) as http:
+        owner, viewer = signup(http, "lab-owner@example.com"), signup(http, "lab-viewer@example.com")
+        team = http.post("/api/v1/orgs", json={"name": "lab-local"}, headers=owner.headers).json()["id"]
+        join(http, owner, team, viewer, "viewer")
+        r = http.post(f"/api/v1/admin/orgs/{team}/transactions", json={"kind": "topup", "amount": "10"},
+                      headers=bearer(admin_token(http)))  # fmt: skip
+        assert r.status_code == 201, r.text
+    with Client(s.url, owner.token) as o, Client(s.url, viewer.token) as v:
+        o.volume_create("shared", "8Mi", org=team)
+        (tmp_path / "a").write_bytes(b"the team's")
+        assert o.volume_upload("shared", tmp_path / "a", "a.txt", org=team).via == "same-host"
+        got = v.volume_download("shared", "a.txt", tmp_path / "read", org=team)
+        assert got.via == "same-host" and (tmp_path / "read").read_bytes() == b"the team's"
+        for op in ("put-file", "put-tree"):
+            got = _op(viewer.token, op, "shared", "b.txt" if op == "put-file" else "t", tmp_path, team, c=c)
+            assert got["status"] == 403 and "viewer" in got["detail"], got
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(f"sqlite+pysqlite:///{s.home.parent / 'db'}")
+        with engine.begin() as db:  # the org's balance ran out past the grace: the sweep made it read-only
+            db.execute(text("UPDATE volumes SET state = 'read-only' WHERE name = 'shared'"))
+        engine.dispose()
+        got = _op(owner.token, "put-file", "shared", "c.txt", tmp_path, team, c=c)
+        assert got["status"] == 402 and "read-only" in got["detail"], got
+        assert [e.name for e in o.volume_ls("shared", "", org=team)] == ["a.txt"]

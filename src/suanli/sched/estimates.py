@@ -25,6 +25,7 @@ class RuntimeHistory:
     window: int = 64  # recent durations kept per group
     min_samples: int = 3  # a group with fewer says nothing
     _groups: dict[Key, deque[float]] = field(default_factory=dict, repr=False)
+    _versions: dict[str, int] = field(default_factory=dict, repr=False)
 
     @staticmethod
     def keys(tenant: str, model: str | None, gpus: int) -> tuple[Key, ...]:
@@ -39,6 +40,11 @@ class RuntimeHistory:
             if group is None:
                 group = self._groups[k] = deque(maxlen=self.window)
             group.append(float(seconds))
+        self._versions[tenant] = self._versions.get(tenant, 0) + 1
+
+    def version(self, tenant: str) -> int:
+        """How many runs of the tenant's were recorded: an estimate taken at another version may be stale."""
+        return self._versions.get(tenant, 0)
 
     def median(self, tenant: str, model: str | None, gpus: int) -> float | None:
         for k in self.keys(tenant, model, gpus):

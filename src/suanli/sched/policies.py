@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from suanli.sched import gittins
 from suanli.sched.state import ClusterState
 from suanli.sched.types import FULL, Allocation, Request
 
@@ -55,6 +56,9 @@ class SchedulerConfig:
     # equal attained time the smaller gang has the least expected service left)
     elastic_shrink: bool = False  # a blocked request first shrinks elastic work it may preempt (toward its minimum,
     # most attained service first) instead of evicting it: a resize, not a restart, and only the GPUs it needs
+    gittins: bool = False  # `default`, `elastic`, `las`: within a class, order the queue by the Gittins index of each
+    # job's run time (`sched/gittins.py`, from its similar work's samples; its LAS level where it has none) instead of
+    # LAS level then submit time. Preemption is unchanged (LAS levels).
     grow_las: bool = False  # elastic jobs grow into idle GPUs least attained service first (LAS level, then oldest)
     # instead of oldest first
     preempt_gain: float = 2.0  # srsf: evict only work with this many times the request's estimated service left
@@ -94,10 +98,26 @@ def by_class(r: Request, ctx: PolicyContext) -> tuple:
 
 
 def by_las(r: Request, ctx: PolicyContext) -> tuple:
+    if ctx.config.gittins:
+        return (-gittins_rate(r, r.attained, ctx), r.submit_time, r.id)
     return (ctx.las_level(r.attained), r.submit_time, r.id)
 
 
+def gittins_rate(r: Request, attained: float, ctx: PolicyContext) -> float:
+    """Completions per GPU-second of further service the job promises (`sched/gittins.py`): its run time's Gittins
+    index over its similar work's samples, per GPU. With no samples, its LAS level stands in: one over the level's
+    upper bound in GPU-seconds (levels are what keep LAS from preempting back and forth over small differences)."""
+    g = max(1e-9, r.gpus * r.milli / FULL)
+    if not r.est_samples:
+        bounds = ctx.config.las_thresholds
+        level = ctx.las_level(attained)
+        return 1.0 / (bounds[level] if level < len(bounds) else 10 * bounds[-1]) if bounds else 0.0
+    return gittins.index(r.est_samples, attained / g) / g
+
+
 def by_class_las(r: Request, ctx: PolicyContext) -> tuple:
+    if ctx.config.gittins:
+        return (-r.rank, -gittins_rate(r, r.attained, ctx), r.submit_time, r.id)
     if ctx.config.las_size_order:  # a g-GPU job's Gittins index at equal attained time is 1/g of a 1-GPU job's
         return (-r.rank, ctx.las_level(r.attained), r.gpus * r.milli, r.submit_time, r.id)
     return (-r.rank, ctx.las_level(r.attained), r.submit_time, r.id)

@@ -81,6 +81,8 @@ class Simulation:
             raise ValueError(f"estimates must be 'history' or 'exact', not {self.config.estimates!r}")
         self.events: list[tuple[float, int, int, int, int]] = []
         self._seq = 0
+        self.est_version: dict[int, int] = {}  # the tenant's history version each job's estimate was taken at
+        self.refresh_estimates = self.history is not None and self.config.scheduler.gittins
 
     # ---- setup ------------------------------------------------------------------------------------
     def _request(self, i: int, j: TraceJob, types: set[str]) -> Request:
@@ -152,11 +154,7 @@ class Simulation:
                 _, _, kind, a, b = heapq.heappop(self.events)
                 if kind == ARRIVAL:
                     if self.history is not None:
-                        j = self.jobs[a]
-                        est, samples = for_request(  # what the server asks of its orgs' histories, too
-                            self.history, j.tenant, j.model, j.num_gpus, with_samples=self.config.est_samples
-                        )
-                        self.requests[a] = replace(self.requests[a], est_runtime=est, est_samples=samples)
+                        self._estimate(a)
                     self.queue[a] = self.requests[a]
                     changed = True
                 elif kind == FINISH and b == self.epoch[a] and a in self.running:
@@ -182,6 +180,25 @@ class Simulation:
                 enumerate(zip(self.jobs, self.records, strict=True)) if not r.unschedulable]  # fmt: skip
         self.metrics.work_gpu_s = float(sum(max(0.0, w) for w in done))
         return self.metrics.result(self.records, now, wall, queued=len(self.queue), running=len(self.running))
+
+    def _estimate(self, i: int) -> None:
+        """Job i's request with its estimate from its tenant's history now (what the server asks, too)."""
+        assert self.history is not None
+        j = self.jobs[i]
+        est, samples = for_request(self.history, j.tenant, j.model, j.num_gpus, with_samples=self.config.est_samples)
+        self.est_version[i] = self.history.version(j.tenant)
+        if est != self.requests[i].est_runtime or samples != self.requests[i].est_samples:
+            self.requests[i] = replace(self.requests[i], est_runtime=est, est_samples=samples)
+            if i in self.queue:
+                self.queue[i] = self.requests[i]
+
+    def _refresh_estimates(self) -> None:
+        """Queued work's estimates follow its tenant's history as it grows (the Gittins order must see the latest
+        finishers, not only those before the job arrived)."""
+        assert self.history is not None
+        for i in self.queue:
+            if self.est_version.get(i) != self.history.version(self.jobs[i].tenant):
+                self._estimate(i)
 
     def _left(self, i: int) -> float:
         """Recorded work of job i not done yet (GPU-seconds of the reference placement)."""
@@ -274,6 +291,8 @@ class Simulation:
     def _cycle(self, t: float, clock: Callable[[], float] | None) -> bool:
         for i in self.running:  # LAS and fair-share read attained service
             self._progress(i, t)
+        if self.refresh_estimates:
+            self._refresh_estimates()
         t0 = clock() if clock else 0.0
         result, new_state = self.scheduler.cycle(self.state, list(self.queue.values()), t, explain=False)
         if clock:

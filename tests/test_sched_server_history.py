@@ -306,3 +306,30 @@ def test_cpu_only_jobs_specs_are_never_read_and_specs_come_a_batch_at_a_time(api
     ended = [[i for i in batch if not i.startswith("wl_")] for batch in asked]  # (not the queued job's own spec)
     assert sum(map(len, ended)) == 7 and max(map(len, ended)) <= 3, asked
     assert sched.history.of(a.org_id).samples(a.org_id, None, 8) == tuple(float(x) for x in range(1, 8))
+
+
+def _waits_while_history_grows(api: TestClient, sched: SchedulingPass) -> tuple[Request, list[float], str]:
+    """a's job queues behind a's 128-GPU wall, then three of a's jobs of its shape end: the next pass reads them."""
+    (a,) = _setup(api, "a@example.com")
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    _submit(api, a, _spec("wall", 128))
+    sched.run(db, utcnow())
+    j = _submit(api, a, _spec("next", 8))
+    sched.run(db, utcnow() + timedelta(seconds=1))
+    assert _request(sched, j).est_samples == ()  # nothing had ended
+    ran = [300.0, 400.0, 500.0]
+    _finished(api, a, ran, ended=utcnow())
+    sched.run(db, utcnow() + timedelta(seconds=2 * LAG_S))
+    return _request(sched, j), ran, a.org_id
+
+
+def test_with_gittins_a_queued_jobs_samples_follow_its_orgs_history(api: TestClient) -> None:
+    """The Gittins order reads each queued job's samples; the server retakes them as the org's history grows, as
+    `suanli sim` does (tests/test_sched_gittins.py), so work that waited is ordered by what ended meanwhile."""
+    req, ran, org = _waits_while_history_grows(api, SchedulingPass(SchedulerConfig(gittins=True)))
+    assert (req.est_runtime, req.est_samples) == _expected(org, ran) == (400.0, tuple(ran))
+
+
+def test_without_gittins_an_estimate_is_taken_once_when_work_is_first_queued(api: TestClient) -> None:
+    req, _, _ = _waits_while_history_grows(api, SchedulingPass())
+    assert (req.est_runtime, req.est_samples) == (None, ())

@@ -60,6 +60,12 @@ class ServerHistory:
         """The org's own history (an empty one when it has none yet; not kept)."""
         return self._orgs.get(org) or RuntimeHistory()
 
+    def version(self, org: str) -> int:
+        """How many of the org's runs were recorded (`RuntimeHistory.version`): an estimate taken at another may be
+        stale."""
+        h = self._orgs.get(org)
+        return h.version(org) if h is not None else 0
+
     def refresh(self, s: Session, now: datetime, parsed: dict[str, WorkloadSpec]) -> int:
         """Record the jobs that ended since the last refresh (`parsed`: specs the pass holds already, by workload
         id; the others are read). Returns the jobs recorded."""

@@ -115,6 +115,7 @@ class SchedulingPass:
     _held: dict[str, tuple[str, str]] = field(default_factory=dict)  # allocation row id -> (cluster, sched id)
     _rank: dict[str, int] = field(default_factory=dict)  # workload id -> its spec's priority rank
     _parsed: dict[str, WorkloadSpec] = field(default_factory=dict)  # workload id -> its spec (specs never change)
+    _est_version: dict[tuple[str, int, float], int] = field(default_factory=dict)  # history version of its estimate
     _said: dict[str, tuple[str, int]] = field(default_factory=dict)
     _seen: int | None = None  # the inventory version the snapshot was last brought up to date at
     resizer: resizing.Resizer = field(default_factory=resizing.Resizer)  # running elastic work, between passes
@@ -200,6 +201,7 @@ class SchedulingPass:
         if len(self.requests) > 2 * len(queue_rows) + 1000:
             live = {(r.id, r.attempt, seconds(r.queued_at)) for r in queue_rows}
             self.requests = {k: v for k, v in self.requests.items() if k in live}
+            self._est_version = {k: v for k, v in self._est_version.items() if k in live}
             self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
             self._parsed = {k[0]: self._parsed[k[0]] for k in live if k[0] in self._parsed}
         queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
@@ -277,8 +279,12 @@ class SchedulingPass:
             spec = WorkloadSpec.model_validate(specs[wid])
             req = spec.to_request(wid, seconds(submitted_at), org_id, attained=attained, queued_since=key[2])
             req = self.requests[key] = self.history.estimate(req, spec)
+            self._est_version[key] = self.history.version(org_id)
             self._rank[wid] = spec.priority_rank()
             self._parsed[wid] = spec
+        elif self.config.gittins and self._est_version.get(key) != self.history.version(org_id):
+            req = self.requests[key] = self.history.estimate(req, self._parsed[wid])  # as `suanli sim` retakes them
+            self._est_version[key] = self.history.version(org_id)
         return req
 
     def _by_priority(self, queue: list[Request]) -> list[Request]:

@@ -106,6 +106,15 @@ def test_policy_all_dedupes_and_default_alias() -> None:
     assert list(doc["policies"]) == ["default", *(p for p in POLICIES if p != "default"), "oracle-srsf"]
 
 
+def test_a_policy_takes_switches_after_a_plus_and_each_run_is_named_by_them() -> None:
+    doc = sim_json("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "default",
+                   "--policy", "DEFAULT+grow_las+Gittins", "--policy", "default+gittins+grow_las")  # fmt: skip
+    assert list(doc["policies"]) == ["default", "default+gittins+grow_las"]  # one name per configuration
+    runs = doc["policies"]
+    assert runs["default"] != runs["default+gittins+grow_las"]  # the switches reach the scheduler
+    assert_conserved(doc)
+
+
 def test_jobs_takes_the_first_n() -> None:
     doc = sim_json("--trace", "synthetic:200", "--cluster", "4x8:H100", "--policy", "fifo", "--jobs", "50")
     assert doc["jobs"] == 50
@@ -178,6 +187,12 @@ def test_report_with_json_keeps_stdout_pure(tmp_path: Path) -> None:
 def test_unknown_policy() -> None:
     err = bad_input("--trace", "synthetic:10", "--cluster", "4x8:H100", "--policy", "sjf")
     assert "sjf" in err and all(p in err for p in POLICIES)
+
+
+@pytest.mark.parametrize("name", ["default+sjf", "default+", "sjf+gittins"])
+def test_unknown_switch_or_policy_is_named(name: str) -> None:
+    err = bad_input("--trace", "synthetic:10", "--cluster", "4x8:H100", "--policy", name)
+    assert ("gittins" in err and "elastic_shrink" in err) or ("sjf" in err and "default" in err)
 
 
 def test_bad_trace_format() -> None:

@@ -4,13 +4,16 @@ nothing outside the simulator can run it."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from suanli.control.background import WorkloadLoop
 from suanli.control.settings import Settings
+from suanli.db.engine import Database
 from suanli.sched import Scheduler, SchedulerConfig
 from suanli.sim import SimConfig, Simulation, TraceJob, simulate
 from suanli.sim.oracle import ORACLE_SRSF, OracleScheduler
@@ -89,3 +92,17 @@ def test_the_server_refuses_the_oracle() -> None:
         Settings(policy=ORACLE_SRSF)
     with pytest.raises(ValueError, match="unknown policy"):
         Scheduler(SchedulerConfig(policy=ORACLE_SRSF))
+    with pytest.raises(ValueError, match="clairvoyant reference"):
+        Settings(policy=f"{ORACLE_SRSF}+gittins")
+
+
+def test_the_servers_policy_takes_switches_and_the_loop_runs_them(tmp_path: Path) -> None:
+    s = Settings(policy="Default+grow_las+gittins", home=tmp_path)
+    assert s.policy == "default+gittins+grow_las"  # normalised, switches in one order
+    loop = WorkloadLoop(Database(f"sqlite:///{tmp_path / 'db.sqlite'}"), s)
+    assert (loop.scheduling.config.policy, loop.scheduling.config.gittins, loop.scheduling.config.grow_las) == (
+        "default", True, True)  # fmt: skip
+    assert not loop.scheduling.config.elastic_shrink
+    for bad in ("default+nope", "default+"):
+        with pytest.raises(ValueError, match="unknown switch"):
+            Settings(policy=bad)

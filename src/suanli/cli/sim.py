@@ -15,7 +15,7 @@ from rich.table import Table
 from suanli import traces
 from suanli.cli import common
 from suanli.cli.common import JsonOpt, console, fail, user_errors
-from suanli.sched import POLICIES, SchedulerConfig
+from suanli.sched import KNOBS, POLICIES, SchedulerConfig, config_name, configured
 from suanli.sim import SimConfig, SimResult, TraceJob, simulate
 from suanli.sim import report as rep
 from suanli.sim.oracle import ORACLE_POLICIES, ORACLE_SRSF
@@ -33,7 +33,8 @@ _TRACE = f"FORMAT:PATH with FORMAT one of {', '.join(traces.FORMATS)}; or {SYNTH
 _POLICY = (
     f"Scheduling policy (repeatable or comma-separated): {', '.join(POLICIES)}, or 'all' (default: "
     f"{', '.join(DEFAULT_POLICIES)}); '{ORACLE_SRSF}' is a reference that knows every job's duration (no real "
-    "scheduler does; the server refuses it)."
+    "scheduler does; the server refuses it). Switches follow a policy with '+': "
+    f"default+gittins+elastic_shrink+grow_las ({', '.join(KNOBS)}; docs/scheduling.md)."
 )
 
 
@@ -81,7 +82,12 @@ def resolve_policies(names: list[str] | None) -> list[str]:
                 name = SchedulerConfig().policy
             expanded = [*POLICIES, *ORACLE_POLICIES] if name == "all" else [name]
             for n in expanded:
-                if n not in POLICIES and n not in ORACLE_POLICIES:
+                if "+" in n and n.split("+", 1)[0] in POLICIES:
+                    try:
+                        n = config_name(configured(n))
+                    except ValueError as e:
+                        fail(str(e))
+                elif n not in POLICIES and n not in ORACLE_POLICIES:
                     fail(f"unknown policy {raw.strip()!r}; known: {', '.join([*POLICIES, *ORACLE_POLICIES])}, all")
                 if n not in out:
                     out.append(n)
@@ -128,6 +134,11 @@ def _table(summaries: rep.Summaries, heading: str) -> Table:
     return table
 
 
+def _scheduler(name: str) -> SchedulerConfig:
+    """The configuration a resolved policy name stands for (the clairvoyant reference is the simulator's own)."""
+    return SchedulerConfig(policy=name) if name in ORACLE_POLICIES else configured(name)
+
+
 def _replay(
     jobs: list[TraceJob], cluster: Cluster, policies: list[str], config: dict[str, Any], err: Console | None
 ) -> dict[str, SimResult]:
@@ -135,7 +146,7 @@ def _replay(
     results: dict[str, SimResult] = {}
     if err is None:
         for name in policies:
-            cfg = SimConfig(scheduler=SchedulerConfig(policy=name), **config)
+            cfg = SimConfig(scheduler=_scheduler(name), **config)
             results[name] = simulate(jobs, cluster, cfg, clock=time.perf_counter)
         return results
     columns = (
@@ -152,7 +163,7 @@ def _replay(
             def update(done: int, total: int, task: Any = task) -> None:
                 progress.update(task, completed=done, total=total)
 
-            cfg = SimConfig(scheduler=SchedulerConfig(policy=name), **config)
+            cfg = SimConfig(scheduler=_scheduler(name), **config)
             results[name] = simulate(jobs, cluster, cfg, clock=time.perf_counter, progress=update)
     return results
 

@@ -33,7 +33,7 @@ from suanli.control.telemetry.telemetry_loop import TelemetryLoop
 from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.control.workloads.supervisor import Supervisor, SupervisorReport
 from suanli.db.engine import Database
-from suanli.sched import SchedulerConfig
+from suanli.sched import configured
 
 log = logging.getLogger("suanli.background")
 STORAGE_SWEEP_S = 60.0  # seconds between storage sweeps
@@ -143,7 +143,7 @@ class WorkloadLoop:
         self.owner = owner or worker_id()
         self.stop_event = threading.Event()
         self.thread = threading.Thread(target=self.run, name="suanli-workloads", daemon=True)
-        config = SchedulerConfig(policy=settings.policy)
+        config = configured(settings.policy)
         self.scheduling = SchedulingPass(config, hold_minutes=settings.admission_hold_minutes)
         self.supervisor = Supervisor(settings.home, grace_s=settings.stop_grace_s,
                                      balance_grace_minutes=settings.balance_grace_minutes,

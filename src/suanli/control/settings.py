@@ -14,7 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from suanli.control.errors import Invalid
-from suanli.sched.policies import POLICIES
+from suanli.sched.policies import config_name, configured
 from suanli.sim.oracle import ORACLE_POLICIES
 from suanli.storage.archive import DEFAULT_LIMITS
 
@@ -98,7 +98,11 @@ class Settings(BaseModel):
     threads: int = Field(8, ge=1, le=256, description="threads serving route bodies (database calls) per process")
     background: bool = Field(True, description="run the background loops (metering) in this server")
     schedule_interval_s: float = Field(0.5, gt=0, le=60, description="seconds between scheduling passes")
-    policy: str = Field("default", description="scheduling policy (the names `suanli sim` takes)")
+    policy: str = Field(
+        "default",
+        description="scheduling policy, with optional switches: `default+gittins+elastic_shrink+grow_las` (the names "
+        "`suanli sim --policy` takes)",
+    )
     stop_grace_s: float = Field(10.0, ge=0, le=3600, description="SIGTERM to SIGKILL when a workload stops")
     balance_grace_minutes: float = Field(
         5.0, ge=0, le=24 * 60, description="minutes of its rate a workload may run below a zero balance"
@@ -212,13 +216,11 @@ class Settings(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
-        if v in ORACLE_POLICIES:
+        if v.split("+", 1)[0].strip().lower() in ORACLE_POLICIES:
             raise ValueError(
                 f"{v!r} is the simulator's clairvoyant reference (it reads true job durations), not a policy"
             )
-        if v not in POLICIES:
-            raise ValueError(f"unknown policy {v!r}; known: {', '.join(POLICIES)}")
-        return v
+        return config_name(configured(v))  # unknown policy or switch: a ValueError naming the known ones
 
     @property
     def volumes_root(self) -> Path:

@@ -2,7 +2,7 @@
 
 from suanli.sched.framework import Scheduler
 from suanli.sched.placement import PLACEMENTS, PlacementResult, first_fit, place_slice, topology_aware
-from suanli.sched.policies import POLICIES, Policy, SchedulerConfig, policy
+from suanli.sched.policies import KNOBS, POLICIES, Policy, SchedulerConfig, config_name, configured, policy
 from suanli.sched.state import ClusterState, cluster_host, gpus_carried, host_capacity, host_share
 from suanli.sched.types import (
     CLASS_RANK,
@@ -22,6 +22,7 @@ from suanli.sched.types import (
 __all__ = [
     "CLASS_RANK",
     "FULL",
+    "KNOBS",
     "PLACEMENTS",
     "POLICIES",
     "Allocation",
@@ -39,6 +40,8 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "cluster_host",
+    "config_name",
+    "configured",
     "first_fit",
     "gpus_carried",
     "host_capacity",

@@ -263,3 +263,25 @@ def policy(name: str) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
     return POLICIES[name]
+
+
+KNOBS = ("gittins", "elastic_shrink", "grow_las", "las_newer_only", "las_size_order")  # SchedulerConfig switches,
+# off by default, measured in docs/scheduling.md
+
+
+def configured(name: str) -> SchedulerConfig:
+    """`policy[+knob...]` → its configuration: `default+gittins+elastic_shrink+grow_las` is the default policy with
+    those switches on. The names `suanli sim --policy` and the server's `policy` setting take."""
+    head, *knobs = [part.strip().lower() for part in name.split("+")]
+    policy(head)  # unknown: a ValueError naming the known ones
+    on: dict[str, bool] = {}
+    for knob in knobs:
+        if knob not in KNOBS:
+            raise ValueError(f"unknown switch {knob!r} in {name!r}; known: {', '.join(KNOBS)}")
+        on[knob] = True
+    return SchedulerConfig(policy=head, **on)
+
+
+def config_name(config: SchedulerConfig) -> str:
+    """The `policy[+knob...]` name of a configuration's policy and switches (knobs in `KNOBS` order)."""
+    return "+".join([config.policy, *(k for k in KNOBS if getattr(config, k))])

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from suanli.sched import gittins
@@ -265,8 +265,9 @@ def policy(name: str) -> Policy:
     return POLICIES[name]
 
 
-KNOBS = ("gittins", "elastic_shrink", "grow_las", "las_newer_only", "las_size_order")  # SchedulerConfig switches,
-# off by default, measured in docs/scheduling.md
+KNOBS = ("gittins", "elastic_shrink", "grow_las", "las_newer_only", "las_size_order", "locality")  # switches, off by
+# default, measured in docs/scheduling.md: SchedulerConfig's boolean fields of those names, and `locality`: a gang one
+# node could hold waits for one node up to the starvation bound (`locality_wait_s` = `starvation_s`)
 
 
 def configured(name: str) -> SchedulerConfig:
@@ -274,14 +275,18 @@ def configured(name: str) -> SchedulerConfig:
     those switches on. The names `suanli sim --policy` and the server's `policy` setting take."""
     head, *knobs = [part.strip().lower() for part in name.split("+")]
     policy(head)  # unknown: a ValueError naming the known ones
-    on: dict[str, bool] = {}
+    config = SchedulerConfig(policy=head)
     for knob in knobs:
         if knob not in KNOBS:
             raise ValueError(f"unknown switch {knob!r} in {name!r}; known: {', '.join(KNOBS)}")
-        on[knob] = True
-    return SchedulerConfig(policy=head, **on)
+        if knob == "locality":
+            config = replace(config, locality_wait_s=config.starvation_s)
+        else:
+            config = replace(config, **{knob: True})
+    return config
 
 
 def config_name(config: SchedulerConfig) -> str:
     """The `policy[+knob...]` name of a configuration's policy and switches (knobs in `KNOBS` order)."""
-    return "+".join([config.policy, *(k for k in KNOBS if getattr(config, k))])
+    on = [k for k in KNOBS if (config.locality_wait_s > 0 if k == "locality" else getattr(config, k))]
+    return "+".join([config.policy, *on])

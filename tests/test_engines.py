@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from suanli.control.ids import utcnow
 from suanli.control.scheduling import engines, inventory
-from suanli.control.scheduling.scheduling import external_gpus
+from suanli.control.scheduling.snapshot import external_gpus
 from suanli.control.telemetry import health
 from suanli.db.models import Allocation, ClusterRow, Gpu, Node, Workload
 from suanli.executors.base import EngineNode

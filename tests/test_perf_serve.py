@@ -250,7 +250,7 @@ def test_grouped_expert_gemms_lose_the_last_wave_when_split_thin() -> None:
     """Routed experts run as one grouped GEMM without split-K: few output tiles leave SMs idle in the last wave.
     Splitting each expert 8 ways (Mixtral TP8) gives fewer tiles per GPU than keeping it whole (TP1), so a smaller
     share of the SMs works; with many tiles the share tends to one and never exceeds it."""
-    from suanli.perf.inference import _grouped_wave_eff
+    from suanli.perf.serve_iteration import _grouped_wave_eff
 
     tp1 = _grouped_wave_eff(8, 375, (2 * 14336, 4096), 132)
     tp8 = _grouped_wave_eff(8, 375, (2 * 14336 / 8, 4096), 132)

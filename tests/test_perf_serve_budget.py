@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 
 from suanli.perf import Layout, Placement, ServeWorkload, model_preset, shape_of
-from suanli.perf.inference import _Engine, _total, estimate
+from suanli.perf.inference import _total, estimate
+from suanli.perf.serve_iteration import Engine
 from suanli.perf.serve_sched import budget_batch, finite_run, prefill_iterations
 from suanli.topology import parse
 from tests.cli_helpers import invoke
@@ -59,7 +60,7 @@ def test_one_client_sees_the_decode_bound_engine() -> None:
     carries the whole prompt -- the engine's own costs, to 1e-9."""
     p = _placement(4)
     s = shape_of(model_preset("llama3.1-70b"))
-    eng = _Engine(s, p.gpu, Layout(4, 4), "bf16", p.group_fn())
+    eng = Engine(s, p.gpu, Layout(4, 4), "bf16", p.group_fn())
     i, o = 1024, 256
     ctx = i + o / 2
     step = _total(eng.iteration(1.0, ctx, i / o, i))

@@ -448,7 +448,7 @@ class ServerDied(BaseException):
 def test_a_server_dying_while_launching_re_attaches_instead_of_launching_twice(
     platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from suanli.control.scheduling.scheduling import seconds
+    from suanli.control.scheduling.clock import seconds
     from suanli.control.workloads import supervisor
 
     w = platform.submit({"name": "once", "command": "echo x >> launches; sleep 1", "resources": {"gpus": 0}})
@@ -479,7 +479,7 @@ def test_a_run_that_ended_while_the_server_was_down_mid_launch_is_billed_to_its_
     re-attached it and took the re-attach as its start, so its end was moved up to it: 11 s billed past the end."""
     import time
 
-    from suanli.control.scheduling.scheduling import seconds
+    from suanli.control.scheduling.clock import seconds
     from suanli.control.workloads import supervisor
     from suanli.db.models import Allocation
 

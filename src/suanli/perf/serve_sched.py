@@ -7,7 +7,7 @@ prompt tokens of waiting requests fill what is left of the token budget, a promp
 chunks over several iterations (chunked prefill / chunked context). Sources: TensorRT-LLM's "Tuning Max Batch Size
 and Max Num Tokens" guide (the scheduler's token budget, default 8192) and vLLM's `SchedulerConfig`
 (`max_num_batched_tokens`, decode-first chunked prefill). An iteration's time is the engine's roofline of its token
-mix (`perf.inference`); this module says which mix each iteration carries. Pure.
+mix (`perf.serve_iteration`); this module says which mix each iteration carries. Pure.
 """
 
 from __future__ import annotations

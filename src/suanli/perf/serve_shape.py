@@ -1,7 +1,7 @@
 """What LLM serving needs to know of an architecture and a parallel layout: weights per GPU, KV cache per token.
 
 A `ServeShape` is derived from a `TransformerArch` (dense, or with the Mixture-of-Experts and MLA fields when the
-architecture has them) and is what `perf.inference` costs. Pure.
+architecture has them) and is what `perf.serve_iteration` costs. Pure.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from suanli.workloads.runtime import predicted_runtime
 from suanli.workloads.spec import WorkloadSpec, format_duration
 
 if TYPE_CHECKING:
-    from suanli.control.scheduling.scheduling import ClusterView
+    from suanli.control.scheduling.snapshot import ClusterView
     from suanli.topology import Cluster
 
 # (workload id, the cluster it goes to, GPU indices by node name, the scheduler's reason)

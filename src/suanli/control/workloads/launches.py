@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control.scheduling.scheduling import seconds
+from suanli.control.scheduling.clock import seconds
 from suanli.control.storage import hub, volumes
 from suanli.control.workloads import proxy
 from suanli.control.workloads.sandboxes import SandboxPolicy

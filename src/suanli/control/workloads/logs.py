@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 
 from suanli.control.errors import Invalid
 from suanli.control.ids import utcnow
-from suanli.control.scheduling.scheduling import seconds
+from suanli.control.scheduling.clock import seconds
 from suanli.db.models import Allocation, Workload
 from suanli.executors import executor
 from suanli.storage import workdirs

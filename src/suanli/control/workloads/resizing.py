@@ -14,7 +14,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,6 +27,7 @@ from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Invalid, ServiceError
 from suanli.control.money import metering, prices
 from suanli.control.scheduling import inventory, placing
+from suanli.control.scheduling.clock import seconds
 from suanli.control.workloads import workloads
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, Workload
@@ -38,7 +39,7 @@ from suanli.workloads.runtime import predicted_runtime
 from suanli.workloads.spec import WorkloadSpec
 
 if TYPE_CHECKING:
-    from suanli.control.scheduling.scheduling import ClusterView
+    from suanli.control.scheduling.snapshot import ClusterView
 
 HOLDING = ("scheduled", "starting", "running")  # states that hold an allocation: what may be scaled
 OWNER = "as its owner asked"
@@ -233,7 +234,7 @@ def carry_out(
         held_s = max(0.0, (closed.stopped_at - old.started_at).total_seconds())
         w.attained_gpu_s += held_s * old.gpus * old.milli / 1000
         if w.handle is not None:  # the running attempt, and when it was resized: a run that ended before that is over
-            w.handle = {"attempt": w.attempt, **w.handle, "resized_at": seconds_of(now)}
+            w.handle = {"attempt": w.attempt, **w.handle, "resized_at": seconds(now)}
         w.attempt, w.allocation_id = w.attempt + 1, row["id"]
         w.predicted_s = lengths(spec, topo, gpus)
         if w.executor == "virtual" and w.state == "running":
@@ -344,11 +345,6 @@ def note(s: Session, workload_id: str, reason: str, now: datetime) -> None:
     w = s.get(Workload, workload_id)
     if w is not None and w.state in HOLDING:
         workloads.event(s, w, reason, now)
-
-
-def seconds_of(t: datetime) -> float:
-    """`control.scheduling.scheduling.seconds`, which imports this module."""
-    return (t - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds()
 
 
 def _global(view: ClusterView, placement: dict[str, list[int]]) -> list[int]:

@@ -20,7 +20,7 @@ from sqlalchemy import and_, false, or_, select
 from sqlalchemy.orm import Session
 
 from suanli.control.money import metering, overdraft
-from suanli.control.scheduling.scheduling import EPOCH, seconds
+from suanli.control.scheduling.clock import EPOCH, seconds
 from suanli.control.telemetry import health
 from suanli.control.workloads import resizing, workloads
 from suanli.control.workloads.launches import Launches, _deadline, _length, _plan_end, _read_handle, _write_handle

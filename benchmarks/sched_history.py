@@ -2,7 +2,7 @@
 with `--finished` finished jobs in the database, on a busy cluster with a queue that waits.
 
 Usage: python benchmarks/sched_history.py [--finished 10000] [--queue 1000] [--passes 200] [--tenants 20]
-       [--preset synthetic-100k] [--policy default] [--gittins] [--undeclared] [--backend sqlite|postgresql ...]
+       [--preset synthetic-100k] [--policy default[+switch...]] [--undeclared] [--backend sqlite|postgresql ...]
 
 In-process (the API for setup, `SchedulingPass.run` timed directly): an operator registers the preset as virtual
 nodes; `--tenants` tenants are topped up; they hold all GPUs but 4 (so the queue waits and every pass runs its cycle
@@ -39,7 +39,7 @@ from suanli.control.ids import utcnow  # noqa: E402
 from suanli.control.scheduling.history import ServerHistory  # noqa: E402
 from suanli.control.scheduling.scheduling import SchedulingPass  # noqa: E402
 from suanli.db.models import Workload  # noqa: E402
-from suanli.sched import SchedulerConfig  # noqa: E402
+from suanli.sched import configured  # noqa: E402
 from suanli.workloads.spec import parse_spec  # noqa: E402
 
 SIZES = [1, 1, 1, 2, 2, 4, 4, 8, 8, 8, 16, 16, 32, 64]
@@ -102,7 +102,7 @@ def bench(name: str, db_url: str, args: argparse.Namespace) -> list[tuple[str, .
         out = []
         burst = finished_rows(tenants, 1000, rng, 0.05, "b")  # ends after the first rows, before the lag
         labels = ("none", "none again", "history")  # a second pass without history: the noise between two equals
-        passes = {label: SchedulingPass(SchedulerConfig(policy=args.policy, gittins=args.gittins),
+        passes = {label: SchedulingPass(configured(args.policy),
                                         history=ServerHistory(startup_rows=0) if label != "history" else ServerHistory())
                   for label in labels}  # fmt: skip
         first: dict[str, tuple[float, int]] = {}
@@ -141,9 +141,6 @@ def main() -> None:
     p.add_argument("--policy", default="default")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
-        "--gittins", action="store_true", help="order the queue by the Gittins index (SchedulerConfig.gittins)"
-    )
-    p.add_argument(
         "--undeclared",
         action="store_true",
         help="queued jobs declare no duration: their estimates and samples come from history",
@@ -169,7 +166,7 @@ def main() -> None:
     head = ("db", "history", "startup rows", "first pass ms", "cycle p50 ms", "cycle p99 ms", "pass p50 ms",
             "pass p99 ms", "burst rows", "burst pass ms")  # fmt: skip
     print(f"{args.finished} finished jobs, {args.queue} queued ({'no' if args.undeclared else 'a'} duration declared), "
-          f"{args.preset}, policy {args.policy}{' with gittins' if args.gittins else ''}, {args.passes} passes")  # fmt: skip
+          f"{args.preset}, policy {args.policy}, {args.passes} passes")  # fmt: skip
     print(" | ".join(head))
     for r in rows:
         print(" | ".join(r))

@@ -1,6 +1,6 @@
 """Every policy on every provided trace at two load levels, side by side.
 
-Usage: python benchmarks/sched_quality.py [--traces DIR] [--quick] [--policies a,b] [--only NAME] [--json OUT]
+Usage: python benchmarks/sched_quality.py [--traces DIR] [--quick] [--policies a,b+switch,c@field=N] [--only NAME] [--json OUT]
 
 Reads the public traces in ../shared/data/traces (or --traces). For each trace the cluster is the one the
 trace's own paper simulated (sizes below); load level 1 replays arrivals as recorded, level 2 compresses
@@ -25,9 +25,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from suanli.sched import POLICIES, SchedulerConfig
+from suanli.sched import POLICIES, SchedulerConfig, configured
 from suanli.sim import SimConfig, simulate
-from suanli.sim.oracle import ORACLE_SRSF
+from suanli.sim.oracle import ORACLE_POLICIES, ORACLE_SRSF
 from suanli.sim.slicing import first_n, scale_load
 from suanli.topology import load_preset, parse
 from suanli.traces import read_trace
@@ -93,14 +93,16 @@ def load_jobs(root: Path, case: Case, quick: bool):
 
 
 def scheduler_config(variant: str) -> SchedulerConfig:
-    """`policy[/placement][@field=number...]` → the scheduler configuration it names (several knobs: `@a=1@b=2`)."""
+    """`policy[+switch...][/placement][@field=number...]` → the scheduler configuration it names (switches as
+    `suanli sim --policy` takes them; any field by number: `@a=1@b=2`)."""
     name, *knobs = variant.split("@")
     policy, _, placement = name.partition("/")
     extra: dict[str, float] = {}
     for knob in knobs:
         field, _, value = knob.partition("=")
         extra[field] = float(value)
-    return SchedulerConfig(policy=policy, placement=placement or None, **extra)
+    base = SchedulerConfig(policy=policy) if policy in ORACLE_POLICIES else configured(policy)
+    return replace(base, placement=placement or None, **extra)
 
 
 def run_one(args: tuple) -> dict:

@@ -63,7 +63,7 @@ WORKERS = (("node-1", "leaf-0", "spine-0"), ("node-2", "leaf-0", "spine-0"), ("n
 OBJECT_STORE_BYTES = 80 << 20  # Ray's minimum is 75 MiB; four of these live in /dev/shm
 WORKER_CPUS = 8
 WORKER_MEMORY_BYTES = 4 << 30
-START_TIMEOUT_S = 90.0
+START_TIMEOUT_S = 180.0  # a head took over 90 s once, on a 2-core machine running other tests beside it
 HEALTH_ENV = {  # the GCS pings each raylet every second and gives up after 3 misses
     "RAY_health_check_initial_delay_ms": "1000",
     "RAY_health_check_period_ms": "1000",

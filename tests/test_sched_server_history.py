@@ -333,3 +333,33 @@ def test_with_gittins_a_queued_jobs_samples_follow_its_orgs_history(api: TestCli
 def test_without_gittins_an_estimate_is_taken_once_when_work_is_first_queued(api: TestClient) -> None:
     req, _, _ = _waits_while_history_grows(api, SchedulingPass())
     assert (req.est_runtime, req.est_samples) == (None, ())
+
+
+def test_with_gittins_a_flood_of_tiny_jobs_buys_a_big_job_at_most_min_runtime_ahead(api: TestClient) -> None:
+    """The attack on the Gittins order: a's 500 one-second jobs make its 8-GPU job look a second long, so it is
+    ordered before b's earlier job of the same class (as under `srsf`, or with a declared `duration: 1s`). The
+    bound is LAS preemption, unchanged: once the liar has run `min_runtime_s` (600 s) it has had 4,800 GPU-seconds,
+    a LAS level above b's waiting job, and b's job takes its GPUs; back in the queue, past every one of its samples,
+    it ranks by 1 / what it has had, below b's."""
+    a, b = _setup(api, "a@example.com", "b@example.com")
+    _finished(api, a, [1.0] * 500)
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    sched, t0 = SchedulingPass(SchedulerConfig(gittins=True)), utcnow()
+    _submit(api, b, _spec("wall", 120))
+    sched.run(db, t0)
+    earlier = _submit(api, b, _spec("earlier", 8))
+    liar = _submit(api, a, _spec("short-looking", 8))
+
+    def state(who: Tenant, wid: str) -> str:
+        return str(api.get(f"{API}/workloads/{wid}", headers=who.headers).json()["state"])
+
+    sched.run(db, t0 + timedelta(seconds=1))
+    assert _request(sched, liar).est_samples == (1.0,) * 64
+    assert (state(a, liar), state(b, earlier)) == ("scheduled", "pending")
+    sched.run(db, t0 + timedelta(seconds=300))
+    assert state(b, earlier) == "pending"  # the liar has run < 600 s
+    sched.run(db, t0 + timedelta(seconds=602))
+    with db.read() as s:
+        assert str(s.scalar(select(Workload.stop_requested).where(Workload.id == liar))).startswith("preempted")
+    sched.run(db, t0 + timedelta(seconds=603))
+    assert state(b, earlier) == "scheduled"

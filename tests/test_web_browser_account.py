@@ -64,8 +64,12 @@ def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: P
     page.click("#token-form button[type=submit]")
     secret = page.inner_text("#token-secret")
     assert len(secret) > 20
+    page.reload()  # the form's answer was a redirect: a reload neither posts it again nor shows the secret
+    assert page.url == server.url + "/keys" and secret not in page.content()
     with httpx.Client(base_url=server.url + "/api/v1", timeout=30) as http:
         assert http.get("/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+        tokens = http.get("/tokens", headers={"Authorization": f"Bearer {secret}"}).json()
+        assert [t["name"] for t in tokens].count("laptop cli") == 1
     screenshot(page, "keys")
     page.goto(server.url + "/keys")
     assert "laptop cli" in page.inner_text("#tokens") and secret not in page.content()  # shown once
@@ -89,6 +93,8 @@ def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: P
     page.click("#invite-form button[type=submit]")
     page.wait_for_selector("#new-invitation")
     assert "colleague@example.com" in page.inner_text("#invitations")
+    page.reload()
+    assert page.locator("#new-invitation").count() == 0 and page.locator("#invitations tr").count() == 2
     screenshot(page, "team")
 
     page.goto(server.url + "/endpoints")

@@ -110,6 +110,8 @@ def test_codes_batch_prints_once(server: Any, browser: Any) -> None:
     page.wait_for_selector("#codes .code-card")
     assert page.locator("#codes code.code").count() == 6
     screenshot(page, "ops-codes-print")
+    page.reload()  # the sheet was shown once; the reload shows the batch and makes no second one
+    assert page.locator("#codes code.code").count() == 0 and page.locator("#redeemed").count() == 1
     page.goto(server.url + "/ops/codes")
     assert page.locator("#batches tr").count() == 2
     screenshot(page, "ops-codes")

@@ -61,7 +61,9 @@ def test_list_and_page_show_state_usage_and_what_other_orgs_paid(platform: Platf
 def test_a_key_is_shown_once_and_revoked_and_scale_checks_the_field(platform: Platform) -> None:
     c, ep = _owner(platform)
     r = c.post(f"/endpoints/{ep['id']}/keys", {"name": "app"}, csrf_from="/endpoints", headers=EN)
-    assert r.status_code == 201 and 'id="new-key"' in r.text
+    assert r.status_code == 303 and r.headers["location"] == f"/endpoints/{ep['id']}"
+    r = c.get(f"/endpoints/{ep['id']}", headers=EN)
+    assert 'id="new-key"' in r.text
     secret = r.text.split('id="key-secret">')[1].split("<")[0]
     assert secret and secret not in c.get(f"/endpoints/{ep['id']}").text
     kid = platform.api.get(f"{EP}/{ep['id']}/keys", headers=platform.tenant.headers).json()[0]["id"]

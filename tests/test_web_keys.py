@@ -33,7 +33,9 @@ def _console(api: Any, email: str) -> Console:
 def test_a_new_token_is_shown_once_and_works_and_revoking_ends_it(api: Any) -> None:
     c = _console(api, "tok@example.com")
     r = c.post("/keys/tokens", {"name": "ci runner", "expires_in_days": "30"}, csrf_from="/keys", headers=EN)
-    assert r.status_code == 201 and 'id="new-token"' in r.text
+    assert r.status_code == 303 and r.headers["location"] == "/keys"  # a reload cannot post it again
+    r = c.get("/keys", headers=EN)
+    assert 'id="new-token"' in r.text
     secret = r.text.split('id="token-secret">')[1].split("<")[0]
     assert api.get("/api/v1/me", headers=bearer(secret)).status_code == 200
     page = c.get("/keys", headers=EN).text

@@ -201,7 +201,8 @@ def test_codes_generate_print_once_and_see_redemptions(api: Any, ops: Console) -
     soon = (datetime.now(UTC) + timedelta(days=30)).strftime("%Y-%m-%dT%H:%M")
     r = ops.post("/ops/codes", {"amount": "50.00", "count": "3", "expires_at": soon, "note": "expo"},
                  csrf_from="/ops/codes")  # fmt: skip
-    assert r.status_code == 200, r.text
+    assert r.status_code == 303, r.text
+    r = ops.get(r.headers["location"])
     codes = re.findall(r'<code class="code">([^<]+)</code>', r.text)
     assert len(codes) == 3 and "¥50.00" in r.text
     listing = ops.get("/ops/codes")

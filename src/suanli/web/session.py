@@ -94,6 +94,8 @@ class Page:
     me: dict[str, Any] | None = None
     new_csrf_cookie: str | None = None  # set on the response when the anonymous double-submit cookie is new
     flash: list[str] = field(default_factory=list)
+    clear_cookies: list[str] = field(default_factory=list)  # console cookies this answer deletes (a taken `once`)
+    once_lost: bool = False  # a secret made by the last form could not be shown (web/once.py)
 
     @property
     def user(self) -> dict[str, Any]:
@@ -144,6 +146,8 @@ class Page:
     def finish(self, resp: Response) -> Response:
         if self.new_csrf_cookie:
             set_cookie(resp, self.request, CSRF_COOKIE, self.new_csrf_cookie, 7 * 86400)
+        for name in self.clear_cookies:
+            delete_cookie(resp, self.request, name)
         resp.headers.setdefault("Cache-Control", "no-store")
         for k, v in SECURITY_HEADERS.items():
             resp.headers.setdefault(k, v)

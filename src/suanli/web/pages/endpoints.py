@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from suanli.web import session
+from suanli.web import once, session
 from suanli.web.apicall import ApiError
 from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, missing, seg
 from suanli.web.session import Page
@@ -70,7 +70,7 @@ async def _again(page: Page, ref: str, e: ApiError, form: str, known: tuple[str,
 @router.get("/endpoints/{ref}")
 async def endpoint(ref: str, page: Tenant) -> Response:
     try:
-        return await _view(page, ref)
+        return await _view(page, ref, new_key=once.take(page, f"/endpoints/{seg(ref)}"))
     except ApiError as e:
         return missing(page, e, "/endpoints")
 
@@ -88,14 +88,15 @@ async def scale(ref: str, request: Request, page: Tenant) -> Response:
 
 @router.post("/endpoints/{ref}/keys")
 async def create_key(ref: str, request: Request, page: Tenant) -> Response:
-    """A key for the endpoint, paid by the org the console acts for; shown on this answer only."""
+    """A key for the endpoint, paid by the org the console acts for; shown once, on the GET the answer redirects
+    to."""
     data = await session.form(request, page)
     body = {"name": data.get("name", "").strip() or "default", "org": page.org["id"]}
     try:
         made = (await page.api("POST", f"/endpoints/{seg(ref)}/keys", json=body)).json()
     except ApiError as e:
         return await _again(page, ref, e, "key", ("name", "org"), "name")
-    return await _view(page, ref, status=201, new_key=made)
+    return once.redirect(page, f"/endpoints/{seg(ref)}", made)
 
 
 @router.post("/endpoints/{ref}/keys/{key_id}/revoke")

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from suanli.web import session
+from suanli.web import once, session
 from suanli.web.apicall import ApiError
 from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, seg
 from suanli.web.session import Page
@@ -33,19 +33,21 @@ def _failed(e: ApiError, form: str, default_field: str, known: tuple[str, ...]) 
 
 @router.get("/keys")
 async def keys(page: Tenant) -> Response:
-    return await _view(page)
+    """The page; right after a token was made, its secret this once (web/once.py)."""
+    return await _view(page, new_token=once.take(page, "/keys"))
 
 
 @router.post("/keys/tokens")
 async def create_token(request: Request, page: Tenant) -> Response:
-    """A new API token; its secret is on this answer only (the API keeps a hash)."""
+    """A new API token; its secret is shown on the next GET of /keys only (the API keeps a hash): the answer is a
+    redirect, so a reload or the back button never posts the form again."""
     data = await session.form(request, page)
     body = {"name": data.get("name", "").strip(), "expires_in_days": integer_or_text(data.get("expires_in_days"))}
     try:
         made = (await page.api("POST", "/tokens", json=body)).json()
     except ApiError as e:
         return await _view(page, token_form=data, **_failed(e, "token", "name", ("name", "expires_in_days")))
-    return await _view(page, status=201, new_token=made)
+    return once.redirect(page, "/keys", made)
 
 
 @router.post("/keys/tokens/{token_id}/revoke")

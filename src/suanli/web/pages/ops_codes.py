@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from suanli.web import session
+from suanli.web import once, session
 from suanli.web.apicall import ApiError
 from suanli.web.pages.account_forms import seg
 from suanli.web.pages.ops_common import Operator, as_int, error_page, errors
@@ -30,7 +30,8 @@ async def codes_page(page: Operator) -> Response:
 
 @router.post("/ops/codes")
 async def create_batch(request: Request, page: Operator) -> Response:
-    """The printable page of the new codes is this response: it is not stored and cannot be shown again."""
+    """The printable sheet of the new codes is the batch's page right after this answer's redirect, once (held in
+    this process's memory until then, web/once.py); the API keeps only their hashes."""
     data = await session.form(request, page)
     body: dict[str, Any] = {"amount": (data.get("amount") or "").strip(), "count": as_int(data.get("count")),
                             "note": data.get("note", "")}  # fmt: skip
@@ -42,11 +43,15 @@ async def create_batch(request: Request, page: Operator) -> Response:
         made = (await page.api("POST", CODES, json=body)).json()
     except ApiError as e:
         return await _list(page, status=e.status, errors=errors(e, "amount"), form=data)
-    return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
+    return once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made)
 
 
 @router.get("/ops/codes/{batch}")
 async def batch_page(batch: str, page: Operator) -> Response:
+    """The batch with its codes' states; right after it was made, its printable sheet instead, this once."""
+    made = once.take(page, f"/ops/codes/{seg(batch)}")
+    if made is not None:
+        return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
     try:
         b = await page.get(f"{CODES}/{seg(batch)}")
     except ApiError as e:

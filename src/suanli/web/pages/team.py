@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 
-from suanli.web import session
+from suanli.web import once, session
 from suanli.web.apicall import ApiError
 from suanli.web.pages.account_forms import Tenant, at_fields, done, seg
 from suanli.web.session import Page
@@ -43,7 +43,8 @@ async def _act(page: Page, method: str, path: str, back: str = "/team", **kw: An
 
 @router.get("/team")
 async def team(page: Tenant) -> Response:
-    return await _view(page)
+    """The page; right after an invitation was made, its code this once (web/once.py)."""
+    return await _view(page, new_invitation=once.take(page, "/team"))
 
 
 @router.post("/team/members/{user_id}/role")
@@ -65,7 +66,8 @@ async def remove_member(user_id: str, request: Request, page: Tenant) -> Respons
 
 @router.post("/team/invitations")
 async def invite(request: Request, page: Tenant) -> Response:
-    """Invite an email with a role (and a monthly spend limit); the invitation's code is shown once."""
+    """Invite an email with a role (and a monthly spend limit); the invitation's code is shown once, on the GET
+    the answer redirects to."""
     data = await session.form(request, page)
     body: dict[str, Any] = {"email": data.get("email", "").strip(), "role": data.get("role", "member")}
     if data.get("monthly_spend_limit", "").strip():
@@ -75,7 +77,7 @@ async def invite(request: Request, page: Tenant) -> Response:
     except ApiError as e:
         fields = at_fields(e, "email", ("email", "role", "monthly_spend_limit"))
         return await _view(page, status=e.status, fields=fields, form="invite", invite_form=data)
-    return await _view(page, status=201, new_invitation=made)
+    return once.redirect(page, "/team", made)
 
 
 @router.post("/team/invitations/{invitation_id}/revoke")

@@ -1,0 +1,154 @@
+"""Post/Redirect/Get for the forms that make a secret (an API token, an invitation's code, an endpoint key, a batch
+of top-up codes): the POST answers 303, the next GET shows the secret once, a reload does not, and another session
+presenting the same one-time id gets nothing. Attack: a reload (or the back button) after the answer that showed
+the secret posted the form again and made a second secret; a session that learnt the id must not read it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from suanli.web.once import ONCE_COOKIE, OnceStore
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer
+from tests.test_web_endpoints import EP, _owner, platform  # noqa: F401  (platform: the fixture)
+from tests.test_workloads_api import Platform
+from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
+
+EN = {"Accept-Language": "en"}
+
+
+def _console(api: Any, email: str) -> Console:
+    c = Console(type(api)(api.app))
+    c.signup(email)
+    return c
+
+
+def _shown_once(owner: Console, other: Console, post: str, form: dict[str, str], where: str, secret_re: str) -> str:
+    """POST the form; 303 to `where` with the one-time id in an HttpOnly, SameSite=Lax cookie and no secret in the
+    answer; `other` presenting the id gets nothing (and takes nothing); the owner's next GET shows the secret,
+    the one after it does not. The secret."""
+    r = owner.post(post, form, csrf_from=where, headers=EN)
+    assert r.status_code == 303, r.text[-600:]
+    assert r.headers["location"] == where
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith(f"{ONCE_COOKIE}=") and "HttpOnly" in cookie and "samesite=lax" in cookie.lower()
+    assert "Max-Age=300" in cookie  # short-lived: the entry behind it expires then too
+    key = owner.c.cookies.get(ONCE_COOKIE)
+    assert key and not re.search(secret_re, r.text, re.S)
+    other.c.cookies.set(ONCE_COOKIE, key)
+    stolen = other.get(where, headers=EN)
+    assert stolen.status_code in (200, 404) and not re.search(secret_re, stolen.text, re.S)
+    first = owner.get(where, headers=EN)
+    assert first.status_code == 200
+    m = re.search(secret_re, first.text, re.S)
+    assert m, first.text[-1500:]
+    assert 'id="once-lost"' not in first.text
+    assert m.group(1) not in (first.headers.get("set-cookie") or "")  # never in a cookie
+    again = owner.get(where, headers=EN)
+    assert again.status_code == 200 and m.group(1) not in again.text and 'id="once-lost"' not in again.text
+    return m.group(1)
+
+
+def _tokens(c: Console) -> list[str]:
+    token = c.c.cookies.get("suanli_session")
+    return [t["name"] for t in c.c.get("/api/v1/tokens", headers=bearer(token)).json() if not t["revoked_at"]]
+
+
+def test_a_new_token_is_shown_once_after_a_redirect(api: Any) -> None:
+    owner, other = _console(api, "prg-tok@example.com"), _console(api, "prg-thief@example.com")
+    secret = _shown_once(owner, other, "/keys/tokens", {"name": "ci", "expires_in_days": "30"}, "/keys",
+                         r'id="token-secret">([^<]+)<')  # fmt: skip
+    assert api.get("/api/v1/me", headers=bearer(secret)).status_code == 200
+    assert sorted(_tokens(owner)) == ["ci", "web console"]  # the reloads made no second token
+
+
+def test_an_invitation_code_is_shown_once_after_a_redirect(api: Any) -> None:
+    owner, other = _console(api, "prg-owner@example.com"), _console(api, "prg-other@example.com")
+    assert owner.post("/team/orgs", {"name": "prg-lab"}, csrf_from="/team").status_code == 303
+    _shown_once(owner, other, "/team/invitations", {"email": "friend@example.com", "role": "member"}, "/team",
+                r'id="new-invitation">.*?<code>([^<]+)</code>')  # fmt: skip
+    assert "friend@example.com" in owner.get("/team").text
+
+
+def test_an_endpoint_key_is_shown_once_after_a_redirect(platform: Platform) -> None:  # noqa: F811
+    owner, ep = _owner(platform)
+    other = _console(platform.api, "prg-ep-thief@example.com")
+    where = f"/endpoints/{ep['id']}"
+    _shown_once(owner, other, f"{where}/keys", {"name": "app"}, where, r'id="key-secret">([^<]+)<')
+    assert len(platform.api.get(f"{EP}/{ep['id']}/keys", headers=platform.tenant.headers).json()) == 1
+
+
+def test_top_up_codes_are_printed_once_after_a_redirect(api: Any) -> None:
+    ops = Console(type(api)(api.app))
+    ops.login(ADMIN_EMAIL, ADMIN_PASSWORD)
+    other = _console(api, "prg-codes@example.com")  # not an operator: a 403 page, never the sheet
+    r = ops.post("/ops/codes", {"amount": "5.00", "count": "2", "note": "prg"}, csrf_from="/ops/codes")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ops/codes/")
+    where, key = r.headers["location"], ops.c.cookies.get(ONCE_COOKIE)
+    assert "<code" not in r.text
+    other.c.cookies.set(ONCE_COOKIE, key)
+    assert '<code class="code">' not in other.get(where).text
+    other_admin = Console(type(api)(api.app))
+    other_admin.login(ADMIN_EMAIL, ADMIN_PASSWORD)  # another session of the same operator: not the one that made it
+    other_admin.c.cookies.set(ONCE_COOKIE, key)
+    assert '<code class="code">' not in other_admin.get(where).text
+    sheet = ops.get(where, headers=EN)
+    assert sheet.status_code == 200 and len(re.findall(r'<code class="code">([^<]+)</code>', sheet.text)) == 2
+    again = ops.get(where, headers=EN)
+    assert again.status_code == 200 and '<code class="code">' not in again.text and 'id="redeemed"' in again.text
+    assert len(api.get("/api/v1/admin/topup-codes", headers=ops_headers(ops)).json()) == 1
+
+
+def ops_headers(c: Console) -> dict[str, str]:
+    return bearer(c.c.cookies.get("suanli_session"))
+
+
+def test_a_failed_form_still_shows_its_fields_and_sets_no_once_cookie(api: Any) -> None:
+    c = _console(api, "prg-bad@example.com")
+    r = c.post("/keys/tokens", {"name": "", "expires_in_days": "3"}, csrf_from="/keys")
+    assert r.status_code == 422 and 'class="field-error"' in r.text and 'id="token-form"' in r.text
+    assert ONCE_COOKIE not in (r.headers.get("set-cookie") or "")
+
+
+def test_htmx_is_sent_on_with_hx_redirect(api: Any) -> None:
+    c = _console(api, "prg-htmx@example.com")
+    r = c.post("/keys/tokens", {"name": "hx"}, csrf_from="/keys", headers={"HX-Request": "true"})
+    assert r.status_code == 204 and r.headers["HX-Redirect"] == "/keys"
+    assert 'id="token-secret">' in c.get("/keys").text
+
+
+def test_a_restart_between_post_and_get_says_the_secret_is_lost(api: Any) -> None:
+    c = _console(api, "prg-restart@example.com")
+    assert c.post("/keys/tokens", {"name": "gone"}, csrf_from="/keys").status_code == 303
+    api.app.state.web_once = OnceStore()  # what a restart leaves: an id the process does not hold
+    page = c.get("/keys", headers=EN).text
+    assert 'id="once-lost"' in page and 'id="token-secret"' not in page
+    assert 'id="once-lost"' not in c.get("/keys", headers=EN).text  # said once; the cookie is gone
+
+
+def test_the_store_expires_and_bounds_entries_per_session_and_in_all() -> None:
+    now = [0.0]
+    s = OnceStore(ttl_s=300, per_session=2, total=3, clock=lambda: now[0])
+    a1, a2, a3 = (s.put("a", "/keys", i) for i in range(3))
+    assert s.take(a1, "a", "/keys") == ("lost", None)  # the session's oldest went first
+    assert s.take(a2, "b", "/keys") == ("lost", None)  # another owner: nothing, and it stays
+    assert s.take(a2, "a", "/team") == ("elsewhere", None)
+    b1, b2 = s.put("b", "/keys", "b1"), s.put("b", "/keys", "b2")
+    assert len(s) == 3 and s.take(a2, "a", "/keys") == ("lost", None)  # the oldest of all went first
+    assert s.take(a3, "a", "/keys") == ("shown", 2) and s.take(a3, "a", "/keys") == ("lost", None)
+    now[0] = 301.0
+    assert s.take(b1, "b", "/keys") == ("lost", None) and s.take(b2, "b", "/keys") == ("lost", None)
+    assert len(s) == 0
+    for i in range(50):
+        s.put(f"o{i}", "/keys", i)
+    assert len(s) == 3
+
+
+@pytest.mark.parametrize("junk", ["x" * 200, "no such id"])
+def test_a_junk_once_cookie_is_no_secret_and_no_500(api: Any, junk: str) -> None:
+    c = _console(api, "prg-junk@example.com")
+    c.c.cookies.set(ONCE_COOKIE, junk)
+    r = c.get("/keys", headers=EN)
+    assert r.status_code == 200 and 'id="token-secret"' not in r.text

@@ -21,11 +21,14 @@ from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unp
 from suanli.storage.volumes import (
     _DIR_FLAGS,
     CHUNK,
+    MAX_WALK_DEPTH,
     OverSize,
     Paths,
+    TooDeep,
     VolumeFileError,
     _key,
     _split,
+    fwalk,
     give,
     load_state,
     open_dir,
@@ -181,6 +184,12 @@ def put_tree(
         digest = hashing.hash.hexdigest()
         if sha256 is not None and digest != sha256:
             raise VolumeFileError(f"sha256: the stream received hashes to {digest}, not {sha256}; send it again")
+        try:  # what lands must stay within what a walk of the volume descends
+            for _ in fwalk(tmp / "t", limit=MAX_WALK_DEPTH - len(_split(rel))):
+                pass
+        except TooDeep:
+            raise VolumeFileError(f"the tree nests directories more than {MAX_WALK_DEPTH} levels below the "
+                                  "volume's root") from None  # fmt: skip
         give(p, tmp / "t")
         with open_dir(p.data, _split(rel), create=True, owner=p.owner) as dfd:
             _merge(str(tmp / "t"), dfd)
@@ -204,27 +213,37 @@ class _Hashing:
 
 
 def _merge(src: str, dst_fd: int) -> None:
-    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced."""
-    for entry in os.scandir(src):
-        try:
-            st = os.stat(entry.name, dir_fd=dst_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if entry.is_dir(follow_symlinks=False):
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dst_fd)
-                try:
-                    _merge(entry.path, sub)
-                finally:
-                    os.close(sub)
+    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced (a loop holding
+    a descriptor a level, not a recursion: the unpacked tree is as deep as its tar's names)."""
+    stack: list[tuple[Iterator[os.DirEntry[str]], int]] = [(iter(list(os.scandir(src))), dst_fd)]
+    try:
+        while stack:
+            entries, dfd = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                if len(stack) > 1:
+                    os.close(dfd)
+                stack.pop()
                 continue
-            if st is not None:
-                os.unlink(entry.name, dir_fd=dst_fd)
-            os.rename(entry.path, entry.name, dst_dir_fd=dst_fd)
-        else:
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                raise VolumeFileError(f"{entry.name}: a directory is there")
-            os.replace(entry.path, entry.name, dst_dir_fd=dst_fd)
+            try:
+                st = os.stat(entry.name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if entry.is_dir(follow_symlinks=False):
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                    stack.append((iter(list(os.scandir(entry.path))), sub))
+                    continue
+                if st is not None:
+                    os.unlink(entry.name, dir_fd=dfd)
+                os.rename(entry.path, entry.name, dst_dir_fd=dfd)
+            else:
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    raise VolumeFileError(f"{entry.name}: a directory is there")
+                os.replace(entry.path, entry.name, dst_dir_fd=dfd)
+    finally:
+        for _, dfd in stack[1:]:
+            os.close(dfd)
 
 
 # ---- reading files out ---------------------------------------------------------------------------------------------

@@ -322,4 +322,5 @@ async def get_tree(ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None) -> S
     t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
     if await run_in_threadpool(store.kind, t.paths.data, rel) != "dir":
         raise Invalid(f"path: {rel or '/'} is not a directory")
+    await run_in_threadpool(store.check_depth, t.paths.data, rel)  # too deep: a 422 now, not a stream cut short
     return StreamingResponse(vio.tar_tree(t.paths.data, rel), media_type="application/x-tar")

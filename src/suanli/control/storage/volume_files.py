@@ -61,7 +61,12 @@ def for_write(
     if v.state == "read-only":
         raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted; top up first")
     p = volumes.paths(lim, v)
-    used = store.measure(p.data)
+    try:
+        used = store.measure(p.data)
+    except store.TooDeep:
+        if room:
+            raise  # a 422 naming the volume: what it holds cannot be counted, so nothing more goes in
+        return Target(v.id, v.name, p, 0, v.org_id, lim.s3 if v.backend == "s3" else None)  # a removal may go on
     _record(db, v.id, used.bytes, used.files, now)
     room_needed, room = room, v.size_bytes - used.bytes
     if room <= 0 and room_needed:
@@ -80,7 +85,7 @@ def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) 
                 v.state = "ready"
 
 
-def wrote(db: Database, t: Target, now: datetime) -> store.Usage:
+def wrote(db: Database, t: Target, now: datetime) -> store.Usage | None:
     """After a file is in place: the tree measured again, so `ls` and `describe` show its bytes and file count at
     once (a copy in already measures the tree as it starts: this is the second walk of the two)."""
     return remeasure(db, t, now)
@@ -91,9 +96,15 @@ def _push(t: Target) -> None:
         S3Backend(t.s3).push(t.paths, t.org_id, t.volume_id)
 
 
-def remeasure(db: Database, t: Target, now: datetime) -> store.Usage:
-    used = store.measure(t.paths.data)
-    _record(db, t.volume_id, used.bytes, used.files, now)
+def remeasure(db: Database, t: Target, now: datetime) -> store.Usage | None:
+    """The tree measured and recorded after a change (None, the record left as it was, while it is nested too deep
+    to count: the change is made either way, and the sweep treats such a volume as full)."""
+    try:
+        used: store.Usage | None = store.measure(t.paths.data)
+    except store.TooDeep:
+        used = None
+    if used is not None:
+        _record(db, t.volume_id, used.bytes, used.files, now)
     _push(t)
     return used
 
@@ -104,9 +115,10 @@ def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
 
 def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, home: Path | None = None) -> int:
     """Measure the volumes live workloads mount writable (they may have written since): each is `full` while it
-    holds more than its size (mounted read-only from the next launch; copies in refused) and `ready` again once
-    it holds less. With `home` (the server's data directory), the running sandboxes of this host that mount a full
-    volume writable have that mount turned read-only at once (`sandbox.readonly`). Returns how many were measured."""
+    holds more than its size, or directories nested too deep to count (`store.TooDeep`), so mounted read-only from
+    the next launch and copies in refused, and `ready` again once it holds less. With `home` (the server's data
+    directory), the running sandboxes of this host that mount a full volume writable have that mount turned
+    read-only at once (`sandbox.readonly`). Returns how many were measured."""
     from sqlalchemy import select
 
     from suanli.db.models import Workload
@@ -124,15 +136,21 @@ def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, 
         rows = [v for v in s.scalars(select(Volume).where(Volume.org_id.in_({o for o, _ in wanted})))
                 if (v.org_id, v.name) in wanted][:budget]  # fmt: skip
     for v in rows:
-        used = store.measure(store.paths(root, v.org_id, v.id).data)
+        try:
+            used: store.Usage | None = store.measure(store.paths(root, v.org_id, v.id).data)
+        except store.TooDeep:  # what it holds cannot be counted: treated as more than its size
+            used = None
         with db.write() as s, s.begin():
             row = s.get(Volume, v.id, with_for_update=True)
             if row is None:
                 continue
-            row.used_bytes, row.files, row.measured_at = used.bytes, used.files, now
-            if row.state == "ready" and used.bytes > row.size_bytes:
+            over = used is None or used.bytes > row.size_bytes
+            if used is not None:
+                row.used_bytes, row.files = used.bytes, used.files
+            row.measured_at = now
+            if row.state == "ready" and over:
                 row.state = "full"
-            elif row.state == "full" and used.bytes <= row.size_bytes:
+            elif row.state == "full" and not over:
                 row.state = "ready"
             full = row.state == "full"
         if full and home is not None:

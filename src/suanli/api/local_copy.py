@@ -206,12 +206,15 @@ class Copy:
         rel = files.clean(path, allow_root=False)
         ch.check_fd(self.fds[0], write=False)
         t = files.for_write(self.srv.db, who, ref, org, self.lim, self.now)
+        assert t.claim is not None
         try:
-            n, _ = local.put_file(t.paths, rel, self.fds[0], t.room, self._progress)
+            n, _ = local.put_file(t.paths, rel, self.fds[0], t.claim, self._progress)
         except store.OverSize as e:
             raise files.room_error(t, e) from None
         except store.VolumeFileError as e:
             raise Invalid(f"path: {e}") from None
+        finally:
+            files.done(t)  # its claim on the room ends
         files.wrote(self.srv.db, t, self.now)
         return {"path": rel, "bytes": n, "files": 1}
 
@@ -234,7 +237,12 @@ class Copy:
     def _put_tree(self, who: Principal, ref: str, org: str | None, path: str) -> dict[str, Any]:
         rel = files.clean(path)
         t = files.for_write(self.srv.db, who, ref, org, self.lim, self.now)
-        tree = local.TreeIn(t.paths, rel, t.room, self.lim.max_files)
+        assert t.claim is not None
+        try:
+            tree = local.TreeIn(t.paths, rel, t.claim, self.lim.max_files)
+        except BaseException:
+            files.done(t)
+            raise
         n = 0
         try:
             while True:
@@ -255,6 +263,7 @@ class Copy:
             raise Invalid(f"tree: {e}") from None
         finally:
             tree.close()
+            files.done(t)  # merged or not: its claim on the room ends
         files.remeasure(self.srv.db, t, self.now)
         return {"path": rel, "bytes": n, "files": tree.entries}
 

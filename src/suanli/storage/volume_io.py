@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unpack
+from suanli.storage.volume_room import Claim
 from suanli.storage.volumes import (
     _DIR_FLAGS,
     CHUNK,
@@ -59,9 +60,10 @@ def _sum_path(p: Paths, rel: str) -> Path:
     return p.root / SUMS / hashlib.sha256(rel.encode()).hexdigest()
 
 
-def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
-    """Move a held upload into the tree if the hash it was received with is `sha256` (else it is dropped: 422).
-    Returns (sha256, bytes, bytes it replaced)."""
+def commit(p: Paths, rel: str, sha256: str, room: Claim) -> tuple[str, int, int]:
+    """Move a held upload into the tree if the hash it was received with is `sha256` (else it is dropped: 422)
+    and it fits in the `room` left now (else OverSize, the upload kept). Returns (sha256, bytes, bytes it
+    replaced)."""
     src = partial_path(p, rel)
     try:
         size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
@@ -73,6 +75,7 @@ def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
         src.unlink(missing_ok=True)
         _held(p, rel).unlink(missing_ok=True)
         raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+    room.take(footprint(size))
     replaced = _place(p, rel, digest)
     _held(p, rel).unlink(missing_ok=True)
     return digest, size, replaced
@@ -112,10 +115,11 @@ def _place(p: Paths, rel: str, digest: str | None, src: Path | None = None) -> i
 
 
 class Writer:
-    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, at most `room` more
-    than the volume holds; `finish` checks the whole file's sha256 and moves it into the tree."""
+    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, within the `room` left
+    (what the volume holds and other copies in are writing); `finish` checks the whole file's sha256 and moves it
+    into the tree."""
 
-    def __init__(self, p: Paths, rel: str, offset: int, room: int) -> None:
+    def __init__(self, p: Paths, rel: str, offset: int, room: Claim) -> None:
         self.p, self.rel, self.room = p, rel, room
         path = partial_path(p, rel)
         have = partial_size(p, rel)
@@ -135,8 +139,7 @@ class Writer:
         _held(p, rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
 
     def write(self, chunk: bytes) -> None:
-        if footprint(self.written + len(chunk)) > self.room:
-            raise OverSize(f"this file would need more than the {self.room} bytes left in the volume")
+        self.room.take(footprint(self.written + len(chunk)))
         self.f.write(chunk)
         self.hash.update(chunk)
         self.written += len(chunk)
@@ -167,19 +170,21 @@ class Writer:
 
 
 def put_tree(
-    p: Paths, rel: str, source: BinaryIO, room: int, max_files: int, sha256: str | None = None
+    p: Paths, rel: str, source: BinaryIO, room: Claim, max_files: int, sha256: str | None = None
 ) -> tuple[int, int, str]:
     """Unpack a plain tar stream beside the tree, check the stream's sha256 (when given), then merge it into the
     directory `rel` (existing files it names are replaced) within `room` bytes. Returns (bytes, files, sha256)."""
     hashing = _Hashing(source)
     tmp = Path(tempfile.mkdtemp(prefix="tar-", dir=p.partial))
     try:
+        left = room.left()
         try:
-            got = unpack(hashing, tmp / "t", Limits(room, max_files), gzip=False)
+            got = unpack(hashing, tmp / "t", Limits(left, max_files), gzip=False)
         except TooLarge as e:
             if e.what == "bytes":
-                raise OverSize(f"the tree unpacks to more than the {room} bytes left in the volume") from None
+                raise OverSize(f"the tree unpacks to more than the {left} bytes left in the volume") from None
             raise
+        room.take(got.bytes, "the tree unpacks to")  # what other copies wrote meanwhile counts too
         hashing.drain()
         digest = hashing.hash.hexdigest()
         if sha256 is not None and digest != sha256:

@@ -21,19 +21,19 @@ from pathlib import Path
 from suanli.storage import fd_channel
 from suanli.storage.archive import footprint, remove_tree
 from suanli.storage.volume_io import _merge, _place
-from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir, walk
+from suanli.storage.volume_room import Claim
+from suanli.storage.volumes import Paths, VolumeFileError, _split, give, open_dir, walk
 from suanli.workloads.volumes import VolumeRuleError, clean_path
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None] | None = None) -> tuple[int, int]:
+def put_file(p: Paths, rel: str, src: int, room: Claim, step: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Copy the open file `src` (checked by the caller) to `rel`: its size now is what is copied, refused past
-    `room`. Returns (bytes, bytes of the file it replaced)."""
+    the `room` left. Returns (bytes, bytes of the file it replaced)."""
     size = os.fstat(src).st_size
-    if footprint(size) > room:
-        raise OverSize(f"this file would need more than the {room} bytes left in the volume")
+    room.take(footprint(size))
     fd, name = tempfile.mkstemp(prefix="fd-", dir=p.partial)  # its own: two copies of one path (or an HTTP
     path = Path(name)  # upload of it) at once do not write one file, and each lands whole
     try:
@@ -49,11 +49,11 @@ def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None
 @dataclass
 class TreeIn:
     """A directory arriving as batches of open files: each copied beside the tree as it comes, the whole merged
-    into `rel` at `finish` (nothing of it is visible before), within `room` bytes and `max_files` entries."""
+    into `rel` at `finish` (nothing of it is visible before), within the `room` left and `max_files` entries."""
 
     p: Paths
     rel: str
-    room: int
+    room: Claim
     max_files: int
     bytes: int = 0
     entries: int = 0
@@ -70,8 +70,7 @@ class TreeIn:
         if self.entries > self.max_files:
             raise VolumeFileError(f"the tree has more than {self.max_files} files and directories")
         self.bytes += footprint(size)
-        if self.bytes > self.room:
-            raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
+        self.room.take(self.bytes, "the tree holds")
 
     def _dir(self, rel: str) -> None:
         parts = _split(rel)

@@ -19,6 +19,7 @@ from suanli.db.engine import Database
 from suanli.db.volumes import Volume
 from suanli.storage import volumes as store
 from suanli.storage.s3 import S3Backend, S3Config
+from suanli.storage.volume_room import Claim
 from suanli.workloads import volumes as rules
 
 
@@ -34,6 +35,7 @@ class Target:
     room: int  # bytes a copy in may still add
     org_id: str = ""
     s3: S3Config | None = None  # an s3 volume's backend: every change is pushed to the bucket
+    claim: Claim | None = None  # a copy in's bytes, counted against the room of the others at once (`done`)
 
 
 def clean(path: str, *, allow_root: bool = True) -> str:
@@ -53,7 +55,8 @@ def for_write(
     db: Database, who: Principal, ref: str, org: str | None, lim: volumes.Limits, now: datetime, room: bool = True
 ) -> Target:
     """The volume, if the caller may write to it and it is writable; what it holds is measured now (workloads
-    write to it too) and the room left is its size less that (none left: 507, unless not `room`: a removal)."""
+    write to it too) and the room left is its size less that and less what other copies in are writing (none
+    left: 507). A copy in (`room`) holds a claim on the room until `done`; a removal (not `room`) holds none."""
     with db.read() as s:
         v = volumes.get(s, who, ref, org, volumes.WRITE)
     if v.state == "full" and room:
@@ -61,19 +64,39 @@ def for_write(
     if v.state == "read-only":
         raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted; top up first")
     p = volumes.paths(lim, v)
+    claim = Claim(p, v.size_bytes) if room else None  # registered before the measure: see storage.volume_room
+    try:
+        return _measured(db, v, p, claim, lim, now)
+    except BaseException:
+        if claim is not None:
+            claim.close()
+        raise
+
+
+def _measured(db: Database, v: Volume, p: store.Paths, claim: Claim | None, lim: volumes.Limits,
+              now: datetime) -> Target:  # fmt: skip
+    s3 = lim.s3 if v.backend == "s3" else None
     try:
         used = store.measure(p.data)
     except store.TooDeep:
-        if room:
+        if claim is not None:
             raise  # a 422 naming the volume: what it holds cannot be counted, so nothing more goes in
-        return Target(v.id, v.name, p, 0, v.org_id, lim.s3 if v.backend == "s3" else None)  # a removal may go on
+        return Target(v.id, v.name, p, 0, v.org_id, s3)  # a removal may go on
     _record(db, v.id, used.bytes, used.files, now)
-    room_needed, room = room, v.size_bytes - used.bytes
-    if room <= 0 and room_needed:
-        raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes); "
+    room = claim.measured(used.bytes) if claim is not None else v.size_bytes - used.bytes
+    if room <= 0 and claim is not None:
+        coming = v.size_bytes - used.bytes - room  # what other copies in are writing
+        more = f", {coming} more on their way in" if coming > 0 else ""
+        raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes{more}); "
                                   "remove files or resize it")  # fmt: skip
     volumes.s3_of(lim.s3, v)  # an s3 volume on a server without the backend: refused before any byte moves
-    return Target(v.id, v.name, p, room, v.org_id, lim.s3 if v.backend == "s3" else None)
+    return Target(v.id, v.name, p, room, v.org_id, s3, claim)
+
+
+def done(t: Target) -> None:
+    """The copy in has ended (whether or not its bytes landed): its claim stops counting for later copies."""
+    if t.claim is not None:
+        t.claim.close()
 
 
 def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) -> None:

@@ -145,8 +145,14 @@ class Writer:
         self.written += len(chunk)
 
     def write_all(self, chunks: list[bytes]) -> None:
+        """The chunks gathered (a few MiB), claimed against the room at once (one look at the claims)."""
+        if not any(chunks):
+            return
+        self.room.take(footprint(self.written + sum(len(c) for c in chunks)))
         for chunk in chunks:
-            self.write(chunk)
+            self.f.write(chunk)
+            self.hash.update(chunk)
+            self.written += len(chunk)
 
     def finish(self, sha256: str | None, hold: bool = False) -> tuple[str, int, int]:
         """(sha256, bytes, bytes it replaced) once the file is whole and in place; with `hold`, the whole file

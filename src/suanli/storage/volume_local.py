@@ -59,18 +59,19 @@ class TreeIn:
     entries: int = 0
     tmp: Path = field(init=False)
     dirs: set[str] = field(default_factory=lambda: {""})
+    files: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="fds-", dir=self.p.partial))
         (self.tmp / "t").mkdir()
 
     def _count(self, size: int) -> None:
-        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block)."""
+        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block); claimed
+        against the room a batch at a time (`add`)."""
         self.entries += 1
         if self.entries > self.max_files:
             raise VolumeFileError(f"the tree has more than {self.max_files} files and directories")
         self.bytes += footprint(size)
-        self.room.take(self.bytes, "the tree holds")
 
     def _dir(self, rel: str) -> None:
         parts = _split(rel)
@@ -78,20 +79,20 @@ class TreeIn:
             d = "/".join(parts[:i])
             if d in self.dirs:
                 continue
-            try:
-                os.mkdir(self.tmp / "t" / d, 0o755)
-            except FileExistsError:
-                raise VolumeFileError(f"{d}: named as a file and as a directory") from None
+            if d in self.files:
+                raise VolumeFileError(f"{d}: named as a file and as a directory")
+            os.mkdir(self.tmp / "t" / d, 0o755)
             self.dirs.add(d)
             self._count(0)
 
     def add(self, dirs: list[str], files: list[str], fds: list[int]) -> int:
-        """Make `dirs` and copy each of `files` from its descriptor (one each, in order). Returns the bytes."""
+        """Make `dirs` and copy each of `files` from its descriptor (one each, in order): all of the batch counted
+        and claimed first, then copied. Returns the bytes."""
         if len(files) != len(fds):
             raise VolumeFileError(f"{len(files)} files named but {len(fds)} descriptors sent")
         for d in dirs:
             self._dir(_clean(d))
-        got = 0
+        todo: list[tuple[str, int, int]] = []
         for name, src in zip(files, fds, strict=True):
             rel = _clean(name)
             if not rel:
@@ -100,18 +101,21 @@ class TreeIn:
                 size = fd_channel.check_fd(src, write=False).st_size
             except fd_channel.BadDescriptor as e:
                 raise VolumeFileError(f"{rel}: {e}") from None
-            parent = rel.rpartition("/")[0]
-            self._dir(parent)
+            self._dir(rel.rpartition("/")[0])
+            if rel in self.files or rel in self.dirs:
+                what = "named twice" if rel in self.files else "named as a file and as a directory"
+                raise VolumeFileError(f"{rel}: {what}")
+            self.files.add(rel)
             self._count(size)  # its size now: what is copied, never more
+            todo.append((rel, src, size))
+        self.room.take(self.bytes, "the tree holds")
+        got = 0
+        for rel, src, size in todo:
+            out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
             try:
-                out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
-            except FileExistsError:
-                raise VolumeFileError(f"{rel}: named twice") from None
-            try:
-                n = fd_channel.copy(src, out, size)
+                got += fd_channel.copy(src, out, size)
             finally:
                 os.close(out)
-            got += n
         return got
 
     def finish(self) -> None:

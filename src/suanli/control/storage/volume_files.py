@@ -120,15 +120,15 @@ def _push(t: Target) -> None:
 
 
 def remeasure(db: Database, t: Target, now: datetime) -> store.Usage | None:
-    """The tree measured and recorded after a change (None, the record left as it was, while it is nested too deep
-    to count: the change is made either way, and the sweep treats such a volume as full)."""
+    """The tree measured and recorded (and an s3 volume pushed) after a change; None, the record left as it was,
+    while it is nested too deep to walk: the change is made either way, and the sweep holds such a volume full."""
     try:
         used: store.Usage | None = store.measure(t.paths.data)
     except store.TooDeep:
         used = None
     if used is not None:
         _record(db, t.volume_id, used.bytes, used.files, now)
-    _push(t)
+        _push(t)  # (a tree too deep to walk is pushed once trimmed)
     return used
 
 
@@ -209,5 +209,8 @@ def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) 
                 if (v.org_id, v.name) not in busy]  # fmt: skip
     backend = S3Backend(s3)
     for v in rows:
-        backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+        try:
+            backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+        except store.TooDeep:  # a workload nested it too deep to walk: pushed once trimmed
+            continue
     return len(rows)

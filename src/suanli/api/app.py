@@ -56,6 +56,7 @@ from suanli.control.settings import Settings
 from suanli.control.telemetry import health
 from suanli.db.engine import Database, DatabaseUnavailable, exclusive, transient
 from suanli.db.migrate import migrate
+from suanli.storage.volumes import TooDeep
 from suanli.telemetry.health import HealthJudge
 from suanli.topology import presets
 from suanli.web import app as web
@@ -308,6 +309,11 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
         if exc.retry_after is not None:
             headers["Retry-After"] = str(exc.retry_after)
         return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
+
+    # A volume's tree nested deeper than a walk descends (a workload made it): refused naming the volume.
+    @app.exception_handler(TooDeep)
+    async def too_deep(_: Request, exc: TooDeep) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

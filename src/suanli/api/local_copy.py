@@ -43,8 +43,8 @@ SLOTS = 8
 PER_UID = 2
 IDLE_S = 60.0
 # Descriptors one copy may hold at once: a batch received (up to MAX_FDS + 3 before it is refused), a batch going
-# out (200), the directories a walk has open (one a level; Python's recursion stops a walk near 1000 deep), its own.
-FDS_PER_COPY = 2 * (ch.MAX_FDS + 3) + 1_100
+# out (200), the directories a walk has open (one a level, at most store.MAX_WALK_DEPTH + 1), its own.
+FDS_PER_COPY = 2 * (ch.MAX_FDS + 3) + store.MAX_WALK_DEPTH + 100
 ACCEPT_BACKOFF_S = 0.1  # a failed accept waits this long before the next
 MAX_DIRS = 10_000  # directories one batch of a tree may name
 OPS = ("put-file", "get-file", "put-tree", "get-tree")
@@ -188,9 +188,8 @@ class Copy:
             return self._get_tree(who, ref, org, path)
         except ch.BadDescriptor as e:
             raise Invalid(f"fd: {e}") from None
-        except RecursionError:  # os.fwalk recurses a level a frame: a workload may nest directories deeper
-            raise Invalid("volume: it holds directories nested too deep to walk (about 1000 levels); "
-                          "remove some levels") from None  # fmt: skip
+        except store.TooDeep as e:  # a workload may nest directories deeper than a walk descends
+            raise Invalid(str(e)) from None
 
     def _who(self) -> Principal:
         token = self.msg.get("token")
@@ -207,12 +206,15 @@ class Copy:
         rel = files.clean(path, allow_root=False)
         ch.check_fd(self.fds[0], write=False)
         t = files.for_write(self.srv.db, who, ref, org, self.lim, self.now)
+        assert t.claim is not None
         try:
-            n, _ = local.put_file(t.paths, rel, self.fds[0], t.room, self._progress)
+            n, _ = local.put_file(t.paths, rel, self.fds[0], t.claim, self._progress)
         except store.OverSize as e:
             raise files.room_error(t, e) from None
         except store.VolumeFileError as e:
             raise Invalid(f"path: {e}") from None
+        finally:
+            files.done(t)  # its claim on the room ends
         files.wrote(self.srv.db, t, self.now)
         return {"path": rel, "bytes": n, "files": 1}
 
@@ -235,7 +237,12 @@ class Copy:
     def _put_tree(self, who: Principal, ref: str, org: str | None, path: str) -> dict[str, Any]:
         rel = files.clean(path)
         t = files.for_write(self.srv.db, who, ref, org, self.lim, self.now)
-        tree = local.TreeIn(t.paths, rel, t.room, self.lim.max_files)
+        assert t.claim is not None
+        try:
+            tree = local.TreeIn(t.paths, rel, t.claim, self.lim.max_files)
+        except BaseException:
+            files.done(t)
+            raise
         n = 0
         try:
             while True:
@@ -256,6 +263,7 @@ class Copy:
             raise Invalid(f"tree: {e}") from None
         finally:
             tree.close()
+            files.done(t)  # merged or not: its claim on the room ends
         files.remeasure(self.srv.db, t, self.now)
         return {"path": rel, "bytes": n, "files": tree.entries}
 

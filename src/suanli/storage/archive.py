@@ -10,6 +10,7 @@ however the archive was made. A refused archive leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -19,7 +20,7 @@ import tempfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 BLOCK = 4096  # what the disk holds: every file rounded up to whole blocks, every entry at least one
 MAX_HEADER_BYTES = 64 << 10  # a long name or pax record this big is already absurd
@@ -112,10 +113,74 @@ def remove_tree(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.exists():
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=fix)
-        else:
-            shutil.rmtree(path, onerror=fix)
+        try:
+            _rmtree(path, fix)
+        except RecursionError:  # shutil.rmtree recurses a frame a level: a job may nest directories deeper
+            _flatten(path)
+            with contextlib.suppress(RecursionError):  # a deep part behind a directory its owner cannot open: left
+                _rmtree(path, fix)
+
+
+def _rmtree(path: Path, fix: Any) -> None:
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=fix)
+    else:
+        shutil.rmtree(path, onerror=fix)
+
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _flatten(path: Path) -> None:
+    """Move every entry below the directories of `path` up into `path` itself, each once, under a new name (a
+    loop over renames through descriptors: no recursion, no link followed), so that what is left is one level
+    deep whatever the nesting was."""
+    top = os.open(path, _DIR)
+    n = 0
+    try:
+        todo = os.listdir(top)
+        while todo:
+            name = todo.pop()
+            sub = _open_dir(top, name)
+            if sub is None:
+                continue
+            try:
+                for inner in os.listdir(sub):
+                    n += 1
+                    new = f".rm-{os.getpid()}-{n}"
+                    try:
+                        os.rename(inner, new, src_dir_fd=sub, dst_dir_fd=top)
+                    except PermissionError:
+                        os.chmod(sub, 0o700)
+                        os.rename(inner, new, src_dir_fd=sub, dst_dir_fd=top)
+                    todo.append(new)
+            except OSError:
+                continue
+            finally:
+                os.close(sub)
+    finally:
+        os.close(top)
+
+
+def _open_dir(parent: int, name: str) -> int | None:
+    """A descriptor of the directory `name` (not a link), made readable first if it was not; None if not one."""
+    try:
+        return os.open(name, _DIR, dir_fd=parent)
+    except PermissionError:
+        pass
+    except OSError:
+        return None
+    try:
+        pin = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return None
+    try:
+        os.chmod(f"/proc/self/fd/{pin}", 0o700)  # this very directory, never what a link names
+        return os.open(name, _DIR, dir_fd=parent)
+    except OSError:
+        return None
+    finally:
+        os.close(pin)
 
 
 def _why(e: BaseException) -> str:

@@ -67,7 +67,7 @@ class S3Backend:
 
     def _files(self, data: Path) -> dict[str, os.stat_result]:
         out: dict[str, os.stat_result] = {}
-        for dirpath, _, files, dfd in os.fwalk(data, follow_symlinks=False):
+        for dirpath, _, files, dfd in local.fwalk(data):
             rel = os.path.relpath(dirpath, data)
             base = "" if rel == "." else rel + "/"
             for name in files:

@@ -18,14 +18,18 @@ from pathlib import Path
 from typing import BinaryIO
 
 from suanli.storage.archive import Limits, TooLarge, footprint, remove_tree, unpack
+from suanli.storage.volume_room import Claim
 from suanli.storage.volumes import (
     _DIR_FLAGS,
     CHUNK,
+    MAX_WALK_DEPTH,
     OverSize,
     Paths,
+    TooDeep,
     VolumeFileError,
     _key,
     _split,
+    fwalk,
     give,
     load_state,
     open_dir,
@@ -56,9 +60,10 @@ def _sum_path(p: Paths, rel: str) -> Path:
     return p.root / SUMS / hashlib.sha256(rel.encode()).hexdigest()
 
 
-def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
-    """Move a held upload into the tree if the hash it was received with is `sha256` (else it is dropped: 422).
-    Returns (sha256, bytes, bytes it replaced)."""
+def commit(p: Paths, rel: str, sha256: str, room: Claim) -> tuple[str, int, int]:
+    """Move a held upload into the tree if the hash it was received with is `sha256` (else it is dropped: 422)
+    and it fits in the `room` left now (else OverSize, the upload kept). Returns (sha256, bytes, bytes it
+    replaced)."""
     src = partial_path(p, rel)
     try:
         size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
@@ -70,6 +75,7 @@ def commit(p: Paths, rel: str, sha256: str) -> tuple[str, int, int]:
         src.unlink(missing_ok=True)
         _held(p, rel).unlink(missing_ok=True)
         raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+    room.take(footprint(size))
     replaced = _place(p, rel, digest)
     _held(p, rel).unlink(missing_ok=True)
     return digest, size, replaced
@@ -109,10 +115,11 @@ def _place(p: Paths, rel: str, digest: str | None, src: Path | None = None) -> i
 
 
 class Writer:
-    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, at most `room` more
-    than the volume holds; `finish` checks the whole file's sha256 and moves it into the tree."""
+    """One upload of a file at `offset` of its partial copy: bytes appended as they arrive, within the `room` left
+    (what the volume holds and other copies in are writing); `finish` checks the whole file's sha256 and moves it
+    into the tree."""
 
-    def __init__(self, p: Paths, rel: str, offset: int, room: int) -> None:
+    def __init__(self, p: Paths, rel: str, offset: int, room: Claim) -> None:
         self.p, self.rel, self.room = p, rel, room
         path = partial_path(p, rel)
         have = partial_size(p, rel)
@@ -132,15 +139,20 @@ class Writer:
         _held(p, rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
 
     def write(self, chunk: bytes) -> None:
-        if footprint(self.written + len(chunk)) > self.room:
-            raise OverSize(f"this file would need more than the {self.room} bytes left in the volume")
+        self.room.take(footprint(self.written + len(chunk)))
         self.f.write(chunk)
         self.hash.update(chunk)
         self.written += len(chunk)
 
     def write_all(self, chunks: list[bytes]) -> None:
+        """The chunks gathered (a few MiB), claimed against the room at once (one look at the claims)."""
+        if not any(chunks):
+            return
+        self.room.take(footprint(self.written + sum(len(c) for c in chunks)))
         for chunk in chunks:
-            self.write(chunk)
+            self.f.write(chunk)
+            self.hash.update(chunk)
+            self.written += len(chunk)
 
     def finish(self, sha256: str | None, hold: bool = False) -> tuple[str, int, int]:
         """(sha256, bytes, bytes it replaced) once the file is whole and in place; with `hold`, the whole file
@@ -164,23 +176,31 @@ class Writer:
 
 
 def put_tree(
-    p: Paths, rel: str, source: BinaryIO, room: int, max_files: int, sha256: str | None = None
+    p: Paths, rel: str, source: BinaryIO, room: Claim, max_files: int, sha256: str | None = None
 ) -> tuple[int, int, str]:
     """Unpack a plain tar stream beside the tree, check the stream's sha256 (when given), then merge it into the
     directory `rel` (existing files it names are replaced) within `room` bytes. Returns (bytes, files, sha256)."""
     hashing = _Hashing(source)
     tmp = Path(tempfile.mkdtemp(prefix="tar-", dir=p.partial))
     try:
+        left = room.left()
         try:
-            got = unpack(hashing, tmp / "t", Limits(room, max_files), gzip=False)
+            got = unpack(hashing, tmp / "t", Limits(left, max_files), gzip=False)
         except TooLarge as e:
             if e.what == "bytes":
-                raise OverSize(f"the tree unpacks to more than the {room} bytes left in the volume") from None
+                raise OverSize(f"the tree unpacks to more than the {left} bytes left in the volume") from None
             raise
+        room.take(got.bytes, "the tree unpacks to")  # what other copies wrote meanwhile counts too
         hashing.drain()
         digest = hashing.hash.hexdigest()
         if sha256 is not None and digest != sha256:
             raise VolumeFileError(f"sha256: the stream received hashes to {digest}, not {sha256}; send it again")
+        try:  # what lands must stay within what a walk of the volume descends
+            for _ in fwalk(tmp / "t", limit=MAX_WALK_DEPTH - len(_split(rel))):
+                pass
+        except TooDeep:
+            raise VolumeFileError(f"the tree nests directories more than {MAX_WALK_DEPTH} levels below the "
+                                  "volume's root") from None  # fmt: skip
         give(p, tmp / "t")
         with open_dir(p.data, _split(rel), create=True, owner=p.owner) as dfd:
             _merge(str(tmp / "t"), dfd)
@@ -204,27 +224,37 @@ class _Hashing:
 
 
 def _merge(src: str, dst_fd: int) -> None:
-    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced."""
-    for entry in os.scandir(src):
-        try:
-            st = os.stat(entry.name, dir_fd=dst_fd, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if entry.is_dir(follow_symlinks=False):
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dst_fd)
-                try:
-                    _merge(entry.path, sub)
-                finally:
-                    os.close(sub)
+    """Move src's entries into the directory `dst_fd`: directories merged, anything else replaced (a loop holding
+    a descriptor a level, not a recursion: the unpacked tree is as deep as its tar's names)."""
+    stack: list[tuple[Iterator[os.DirEntry[str]], int]] = [(iter(list(os.scandir(src))), dst_fd)]
+    try:
+        while stack:
+            entries, dfd = stack[-1]
+            entry = next(entries, None)
+            if entry is None:
+                if len(stack) > 1:
+                    os.close(dfd)
+                stack.pop()
                 continue
-            if st is not None:
-                os.unlink(entry.name, dir_fd=dst_fd)
-            os.rename(entry.path, entry.name, dst_dir_fd=dst_fd)
-        else:
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                raise VolumeFileError(f"{entry.name}: a directory is there")
-            os.replace(entry.path, entry.name, dst_dir_fd=dst_fd)
+            try:
+                st = os.stat(entry.name, dir_fd=dfd, follow_symlinks=False)
+            except FileNotFoundError:
+                st = None
+            if entry.is_dir(follow_symlinks=False):
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    sub = os.open(entry.name, _DIR_FLAGS, dir_fd=dfd)
+                    stack.append((iter(list(os.scandir(entry.path))), sub))
+                    continue
+                if st is not None:
+                    os.unlink(entry.name, dir_fd=dfd)
+                os.rename(entry.path, entry.name, dst_dir_fd=dfd)
+            else:
+                if st is not None and stat.S_ISDIR(st.st_mode):
+                    raise VolumeFileError(f"{entry.name}: a directory is there")
+                os.replace(entry.path, entry.name, dst_dir_fd=dfd)
+    finally:
+        for _, dfd in stack[1:]:
+            os.close(dfd)
 
 
 # ---- reading files out ---------------------------------------------------------------------------------------------

@@ -21,19 +21,19 @@ from pathlib import Path
 from suanli.storage import fd_channel
 from suanli.storage.archive import footprint, remove_tree
 from suanli.storage.volume_io import _merge, _place
-from suanli.storage.volumes import OverSize, Paths, VolumeFileError, _split, give, open_dir, walk
+from suanli.storage.volume_room import Claim
+from suanli.storage.volumes import Paths, VolumeFileError, _split, give, open_dir, walk
 from suanli.workloads.volumes import VolumeRuleError, clean_path
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None] | None = None) -> tuple[int, int]:
+def put_file(p: Paths, rel: str, src: int, room: Claim, step: Callable[[int], None] | None = None) -> tuple[int, int]:
     """Copy the open file `src` (checked by the caller) to `rel`: its size now is what is copied, refused past
-    `room`. Returns (bytes, bytes of the file it replaced)."""
+    the `room` left. Returns (bytes, bytes of the file it replaced)."""
     size = os.fstat(src).st_size
-    if footprint(size) > room:
-        raise OverSize(f"this file would need more than the {room} bytes left in the volume")
+    room.take(footprint(size))
     fd, name = tempfile.mkstemp(prefix="fd-", dir=p.partial)  # its own: two copies of one path (or an HTTP
     path = Path(name)  # upload of it) at once do not write one file, and each lands whole
     try:
@@ -49,29 +49,29 @@ def put_file(p: Paths, rel: str, src: int, room: int, step: Callable[[int], None
 @dataclass
 class TreeIn:
     """A directory arriving as batches of open files: each copied beside the tree as it comes, the whole merged
-    into `rel` at `finish` (nothing of it is visible before), within `room` bytes and `max_files` entries."""
+    into `rel` at `finish` (nothing of it is visible before), within the `room` left and `max_files` entries."""
 
     p: Paths
     rel: str
-    room: int
+    room: Claim
     max_files: int
     bytes: int = 0
     entries: int = 0
     tmp: Path = field(init=False)
     dirs: set[str] = field(default_factory=lambda: {""})
+    files: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="fds-", dir=self.p.partial))
         (self.tmp / "t").mkdir()
 
     def _count(self, size: int) -> None:
-        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block)."""
+        """One more entry of `size` bytes: counted as the volume is measured (a directory is a block); claimed
+        against the room a batch at a time (`add`)."""
         self.entries += 1
         if self.entries > self.max_files:
             raise VolumeFileError(f"the tree has more than {self.max_files} files and directories")
         self.bytes += footprint(size)
-        if self.bytes > self.room:
-            raise OverSize(f"the tree holds more than the {self.room} bytes left in the volume")
 
     def _dir(self, rel: str) -> None:
         parts = _split(rel)
@@ -79,20 +79,20 @@ class TreeIn:
             d = "/".join(parts[:i])
             if d in self.dirs:
                 continue
-            try:
-                os.mkdir(self.tmp / "t" / d, 0o755)
-            except FileExistsError:
-                raise VolumeFileError(f"{d}: named as a file and as a directory") from None
+            if d in self.files:
+                raise VolumeFileError(f"{d}: named as a file and as a directory")
+            os.mkdir(self.tmp / "t" / d, 0o755)
             self.dirs.add(d)
             self._count(0)
 
     def add(self, dirs: list[str], files: list[str], fds: list[int]) -> int:
-        """Make `dirs` and copy each of `files` from its descriptor (one each, in order). Returns the bytes."""
+        """Make `dirs` and copy each of `files` from its descriptor (one each, in order): all of the batch counted
+        and claimed first, then copied. Returns the bytes."""
         if len(files) != len(fds):
             raise VolumeFileError(f"{len(files)} files named but {len(fds)} descriptors sent")
         for d in dirs:
             self._dir(_clean(d))
-        got = 0
+        todo: list[tuple[str, int, int]] = []
         for name, src in zip(files, fds, strict=True):
             rel = _clean(name)
             if not rel:
@@ -101,18 +101,21 @@ class TreeIn:
                 size = fd_channel.check_fd(src, write=False).st_size
             except fd_channel.BadDescriptor as e:
                 raise VolumeFileError(f"{rel}: {e}") from None
-            parent = rel.rpartition("/")[0]
-            self._dir(parent)
+            self._dir(rel.rpartition("/")[0])
+            if rel in self.files or rel in self.dirs:
+                what = "named twice" if rel in self.files else "named as a file and as a directory"
+                raise VolumeFileError(f"{rel}: {what}")
+            self.files.add(rel)
             self._count(size)  # its size now: what is copied, never more
+            todo.append((rel, src, size))
+        self.room.take(self.bytes, "the tree holds")
+        got = 0
+        for rel, src, size in todo:
+            out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
             try:
-                out = os.open(self.tmp / "t" / rel, _NEW, 0o644)
-            except FileExistsError:
-                raise VolumeFileError(f"{rel}: named twice") from None
-            try:
-                n = fd_channel.copy(src, out, size)
+                got += fd_channel.copy(src, out, size)
             finally:
                 os.close(out)
-            got += n
         return got
 
     def finish(self) -> None:

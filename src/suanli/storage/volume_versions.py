@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from suanli.storage.archive import remove_tree
-from suanli.storage.volumes import CHUNK, Paths, Usage, _key, load_state, measure, save_state
+from suanli.storage.volumes import CHUNK, Paths, Usage, _key, fwalk, load_state, measure, save_state
 
 LINK = "symlink:"  # a manifest entry of a link: [LINK + target, 0]
 DIR = "dir"  # a manifest entry of a directory: [DIR, 0]
@@ -59,7 +59,7 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
     state: dict[str, list[object]] = {}
     entries: dict[str, list[object]] = {}
     total = added = files = 0
-    for dirpath, dirs, names, dfd in os.fwalk(p.data, follow_symlinks=False):
+    for dirpath, dirs, names, dfd in fwalk(p.data):
         rel = os.path.relpath(dirpath, p.data)
         base = "" if rel == "." else rel + "/"
         for name in dirs:
@@ -147,7 +147,7 @@ def tree(p: Paths, number: int) -> Path:
             os.symlink(sha[len(LINK) :], dest)
         else:
             _link(blob(p, sha), dest)
-    for _, _, _, dfd in os.fwalk(tmp, follow_symlinks=False):
+    for _, _, _, dfd in fwalk(tmp):
         os.chmod(dfd, 0o555)
     try:
         os.rename(tmp, out)
@@ -189,7 +189,7 @@ def materialise(src: Paths, number: int, dest: Paths) -> Usage:
             os.chown(out, *dest.owner)
         state[path] = [*_key(os.stat(out)), sha]
     if dest.owner is not None:
-        for _, dirs, _, dfd in os.fwalk(tmp, follow_symlinks=False):
+        for _, dirs, _, dfd in fwalk(tmp):
             for name in dirs:
                 os.chown(name, *dest.owner, dir_fd=dfd, follow_symlinks=False)
         os.chown(tmp, *dest.owner)
@@ -231,7 +231,7 @@ def _gc(p: Paths) -> int:
             return 0  # a manifest being written or unreadable: remove nothing this time
         named.update(str(v[0]) for v in doc.values())
     freed = 0
-    for _, _, names, dfd in os.fwalk(p.blobs, follow_symlinks=False):
+    for _, _, names, dfd in fwalk(p.blobs):
         for name in names:
             if name in named or name == LOCK:
                 continue

@@ -12,8 +12,9 @@ Layout under the volumes root (`volumes_dir`):
     <org>/vols/<volume>/partial/   uploads under way (resumable), outside what a workload sees
 
 The live tree is written by tenants' workloads, so the server never follows a link in it: every path is opened a
-component at a time relative to a directory descriptor, with O_NOFOLLOW, and walks use `os.fwalk`. A link a
-workload made is kept as a link (in versions too) and never read through.
+component at a time relative to a directory descriptor, with O_NOFOLLOW, and walks use `fwalk` (as `os.fwalk`,
+but a loop, not a recursion: a tree nested deeper than `MAX_WALK_DEPTH` directories is refused by name, `TooDeep`).
+A link a workload made is kept as a link (in versions too) and never read through.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from suanli.storage.archive import footprint, remove_tree
 CHUNK = 1 << 20
 STATE = "state.json"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Directories below the top a walk descends (it holds one descriptor a level). A workload can nest its volume's
+# directories deeper than any path names them; `os.fwalk` recursed a frame a level and raised RecursionError.
+MAX_WALK_DEPTH = 1000
 
 
 class VolumeFileError(ValueError):
@@ -41,6 +45,15 @@ class VolumeFileError(ValueError):
 
 class OverSize(ValueError):
     """A write would take the volume past its size."""
+
+
+class TooDeep(ValueError):
+    """A tree nested deeper than a walk descends (`MAX_WALK_DEPTH`): the caller's volume, refused by name."""
+
+    def __init__(self, where: str) -> None:
+        where = where if len(where) <= 100 else where[:100] + "…"
+        super().__init__(f"volume: it holds directories nested more than {MAX_WALK_DEPTH} levels deep "
+                         f"({where}); remove some levels")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -83,7 +96,7 @@ def give(p: Paths, top: Path, dirs_only: bool = False) -> None:
         return
     uid, gid = p.owner
     os.chown(top, uid, gid, follow_symlinks=False)
-    for _, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
+    for _, dirs, files, dfd in fwalk(top):
         for n in dirs if dirs_only else (*dirs, *files):
             os.chown(n, uid, gid, dir_fd=dfd, follow_symlinks=False)
 
@@ -122,19 +135,71 @@ def open_dir(base: Path, parts: list[str], create: bool = False, owner: tuple[in
         os.close(fd)
 
 
+def fwalk(
+    top: Path | str, dir_fd: int | None = None, limit: int = MAX_WALK_DEPTH
+) -> Iterator[tuple[str, list[str], list[str], int]]:
+    """`os.fwalk(top, dir_fd=dir_fd, follow_symlinks=False)` (top down, `dirs` pruned in place is honoured), as a
+    loop: one descriptor a level is open, and a directory more than `MAX_WALK_DEPTH` below `top` raises `TooDeep`
+    (more than `limit`, when given) instead of the recursion running out. A directory is only entered through O_NOFOLLOW (a link to one is listed
+    in `dirs`, as os.fwalk lists it, and not entered); one that vanishes or cannot be opened is skipped."""
+    stack: list[tuple[int, str, list[str], int]] = []  # (descriptor, its path, its dirs, how many entered)
+    fd, path = os.open(top, _DIR_FLAGS, dir_fd=dir_fd), str(top)
+    try:
+        while True:
+            dirs: list[str] = []
+            files: list[str] = []
+            stack.append((fd, path, dirs, 0))
+            with os.scandir(fd) as it:
+                for e in it:
+                    try:
+                        (dirs if e.is_dir() else files).append(e.name)
+                    except OSError:
+                        files.append(e.name)
+            yield path, dirs, files, fd
+            while stack:  # the next directory to enter: the deepest one with a subdirectory not yet entered
+                pfd, ppath, pdirs, i = stack[-1]
+                if i >= len(pdirs):
+                    os.close(stack.pop()[0])
+                    continue
+                stack[-1] = (pfd, ppath, pdirs, i + 1)
+                try:
+                    fd = os.open(pdirs[i], _DIR_FLAGS, dir_fd=pfd)
+                except OSError:  # gone, a link, not a directory any more
+                    continue
+                path = os.path.join(ppath, pdirs[i])
+                if len(stack) > limit:
+                    os.close(fd)
+                    raise TooDeep(os.path.relpath(path, str(top)))
+                break
+            else:
+                return
+    finally:
+        for entry in stack:
+            os.close(entry[0])
+
+
 def walk(data: Path, rel: str) -> Iterator[tuple[str, str, int, os.stat_result]]:
     """Every entry under the directory `rel` of the tree, by name within each directory, as (path under `rel`,
     name, its directory's descriptor, lstat): walked through directory descriptors, a link reported, never followed.
     Entries that vanish while walked are skipped."""
     with open_dir(data, _split(rel)) as top:
-        for dirpath, dirs, files, dfd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+        for dirpath, dirs, files, dfd in fwalk(".", dir_fd=top):
             base = "" if dirpath == "." else dirpath[2:] + "/"
-            for name in sorted(dirs) + sorted(files):
+            dirs.sort()  # entered by name too
+            for name in dirs + sorted(files):
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 except OSError:
                     continue
                 yield base + name, name, dfd, st
+
+
+def check_depth(data: Path, rel: str) -> None:
+    """`TooDeep` if the directory `rel` of the tree holds directories nested deeper than a walk descends: checked
+    before a stream of it starts, so that it is refused with a status rather than cut short."""
+    with open_dir(data, _split(rel)) as top:
+        for _ in fwalk(".", dir_fd=top):
+            pass
 
 
 def open_file(data: Path, rel: str) -> tuple[int, os.stat_result]:
@@ -226,8 +291,9 @@ class Usage:
 
 
 def measure(top: Path) -> Usage:
+    """What the tree holds (`TooDeep` when it is nested deeper than a walk descends)."""
     total = entries = 0
-    for _, dirs, files, dfd in os.fwalk(top, follow_symlinks=False):
+    for _, dirs, files, dfd in fwalk(top):
         entries += len(dirs) + len(files)
         total += footprint(0) * len(dirs)
         for name in files:

@@ -106,32 +106,35 @@ async def put_file(
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
     try:
-        w = await run_in_threadpool(vio.Writer, t.paths, rel, offset, t.room)
-    except store.VolumeFileError as e:
-        raise Invalid(f"offset: {e}") from None
-    chunks: list[bytes] = []
-    held = 0
-    try:
-        async for chunk in request.stream():  # gathered without copying, written a few MiB per hop to the thread
-            chunks.append(chunk)
-            held += len(chunk)
-            if held >= BUFFER:
-                await run_in_threadpool(w.write_all, chunks)
-                chunks, held = [], 0
-        await run_in_threadpool(w.write_all, chunks)
-    except store.OverSize as e:
-        w.abort()
-        raise files.room_error(t, e) from None
-    except ClientDisconnect:
-        w.abort()  # what arrived is kept: resume from `partial`
-        raise Invalid("body: the upload broke off; resume from GET …/partial") from None
-    try:
-        digest, size, _ = await run_in_threadpool(w.finish, sha256, hold)
-    except store.VolumeFileError as e:
-        raise _file_error(e) from None
-    if not hold:
-        await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
-    return PutOut(path=rel, bytes=size, sha256=digest)
+        try:
+            w = await run_in_threadpool(vio.Writer, t.paths, rel, offset, t.claim)
+        except store.VolumeFileError as e:
+            raise Invalid(f"offset: {e}") from None
+        chunks: list[bytes] = []
+        held = 0
+        try:
+            async for chunk in request.stream():  # gathered without copying, written a few MiB a hop to the thread
+                chunks.append(chunk)
+                held += len(chunk)
+                if held >= BUFFER:
+                    await run_in_threadpool(w.write_all, chunks)
+                    chunks, held = [], 0
+            await run_in_threadpool(w.write_all, chunks)
+        except store.OverSize as e:
+            w.abort()
+            raise files.room_error(t, e) from None
+        except ClientDisconnect:
+            w.abort()  # what arrived is kept: resume from `partial`
+            raise Invalid("body: the upload broke off; resume from GET …/partial") from None
+        try:
+            digest, size, _ = await run_in_threadpool(w.finish, sha256, hold)
+        except store.VolumeFileError as e:
+            raise _file_error(e) from None
+        if not hold:
+            await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
+        return PutOut(path=rel, bytes=size, sha256=digest)
+    finally:
+        await run_in_threadpool(files.done, t)  # its claim on the room ends
 
 
 @router.post("/volumes/{volume}/commit")
@@ -140,13 +143,19 @@ async def commit_file(ref: Ref, ctx: Auth, path: PathQ, sha256: Annotated[str, Q
     """Move a file sent with `hold=true` into place if it was received with this sha256 (422 otherwise, and the
     copy is dropped)."""
     rel = files.clean(path, allow_root=False)
-    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now, False)
+    t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
     try:
-        digest, size, _ = await run_in_threadpool(vio.commit, t.paths, rel, sha256)
-    except store.VolumeFileError as e:
-        raise _file_error(e) from None
-    await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
-    return PutOut(path=rel, bytes=size, sha256=digest)
+        assert t.claim is not None
+        try:
+            digest, size, _ = await run_in_threadpool(vio.commit, t.paths, rel, sha256, t.claim)
+        except store.OverSize as e:
+            raise files.room_error(t, e) from None
+        except store.VolumeFileError as e:
+            raise _file_error(e) from None
+        await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
+        return PutOut(path=rel, bytes=size, sha256=digest)
+    finally:
+        await run_in_threadpool(files.done, t)
 
 
 @router.get("/volumes/{volume}/partial")
@@ -244,10 +253,13 @@ async def put_tree(ref: Ref, request: Request, ctx: Auth, path: PathQ = "", org:
     done: asyncio.Future[Any] = loop.create_future()
 
     def work() -> None:
+        assert t.claim is not None
         try:
-            out: Any = vio.put_tree(t.paths, rel, feed, t.room, lim.max_files, sha256)
+            out: Any = vio.put_tree(t.paths, rel, feed, t.claim, lim.max_files, sha256)
         except BaseException as e:
             out = e
+        finally:
+            files.done(t)  # merged or not: its claim on the room ends
         feed.closed = True
         loop.call_soon_threadsafe(done.set_result, out)
 
@@ -322,4 +334,5 @@ async def get_tree(ref: Ref, ctx: Auth, path: PathQ = "", org: OrgQ = None) -> S
     t = await run_in_threadpool(files.for_read, ctx.db, ctx.who, ref, org, _lim(ctx))
     if await run_in_threadpool(store.kind, t.paths.data, rel) != "dir":
         raise Invalid(f"path: {rel or '/'} is not a directory")
+    await run_in_threadpool(store.check_depth, t.paths.data, rel)  # too deep: a 422 now, not a stream cut short
     return StreamingResponse(vio.tar_tree(t.paths.data, rel), media_type="application/x-tar")

@@ -19,6 +19,7 @@ from suanli.db.engine import Database
 from suanli.db.volumes import Volume
 from suanli.storage import volumes as store
 from suanli.storage.s3 import S3Backend, S3Config
+from suanli.storage.volume_room import Claim
 from suanli.workloads import volumes as rules
 
 
@@ -34,6 +35,7 @@ class Target:
     room: int  # bytes a copy in may still add
     org_id: str = ""
     s3: S3Config | None = None  # an s3 volume's backend: every change is pushed to the bucket
+    claim: Claim | None = None  # a copy in's bytes, counted against the room of the others at once (`done`)
 
 
 def clean(path: str, *, allow_root: bool = True) -> str:
@@ -53,7 +55,8 @@ def for_write(
     db: Database, who: Principal, ref: str, org: str | None, lim: volumes.Limits, now: datetime, room: bool = True
 ) -> Target:
     """The volume, if the caller may write to it and it is writable; what it holds is measured now (workloads
-    write to it too) and the room left is its size less that (none left: 507, unless not `room`: a removal)."""
+    write to it too) and the room left is its size less that and less what other copies in are writing (none
+    left: 507). A copy in (`room`) holds a claim on the room until `done`; a removal (not `room`) holds none."""
     with db.read() as s:
         v = volumes.get(s, who, ref, org, volumes.WRITE)
     if v.state == "full" and room:
@@ -61,14 +64,39 @@ def for_write(
     if v.state == "read-only":
         raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted; top up first")
     p = volumes.paths(lim, v)
-    used = store.measure(p.data)
+    claim = Claim(p, v.size_bytes) if room else None  # registered before the measure: see storage.volume_room
+    try:
+        return _measured(db, v, p, claim, lim, now)
+    except BaseException:
+        if claim is not None:
+            claim.close()
+        raise
+
+
+def _measured(db: Database, v: Volume, p: store.Paths, claim: Claim | None, lim: volumes.Limits,
+              now: datetime) -> Target:  # fmt: skip
+    s3 = lim.s3 if v.backend == "s3" else None
+    try:
+        used = store.measure(p.data)
+    except store.TooDeep:
+        if claim is not None:
+            raise  # a 422 naming the volume: what it holds cannot be counted, so nothing more goes in
+        return Target(v.id, v.name, p, 0, v.org_id, s3)  # a removal may go on
     _record(db, v.id, used.bytes, used.files, now)
-    room_needed, room = room, v.size_bytes - used.bytes
-    if room <= 0 and room_needed:
-        raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes); "
+    room = claim.measured(used.bytes) if claim is not None else v.size_bytes - used.bytes
+    if room <= 0 and claim is not None:
+        coming = v.size_bytes - used.bytes - room  # what other copies in are writing
+        more = f", {coming} more on their way in" if coming > 0 else ""
+        raise InsufficientStorage(f"volume {v.name} is full ({used.bytes} of {v.size_bytes} bytes{more}); "
                                   "remove files or resize it")  # fmt: skip
     volumes.s3_of(lim.s3, v)  # an s3 volume on a server without the backend: refused before any byte moves
-    return Target(v.id, v.name, p, room, v.org_id, lim.s3 if v.backend == "s3" else None)
+    return Target(v.id, v.name, p, room, v.org_id, s3, claim)
+
+
+def done(t: Target) -> None:
+    """The copy in has ended (whether or not its bytes landed): its claim stops counting for later copies."""
+    if t.claim is not None:
+        t.claim.close()
 
 
 def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) -> None:
@@ -80,7 +108,7 @@ def _record(db: Database, volume_id: str, used: int, files: int, now: datetime) 
                 v.state = "ready"
 
 
-def wrote(db: Database, t: Target, now: datetime) -> store.Usage:
+def wrote(db: Database, t: Target, now: datetime) -> store.Usage | None:
     """After a file is in place: the tree measured again, so `ls` and `describe` show its bytes and file count at
     once (a copy in already measures the tree as it starts: this is the second walk of the two)."""
     return remeasure(db, t, now)
@@ -91,10 +119,16 @@ def _push(t: Target) -> None:
         S3Backend(t.s3).push(t.paths, t.org_id, t.volume_id)
 
 
-def remeasure(db: Database, t: Target, now: datetime) -> store.Usage:
-    used = store.measure(t.paths.data)
-    _record(db, t.volume_id, used.bytes, used.files, now)
-    _push(t)
+def remeasure(db: Database, t: Target, now: datetime) -> store.Usage | None:
+    """The tree measured and recorded (and an s3 volume pushed) after a change; None, the record left as it was,
+    while it is nested too deep to walk: the change is made either way, and the sweep holds such a volume full."""
+    try:
+        used: store.Usage | None = store.measure(t.paths.data)
+    except store.TooDeep:
+        used = None
+    if used is not None:
+        _record(db, t.volume_id, used.bytes, used.files, now)
+        _push(t)  # (a tree too deep to walk is pushed once trimmed)
     return used
 
 
@@ -104,9 +138,10 @@ def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
 
 def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, home: Path | None = None) -> int:
     """Measure the volumes live workloads mount writable (they may have written since): each is `full` while it
-    holds more than its size (mounted read-only from the next launch; copies in refused) and `ready` again once
-    it holds less. With `home` (the server's data directory), the running sandboxes of this host that mount a full
-    volume writable have that mount turned read-only at once (`sandbox.readonly`). Returns how many were measured."""
+    holds more than its size, or directories nested too deep to count (`store.TooDeep`), so mounted read-only from
+    the next launch and copies in refused, and `ready` again once it holds less. With `home` (the server's data
+    directory), the running sandboxes of this host that mount a full volume writable have that mount turned
+    read-only at once (`sandbox.readonly`). Returns how many were measured."""
     from sqlalchemy import select
 
     from suanli.db.models import Workload
@@ -124,15 +159,21 @@ def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, 
         rows = [v for v in s.scalars(select(Volume).where(Volume.org_id.in_({o for o, _ in wanted})))
                 if (v.org_id, v.name) in wanted][:budget]  # fmt: skip
     for v in rows:
-        used = store.measure(store.paths(root, v.org_id, v.id).data)
+        try:
+            used: store.Usage | None = store.measure(store.paths(root, v.org_id, v.id).data)
+        except store.TooDeep:  # what it holds cannot be counted: treated as more than its size
+            used = None
         with db.write() as s, s.begin():
             row = s.get(Volume, v.id, with_for_update=True)
             if row is None:
                 continue
-            row.used_bytes, row.files, row.measured_at = used.bytes, used.files, now
-            if row.state == "ready" and used.bytes > row.size_bytes:
+            over = used is None or used.bytes > row.size_bytes
+            if used is not None:
+                row.used_bytes, row.files = used.bytes, used.files
+            row.measured_at = now
+            if row.state == "ready" and over:
                 row.state = "full"
-            elif row.state == "full" and used.bytes <= row.size_bytes:
+            elif row.state == "full" and not over:
                 row.state = "ready"
             full = row.state == "full"
         if full and home is not None:
@@ -168,5 +209,8 @@ def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) 
                 if (v.org_id, v.name) not in busy]  # fmt: skip
     backend = S3Backend(s3)
     for v in rows:
-        backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+        try:
+            backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+        except store.TooDeep:  # a workload nested it too deep to walk: pushed once trimmed
+            continue
     return len(rows)

@@ -30,6 +30,7 @@ from suanli.control.ids import new_id
 from suanli.control.money import metering, usage
 from suanli.control.scheduling import inventory
 from suanli.control.storage import volumes
+from suanli.control.workloads import precision
 from suanli.db.models import MONEY, Allocation, Node, Plan, Workload, WorkloadEvent
 from suanli.storage import workdirs
 from suanli.workloads.host import cores, gib, host_text
@@ -80,8 +81,9 @@ def candidates(
             raise Invalid(f"max_price_per_hour: {host_text(host_cpu, host_mem)} cost {host:.2f}/h, above the ceiling "
                           f"{spec.max_price_per_hour}")  # fmt: skip
         return [Candidate("", host, host)]
+    precision.check_pinned(spec)
     registered = {m: (c.largest_gang(), c.per_node) for m, c in fleet.items()}
-    preference = spec.gpu_preference() or tuple(sorted(registered))
+    preference = spec.gpu_preference() or tuple(precision.fitting(spec, sorted(registered)))
     models = [m for m in preference if m in registered]
     if not models:
         on_offer = ", ".join(sorted(registered)) or "none"
@@ -271,7 +273,8 @@ def admit(
     ctx = _context(s, org_id, max_queued)
     _check_queue(ctx, max_queued)
     book = prices.book(s, ctx.price_version)
-    found = candidates(s, spec, org_id, now, fleet.models_at(s, ctx.fleet_version), book)
+    on_offer = fleet.models_at(s, ctx.fleet_version)
+    found = candidates(s, spec, org_id, now, on_offer, book)
     rate = min(c.rate_per_hour for c in found)
     _precheck_money(ctx, spec, rate, hold_minutes)
     if access is not None:
@@ -283,8 +286,10 @@ def admit(
     if workdir is not None and not (workdir / spec.workdir).is_dir():
         raise Invalid(f"workdir: {spec.workdir!r} is not a directory of the uploaded files")
     doc = spec.model_dump(mode="json", exclude_none=True)
-    if spec.gpu_count() > 0 and (spec.max_price_per_hour is not None or spec.plan_id() is not None):
-        doc["resources"]["gpu"] = [c.gpu_model for c in found]  # the models within the ceiling or the plan
+    ceiling = spec.max_price_per_hour is not None or spec.plan_id() is not None
+    if spec.gpu_count() > 0 and (ceiling or precision.narrows(spec, list(on_offer))):
+        doc["resources"]["gpu"] = [c.gpu_model for c in found]  # the models within the ceiling, the plan or the
+        # precision (its tensor cores: the scheduler places `gpu: any` work on any model otherwise)
     return dict(
         id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",

@@ -1,0 +1,133 @@
+"""Copies into one volume at once could together take more than its size: each measured the tree as it started and
+was held only to the room left then, so two 600 KiB copies into a 1 MiB volume both landed (1.2 MiB), over HTTP and
+same-host alike. Each copy now claims the bytes it writes (`storage.volume_room`), counted against every other
+copy's room until the tree it measured holds them. A real server (its own process), on both databases."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from suanli.storage import fd_channel as ch
+from tests.control_plane import live_server, signup
+
+API = "/api/v1"
+KiB, MiB = 1 << 10, 1 << 20
+PART = 600 * KiB  # two of them do not fit in 1 MiB
+
+
+@pytest.fixture
+def srv(db_url: str, tmp_path: Path) -> Iterator[tuple[Any, httpx.Client, Any]]:
+    with live_server(tmp_path / "home", db_url) as s, httpx.Client(base_url=s.url, timeout=60) as http:
+        t = signup(http, "roomy@example.com")
+        http.headers.update(t.headers)
+        assert http.post(f"{API}/volumes", json={"name": "v", "size": "1Mi"}).status_code == 201
+        yield s, http, t
+
+
+def paused_upload(http: httpx.Client, path: str, go: threading.Event, out: list[Any]) -> threading.Thread:
+    """An upload of PART bytes whose body stops after its first 64 KiB until `go` is set."""
+
+    def body() -> Iterator[bytes]:
+        yield b"a" * (64 * KiB)
+        go.wait(30)
+        yield b"a" * (PART - 64 * KiB)
+
+    def run() -> None:
+        out.append(http.put(f"{API}/volumes/v/files", params={"path": path}, content=body()))
+
+    th = threading.Thread(target=run)
+    th.start()
+    time.sleep(1.0)  # the server has measured the volume for it and waits for the rest of its body
+    return th
+
+
+def within_size(http: httpx.Client) -> int:
+    v = http.get(f"{API}/volumes/v").json()
+    listed = http.get(f"{API}/volumes/v/ls", params={"path": ""}).json()
+    used = sum(-(-e["size"] // 4096) * 4096 for e in listed if e["kind"] == "file")
+    assert v["used_bytes"] <= v["size_bytes"] and used <= v["size_bytes"], (v, listed)
+    return len(listed)
+
+
+def test_two_http_copies_at_once_never_take_more_than_the_room(srv: Any) -> None:
+    _, http, _ = srv
+    go, out = threading.Event(), []
+    first = paused_upload(http, "a.bin", go, out)
+    second = http.put(f"{API}/volumes/v/files", params={"path": "b.bin"}, content=b"b" * PART)
+    go.set()
+    first.join(60)
+    codes = sorted([second.status_code, out[0].status_code])
+    assert codes == [200, 507], (second.text, out[0].text)
+    refused = second if second.status_code == 507 else out[0]
+    assert "bytes left in the volume" in refused.json()["detail"], refused.text
+    assert within_size(http) == 1
+
+
+def test_a_same_host_tree_under_way_holds_its_bytes_against_an_http_copy(srv: Any, tmp_path: Path) -> None:
+    _, http, t = srv
+    info = http.get(f"{API}/storage/local-copy").json()
+    (tmp_path / "f").write_bytes(b"t" * PART)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect("\0" + info["socket"][1:])
+            ch.send(sock, {"op": "put-tree", "token": t.token, "volume": "v", "path": "tree"})
+            ch.send(sock, {"op": "batch", "dirs": [], "files": ["f"]}, [fd])
+            time.sleep(1.0)  # the batch is copied beside the tree (the server answers a batch with nothing)
+            r = http.put(f"{API}/volumes/v/files", params={"path": "b.bin"}, content=b"b" * PART)
+            ch.send(sock, {"op": "end"})
+            while (got := ch.recv(sock)[0]).get("op") == "progress":
+                pass
+    finally:
+        os.close(fd)
+    assert r.status_code == 507 and "bytes left in the volume" in r.json()["detail"], r.text
+    assert got["ok"] is True, got
+    assert within_size(http) == 1
+
+
+def test_an_http_copy_under_way_holds_its_bytes_against_a_same_host_file(srv: Any, tmp_path: Path) -> None:
+    _, http, t = srv
+    info = http.get(f"{API}/storage/local-copy").json()
+    go, out = threading.Event(), []
+    first = paused_upload(http, "a.bin", go, out)
+    (tmp_path / "f").write_bytes(b"f" * PART)
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect("\0" + info["socket"][1:])
+            ch.send(sock, {"op": "put-file", "token": t.token, "volume": "v", "path": "f.bin"}, [fd])
+            while (got := ch.recv(sock)[0]).get("op") == "progress":
+                pass
+    finally:
+        os.close(fd)
+        go.set()
+        first.join(60)
+    assert sorted([bool(got["ok"]), out[0].status_code == 200]) == [False, True], (got, out[0].text)
+    assert within_size(http) == 1
+
+
+def test_held_uploads_are_held_to_the_room_again_when_committed(srv: Any) -> None:
+    """A held upload waits beside the tree, outside what is measured: two of 600 KiB were each taken, and the
+    commits (which checked no room) put 1.2 MiB in a 1 MiB volume."""
+    _, http, _ = srv
+    sums = {}
+    for name in ("a.bin", "b.bin"):
+        r = http.put(f"{API}/volumes/v/files", params={"path": name, "hold": "true"}, content=name[0].encode() * PART)
+        assert r.status_code == 200, r.text
+        sums[name] = r.json()["sha256"]
+    assert http.post(f"{API}/volumes/v/commit", params={"path": "a.bin", "sha256": sums["a.bin"]}).status_code == 200
+    r = http.post(f"{API}/volumes/v/commit", params={"path": "b.bin", "sha256": sums["b.bin"]})
+    assert r.status_code == 507 and "bytes left in the volume" in r.json()["detail"], r.text
+    assert within_size(http) == 1
+    assert http.delete(f"{API}/volumes/v/files", params={"path": "a.bin"}).status_code == 204
+    r = http.post(f"{API}/volumes/v/commit", params={"path": "b.bin", "sha256": sums["b.bin"]})
+    assert r.status_code == 200, r.text  # the held upload was kept: committed once there is room

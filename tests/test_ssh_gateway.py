@@ -215,7 +215,11 @@ def test_local_port_forwarding_reaches_loopback_ports_only(gateway: Running) -> 
             assert c.recv(100) == b""  # the gateway refused the channel: the client closes the connection
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=10)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # ssh waits for a forwarded connection the far end has not closed yet
+            proc.kill()
+            _, err = proc.communicate(timeout=10)
     assert b"only the instance's own ports" in err
 
 

@@ -106,7 +106,8 @@ def by_las(r: Request, ctx: PolicyContext) -> tuple:
 def gittins_rate(r: Request, attained: float, ctx: PolicyContext) -> float:
     """Completions per GPU-second of further service the job promises (`sched/gittins.py`): its run time's Gittins
     index over its similar work's samples, per GPU. With no samples, its LAS level stands in: one over the level's
-    upper bound in GPU-seconds (levels are what keep LAS from preempting back and forth over small differences)."""
+    upper bound in GPU-seconds (levels are what keep LAS from preempting back and forth over small differences); the
+    last level has none, and ranks as ten times the last threshold."""
     g = max(1e-9, r.gpus * r.milli / FULL)
     if not r.est_samples:
         bounds = ctx.config.las_thresholds

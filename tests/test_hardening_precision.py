@@ -71,3 +71,21 @@ def test_any_gpu_is_placed_only_where_the_precision_runs(api: TestClient) -> Non
 def test_any_gpu_with_no_gpu_of_the_precision_in_the_fleet_is_refused(api: TestClient) -> None:
     t = fleet(api, "1x8:H100")
     refused_naming_precision(api, t, submit(api, t, job("any", "mxfp8")), "mxfp8", "H100-SXM")
+
+
+@pytest.mark.parametrize("precision", ["MXFP8; drop", "", "x" * 5000, "fp4\u0000", "bf16 "])
+def test_a_malformed_precision_is_a_422_naming_it_and_nothing_is_queued(api: TestClient, precision: str) -> None:
+    t = fleet(api, "1x8:B200")
+    r = submit(api, t, job("any", precision))
+    assert r.status_code == 422 and "precision" in r.text, r.text
+    assert api.get(f"{API}/workloads", headers=t.headers).json() == []
+
+
+def test_narrowing_names_only_the_fleets_models_and_another_tenant_sees_none_of_it(api: TestClient) -> None:
+    """`gpu: any` narrowed by precision lists registered models (public, as offers are), and the workload stays its
+    org's: another ¥10 sign-up gets a 404 for it."""
+    t = fleet(api, "1x8:H100", "1x8:B200")
+    r = submit(api, t, job("any", "mxfp8"))
+    assert r.status_code == 201 and r.json()["spec"]["resources"]["gpu"] == ["B200"], r.text
+    other = signup(api, "other@example.com")
+    assert api.get(f"{API}/workloads/{r.json()['id']}", headers=other.headers).status_code == 404

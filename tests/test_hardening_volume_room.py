@@ -131,3 +131,22 @@ def test_held_uploads_are_held_to_the_room_again_when_committed(srv: Any) -> Non
     assert http.delete(f"{API}/volumes/v/files", params={"path": "a.bin"}).status_code == 204
     r = http.post(f"{API}/volumes/v/commit", params={"path": "b.bin", "sha256": sums["b.bin"]})
     assert r.status_code == 200, r.text  # the held upload was kept: committed once there is room
+
+
+def test_a_tenant_cannot_reach_the_room_file_and_a_stranger_cannot_copy_into_the_volume(srv: Any) -> None:
+    """The claims live beside the volume's tree (`room.json`), not in it: a path that climbs to it is refused, a
+    file of that name inside the volume is only data (the room stays the volume's), and another tenant (a ¥10
+    sign-up) gets a 404 for the volume, its claims untouched."""
+    s, http, _ = srv
+    for path in ("../room.json", "../room.lock", "/../room.json"):
+        r = http.put(f"{API}/volumes/v/files", params={"path": path}, content=b"{}")
+        assert r.status_code == 422 and "path" in r.text, (path, r.status_code, r.text)
+    fake = b'{"seq": 0, "claims": {"x": [1, 0, null, 921600]}}'  # 900 KiB held by a live pid (init)
+    assert http.put(f"{API}/volumes/v/files", params={"path": "room.json"}, content=fake).status_code in (200, 201)
+    r = http.put(f"{API}/volumes/v/files", params={"path": "fill"}, content=b"a" * PART)
+    assert r.status_code in (200, 201), r.text  # the fake claim inside the tree counts for nothing
+    within_size(http)
+    with httpx.Client(base_url=s.url, timeout=30) as other:
+        other.headers.update(signup(other, "stranger@example.com").headers)
+        r = other.put(f"{API}/volumes/v/files", params={"path": "x"}, content=b"a" * PART)
+        assert r.status_code == 404, r.text

@@ -199,6 +199,34 @@ def test_sqlite_writer_waits_for_another_process_and_then_writes(tmp_path: Any) 
         db.dispose()
 
 
+def test_a_new_file_turns_to_wal_while_another_process_holds_its_write_lock(tmp_path: Any) -> None:
+    """A new file is in rollback-journal mode until the first connection turns it to WAL, and SQLite answers that
+    pragma "database is locked" at once, without waiting, while another connection holds the reserved lock:
+    processes starting together on a new file (`suanli server --workers N`) failed that way. The first
+    connection waits for the lock instead, and the file ends in WAL."""
+    path = tmp_path / "new.db"
+    code = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); c.execute('CREATE TABLE early (x)'); print('held', flush=True)\n"
+        "time.sleep(1.0); c.execute('COMMIT')\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    db = Database(f"sqlite+pysqlite:///{path}")
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with db.engine.connect() as conn:
+            waited = time.monotonic() - t0
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+            assert conn.exec_driver_sql("SELECT count(*) FROM early").scalar() == 0
+        assert holder.wait(30) == 0
+        assert waited > 0.5  # it waited for the other process's transaction
+    finally:
+        holder.kill()
+        db.dispose()
+
+
 def test_coroutines_wait_without_threads_and_share_transactions(plain_db: Database) -> None:
     import asyncio
 

@@ -42,11 +42,28 @@ BUSY_TIMEOUT_MS = 30_000
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur = dbapi_conn.cursor()
-    cur.execute("PRAGMA journal_mode=WAL")
-    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+    _enter_wal(cur)
+    cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.close()
+
+
+def _enter_wal(cur: Any) -> None:
+    """`PRAGMA journal_mode=WAL`, retried every 0.2-2 ms for up to the busy timeout. Turning a new file (rollback
+    journal) to WAL takes its exclusive lock, and SQLite answers "database is locked" at once, without waiting in
+    its busy handler, while another connection holds the reserved lock: N processes starting together on a new
+    file (`suanli server --workers N`) could fail that way."""
+    deadline, pause = time.monotonic() + BUSY_TIMEOUT_MS / 1000, 0.0002
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.002)
 
 
 # SQLite has one write lock per database. Threads of one process queue for it on a mutex of the file's, and are

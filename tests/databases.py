@@ -176,6 +176,7 @@ class _State:
     server: TempPostgres | None = None
     external: bool = False
     created: list[str] = field(default_factory=list)
+    template: str | None = None  # the migrated database `migrated_template` made
 
 
 _STATE = _State()
@@ -257,6 +258,7 @@ def stop_postgres_server() -> None:
         with contextlib.suppress(Exception):
             drop_databases(_STATE.url, _STATE.created)
     _STATE.created.clear()
+    _STATE.template = None
     if _STATE.server is not None:
         _STATE.server.stop()
         _STATE.server = None
@@ -265,8 +267,9 @@ def stop_postgres_server() -> None:
     _STATE.external = False
 
 
-def new_database(admin_url: str) -> str:
-    """CREATE a new, empty database with a unique name on the server of ``admin_url``; return its SQLAlchemy URL."""
+def new_database(admin_url: str, template: str | None = None) -> str:
+    """CREATE a new database with a unique name on the server of ``admin_url``: empty, or a copy of ``template``
+    (a database made here, with no connections open to it); return its SQLAlchemy URL."""
     import psycopg
     from sqlalchemy.engine import make_url
 
@@ -277,9 +280,49 @@ def new_database(admin_url: str) -> str:
         fsync = conn.execute("SHOW fsync").fetchone()
         file_copy = conn.info.server_version >= 150000 and fsync is not None and fsync[0] == "off"
         strategy = " STRATEGY = FILE_COPY" if file_copy else ""
-        conn.execute(f'CREATE DATABASE "{name}"{strategy}')
+        source = f' TEMPLATE "{template}"' if template else ""
+        conn.execute(f'CREATE DATABASE "{name}"{source}{strategy}')
     _STATE.created.append(name)
     return make_url(_sqlalchemy_url(admin_url)).set(database=name).render_as_string(hide_password=False)
+
+
+def migrated_template(admin_url: str) -> str:
+    """The name of a database on the server of ``admin_url`` with suanli's schema at head, migrated once per session
+    (0.4-0.5 s; a copy of it takes tens of milliseconds); ``new_database(admin_url, template=...)`` copies it."""
+    if _STATE.template is None:
+        from sqlalchemy.engine import make_url
+
+        from suanli.db.engine import Database
+        from suanli.db.migrate import migrate
+
+        url = new_database(admin_url)
+        db = Database(url)
+        try:
+            migrate(db.engine)
+        finally:
+            db.dispose()  # a template must have no connections open
+        _STATE.template = make_url(url).database
+    return _STATE.template
+
+
+def migrate_sqlite_template(path: Path) -> Path:
+    """Make ``path`` a SQLite file with suanli's schema at head, its WAL folded into the file, and return it."""
+    import sqlite3
+
+    from suanli.db.engine import Database
+    from suanli.db.migrate import migrate
+
+    db = Database(f"sqlite+pysqlite:///{path}")
+    try:
+        migrate(db.engine)
+    finally:
+        db.dispose()
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return path
 
 
 def drop_database(admin_url: str, name_or_url: str) -> None:

@@ -1,4 +1,5 @@
-"""The database fixtures: each db_url is a real, empty, isolated database of the backend its id names."""
+"""The database fixtures: each db_url is a real, isolated database of the backend its id names, at head; each
+empty_db_url the same, empty."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ def _engine(url: str) -> sa.Engine:
     return sa.create_engine(url)
 
 
-def test_db_url_is_a_working_empty_database(db_url: str, request: pytest.FixtureRequest) -> None:
-    backend = request.node.callspec.params["db_url"]
-    engine = _engine(db_url)
+def test_empty_db_url_is_a_working_empty_database(empty_db_url: str, request: pytest.FixtureRequest) -> None:
+    backend = request.node.callspec.params["empty_db_url"]
+    engine = _engine(empty_db_url)
     try:
         assert engine.dialect.name == backend
         assert sa.inspect(engine).get_table_names() == []
@@ -37,6 +38,40 @@ def test_db_url_is_a_working_empty_database(db_url: str, request: pytest.Fixture
                 assert conn.execute(sa.text("SELECT current_database()")).scalar_one().startswith(databases.DB_PREFIX)
     finally:
         engine.dispose()
+
+
+def test_db_url_is_a_fresh_copy_at_head_that_writes_stay_in(db_url: str, request: pytest.FixtureRequest) -> None:
+    """Each test's copy of the session's migrated database is at the migrations' head with no rows, and what one
+    test writes stays in its copy (the next test's copy is fresh: `test_databases_are_isolated`)."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    from suanli.db.engine import Database
+    from suanli.db.migrate import alembic_config
+
+    backend = request.node.callspec.params["db_url"]
+    db = Database(db_url)
+    try:
+        head = ScriptDirectory.from_config(alembic_config(db.engine)).get_current_head()
+        with db.engine.connect() as conn:
+            assert conn.dialect.name == backend
+            assert MigrationContext.configure(conn).get_current_revision() == head
+            assert conn.execute(sa.text("SELECT count(*) FROM users")).scalar_one() == 0
+        with db.engine.begin() as conn:
+            conn.execute(sa.text("CREATE TABLE mine_only (id INTEGER PRIMARY KEY)"))
+    finally:
+        db.dispose()
+    if backend == "sqlite":
+        source_url = f"sqlite+pysqlite:///{request.getfixturevalue('migrated_sqlite')}"
+    else:
+        admin_url = request.getfixturevalue("postgres_admin_url")
+        source_url = sa.make_url(admin_url).set(database=databases.migrated_template(admin_url)).render_as_string(False)
+    source = _engine(source_url)
+    try:
+        assert "users" in sa.inspect(source).get_table_names()
+        assert not sa.inspect(source).has_table("mine_only")
+    finally:
+        source.dispose()  # a template must have no connections open
 
 
 def test_databases_are_isolated(db_url: str, tmp_path, request: pytest.FixtureRequest) -> None:

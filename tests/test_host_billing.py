@@ -310,14 +310,14 @@ def test_the_cli_sets_and_shows_host_prices_quotas_and_quotes(as_admin: Market, 
 
 
 # ---- the migration --------------------------------------------------------------------------------------------
-def test_migration_0008_adds_host_columns_keeping_allocations_and_their_rates(db_url: str) -> None:
+def test_migration_0008_adds_host_columns_keeping_allocations_and_their_rates(empty_db_url: str) -> None:
     """Plain ADD COLUMNs on a database with money in it: old allocations hold no host CPU or memory on the bill
     (0), keep their rate, and orgs get no host quota; down and up again keeps the rows."""
     from alembic import command
 
     from suanli.db.migrate import alembic_config
 
-    db = Database(db_url)
+    db = Database(empty_db_url)
     try:
         migrate(db.engine, "0007")
         with db.engine.begin() as c:

@@ -27,8 +27,8 @@ def conn_dialect(ctx: object) -> str:
     return str(ctx.dialect.name)  # type: ignore[attr-defined]
 
 
-def test_migrations_match_the_models(db_url: str) -> None:
-    db = Database(db_url)
+def test_migrations_match_the_models(empty_db_url: str) -> None:
+    db = Database(empty_db_url)
     try:
         migrate(db.engine)
         migrate(db.engine)  # every server start runs this: a second run is a no-op
@@ -42,7 +42,7 @@ def test_migrations_match_the_models(db_url: str) -> None:
         db.dispose()
 
 
-def test_processes_starting_together_migrate_once(db_url: str) -> None:
+def test_processes_starting_together_migrate_once(empty_db_url: str) -> None:
     """`suanli server --workers N` starts N processes that all migrate on start, at the same moment."""
     code = (
         "import sys, time; from suanli.db.engine import Database; from suanli.db.migrate import migrate\n"
@@ -52,14 +52,14 @@ def test_processes_starting_together_migrate_once(db_url: str) -> None:
     start = time.time() + 2.0
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", code, db_url, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "-c", code, empty_db_url, str(start)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         for _ in range(4)
     ]
     outs = [p.communicate(timeout=60) for p in procs]
     for p, (out, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0 and out.strip() == b"ok", err.decode()[-2000:]
-    db = Database(db_url)
+    db = Database(empty_db_url)
     try:
         with db.engine.connect() as conn:
             assert MigrationContext.configure(conn).get_current_revision() is not None
@@ -69,7 +69,7 @@ def test_processes_starting_together_migrate_once(db_url: str) -> None:
         db.dispose()
 
 
-def test_adding_submitted_at_keeps_every_workload_and_its_events(db_url: str) -> None:
+def test_adding_submitted_at_keeps_every_workload_and_its_events(empty_db_url: str) -> None:
     """0006 upgrades a database with work in it: each workload's place is its `queued_at`, and no event is lost
     (a table copy on SQLite would have deleted them through the events' ON DELETE CASCADE). Down and up again
     keeps them too."""
@@ -78,7 +78,7 @@ def test_adding_submitted_at_keeps_every_workload_and_its_events(db_url: str) ->
 
     from suanli.db.migrate import alembic_config
 
-    db = Database(db_url)
+    db = Database(empty_db_url)
     try:
         migrate(db.engine, "0005")
         with db.engine.begin() as c:

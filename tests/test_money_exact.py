@@ -65,9 +65,9 @@ def test_amounts_are_stored_as_exact_values_not_floats(api: TestClient) -> None:
             assert kinds == ["numeric"], kinds
 
 
-def test_the_migration_turns_stored_reals_into_exact_units(db_url: str) -> None:
+def test_the_migration_turns_stored_reals_into_exact_units(empty_db_url: str) -> None:
     """A database from before: amounts stored as REAL on SQLite; the migration rounds each to the nearest 1e-8."""
-    db = Database(db_url)
+    db = Database(empty_db_url)
     try:
         migrate(db.engine, "0011")
         with db.engine.begin() as c:

@@ -229,14 +229,14 @@ def test_the_sdk_and_the_cli_set_and_show_usage_prices_and_ranges(as_admin: Any,
 
 
 # ---- the migration --------------------------------------------------------------------------------------------
-def test_migration_0014_adds_usage_columns_keeping_allocations_billed_by_time(db_url: str) -> None:
+def test_migration_0014_adds_usage_columns_keeping_allocations_billed_by_time(empty_db_url: str) -> None:
     """Plain ADD COLUMNs on a database with money in it: old allocations are not billed by usage (no floor rate, no
     activity) and keep their rate; down and up again keeps the rows."""
     from alembic import command
 
     from suanli.db.migrate import alembic_config
 
-    db = Database(db_url)
+    db = Database(empty_db_url)
     try:
         migrate(db.engine, "0012")
         with db.engine.begin() as c:

@@ -119,6 +119,32 @@ def test_htmx_is_sent_on_with_hx_redirect(api: Any) -> None:
     assert 'id="token-secret">' in c.get("/keys").text
 
 
+def test_two_tabs_making_secrets_before_either_page_shows_each_get_theirs(api: Any) -> None:
+    """An invitation and two tokens made before any of their pages is shown (tabs): each page shows the oldest
+    secret waiting for it, once; none is lost or shown twice."""
+    c = _console(api, "prg-tabs@example.com")
+    assert c.post("/team/orgs", {"name": "tabs-lab"}, csrf_from="/team").status_code == 303
+    # The forms' CSRF token is read off a page that shows no secret (a signed-in session's is the same everywhere).
+    invited = c.post("/team/invitations", {"email": "tab@example.com", "role": "member"}, csrf_from="/")
+    assert invited.status_code == 303, invited.text[-600:]
+    for name in ("tab one", "tab two"):
+        assert c.post("/keys/tokens", {"name": name, "expires_in_days": "30"}, csrf_from="/").status_code == 303
+    secret = r'id="token-secret">([^<]+)<'
+    shown = []
+    for _ in range(2):
+        page = c.get("/keys", headers=EN).text
+        m = re.search(secret, page)
+        assert m and 'id="once-lost"' not in page, page[-1500:]
+        shown.append(m.group(1))
+    after = c.get("/keys", headers=EN).text
+    assert not re.search(secret, after) and 'id="once-lost"' not in after
+    assert shown[0] != shown[1] and all(api.get("/api/v1/me", headers=bearer(t)).status_code == 200 for t in shown)
+    invite = c.get("/team", headers=EN).text  # the invitation waited for its own page
+    assert 'id="once-lost"' not in invite and re.search(r'id="new-invitation">.*?<code>([^<]+)</code>', invite, re.S)
+    assert c.c.cookies.get(ONCE_COOKIE) is None
+    assert sorted(_tokens(c)) == ["tab one", "tab two", "web console"]
+
+
 def test_a_restart_between_post_and_get_says_the_secret_is_lost(api: Any) -> None:
     c = _console(api, "prg-restart@example.com")
     assert c.post("/keys/tokens", {"name": "gone"}, csrf_from="/keys").status_code == 303

@@ -5,8 +5,11 @@ Answering the POST with the secret itself made a reload (or the back button) pos
 secret. Instead the POST answers 303 to the page's address and the secret waits here, in this process's memory,
 under a random id that goes to the browser in a short-lived `suanli_once` cookie (HttpOnly, SameSite=Lax). The id
 alone is not enough: the entry is bound to the hash of the session token that made it, so another session that
-presents the id gets nothing. The next GET of that page takes the entry (it is gone after that) and clears the
-cookie, so a reload shows the page without it. Nothing of the secret is in the URL or in a cookie.
+presents the id gets nothing. The next GET of that page takes the entry (it is gone after that) and drops its id
+from the cookie, so a reload shows the page without it. Nothing of the secret is in the URL or in a cookie.
+
+The cookie holds up to `PER_SESSION` ids, oldest first: two tabs that make a token and an invitation, or two
+tokens, before either page is shown each get theirs (a page takes the oldest id waiting for it).
 
 Bounds: an entry lives `TTL_S` seconds; a session holds at most `PER_SESSION` (its oldest goes first) and the
 process at most `TOTAL` (the oldest of all goes first), so no user can grow the server's memory.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -34,7 +38,8 @@ ONCE_COOKIE = "suanli_once"
 TTL_S = 300
 PER_SESSION = 4
 TOTAL = 1000
-ID_MAX = 64  # a cookie value longer than an id we make is no id
+ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # an id we make (token_urlsafe); anything else in the cookie is junk
+SEP = "."
 
 
 @dataclass
@@ -100,6 +105,19 @@ def _owner(page: Page) -> str:
     return hashlib.sha256((page.token or "").encode()).hexdigest()
 
 
+def _ids(page: Page) -> list[str]:
+    """The ids in the browser's cookie, oldest first; junk left out."""
+    raw = session.read_cookie(page.request, ONCE_COOKIE) or ""
+    return [k for k in raw.split(SEP) if ID_RE.fullmatch(k)][-PER_SESSION:]
+
+
+def _keep(page: Page, ids: list[str]) -> None:
+    if ids:
+        page.set_cookies[ONCE_COOKIE] = (SEP.join(ids), int(TTL_S))
+    else:
+        page.clear_cookies.append(ONCE_COOKIE)
+
+
 def redirect(page: Page, where: str, payload: Any) -> Response:
     """The POST's answer: 303 to `where` (htmx: an HX-Redirect there), the secret held for that GET only."""
     key = store_of(page.request).put(_owner(page), where, payload)
@@ -107,23 +125,30 @@ def redirect(page: Page, where: str, payload: Any) -> Response:
         resp: Response = Response(status_code=204, headers={"HX-Redirect": where})
     else:
         resp = RedirectResponse(where, status_code=303)
-    session.set_cookie(resp, page.request, ONCE_COOKIE, key, int(TTL_S))
+    _keep(page, [*_ids(page)[-(PER_SESSION - 1) :], key])
     return page.finish(resp)
 
 
 def take(page: Page, where: str) -> Any:
-    """On the GET of `where`: the secret waiting for this session, once; None otherwise. When the browser's id
-    names nothing this session holds (a restart, another server process), the page says the secret was made but
-    cannot be shown (`page.once_lost`)."""
-    key = session.read_cookie(page.request, ONCE_COOKIE)
-    if not key:
+    """On the GET of `where`: the oldest secret waiting for this session there, once; None otherwise. When an id
+    of the browser's names nothing this session holds (a restart, another server process) and none is shown, the
+    page says a secret was made but cannot be shown (`page.once_lost`)."""
+    if session.read_cookie(page.request, ONCE_COOKIE) is None:
         return None
-    if len(key) > ID_MAX:
-        page.clear_cookies.append(ONCE_COOKIE)
-        return None
-    outcome, payload = store_of(page.request).take(key, _owner(page), where)
-    if outcome == "elsewhere":
-        return None
-    page.clear_cookies.append(ONCE_COOKIE)
-    page.once_lost = outcome == "lost"
+    store, owner = store_of(page.request), _owner(page)
+    kept: list[str] = []
+    shown, payload, lost = False, None, False
+    for key in _ids(page):
+        if shown:
+            kept.append(key)
+            continue
+        outcome, got = store.take(key, owner, where)
+        if outcome == "shown":
+            shown, payload = True, got
+        elif outcome == "elsewhere":
+            kept.append(key)
+        else:
+            lost = True
+    _keep(page, kept)
+    page.once_lost = lost and not shown
     return payload

@@ -95,6 +95,7 @@ class Page:
     new_csrf_cookie: str | None = None  # set on the response when the anonymous double-submit cookie is new
     flash: list[str] = field(default_factory=list)
     clear_cookies: list[str] = field(default_factory=list)  # console cookies this answer deletes (a taken `once`)
+    set_cookies: dict[str, tuple[str, int]] = field(default_factory=dict)  # console cookies it sets: value, max age
     once_lost: bool = False  # a secret made by the last form could not be shown (web/once.py)
 
     @property
@@ -148,6 +149,8 @@ class Page:
             set_cookie(resp, self.request, CSRF_COOKIE, self.new_csrf_cookie, 7 * 86400)
         for name in self.clear_cookies:
             delete_cookie(resp, self.request, name)
+        for name, (value, max_age) in self.set_cookies.items():
+            set_cookie(resp, self.request, name, value, max_age)
         resp.headers.setdefault("Cache-Control", "no-store")
         for k, v in SECURITY_HEADERS.items():
             resp.headers.setdefault(k, v)

@@ -30,7 +30,7 @@ from schemathesis.checks import (
 from tests.control_plane import admin_token, bearer, join, signup
 
 API = "/api/v1"
-EXAMPLES = {"sqlite": 20, "postgresql": 10}  # per operation, role and generation mode
+EXAMPLES = {"sqlite": 14, "postgresql": 10}  # per operation, role and generation mode
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 HTTPX_KWARGS = ("method", "url", "params", "headers", "cookies", "json", "content", "data", "files")
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, live_server
+from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the CLI's subject is not the database)
 
 PRESET = "h20-roce800-128"
 NODE = f"{PRESET}.h20-0003"

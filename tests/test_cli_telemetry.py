@@ -22,6 +22,7 @@ from suanli.cli.telemetry import parse_when
 from suanli.cli.top_frame import UNHEALTHY, UNLIMITED, render_top
 from suanli.client import ApiError, Client
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server, poll
+from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the CLI's subject is not the database)
 
 PRESET = "dgx-h100-superpod-su"
 NODE = f"{PRESET}.dgx-0003"

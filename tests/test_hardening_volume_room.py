@@ -18,6 +18,7 @@ import pytest
 
 from suanli.storage import fd_channel as ch
 from tests.control_plane import live_server, signup
+from tests.sqlite_only import sqlite_db_url  # noqa: F401  (room claims live in a file beside the volume, not in the database)
 
 API = "/api/v1"
 KiB, MiB = 1 << 10, 1 << 20

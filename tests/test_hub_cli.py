@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tests.control_plane import live_server
 from tests.hub_fixtures import need
+from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the hub CLI's subject is not the database)
 from tests.test_cli_account import doc, suanli
 
 TERMINAL = ("succeeded", "failed", "stopped", "preempted")

@@ -13,15 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-
-@pytest.fixture(name="db_url")
-def sqlite_db_url(tmp_path: Path) -> Iterator[str]:
-    """The console's page tests run on SQLite only: a page reads and writes through the API, whose database
-    behaviour (on SQLite and PostgreSQL) the API's own tests cover; this halves the suite's time for them."""
-    yield f"sqlite+pysqlite:///{tmp_path}/suanli.db"
-
+from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the console's page tests: SQLite only)
 
 CSRF_RE = re.compile(r'name="csrf" value="([^"]+)"')
 META_RE = re.compile(r'<meta name="csrf-token" content="([^"]+)">')

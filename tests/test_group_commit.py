@@ -172,21 +172,28 @@ def test_sqlite_write_lock_is_released_after_commit_rollback_and_errors(tmp_path
         db.dispose()
 
 
+def _hold_write_lock(path: Any, statement: str) -> subprocess.Popen[str]:
+    """Another process that takes the write lock on `path` (BEGIN IMMEDIATE), runs `statement`, holds it for a
+    second and commits; returned once it holds the lock."""
+    code = (
+        "import sqlite3, sys, time\n"
+        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "c.execute('BEGIN IMMEDIATE'); c.execute(sys.argv[2]); print('held', flush=True)\n"
+        "time.sleep(1.0); c.execute('COMMIT')\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code, str(path), statement], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+    return holder
+
+
 def test_sqlite_writer_waits_for_another_process_and_then_writes(tmp_path: Any) -> None:
     """Another process holds the write lock for a second; a writer here waits (no 'database is locked'),
     then writes as soon as the lock is free."""
     path = tmp_path / "w.db"
     db = Database(f"sqlite+pysqlite:///{path}")
     META.create_all(db.engine)
-    code = (
-        "import sqlite3, sys, time\n"
-        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "c.execute('BEGIN IMMEDIATE'); print('held', flush=True); time.sleep(1.0)\n"
-        "c.execute(\"INSERT INTO items (name) VALUES ('other')\"); c.execute('COMMIT')\n"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    holder = _hold_write_lock(path, "INSERT INTO items (name) VALUES ('other')")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
         with db.write() as s, s.begin():
             s.execute(ITEMS.insert(), {"name": "mine"})  # BEGIN IMMEDIATE goes with the first statement
@@ -205,16 +212,9 @@ def test_a_new_file_turns_to_wal_while_another_process_holds_its_write_lock(tmp_
     processes starting together on a new file (`suanli server --workers N`) failed that way. The first
     connection waits for the lock instead, and the file ends in WAL."""
     path = tmp_path / "new.db"
-    code = (
-        "import sqlite3, sys, time\n"
-        "c = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
-        "c.execute('BEGIN IMMEDIATE'); c.execute('CREATE TABLE early (x)'); print('held', flush=True)\n"
-        "time.sleep(1.0); c.execute('COMMIT')\n"
-    )
-    holder = subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True)
+    holder = _hold_write_lock(path, "CREATE TABLE early (x)")
     db = Database(f"sqlite+pysqlite:///{path}")
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         t0 = time.monotonic()
         with db.engine.connect() as conn:
             waited = time.monotonic() - t0

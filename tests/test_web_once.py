@@ -178,3 +178,18 @@ def test_a_junk_once_cookie_is_no_secret_and_no_500(api: Any, junk: str) -> None
     c.c.cookies.set(ONCE_COOKIE, junk)
     r = c.get("/keys", headers=EN)
     assert r.status_code == 200 and 'id="token-secret"' not in r.text
+
+
+def test_another_session_presenting_a_cookie_of_several_ids_takes_none_of_them(api: Any) -> None:
+    """A thief's copy of the owner's cookie (two ids, junk and an overlong id mixed in) shows nothing and takes
+    nothing: the owner still sees both secrets, one per visit."""
+    owner, thief = _console(api, "prg-many@example.com"), _console(api, "prg-many-thief@example.com")
+    for name in ("one", "two"):
+        assert owner.post("/keys/tokens", {"name": name}, csrf_from="/").status_code == 303
+    ids = owner.c.cookies.get(ONCE_COOKIE)
+    assert ids and len(ids.split(".")) == 2
+    thief.c.cookies.set(ONCE_COOKIE, f"junk!.{'x' * 200}.{ids}")
+    stolen = thief.get("/keys", headers=EN).text
+    assert 'id="token-secret"' not in stolen
+    shown = [re.search(r'id="token-secret">([^<]+)<', owner.get("/keys", headers=EN).text) for _ in range(2)]
+    assert all(shown) and shown[0].group(1) != shown[1].group(1)  # type: ignore[union-attr]

@@ -3,6 +3,7 @@ rlimit fallback), an OOM kill in words, signals through bwrap, entering a live s
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -281,3 +282,45 @@ def test_every_tmpfs_is_sized_and_the_root_is_read_only() -> None:
     assert argv[argv.index("--remount-ro") + 1] == "/"
     assert "--disable-userns" in argv and "--unshare-pid" in argv and "--unshare-net" not in argv
     assert "--unshare-net" in bwrap_args(SandboxSpec(workdir="/tmp", network="none"))
+
+
+def test_a_cgroup_still_busy_with_its_dying_processes_is_removed_once_they_are_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A SIGKILLed process leaves its cgroup a moment after it stops showing in /proc: rmdir says EBUSY until then.
+    group = tmp_path / "rank"
+    group.mkdir()
+    busy = [2]
+    real_rmdir = os.rmdir
+
+    def rmdir(path: str) -> None:
+        if busy[0]:
+            busy[0] -= 1
+            raise OSError(errno.EBUSY, "Device or resource busy", path)
+        real_rmdir(path)
+
+    monkeypatch.setattr(limits.os, "rmdir", rmdir)
+    limits.remove({"mode": "v2", "paths": [str(group)]})
+    assert not group.exists() and busy == [0]
+    # What never empties is left (bounded wait), and no error escapes the supervisor.
+    stuck = tmp_path / "stuck"
+    stuck.mkdir()
+    busy[0] = 10**9
+    limits.remove({"mode": "v2", "paths": [str(stuck)]}, wait_s=0.05)
+    assert stuck.exists()
+
+
+def test_two_ranks_with_the_same_workload_attempt_and_rank_never_share_a_cgroup(tmp_path: Path) -> None:
+    # Two servers on one host (or a server's database restored) can both run a `wl-sbx` attempt 1 rank 0: each
+    # must get a cgroup of its own, or one job's processes count against, and are killed by, the other's limits.
+    from suanli.executors.sandboxing import rank_config
+
+    lau = launch(tmp_path, "true", cpu_milli=500)
+    first, second = (rank_config(lau, lau.ranks[0], {})["sandbox"]["cgroup"] for _ in range(2))
+    if first["mode"] != "rlimit":
+        assert set(first["paths"]).isdisjoint(second["paths"])
+    # A leaf that is already there (someone else's) is not joined: the rank falls back to rlimits and says why.
+    parent = tmp_path / "delegated"
+    (parent / "taken").mkdir(parents=True)
+    made = limits.create({"mode": "v2", "paths": [str(parent / "taken")]}, cpu_milli=500, memory_mib=0)
+    assert made["mode"] == "rlimit" and "taken" in str(made["why"])

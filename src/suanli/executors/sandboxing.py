@@ -8,6 +8,7 @@ JupyterLab).
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,8 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
         for m in spec.mounts:  # a writable mount (a volume) is the tenant's to write, like the workdir
             if m.writable:
                 _own(Path(m.source), req.uid, req.gid if req.gid is not None else req.uid)
-    name = f"{launch.workload_id}-a{launch.attempt}-r{rank.node_rank}"
+    # Unique on this host even across servers (the cgroup sits under the server's own group, or the one delegated).
+    name = f"{launch.workload_id}-a{launch.attempt}-r{rank.node_rank}-{secrets.token_hex(4)}"
     plain = {k: v for k, v in env.items() if v is not None}
     return {
         "env": sandbox_env(plain, spec),

@@ -12,7 +12,9 @@ Standard library only: the rank supervisor imports this on every start.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD_US = 100_000
@@ -82,15 +84,23 @@ def _enable_v2_controllers(leaf: str) -> None:
             _write(os.path.join(d, "cgroup.subtree_control"), "+cpu +memory +pids")
 
 
+def _make_leaf(path: str, made: list[str]) -> None:
+    os.mkdir(path)  # FileExistsError when it is there already
+    made.append(path)
+
+
 def create(cg: dict[str, object], cpu_milli: int, memory_mib: int, pids: int = DEFAULT_PIDS) -> dict[str, object]:
-    """Make the cgroup(s) with the limits set; on any failure fall back to rlimits (and say why)."""
+    """Make the cgroup(s) with the limits set; on any failure fall back to rlimits (and say why). A leaf that is
+    already there is never joined: it may be another rank's, whose processes would then count against, and be
+    killed by, this one's limits."""
     mode = cg.get("mode")
     paths = [str(p) for p in cg.get("paths", [])]  # type: ignore[union-attr]
+    made: list[str] = []
     try:
         if mode == "v2":
             leaf = paths[0]
             _enable_v2_controllers(leaf)
-            os.makedirs(leaf, exist_ok=True)
+            _make_leaf(leaf, made)
             if memory_mib:
                 _write(os.path.join(leaf, "memory.max"), str(memory_mib << 20))
                 with contextlib.suppress(OSError):
@@ -101,7 +111,8 @@ def create(cg: dict[str, object], cpu_milli: int, memory_mib: int, pids: int = D
                 _write(os.path.join(leaf, "pids.max"), str(pids))
         elif mode == "v1":
             for p in paths:
-                os.makedirs(p, exist_ok=True)
+                os.makedirs(os.path.dirname(p), exist_ok=True)
+                _make_leaf(p, made)
             mem, cpu, pid = paths
             if memory_mib:
                 _write(os.path.join(mem, "memory.limit_in_bytes"), str(memory_mib << 20))
@@ -113,7 +124,7 @@ def create(cg: dict[str, object], cpu_milli: int, memory_mib: int, pids: int = D
             _write(os.path.join(pid, "pids.max"), str(pids))
         return cg
     except OSError as e:
-        remove(cg)
+        remove({"paths": made}, wait_s=0)  # only what this call made: a leaf already there is someone else's
         return {"mode": "rlimit", "paths": [], "why": f"cgroup setup failed: {e}"}
 
 
@@ -150,8 +161,17 @@ def oom_killed(cg: dict[str, object]) -> bool:
     return False
 
 
-def remove(cg: dict[str, object]) -> None:
-    """Delete the cgroup(s) once empty; a leftover is harmless and tried again by nobody."""
+def remove(cg: dict[str, object], wait_s: float = 2.0) -> None:
+    """Delete the cgroup(s). A SIGKILLed process leaves its cgroup a moment after it is gone from /proc, and rmdir
+    says EBUSY until then (seen on a loaded host): tried again every 10 ms for up to `wait_s`; what still will not go
+    is left (harmless, and tried again by nobody)."""
+    deadline = time.monotonic() + wait_s
     for p in cg.get("paths", []):  # type: ignore[union-attr]
-        with contextlib.suppress(OSError):
-            os.rmdir(str(p))
+        while True:
+            try:
+                os.rmdir(str(p))
+            except OSError as e:
+                if e.errno == errno.EBUSY and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+            break

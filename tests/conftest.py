@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +12,38 @@ from typing import Any
 import pytest
 
 from tests import databases
+
+# The CLI sizes its tables by COLUMNS (120 wide without it, as when piped). pytest-xdist's workers get COLUMNS=80 in
+# their environment; tests that care about a width set their own, so every test starts from the same, unset one.
+os.environ.pop("COLUMNS", None)
+
+
+ENGINE_MODULES = {
+    "ray": ("test_ray_e2e.py", "test_ray_executor.py"),
+    "slurm": ("test_slurm_e2e.py", "test_slurm_executor.py"),
+}
+
+
+def xdist_group_of(nodeid: str) -> str:
+    """What runs together on one pytest-xdist worker (`-n 2`, as the README runs the suite): a whole module, in
+    order, as without xdist (module fixtures, and tests that build on the one before, stay whole); and all the Ray
+    modules on one worker, all the Slurm ones on one, so each engine's cluster starts once, not once per worker."""
+    path = nodeid.split("::", 1)[0]
+    name = path.rsplit("/", 1)[-1]
+    return next((engine for engine, names in ENGINE_MODULES.items() if name in names), path)
+
+
+if importlib.util.find_spec("xdist") is not None:
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+        """xdist's scope scheduler, by `xdist_group_of` (its `--dist loadgroup` marks do not reach pytest 9's ids)."""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ByGroup(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return xdist_group_of(nodeid)
+
+        return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

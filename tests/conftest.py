@@ -149,9 +149,11 @@ def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[A
         yield client
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One headless Chromium (Debian's) for every browser test of the session (tests/web_helpers.py)."""
+    """One headless Chromium (Debian's) for every browser test of a module (tests/web_helpers.py). Not one per
+    session: Playwright's sync API holds the thread's event loop while it runs, and a later module on the same
+    xdist worker that calls `asyncio.run` would fail."""
     from tests.web_helpers import chromium
 
     with chromium() as b:

@@ -53,11 +53,11 @@ def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path) -
             assert first.usage is not None and first.usage.completion_tokens == 4
             ep = wait_ready(http, tenant, "tiny", 1)
             assert ep["replicas"][0]["ready"] and ep["runtime"] == "transformers"
-            # greedy (temperature 0): sampled, the random-weight model sometimes picks a special token, whose text
-            # is empty, and the stream then has fewer than 3 chunks of text
+            # streamed, not buffered: more than one chunk carries text (the random-weight model may pick a special
+            # token, whose text is empty, even at temperature 0: seen once in each of two full runs)
             stream = c.completions.create(model="tiny", prompt="hello", max_tokens=3, stream=True, temperature=0)
             chunks = list(stream)
-            assert len([ch for ch in chunks if ch.choices and ch.choices[0].text]) >= 3
+            assert len([ch for ch in chunks if ch.choices and ch.choices[0].text]) >= 2
             chat = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
                                              max_tokens=2)  # fmt: skip
             assert chat.choices[0].message.content is not None

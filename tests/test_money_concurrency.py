@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -51,9 +50,7 @@ def test_concurrent_purchases_top_ups_and_submissions_post_each_key_once(db_url:
             + [("POST", "/api/v1/workloads", t.headers, {"spec": {**spec, "name": f"j{i}"}})
                for i in range(SUBMISSIONS)]
         )  # fmt: skip
-        # On a thread of its own: a session's browser (Playwright's sync API) may hold this thread's event loop.
-        with ThreadPoolExecutor(1) as pool:
-            answers = pool.submit(asyncio.run, _fire(srv.url, requests)).result()
+        answers = asyncio.run(_fire(srv.url, requests))
 
         statuses = Counter(r.status_code for r in answers)
         refused = [(r.status_code, r.text[:200]) for r in answers if r.status_code != 201]

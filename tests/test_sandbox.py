@@ -324,3 +324,35 @@ def test_two_ranks_with_the_same_workload_attempt_and_rank_never_share_a_cgroup(
     (parent / "taken").mkdir(parents=True)
     made = limits.create({"mode": "v2", "paths": [str(parent / "taken")]}, cpu_milli=500, memory_mib=0)
     assert made["mode"] == "rlimit" and "taken" in str(made["why"])
+
+
+def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
+    # The tenant's attack on its own cgroup: write a bigger quota into every cpu.max / cfs_quota_us it can see
+    # (/sys is read-only in the sandbox; it does see the host's cgroup tree, its own leaf among the others).
+    cg = limits.plan("probe")
+    if cg["mode"] == "rlimit":
+        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    attack = (
+        "for f in $(find /sys/fs/cgroup -name cpu.max -o -name cpu.cfs_quota_us 2>/dev/null); do "
+        "(echo max > $f || echo -1 > $f) 2>/dev/null && echo LIFTED $f; done; echo TRIED; exec sleep 30"
+    )
+    ex = LocalExecutor()
+    handle = ex.launch(launch(tmp_path, attack, cpu_milli=500), time.time())
+    box, log_file = tmp_path / "logs" / "rank-0.sandbox.json", tmp_path / "logs" / "rank-0.log"
+    deadline = time.monotonic() + 20
+    while not box.exists() or not log_file.exists() or "TRIED" not in log_file.read_text():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    paths = json.loads(box.read_text())["cgroup"]["paths"]
+    try:
+        if cg["mode"] == "v2":
+            assert Path(paths[0], "cpu.max").read_text().split() == ["50000", "100000"]
+        else:
+            cpu = next(p for p in paths if "/cpu/" in p)
+            assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "50000"
+    finally:
+        ex.stop(handle, time.time())
+        while ex.poll(handle, time.time()).state == "running":
+            time.sleep(0.05)
+    log = log_file.read_text()
+    assert "LIFTED" not in log

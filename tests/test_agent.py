@@ -74,18 +74,26 @@ def test_the_cli_on_a_host_without_nvml(server, tmp_path: Path) -> None:  # type
 
 
 def _agent_until_sigterm(burst: int) -> subprocess.CompletedProcess[str]:
-    """`suanli agent` against a server that is not there, sent `burst` SIGTERMs once it runs."""
+    """`suanli agent` against a server that is not there, sent `burst` SIGTERMs once it says it runs (a fixed sleep
+    was not enough on a loaded machine: the SIGTERM came before the handler and the agent died of it silently)."""
     import signal
 
     cmd = [sys.executable, "-m", "suanli.cli.main", "agent", "--node", "n1", "--server", "http://127.0.0.1:9",
            "--token", "x", "--interval", "0.5"]  # fmt: skip
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(3)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    assert p.stdout is not None
+    guard = threading.Timer(60, p.kill)  # a start line that never comes fails the test instead of hanging it
+    guard.start()
+    first = p.stdout.readline()  # the agent prints its start line after its SIGTERM handler is in place
+    guard.cancel()
+    assert first.startswith("agent for n1: a reading every 0.5 s"), first
     for _ in range(burst):
         p.send_signal(signal.SIGTERM)
         time.sleep(0.005)
     try:
         out, _ = p.communicate(timeout=15)
+        out = first + out
     except subprocess.TimeoutExpired:
         p.kill()
         out, _ = p.communicate()

@@ -35,12 +35,20 @@ def agent(
         stop = threading.Event()
         # SIGTERM acts as Ctrl-C (KeyboardInterrupt, suppressed below): a handler calling stop.set() could take the
         # Event's lock while this same thread held it inside stop.wait, and deadlock (as the loop process's did).
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, _interrupt_once)
         with contextlib.suppress(KeyboardInterrupt):
+            console.print(f"agent for {node}: a reading every {interval:g} s; stop with Ctrl-C or SIGTERM")
             loop.run(stop, ticks=1 if once else None)
     if sampler.disabled_reason:
         console.print(f"[yellow]no GPU readings on {node}: NVML {sampler.disabled_reason}[/yellow]")
     console.print(f"sent {loop.sent} samples" + (f" ({loop.failures} failed tries)" if loop.failures else ""))
+
+
+def _interrupt_once(signum: int, frame: object) -> None:
+    """The first SIGTERM stops the agent as Ctrl-C does; a second one, during its shutdown, ends it at once (rather
+    than raising KeyboardInterrupt out of the shutdown and exiting 130)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

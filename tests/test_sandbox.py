@@ -278,8 +278,10 @@ def test_the_sandboxs_user_has_a_name(tmp_path: Path) -> None:
 def test_every_tmpfs_is_sized_and_the_root_is_read_only() -> None:
     argv = bwrap_args(SandboxSpec(workdir="/tmp", tmp_bytes=1 << 30))
     tmpfs = [i for i, a in enumerate(argv) if a == "--tmpfs"]
-    assert len(tmpfs) == 4 and all(argv[i - 2] == "--size" for i in tmpfs)  # /dev/shm, /tmp, /run, /var/tmp
-    assert argv[argv.index("--remount-ro") + 1] == "/"
+    # /sys/fs/cgroup, /dev/shm, /tmp, /run, /var/tmp
+    assert len(tmpfs) == 5 and all(argv[i - 2] == "--size" for i in tmpfs)
+    remounted = [argv[i + 1] for i, a in enumerate(argv) if a == "--remount-ro"]
+    assert remounted == ["/sys/fs/cgroup", "/"]
     assert "--disable-userns" in argv and "--unshare-pid" in argv and "--unshare-net" not in argv
     assert "--unshare-net" in bwrap_args(SandboxSpec(workdir="/tmp", network="none"))
 
@@ -328,7 +330,7 @@ def test_two_ranks_with_the_same_workload_attempt_and_rank_never_share_a_cgroup(
 
 def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
     # The tenant's attack on its own cgroup: write a bigger quota into every cpu.max / cfs_quota_us it can see
-    # (/sys is read-only in the sandbox; it does see the host's cgroup tree, its own leaf among the others).
+    # (/sys is read-only in the sandbox, and its /sys/fs/cgroup holds only the job's own cgroup).
     cg = limits.plan("probe")
     if cg["mode"] == "rlimit":
         pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
@@ -356,3 +358,58 @@ def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
             time.sleep(0.05)
     log = log_file.read_text()
     assert "LIFTED" not in log
+
+
+def test_a_job_sees_its_own_cgroup_and_no_other_ranks(tmp_path: Path) -> None:
+    # The tenant's probe: the host's cgroup tree names every rank on the host (`<workload>-a<attempt>-r<rank>-…`) and
+    # shows its usage counters. A job sees only its own cgroup, where container-aware code looks for its limits
+    # (cgroup v2 /sys/fs/cgroup/cpu.max, v1 /sys/fs/cgroup/cpu/cpu.cfs_quota_us), and nothing where it has none.
+    from dataclasses import replace
+
+    ex = LocalExecutor()
+    (tmp_path / "victim").mkdir()
+    victim = ex.launch(replace(launch(tmp_path / "victim", "exec sleep 30", cpu_milli=500), workload_id="wl-victim"),
+                       time.time())  # fmt: skip
+    probe = (
+        "find /sys/fs/cgroup -name 'wl-victim*' 2>/dev/null; echo ENTRIES $(ls -A /sys/fs/cgroup | wc -l); "
+        "echo QUOTA $(cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null)"
+    )
+    try:
+        victim_box = tmp_path / "victim" / "logs" / "rank-0.sandbox.json"
+        deadline = time.monotonic() + 20
+        while not victim_box.exists():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        victim_cg = json.loads(victim_box.read_text())["cgroup"]
+        assert all(Path(p).is_dir() for p in victim_cg["paths"])  # the victim's cgroup is there to be found
+        st, log = run(tmp_path, probe, cpu_milli=500)
+    finally:
+        ex.stop(victim, time.time())
+        while ex.poll(victim, time.time()).state == "running":
+            time.sleep(0.05)
+    assert st.exit_code == 0, log
+    assert "wl-victim" not in log
+    mode = limits.plan("probe")["mode"]
+    if mode == "v2":
+        assert "QUOTA 50000 100000" in log
+    elif mode == "v1":
+        assert "QUOTA 50000" in log and "ENTRIES 3" in log  # memory, cpu, pids: the job's own
+    else:
+        assert "ENTRIES 0" in log, log  # no cgroup of its own: an empty directory, not the host's tree
+    # A rank whose limits are rlimits (here: a cgroup_parent that is no cgroup) sees an empty directory, on any host.
+    (tmp_path / "rl").mkdir()
+    st, log = run(tmp_path / "rl", probe, cpu_milli=500, cgroup_parent=str(tmp_path))
+    assert st.exit_code == 0 and "limits by rlimit" in log and "ENTRIES 0\nQUOTA\n" in log, log
+
+
+def test_the_cgroup_directory_is_emptied_before_the_ranks_own_cgroup_is_bound_in() -> None:
+    leaf = "/sys/fs/cgroup/suanli/wl-a1-r0-00000000"
+    argv = bwrap_args(SandboxSpec(workdir="/tmp", cgroup_view=((leaf, "/sys/fs/cgroup"),)))
+    at = {tuple(argv[i : i + 3]): i for i in range(len(argv) - 2)}
+    host_sys, empty, own = (at[("--ro-bind-try", "/sys", "/sys")], at[("--tmpfs", "/sys/fs/cgroup", "--ro-bind-try")],
+                            at[("--ro-bind-try", leaf, "/sys/fs/cgroup")])  # fmt: skip
+    assert host_sys < empty < own  # mounted later is what the sandbox sees
+    assert limits.view({"mode": "v2", "paths": [leaf]}) == ((leaf, "/sys/fs/cgroup"),)
+    v1 = limits.view({"mode": "v1", "paths": ["/m/x", "/c/x", "/p/x"]})
+    assert v1 == (("/m/x", "/sys/fs/cgroup/memory"), ("/c/x", "/sys/fs/cgroup/cpu"), ("/p/x", "/sys/fs/cgroup/pids"))
+    assert limits.view({"mode": "rlimit", "paths": [], "why": "none"}) == ()

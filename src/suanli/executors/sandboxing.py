@@ -49,6 +49,9 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
         rootfs = oci_rootfs(req.environment[len(OCI_PREFIX) :])
     elif req.environment and is_rootfs(req.environment):
         rootfs = req.environment
+    # Unique on this host even across servers (the cgroup sits under the server's own group, or the one delegated).
+    name = f"{launch.workload_id}-a{launch.attempt}-r{rank.node_rank}-{secrets.token_hex(4)}"
+    cgroup = limits.plan(name, req.cgroup_parent)
     spec = SandboxSpec(
         workdir=str(launch.workdir),
         hostname=f"{launch.workload_id}-{rank.node_rank}",
@@ -59,6 +62,7 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
         rootfs=rootfs,
         mounts=tuple(Mount(s, d, w) for s, d, w in req.mounts),
         tmp_bytes=(mem << 20) if mem else TMP_DEFAULT_BYTES,
+        cgroup_view=limits.view(cgroup),
     )
     argv = bwrap_args(spec)
     if req.uid is not None and os.geteuid() == 0:
@@ -66,14 +70,12 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
         for m in spec.mounts:  # a writable mount (a volume) is the tenant's to write, like the workdir
             if m.writable:
                 _own(Path(m.source), req.uid, req.gid if req.gid is not None else req.uid)
-    # Unique on this host even across servers (the cgroup sits under the server's own group, or the one delegated).
-    name = f"{launch.workload_id}-a{launch.attempt}-r{rank.node_rank}-{secrets.token_hex(4)}"
     plain = {k: v for k, v in env.items() if v is not None}
     return {
         "env": sandbox_env(plain, spec),
         "sandbox": {
             "bwrap": argv,
-            "cgroup": limits.plan(name, req.cgroup_parent),
+            "cgroup": cgroup,
             "cpu_milli": cpu,
             "memory_mib": mem,
             "network": req.network,

@@ -18,6 +18,8 @@ from pathlib import Path
 
 WORKSPACE = "/workspace"
 RUN_BYTES = 16 << 20  # /run holds the env file and sockets
+CGROUP_DIR = "/sys/fs/cgroup"
+CGROUP_DIR_BYTES = 64 << 10  # an empty directory with the rank's own cgroup(s) bound in
 # Device nodes every CUDA process needs besides its own /dev/nvidiaN (and MIG capability nodes when present).
 GPU_CONTROL_DEVICES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 # Host directories a process needs to run programs; mounted read-only. /etc is kept whole (resolv.conf, passwd,
@@ -56,6 +58,8 @@ class SandboxSpec:
     mounts: tuple[Mount, ...] = ()
     tmp_bytes: int | None = None  # size of the private /tmp and /dev/shm (tmpfs pages are memory)
     extra_ro: tuple[str, ...] = field(default_factory=tuple)  # more host paths read-only at their own place
+    # The rank's own cgroup(s) as (host path, path under /sys/fs/cgroup): all the sandbox sees of the host's tree.
+    cgroup_view: tuple[tuple[str, str], ...] = ()
 
 
 def bwrap_path() -> str | None:
@@ -114,6 +118,16 @@ def _rootfs_args(rootfs: str) -> list[str]:
     return [*args, "--ro-bind-try", "/sys", "/sys"]
 
 
+def _cgroup_args(spec: SandboxSpec) -> list[str]:
+    """/sys is the host's (GPU tools read it), but its cgroup tree names every rank on the host and shows each one's
+    usage: the sandbox gets an empty read-only directory there with only its own cgroup(s) bound in. `-try`: a rank
+    whose cgroup could not be made (rlimits instead) sees the directory empty."""
+    args = ["--size", str(CGROUP_DIR_BYTES), "--tmpfs", CGROUP_DIR]
+    for source, dest in spec.cgroup_view:
+        args += ["--ro-bind-try", source, dest]
+    return [*args, "--remount-ro", CGROUP_DIR]
+
+
 def _device_args(spec: SandboxSpec) -> list[str]:
     root = Path(spec.dev_root)
     args = ["--dev", "/dev"]
@@ -141,6 +155,7 @@ def bwrap_args(spec: SandboxSpec, bwrap: str | None = None) -> list[str]:
         argv.append("--unshare-net")
     argv += ["--die-with-parent", "--new-session", "--hostname", spec.hostname]
     argv += _rootfs_args(spec.rootfs) if spec.rootfs else _system_args()
+    argv += _cgroup_args(spec)
     argv += ["--proc", "/proc"]
     argv += _device_args(spec)
     # Every tmpfs is sized: its pages are memory, and unsized it would take half the host's RAM.

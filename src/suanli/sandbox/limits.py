@@ -62,6 +62,18 @@ def plan(name: str, parent: str | None = None) -> dict[str, object]:
     return {"mode": "v1", "paths": paths}
 
 
+def view(cg: dict[str, object]) -> tuple[tuple[str, str], ...]:
+    """What the sandbox's /sys/fs/cgroup shows: (host path, path inside) for the rank's own cgroup(s), at the root
+    where container-aware code reads its limits (v2 `cpu.max`; v1 `cpu/cpu.cfs_quota_us`, `memory/...`, `pids/...`).
+    The host's tree would name every rank on the host and show its usage."""
+    paths = [str(p) for p in cg.get("paths", [])]  # type: ignore[union-attr]
+    if cg.get("mode") == "v2":
+        return ((paths[0], CGROUP_ROOT),)
+    if cg.get("mode") == "v1":
+        return tuple((p, os.path.join(CGROUP_ROOT, ctl)) for ctl, p in zip(V1_CONTROLLERS, paths, strict=True))
+    return ()
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)

@@ -1,10 +1,8 @@
 """The sandbox on the local executor with real bubblewrap: GPU device nodes, memory and CPU limits (cgroup, and the
-rlimit fallback), an OOM kill in words, signals through bwrap, entering a live sandbox, and who runs unsandboxed."""
+rlimit fallback; the cgroup itself in test_sandbox_cgroups.py), an OOM kill in words, signals through bwrap, entering a live sandbox, and who runs unsandboxed."""
 
 from __future__ import annotations
 
-import errno
-import json
 import os
 import shutil
 import subprocess
@@ -17,39 +15,18 @@ import pytest
 
 from suanli.control.errors import Invalid
 from suanli.control.workloads.sandboxes import SandboxPolicy
-from suanli.executors.base import Launch, NodeRank, NotRunning, SandboxRequest, Status
+from suanli.executors.base import NotRunning, Status
 from suanli.executors.local import LocalExecutor
 from suanli.sandbox import bwrap as bwrap_mod
 from suanli.sandbox import limits
 from suanli.sandbox.bwrap import SandboxError, SandboxSpec, bwrap_args
 from suanli.workloads.spec import parse_spec
+from tests.sandbox_helpers import UID, launch, run
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("SUANLI_REQUIRE_BWRAP"),
     reason="bubblewrap is not installed (apt install bubblewrap); CI installs and requires it",
 )
-UID = 0x10000123 if os.geteuid() == 0 else None  # a root server runs sandboxes as a uid of their own
-
-
-def launch(tmp_path: Path, command: str, gpus: tuple[int, ...] = (), **sandbox: Any) -> Launch:
-    workdir, log_dir = tmp_path / "work", tmp_path / "logs"
-    workdir.mkdir(exist_ok=True)
-    log_dir.mkdir(exist_ok=True)
-    sandbox.setdefault("uid", UID)
-    sandbox.setdefault("gid", UID)
-    return Launch(workload_id="wl-sbx", attempt=1, command=command, workdir=workdir, env={"GREETING": "hi there"},
-                  ranks=(NodeRank("myhost", 0, gpus),), log_dir=log_dir, grace_s=2,
-                  sandbox=SandboxRequest(**sandbox))  # fmt: skip
-
-
-def run(tmp_path: Path, command: str, timeout: float = 30, **kw: Any) -> tuple[Status, str]:
-    ex = LocalExecutor()
-    handle = ex.launch(launch(tmp_path, command, **kw), time.time())
-    deadline = time.monotonic() + timeout
-    while (st := ex.poll(handle, time.time())).state == "running":
-        assert time.monotonic() < deadline, "still running"
-        time.sleep(0.05)
-    return st, (tmp_path / "logs" / "rank-0.log").read_text()
 
 
 @pytest.fixture
@@ -102,33 +79,6 @@ def test_without_a_cgroup_memory_is_bounded_by_rlimit(tmp_path: Path) -> None:
     st, log = run(tmp_path, "python3 -c 'x = bytearray(16 << 20); print(len(x))'", memory_mib=128,
                   cgroup_parent=str(tmp_path))  # fmt: skip
     assert st.exit_code == 0 and str(16 << 20) in log
-
-
-def test_cpu_limit_is_a_cfs_quota_on_the_ranks_own_cgroup(tmp_path: Path) -> None:
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
-    ex = LocalExecutor()
-    handle = ex.launch(launch(tmp_path, "cat /proc/self/cgroup; exec sleep 30", cpu_milli=500), time.time())
-    box = tmp_path / "logs" / "rank-0.sandbox.json"
-    deadline = time.monotonic() + 20
-    while not box.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    paths = json.loads(box.read_text())["cgroup"]["paths"]
-    try:
-        if cg["mode"] == "v2":
-            assert Path(paths[0], "cpu.max").read_text().split() == ["50000", "100000"]
-        else:
-            cpu = next(p for p in paths if "/cpu/" in p)
-            assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "50000"
-        assert Path(paths[0], "cgroup.procs").read_text().split()  # the job's processes are in it
-    finally:
-        ex.stop(handle, time.time())
-        while ex.poll(handle, time.time()).state == "running":
-            time.sleep(0.05)
-    assert "0::/\n" in (tmp_path / "logs" / "rank-0.log").read_text()  # its own cgroup namespace: it sees "/"
-    assert not any(Path(p).exists() for p in paths)  # removed with the rank
 
 
 def test_a_stop_reaches_the_job_through_bwrap_and_its_exit_code_counts(tmp_path: Path) -> None:
@@ -284,132 +234,3 @@ def test_every_tmpfs_is_sized_and_the_root_is_read_only() -> None:
     assert remounted == ["/sys/fs/cgroup", "/"]
     assert "--disable-userns" in argv and "--unshare-pid" in argv and "--unshare-net" not in argv
     assert "--unshare-net" in bwrap_args(SandboxSpec(workdir="/tmp", network="none"))
-
-
-def test_a_cgroup_still_busy_with_its_dying_processes_is_removed_once_they_are_gone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A SIGKILLed process leaves its cgroup a moment after it stops showing in /proc: rmdir says EBUSY until then.
-    group = tmp_path / "rank"
-    group.mkdir()
-    busy = [2]
-    real_rmdir = os.rmdir
-
-    def rmdir(path: str) -> None:
-        if busy[0]:
-            busy[0] -= 1
-            raise OSError(errno.EBUSY, "Device or resource busy", path)
-        real_rmdir(path)
-
-    monkeypatch.setattr(limits.os, "rmdir", rmdir)
-    limits.remove({"mode": "v2", "paths": [str(group)]})
-    assert not group.exists() and busy == [0]
-    # What never empties is left (bounded wait), and no error escapes the supervisor.
-    stuck = tmp_path / "stuck"
-    stuck.mkdir()
-    busy[0] = 10**9
-    limits.remove({"mode": "v2", "paths": [str(stuck)]}, wait_s=0.05)
-    assert stuck.exists()
-
-
-def test_two_ranks_with_the_same_workload_attempt_and_rank_never_share_a_cgroup(tmp_path: Path) -> None:
-    # Two servers on one host (or a server's database restored) can both run a `wl-sbx` attempt 1 rank 0: each
-    # must get a cgroup of its own, or one job's processes count against, and are killed by, the other's limits.
-    from suanli.executors.sandboxing import rank_config
-
-    lau = launch(tmp_path, "true", cpu_milli=500)
-    first, second = (rank_config(lau, lau.ranks[0], {})["sandbox"]["cgroup"] for _ in range(2))
-    if first["mode"] != "rlimit":
-        assert set(first["paths"]).isdisjoint(second["paths"])
-    # A leaf that is already there (someone else's) is not joined: the rank falls back to rlimits and says why.
-    parent = tmp_path / "delegated"
-    (parent / "taken").mkdir(parents=True)
-    made = limits.create({"mode": "v2", "paths": [str(parent / "taken")]}, cpu_milli=500, memory_mib=0)
-    assert made["mode"] == "rlimit" and "taken" in str(made["why"])
-
-
-def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
-    # The tenant's attack on its own cgroup: write a bigger quota into every cpu.max / cfs_quota_us it can see
-    # (/sys is read-only in the sandbox, and its /sys/fs/cgroup holds only the job's own cgroup).
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
-    attack = (
-        "for f in $(find /sys/fs/cgroup -name cpu.max -o -name cpu.cfs_quota_us 2>/dev/null); do "
-        "(echo max > $f || echo -1 > $f) 2>/dev/null && echo LIFTED $f; done; echo TRIED; exec sleep 30"
-    )
-    ex = LocalExecutor()
-    handle = ex.launch(launch(tmp_path, attack, cpu_milli=500), time.time())
-    box, log_file = tmp_path / "logs" / "rank-0.sandbox.json", tmp_path / "logs" / "rank-0.log"
-    deadline = time.monotonic() + 20
-    while not box.exists() or not log_file.exists() or "TRIED" not in log_file.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    paths = json.loads(box.read_text())["cgroup"]["paths"]
-    try:
-        if cg["mode"] == "v2":
-            assert Path(paths[0], "cpu.max").read_text().split() == ["50000", "100000"]
-        else:
-            cpu = next(p for p in paths if "/cpu/" in p)
-            assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "50000"
-    finally:
-        ex.stop(handle, time.time())
-        while ex.poll(handle, time.time()).state == "running":
-            time.sleep(0.05)
-    log = log_file.read_text()
-    assert "LIFTED" not in log
-
-
-def test_a_job_sees_its_own_cgroup_and_no_other_ranks(tmp_path: Path) -> None:
-    # The tenant's probe: the host's cgroup tree names every rank on the host (`<workload>-a<attempt>-r<rank>-…`) and
-    # shows its usage counters. A job sees only its own cgroup, where container-aware code looks for its limits
-    # (cgroup v2 /sys/fs/cgroup/cpu.max, v1 /sys/fs/cgroup/cpu/cpu.cfs_quota_us), and nothing where it has none.
-    from dataclasses import replace
-
-    ex = LocalExecutor()
-    (tmp_path / "victim").mkdir()
-    victim = ex.launch(replace(launch(tmp_path / "victim", "exec sleep 30", cpu_milli=500), workload_id="wl-victim"),
-                       time.time())  # fmt: skip
-    probe = (
-        "find /sys/fs/cgroup -name 'wl-victim*' 2>/dev/null; echo ENTRIES $(ls -A /sys/fs/cgroup | wc -l); "
-        "echo QUOTA $(cat /sys/fs/cgroup/cpu.max /sys/fs/cgroup/cpu/cpu.cfs_quota_us 2>/dev/null)"
-    )
-    try:
-        victim_box = tmp_path / "victim" / "logs" / "rank-0.sandbox.json"
-        deadline = time.monotonic() + 20
-        while not victim_box.exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        victim_cg = json.loads(victim_box.read_text())["cgroup"]
-        assert all(Path(p).is_dir() for p in victim_cg["paths"])  # the victim's cgroup is there to be found
-        st, log = run(tmp_path, probe, cpu_milli=500)
-    finally:
-        ex.stop(victim, time.time())
-        while ex.poll(victim, time.time()).state == "running":
-            time.sleep(0.05)
-    assert st.exit_code == 0, log
-    assert "wl-victim" not in log
-    mode = limits.plan("probe")["mode"]
-    if mode == "v2":
-        assert "QUOTA 50000 100000" in log
-    elif mode == "v1":
-        assert "QUOTA 50000" in log and "ENTRIES 3" in log  # memory, cpu, pids: the job's own
-    else:
-        assert "ENTRIES 0" in log, log  # no cgroup of its own: an empty directory, not the host's tree
-    # A rank whose limits are rlimits (here: a cgroup_parent that is no cgroup) sees an empty directory, on any host.
-    (tmp_path / "rl").mkdir()
-    st, log = run(tmp_path / "rl", probe, cpu_milli=500, cgroup_parent=str(tmp_path))
-    assert st.exit_code == 0 and "limits by rlimit" in log and "ENTRIES 0\nQUOTA\n" in log, log
-
-
-def test_the_cgroup_directory_is_emptied_before_the_ranks_own_cgroup_is_bound_in() -> None:
-    leaf = "/sys/fs/cgroup/suanli/wl-a1-r0-00000000"
-    argv = bwrap_args(SandboxSpec(workdir="/tmp", cgroup_view=((leaf, "/sys/fs/cgroup"),)))
-    at = {tuple(argv[i : i + 3]): i for i in range(len(argv) - 2)}
-    host_sys, empty, own = (at[("--ro-bind-try", "/sys", "/sys")], at[("--tmpfs", "/sys/fs/cgroup", "--ro-bind-try")],
-                            at[("--ro-bind-try", leaf, "/sys/fs/cgroup")])  # fmt: skip
-    assert host_sys < empty < own  # mounted later is what the sandbox sees
-    assert limits.view({"mode": "v2", "paths": [leaf]}) == ((leaf, "/sys/fs/cgroup"),)
-    v1 = limits.view({"mode": "v1", "paths": ["/m/x", "/c/x", "/p/x"]})
-    assert v1 == (("/m/x", "/sys/fs/cgroup/memory"), ("/c/x", "/sys/fs/cgroup/cpu"), ("/p/x", "/sys/fs/cgroup/pids"))
-    assert limits.view({"mode": "rlimit", "paths": [], "why": "none"}) == ()

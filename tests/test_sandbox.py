@@ -1,5 +1,6 @@
 """The sandbox on the local executor with real bubblewrap: GPU device nodes, memory and CPU limits (cgroup, and the
-rlimit fallback; the cgroup itself in test_sandbox_cgroups.py), an OOM kill in words, signals through bwrap, entering a live sandbox, and who runs unsandboxed."""
+rlimit fallback; the cgroup itself in test_sandbox_cgroups.py), an OOM kill in words, signals through bwrap, entering
+a live sandbox, and who runs unsandboxed."""
 
 from __future__ import annotations
 

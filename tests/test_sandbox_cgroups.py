@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -177,3 +178,40 @@ def test_the_cgroup_directory_is_emptied_before_the_ranks_own_cgroup_is_bound_in
     v1 = limits.view({"mode": "v1", "paths": ["/m/x", "/c/x", "/p/x"]})
     assert v1 == (("/m/x", "/sys/fs/cgroup/memory"), ("/c/x", "/sys/fs/cgroup/cpu"), ("/p/x", "/sys/fs/cgroup/pids"))
     assert limits.view({"mode": "rlimit", "paths": [], "why": "none"}) == ()
+
+
+def test_a_rank_whose_supervisor_was_killed_leaves_no_process_and_no_cgroup(tmp_path: Path) -> None:
+    # The supervisor removes its rank's cgroup when the rank ends; SIGKILLed (the OOM killer, an operator), it cannot.
+    # The executor that finds it gone kills what is left in the cgroup and removes it, or they pile up on the host.
+    cg = limits.plan("probe")
+    if cg["mode"] == "rlimit":
+        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    ex = LocalExecutor()
+    handle = ex.launch(launch(tmp_path, "sleep 300 & exec sleep 300", cpu_milli=500), time.time())
+    box = tmp_path / "logs" / "rank-0.sandbox.json"
+    deadline = time.monotonic() + 20
+    while not box.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    paths = json.loads(box.read_text())["cgroup"]["paths"]
+    procs = Path(paths[0], "cgroup.procs")
+    while len(procs.read_text().split()) < 3:  # bwrap and the two sleeps
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    jobs = [int(p) for p in procs.read_text().split()]
+    os.kill(int(handle["ranks"][0]["pid"]), signal.SIGKILL)
+    while (st := ex.poll(handle, time.time())).state == "running":
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.05)
+    assert st.state == "lost", st
+    assert not any(Path(p).exists() for p in paths)
+    while any(_running(pid) for pid in jobs):  # killed: gone once their new parent reaps them
+        assert time.monotonic() < deadline + 20, [pid for pid in jobs if _running(pid)]
+        time.sleep(0.05)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -24,6 +24,7 @@ from typing import Any
 from suanli.executors import sandboxing
 from suanli.executors.base import Launch, NodeRank, NotRunning, Status, rank_env
 from suanli.executors.rankrun import family, proc_stat, session_members, write_atomic
+from suanli.sandbox import limits
 
 STOP_FILE = "stop-requested"
 FAILURE_FILE = "gang-failure"
@@ -129,6 +130,7 @@ def prepare_rank(launch: Launch, rank: NodeRank) -> PreparedRank:
     if launch.sandbox is not None:
         record["sandbox_file"] = config["sandbox_file"]
         record["reason_file"] = config["reason_file"]
+        record["cgroup"] = config["sandbox"]["cgroup"]["paths"]  # what to reap if its supervisor is SIGKILLed
     return PreparedRank(argv, cwd, record)
 
 
@@ -326,7 +328,10 @@ class LocalExecutor:
                 create_exclusive(Path(rank["rc_file"]), f"{-signal.SIGKILL}\n")
 
     def _kill_orphans(self, rank: dict[str, Any]) -> None:
-        """SIGKILL what a vanished supervisor left in its session: nobody would report or stop it any more."""
+        """SIGKILL what a vanished supervisor left in its session and its sandbox's cgroup, and remove the cgroup:
+        nobody would report, stop or clean up after it any more."""
+        if rank.get("cgroup"):  # the sandbox is a session of its own; its cgroup holds all of it
+            limits.reap(list(rank["cgroup"]))
         pid = int(rank["pid"])
         st = proc_stat(pid)
         if st is not None and not (st[0] in ("Z", "X") and st[3] == rank.get("start_ticks")):

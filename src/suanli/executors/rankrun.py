@@ -380,6 +380,10 @@ def supervise(config: dict) -> int:
         child, info = _spawn(command, _job_env(config["env"], sandbox is not None), sandbox)
     except OSError as e:
         _say(f"cannot start the job: {e}")
+        if cg:
+            from suanli.sandbox import limits
+
+            limits.remove(cg)
         write_atomic(rc_file, "127\n")
         return 127
     if sandbox is not None and config.get("sandbox_file"):

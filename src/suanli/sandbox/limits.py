@@ -176,7 +176,7 @@ def oom_killed(cg: dict[str, object]) -> bool:
 def remove(cg: dict[str, object], wait_s: float = 2.0) -> None:
     """Delete the cgroup(s). A SIGKILLed process leaves its cgroup a moment after it is gone from /proc, and rmdir
     says EBUSY until then (seen on a loaded host): tried again every 10 ms for up to `wait_s`; what still will not go
-    is left (harmless, and tried again by nobody)."""
+    is left (harmless; `reap` tries again when its rank's executor finds the rank gone)."""
     deadline = time.monotonic() + wait_s
     for p in cg.get("paths", []):  # type: ignore[union-attr]
         while True:
@@ -187,3 +187,19 @@ def remove(cg: dict[str, object], wait_s: float = 2.0) -> None:
                     time.sleep(0.01)
                     continue
             break
+
+
+def reap(paths: list[str]) -> None:
+    """A rank whose supervisor was SIGKILLed: kill what is left in its cgroup(s) and remove them (the supervisor would
+    have). Only paths under the host's cgroup root are touched; ones already gone are skipped."""
+    import signal
+
+    root = os.path.realpath(CGROUP_ROOT) + os.sep
+    mine = [p for p in paths if os.path.realpath(p).startswith(root) and os.path.isdir(p)]
+    for p in mine:
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(p, "cgroup.procs")) as f:
+            for pid in f.read().split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid), signal.SIGKILL)
+    if mine:
+        remove({"paths": mine})

@@ -65,6 +65,35 @@ def test_a_shrink_that_does_not_make_room_is_given_back() -> None:
     assert after.allocations["v"].gpu_count == 8
 
 
+def six_of_eight() -> ClusterState:
+    """An elastic job at its ask of 6 GPUs (minimum 1) on an 8-GPU node: 2 GPUs idle."""
+    s = ClusterState(load_preset("1x8:H100"))
+    s.reserve(Allocation("v", Request("v", 6, 0.0, min_gpus=1, max_gpus=16), tuple(range(6)), 0.0))
+    return s
+
+
+@pytest.mark.parametrize(("asks", "left"), [(3, 5), (4, 4), (5, 3)])
+def test_a_gang_smaller_than_the_victims_ask_may_shrink_it_below_its_ask(asks: int, left: int) -> None:
+    result, after = Scheduler(SchedulerConfig(elastic_shrink=True)).cycle(
+        six_of_eight(), [Request("r", asks, LONG)], LONG
+    )
+    assert [p.request_id for p in result.placed] == ["r"] and not result.preempted
+    assert after.allocations["v"].gpu_count == left
+
+
+@pytest.mark.parametrize("asks", [6, 7])
+def test_a_gang_as_large_as_the_victims_ask_does_not_shrink_it_below_its_ask(asks: int) -> None:
+    """Without this, each fresh large gang shrank the older large jobs to their minimum in turn: the longest jobs
+    shared their GPUs round-robin and all ended late. A request as large as the victim's ask leaves it at least its
+    ask, or evicts it whole by the LAS rule within its collateral bound, as it would without the knob."""
+    result, after = Scheduler(SchedulerConfig(elastic_shrink=True)).cycle(
+        six_of_eight(), [Request("r", asks, LONG)], LONG
+    )
+    assert not [rz for rz in result.resized if rz.allocation_id == "v" and len(rz.gpus) < 6]
+    assert [p.allocation_id for p in result.preempted] == ["v"] and "v" not in after.allocations
+    assert [p.request_id for p in result.placed] == ["r"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     sizes=st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8), st.booleans()), min_size=1, max_size=4),

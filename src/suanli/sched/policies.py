@@ -54,8 +54,9 @@ class SchedulerConfig:
     las_newer_only: bool = False  # LAS preemption only for work that joined the queue after the victim started
     las_size_order: bool = False  # `default`, `elastic`: within a class and LAS level, fewer GPUs first (2D-LAS: at
     # equal attained time the smaller gang has the least expected service left)
-    elastic_shrink: bool = False  # a blocked request first shrinks elastic work it may preempt (toward its minimum,
-    # most attained service first) instead of evicting it: a resize, not a restart, and only the GPUs it needs
+    elastic_shrink: bool = False  # a blocked request first shrinks elastic work it may preempt (toward its minimum
+    # for a smaller gang, its ask for one as large; most attained service first) instead of evicting it: a resize, not
+    # a restart, and only the GPUs it needs
     gittins: bool = False  # `default`, `elastic`, `las`: within a class, order the queue by the Gittins index of each
     # job's run time (`sched/gittins.py`, from its similar work's samples; its LAS level where it has none) instead of
     # LAS level then submit time. Preemption is unchanged (LAS levels).

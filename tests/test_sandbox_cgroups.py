@@ -215,3 +215,33 @@ def _running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def test_a_starting_rank_removes_leftover_rank_cgroups_beside_its_own_and_nothing_else(tmp_path: Path) -> None:
+    # A rank's supervisor killed with its node (Ray, Slurm) leaves its cgroup on that node, where no executor polls.
+    # The next rank to start there removes such leftovers: empty, rank-named, and made long before; not a fresh one
+    # (a rank between its mkdir and its join) and not a directory of the operator's.
+    cg = limits.plan("probe")
+    if cg["mode"] == "rlimit":
+        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    parents = {os.path.dirname(str(p)) for p in cg["paths"]}
+    token = os.urandom(4).hex()
+    left, fresh, other = f"wl-gone{token}-a1-r0-{token}", f"wl-new{token}-a1-r0-{token}", f"operator-{token}"
+    made = []
+    for parent in parents:
+        os.makedirs(parent, exist_ok=True)
+        for name in (left, fresh, other):
+            os.mkdir(os.path.join(parent, name))
+            made.append(os.path.join(parent, name))
+        day_ago = time.time() - 86_400
+        for name in (left, other):
+            os.utime(os.path.join(parent, name), (day_ago, day_ago))
+    try:
+        st, log = run(tmp_path, "true", cpu_milli=500)
+        assert st.exit_code == 0, log
+        assert not any(os.path.exists(os.path.join(p, left)) for p in parents)
+        assert all(os.path.isdir(os.path.join(p, fresh)) and os.path.isdir(os.path.join(p, other)) for p in parents)
+    finally:
+        for path in made:
+            if os.path.isdir(path):
+                os.rmdir(path)

@@ -14,12 +14,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD_US = 100_000
 DEFAULT_PIDS = 16_384
 V1_CONTROLLERS = ("memory", "cpu", "pids")
+# A rank's cgroup is empty only between its mkdir and the join that follows at once, and after its rank ended (when
+# its supervisor removes it): one empty this long after it was made is a leftover (`sweep`).
+LEFTOVER_S = 600.0
+RANK_CGROUP = re.compile(r".+-a[0-9]+-r[0-9]+(-[0-9a-f]{8})?")  # `executors/sandboxing.py` names them so
 
 
 def _own_cgroup(line_key: str) -> str | None:
@@ -203,3 +208,30 @@ def reap(paths: list[str]) -> None:
                     os.kill(int(pid), signal.SIGKILL)
     if mine:
         remove({"paths": mine})
+
+
+def sweep(cg: dict[str, object], leftover_s: float = LEFTOVER_S) -> int:
+    """Remove leftover rank cgroups beside this rank's: rank-named, empty, and made over `leftover_s` ago. A
+    supervisor SIGKILLed with its node (Ray, Slurm) or by the OOM killer leaves its rank's cgroup where no executor
+    polls; the next rank to start on that host clears them. Returns how many went; never raises."""
+    removed = 0
+    now = time.time()
+    for parent in {os.path.dirname(str(p)) for p in cg.get("paths", [])}:  # type: ignore[union-attr]
+        try:
+            entries = list(os.scandir(parent))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if not (RANK_CGROUP.fullmatch(e.name) and e.is_dir(follow_symlinks=False)):
+                    continue
+                if now - e.stat(follow_symlinks=False).st_mtime < leftover_s:
+                    continue
+                with open(os.path.join(e.path, "cgroup.procs")) as f:  # a plain directory has none: not a cgroup
+                    if f.read().strip():
+                        continue
+                os.rmdir(e.path)
+                removed += 1
+            except OSError:
+                continue
+    return removed

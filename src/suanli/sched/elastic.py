@@ -32,10 +32,9 @@ class Elastic:
     ) -> list[Allocation]:
         """Preemption that counts its cost: elastic work the policy may preempt for `req` gives up GPUs by shrinking
         (toward its minimum for a smaller gang, toward its ask for one as large; most attained service first) rather
-        than being evicted whole; a shrink restarts it at the
-        smaller size (a resize) and takes only the GPUs `req` is short of. Returns the jobs shrunk, as they were: the
-        caller undoes the shrinks (`_unshrink`) unless `req` then fits, and the cycle's end gives back what no
-        placement took."""
+        than being evicted whole; a shrink restarts it at the smaller size (a resize) and takes only the GPUs `req` is
+        short of. Returns the jobs shrunk, as they were: the caller undoes the shrinks (`_unshrink`) unless `req` then
+        fits, and the cycle's end gives back what no placement took."""
         rule = self.policy.preempt
         need = k - work.free_whole_gpus()
         if rule is None or not self.policy.elastic or req.milli < FULL or need <= 0:
@@ -45,7 +44,7 @@ class Elastic:
         def floor(a: Allocation) -> int:
             """A gang smaller than the victim's ask may shrink it to its minimum; a gang as large may take only what it
             grew beyond its ask. Else each fresh large gang shrinks the older ones to their minimum in turn, and the
-            longest jobs share their GPUs round-robin and all end late (Pollux p99 12.5 → 11.1 h, measured)."""
+            longest jobs share their GPUs round-robin and all end late (docs/scheduling.md, "Four switches")."""
             low = a.request.min_gpus or a.gpu_count
             return low if req.gpus < a.request.gpus else max(low, a.request.gpus)
 

@@ -119,6 +119,11 @@ def test_a_command_can_be_run_inside_a_live_sandbox(tmp_path: Path) -> None:
         assert (tmp_path / "work" / "made").exists()
         code = subprocess.run(ex.enter_argv(handle, 0, ["/bin/sh", "-c", "exit 3"]), timeout=30).returncode
         assert code == 3
+        # An entered session (SSH, JupyterLab) is in the sandbox's cgroup namespace too: it sees its cgroup as "/",
+        # not the host's path to it (the server's unit, `suanli/<rank>`).
+        seen = subprocess.run(ex.enter_argv(handle, 0, ["cat", "/proc/self/cgroup"]), capture_output=True, text=True,
+                              timeout=30, env={"TERM": "dumb"})  # fmt: skip
+        assert seen.returncode == 0 and "suanli" not in seen.stdout, seen.stdout + seen.stderr
     finally:
         ex.stop(handle, time.time())
         while ex.poll(handle, time.time()).state == "running":

@@ -224,12 +224,14 @@ def test_a_starting_rank_removes_leftover_rank_cgroups_beside_its_own_and_nothin
     cg = limits.plan("probe")
     if cg["mode"] == "rlimit":
         pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    (tmp_path / "first").mkdir()
+    st, log = run(tmp_path / "first", "true", cpu_milli=500)  # a rank first: it makes the parents, as on a clean host
+    assert st.exit_code == 0 and "limits by rlimit" not in log, log
     parents = {os.path.dirname(str(p)) for p in cg["paths"]}
     token = os.urandom(4).hex()
     left, fresh, other = f"wl-gone{token}-a1-r0-{token}", f"wl-new{token}-a1-r0-{token}", f"operator-{token}"
     made = []
     for parent in parents:
-        os.makedirs(parent, exist_ok=True)
         for name in (left, fresh, other):
             os.mkdir(os.path.join(parent, name))
             made.append(os.path.join(parent, name))
@@ -238,10 +240,44 @@ def test_a_starting_rank_removes_leftover_rank_cgroups_beside_its_own_and_nothin
             os.utime(os.path.join(parent, name), (day_ago, day_ago))
     try:
         st, log = run(tmp_path, "true", cpu_milli=500)
-        assert st.exit_code == 0, log
+        assert st.exit_code == 0 and "limits by rlimit" not in log, log
         assert not any(os.path.exists(os.path.join(p, left)) for p in parents)
         assert all(os.path.isdir(os.path.join(p, fresh)) and os.path.isdir(os.path.join(p, other)) for p in parents)
     finally:
         for path in made:
             if os.path.isdir(path):
                 os.rmdir(path)
+
+
+def test_reap_touches_only_rank_cgroups_under_the_root_and_never_kills_pid_0(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cgroup v2 lists a member outside the reader's pid namespace as 0, and kill(0) is the caller's own process group:
+    # the server. A handle's path outside the cgroup root, or not named as a rank's, is never touched.
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    leaf, other, foreign = (root / "suanli" / "wl_ab-a1-r0-0123abcd", root / "suanli" / "operator-group",
+                            outside / "wl_ab-a1-r0-0123abcd")  # fmt: skip
+    for d in (leaf, other, foreign):
+        d.mkdir(parents=True)
+        (d / "cgroup.procs").write_text(f"0\n{os.getpid()}\n")
+    killed: list[int] = []
+    monkeypatch.setattr(limits, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(limits.os, "kill", lambda pid, sig: killed.append(pid))
+    limits.reap([str(leaf), str(other), str(foreign)])
+    assert killed == [os.getpid()]  # the leaf's one real member; not 0, nothing of the other two
+    assert not (leaf / "cgroup.kill").exists()  # not created where the kernel has none
+
+
+def test_a_rank_whose_supervisor_still_runs_is_never_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The executor can misjudge a live supervisor as gone (a boot id it failed to read): its cgroup stays untouched.
+    from suanli.executors.rankrun import proc_stat
+
+    reaped: list[list[str]] = []
+    monkeypatch.setattr(limits, "reap", lambda paths: reaped.append(paths))
+    me = proc_stat(os.getpid())
+    assert me is not None
+    rank = {"pid": os.getpid(), "start_ticks": me[3], "cgroup": ["/sys/fs/cgroup/x/wl_a-a1-r0-0123abcd"]}
+    LocalExecutor()._kill_orphans(rank)
+    assert reaped == []
+    LocalExecutor()._kill_orphans({**rank, "start_ticks": me[3] + 1})  # the pid is somebody else's now: reaped
+    assert reaped == [rank["cgroup"]]

@@ -330,10 +330,11 @@ class LocalExecutor:
     def _kill_orphans(self, rank: dict[str, Any]) -> None:
         """SIGKILL what a vanished supervisor left in its session and its sandbox's cgroup, and remove the cgroup:
         nobody would report, stop or clean up after it any more."""
-        if rank.get("cgroup"):  # the sandbox is a session of its own; its cgroup holds all of it
-            limits.reap(list(rank["cgroup"]))
         pid = int(rank["pid"])
         st = proc_stat(pid)
+        same = st is not None and st[3] == rank.get("start_ticks") and st[0] not in ("Z", "X")
+        if rank.get("cgroup") and not same:  # the sandbox is a session of its own; its cgroup holds all of it
+            limits.reap(list(rank["cgroup"]))  # (never while its very supervisor still runs: a misread boot id)
         if st is not None and not (st[0] in ("Z", "X") and st[3] == rank.get("start_ticks")):
             return  # the pid is in use by someone else's process: its session is not ours
         for member in session_members(pid):

@@ -312,6 +312,8 @@ def _spawn(command: str, env: dict[str, str], sandbox: dict | None) -> tuple[int
     try:
         fds = (w, env_fd, *user_fds.values())
         proc = subprocess.Popen(argv, env=clean, process_group=0, pass_fds=fds, preexec_fn=in_child)
+    except subprocess.SubprocessError as e:  # `in_child` failed (joining the cgroup, the uid): as the caller expects
+        raise OSError(f"the sandbox's setup failed: {e}") from e
     finally:
         for fd in (w, env_fd, *user_fds.values()):
             os.close(fd)
@@ -379,7 +381,7 @@ def supervise(config: dict) -> int:
         limits.sweep(cg)  # leftovers of ranks whose supervisor was SIGKILLed on this host
     try:
         child, info = _spawn(command, _job_env(config["env"], sandbox is not None), sandbox)
-    except OSError as e:
+    except OSError as e:  # `_spawn` turns a failure in the child before exec into one too
         _say(f"cannot start the job: {e}")
         if cg:
             from suanli.sandbox import limits

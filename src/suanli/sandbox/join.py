@@ -21,6 +21,7 @@ import sys
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
+CLONE_NEWCGROUP = 0x02000000
 NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
 PR_SET_NO_NEW_PRIVS = 38
 KEEP_FROM_CALLER = ("TERM", "LANG", "LC_ALL", "COLORTERM", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY")
@@ -103,12 +104,16 @@ def _libc_call(name: str, *args: int) -> int:
 
 def _enter(init: int, net: bool) -> None:
     """Join the sandbox's namespaces. bwrap makes them under one user namespace and runs the job in a nested one,
-    so: the owning user namespace first (found with NS_GET_USERNS), then IPC, UTS, network, PID and mount, then the
-    nested user namespace; then the sandbox's root (bwrap pivoted into it) and its workspace. Every file is opened
+    so: the owning user namespace first (found with NS_GET_USERNS), then IPC, UTS, network, PID, mount and cgroup,
+    then the nested user namespace; then the sandbox's root (bwrap pivoted into it) and its workspace. Every file is opened
     before the first join: once in the sandbox's mount namespace, /proc is the sandbox's."""
     kinds = [("ipc", CLONE_NEWIPC), ("uts", CLONE_NEWUTS), ("pid", CLONE_NEWPID), ("mnt", CLONE_NEWNS)]
     if net:
         kinds.insert(2, ("net", CLONE_NEWNET))
+    # Its cgroup namespace (after the cgroup itself was joined), so /proc/self/cgroup shows "/" as the job's does,
+    # not the host's path to it; unless bwrap could not make one (then it is ours, and joining it would be refused).
+    if os.stat(f"/proc/{init}/ns/cgroup").st_ino != os.stat("/proc/self/ns/cgroup").st_ino:
+        kinds.append(("cgroup", CLONE_NEWCGROUP))
     fds = {name: os.open(f"/proc/{init}/ns/{name}", os.O_RDONLY) for name, _ in [*kinds, ("user", 0)]}
     root = os.open(f"/proc/{init}/root", os.O_RDONLY | os.O_DIRECTORY)
     try:

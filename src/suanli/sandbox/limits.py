@@ -24,7 +24,7 @@ V1_CONTROLLERS = ("memory", "cpu", "pids")
 # A rank's cgroup is empty only between its mkdir and the join that follows at once, and after its rank ended (when
 # its supervisor removes it): one empty this long after it was made is a leftover (`sweep`).
 LEFTOVER_S = 600.0
-RANK_CGROUP = re.compile(r".+-a[0-9]+-r[0-9]+(-[0-9a-f]{8})?")  # `executors/sandboxing.py` names them so
+RANK_CGROUP = re.compile(r"[A-Za-z0-9_-]+-a[0-9]+-r[0-9]+-[0-9a-f]{8}")  # as `executors/sandboxing.py` names them
 
 
 def _own_cgroup(line_key: str) -> str | None:
@@ -196,18 +196,31 @@ def remove(cg: dict[str, object], wait_s: float = 2.0) -> None:
 
 def reap(paths: list[str]) -> None:
     """A rank whose supervisor was SIGKILLed: kill what is left in its cgroup(s) and remove them (the supervisor would
-    have). Only paths under the host's cgroup root are touched; ones already gone are skipped."""
+    have). Only rank cgroups under the host's cgroup root are touched; ones already gone are skipped. v2's
+    `cgroup.kill` kills every member at once; else each listed pid (a `0` is a member outside this pid namespace:
+    kill(0) would be our own process group). Removal is tried briefly: the caller polls again, and `sweep` is there."""
     import signal
 
     root = os.path.realpath(CGROUP_ROOT) + os.sep
-    mine = [p for p in paths if os.path.realpath(p).startswith(root) and os.path.isdir(p)]
+    mine = [p for p in paths if os.path.realpath(p).startswith(root) and RANK_CGROUP.fullmatch(os.path.basename(p))
+            and os.path.isdir(p)]  # fmt: skip
     for p in mine:
+        try:  # never created: a plain directory is no cgroup
+            fd = os.open(os.path.join(p, "cgroup.kill"), os.O_WRONLY)
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+            continue
+        except OSError:
+            pass
         with contextlib.suppress(OSError, ValueError), open(os.path.join(p, "cgroup.procs")) as f:
-            for pid in f.read().split():
-                with contextlib.suppress(OSError):
-                    os.kill(int(pid), signal.SIGKILL)
+            for pid in (int(x) for x in f.read().split()):
+                if pid > 0:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
     if mine:
-        remove({"paths": mine})
+        remove({"paths": mine}, wait_s=0.2)
 
 
 def sweep(cg: dict[str, object], leftover_s: float = LEFTOVER_S) -> int:

@@ -281,3 +281,26 @@ def test_a_rank_whose_supervisor_still_runs_is_never_reaped(monkeypatch: pytest.
     assert reaped == []
     LocalExecutor()._kill_orphans({**rank, "start_ticks": me[3] + 1})  # the pid is somebody else's now: reaped
     assert reaped == [rank["cgroup"]]
+
+
+def test_a_rank_that_could_not_have_its_own_cgroup_sees_none_not_the_one_in_the_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The sandbox's binds are planned with the cgroup's name; if a cgroup of that name is already there (someone
+    # else's), the rank falls back to rlimits, and must not see that cgroup either.
+    from suanli.executors import sandboxing
+
+    cg = limits.plan("wl-sbx-a1-r0-deadbeef")
+    if cg["mode"] == "rlimit":
+        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    (tmp_path / "first").mkdir()
+    run(tmp_path / "first", "true", cpu_milli=500)  # the parents exist, as on a host that ran ranks before
+    monkeypatch.setattr(sandboxing.secrets, "token_hex", lambda n: "deadbeef")
+    for p in cg["paths"]:
+        os.mkdir(str(p))
+    try:
+        st, log = run(tmp_path, "echo ENTRIES $(ls -A /sys/fs/cgroup | wc -l)", cpu_milli=500)
+    finally:
+        for p in cg["paths"]:
+            os.rmdir(str(p))
+    assert st.exit_code == 0 and "limits by rlimit" in log and "ENTRIES 0" in log, log

@@ -378,6 +378,7 @@ def supervise(config: dict) -> int:
         sandbox = {**sandbox, "cgroup": cg}
         if cg.get("why"):
             _say(f"limits by rlimit: {cg['why']}")
+            sandbox["bwrap"] = limits.unbind(sandbox["bwrap"])  # its view would be the planned, foreign cgroup
         limits.sweep(cg)  # leftovers of ranks whose supervisor was SIGKILLed on this host
     try:
         child, info = _spawn(command, _job_env(config["env"], sandbox is not None), sandbox)

@@ -79,6 +79,20 @@ def view(cg: dict[str, object]) -> tuple[tuple[str, str], ...]:
     return ()
 
 
+def unbind(argv: list[str]) -> list[str]:
+    """The bwrap argv without the binds of `view`: for a rank whose planned cgroup could not be made (a cgroup of that
+    name already there is someone else's), so its sandbox's /sys/fs/cgroup stays empty."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--ro-bind-try" and i + 2 < len(argv) and (argv[i + 2] + "/").startswith(CGROUP_ROOT + "/"):
+            i += 3
+            continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)

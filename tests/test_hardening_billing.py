@@ -146,12 +146,19 @@ def test_a_job_that_ends_while_the_server_is_down_is_charged_to_its_end(tmp_path
             r = http.get(f"/api/v1/orgs/{tenant.org_id}/transactions", params={"limit": 1000}, headers=tenant.headers)
             mine = [t for t in r.json() if t["allocation_id"] == a["id"]]
             net = -sum((Decimal(t["amount"]) for t in mine), Decimal(0))
-            if (net == want and any(t["kind"] == "refund" for t in mine)) or time.monotonic() > deadline:
+            charged = -sum((Decimal(t["amount"]) for t in mine if t["kind"] != "refund"), Decimal(0))
+            refunds = [t for t in mine if t["kind"] == "refund"]
+            if (net == want and (charged == want or refunds)) or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
         assert net == want > 0
-        (credit,) = [t for t in mine if t["kind"] == "refund"]  # windows were charged past the end meanwhile
-        assert credit["key"] == f"usage-credit:{a['id']}" and "given back" in credit["memo"]
+        # Windows charged past the end while the loop waited out the dead leader's lease are given back in one credit;
+        # a server slow enough to start after that lease expired charged none past the end (seen on a loaded run).
+        if charged > want:
+            (credit,) = refunds
+            assert credit["key"] == f"usage-credit:{a['id']}" and "given back" in credit["memo"]
+        else:
+            assert refunds == [] and charged == want
         assert Decimal(w["cost"]) == want
         check = http.get("/api/v1/admin/ledger/check", headers=bearer(admin_token(http))).json()
         assert check["ok"], check

@@ -32,3 +32,34 @@ def run(tmp_path: Path, command: str, timeout: float = 30, **kw: Any) -> tuple[S
         assert time.monotonic() < deadline, "still running"
         time.sleep(0.05)
     return st, (tmp_path / "logs" / "rank-0.log").read_text()
+
+
+def cgroup_plan_or_skip() -> dict[str, Any]:
+    """Where a rank's cgroup would go here; the test is skipped where the server gets none (rlimits)."""
+    import pytest
+
+    from suanli.sandbox import limits
+
+    cg = limits.plan("probe")
+    if cg["mode"] == "rlimit":
+        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    return cg
+
+
+def sandbox_record(tmp_path: Path, timeout: float = 20) -> dict[str, Any]:
+    """The running rank's sandbox record (its cgroup, its pids), once its supervisor has written it."""
+    import json
+
+    box = tmp_path / "logs" / "rank-0.sandbox.json"
+    deadline = time.monotonic() + timeout
+    while not box.exists():
+        assert time.monotonic() < deadline, "the sandbox did not start"
+        time.sleep(0.05)
+    return dict(json.loads(box.read_text()))
+
+
+def stop(ex: LocalExecutor, handle: dict[str, Any]) -> None:
+    """Stop a launched rank and wait until it has ended."""
+    ex.stop(handle, time.time())
+    while ex.poll(handle, time.time()).state == "running":
+        time.sleep(0.05)

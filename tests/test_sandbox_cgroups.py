@@ -16,7 +16,7 @@ import pytest
 from suanli.executors.local import LocalExecutor
 from suanli.sandbox import limits
 from suanli.sandbox.bwrap import SandboxSpec, bwrap_args
-from tests.sandbox_helpers import launch, run
+from tests.sandbox_helpers import cgroup_plan_or_skip, launch, run, sandbox_record, stop
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None and not os.environ.get("SUANLI_REQUIRE_BWRAP"),
@@ -25,17 +25,10 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_cpu_limit_is_a_cfs_quota_on_the_ranks_own_cgroup(tmp_path: Path) -> None:
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    cg = cgroup_plan_or_skip()
     ex = LocalExecutor()
     handle = ex.launch(launch(tmp_path, "cat /proc/self/cgroup; exec sleep 30", cpu_milli=500), time.time())
-    box = tmp_path / "logs" / "rank-0.sandbox.json"
-    deadline = time.monotonic() + 20
-    while not box.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    paths = json.loads(box.read_text())["cgroup"]["paths"]
+    paths = sandbox_record(tmp_path)["cgroup"]["paths"]
     try:
         if cg["mode"] == "v2":
             assert Path(paths[0], "cpu.max").read_text().split() == ["50000", "100000"]
@@ -44,9 +37,7 @@ def test_cpu_limit_is_a_cfs_quota_on_the_ranks_own_cgroup(tmp_path: Path) -> Non
             assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "50000"
         assert Path(paths[0], "cgroup.procs").read_text().split()  # the job's processes are in it
     finally:
-        ex.stop(handle, time.time())
-        while ex.poll(handle, time.time()).state == "running":
-            time.sleep(0.05)
+        stop(ex, handle)
     assert "0::/\n" in (tmp_path / "logs" / "rank-0.log").read_text()  # its own cgroup namespace: it sees "/"
     assert not any(Path(p).exists() for p in paths)  # removed with the rank
 
@@ -96,9 +87,7 @@ def test_two_ranks_with_the_same_workload_attempt_and_rank_never_share_a_cgroup(
 def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
     # The tenant's attack on its own cgroup: write a bigger quota into every cpu.max / cfs_quota_us it can see
     # (/sys is read-only in the sandbox, and its /sys/fs/cgroup holds only the job's own cgroup).
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    cg = cgroup_plan_or_skip()
     attack = (
         "for f in $(find /sys/fs/cgroup -name cpu.max -o -name cpu.cfs_quota_us 2>/dev/null); do "
         "(echo max > $f || echo -1 > $f) 2>/dev/null && echo LIFTED $f; done; echo TRIED; exec sleep 30"
@@ -118,9 +107,7 @@ def test_a_job_cannot_lift_its_own_cpu_limit(tmp_path: Path) -> None:
             cpu = next(p for p in paths if "/cpu/" in p)
             assert Path(cpu, "cpu.cfs_quota_us").read_text().strip() == "50000"
     finally:
-        ex.stop(handle, time.time())
-        while ex.poll(handle, time.time()).state == "running":
-            time.sleep(0.05)
+        stop(ex, handle)
     log = log_file.read_text()
     assert "LIFTED" not in log
 
@@ -149,9 +136,7 @@ def test_a_job_sees_its_own_cgroup_and_no_other_ranks(tmp_path: Path) -> None:
         assert all(Path(p).is_dir() for p in victim_cg["paths"])  # the victim's cgroup is there to be found
         st, log = run(tmp_path, probe, cpu_milli=500)
     finally:
-        ex.stop(victim, time.time())
-        while ex.poll(victim, time.time()).state == "running":
-            time.sleep(0.05)
+        stop(ex, victim)
     assert st.exit_code == 0, log
     assert "wl-victim" not in log
     mode = limits.plan("probe")["mode"]
@@ -183,17 +168,11 @@ def test_the_cgroup_directory_is_emptied_before_the_ranks_own_cgroup_is_bound_in
 def test_a_rank_whose_supervisor_was_killed_leaves_no_process_and_no_cgroup(tmp_path: Path) -> None:
     # The supervisor removes its rank's cgroup when the rank ends; SIGKILLed (the OOM killer, an operator), it cannot.
     # The executor that finds it gone kills what is left in the cgroup and removes it, or they pile up on the host.
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    cgroup_plan_or_skip()
     ex = LocalExecutor()
     handle = ex.launch(launch(tmp_path, "sleep 300 & exec sleep 300", cpu_milli=500), time.time())
-    box = tmp_path / "logs" / "rank-0.sandbox.json"
+    paths = sandbox_record(tmp_path)["cgroup"]["paths"]
     deadline = time.monotonic() + 20
-    while not box.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    paths = json.loads(box.read_text())["cgroup"]["paths"]
     procs = Path(paths[0], "cgroup.procs")
     while len(procs.read_text().split()) < 3:  # bwrap and the two sleeps
         assert time.monotonic() < deadline
@@ -221,9 +200,7 @@ def test_a_starting_rank_removes_leftover_rank_cgroups_beside_its_own_and_nothin
     # A rank's supervisor killed with its node (Ray, Slurm) leaves its cgroup on that node, where no executor polls.
     # The next rank to start there removes such leftovers: empty, rank-named, and made long before; not a fresh one
     # (a rank between its mkdir and its join) and not a directory of the operator's.
-    cg = limits.plan("probe")
-    if cg["mode"] == "rlimit":
-        pytest.skip(f"no cgroup for the server here ({cg.get('why')})")
+    cg = cgroup_plan_or_skip()
     (tmp_path / "first").mkdir()
     st, log = run(tmp_path / "first", "true", cpu_milli=500)  # a rank first: it makes the parents, as on a clean host
     assert st.exit_code == 0 and "limits by rlimit" not in log, log

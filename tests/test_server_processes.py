@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import httpx
 
 from tests.control_plane import admin_token, bearer, children, cmdline, live_server, signup, spawned
+from tests.web_helpers import Console
 
 
 def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, tmp_path: Path) -> None:
@@ -43,6 +45,18 @@ def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, t
         while (state := c.get(f"/api/v1/workloads/{wid}", headers=t.headers).json()["state"]) != "running":
             assert time.monotonic() < deadline, state
             time.sleep(0.2)
+        # A console form's secret is shown on the page its redirect leads to, whichever worker answers that GET
+        # (every request on a new connection, so they spread over the workers).
+        fresh = httpx.Client(base_url=srv.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
+        with fresh:
+            web = Console(fresh)
+            web.signup("console@example.com")
+            for n in range(6):
+                assert web.post("/keys/tokens", {"name": f"w{n}"}, csrf_from="/keys").status_code == 303
+                page = web.get("/keys").text
+                shown = re.search(r'id="token-secret">([^<]+)<', page)
+                assert shown and 'id="once-lost"' not in page, (n, page[-800:])
+                assert c.get("/api/v1/me", headers=bearer(shown.group(1))).status_code == 200
         loop = c.get("/api/v1/admin/workloads/summary", headers=admin).json()["loop"]
         assert loop["this_process"], loop  # whichever worker answers: the loop is this server's
         # The loop process is started again when it dies.

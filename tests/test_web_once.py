@@ -6,11 +6,16 @@ the secret posted the form again and made a second secret; a session that learnt
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from sqlalchemy import select, update
 
-from suanli.web.once import ONCE_COOKIE, OnceStore
+from suanli.control.accounts import console_secrets
+from suanli.control.ids import utcnow
+from suanli.db.models import ConsoleSecret
+from suanli.web.once import ONCE_COOKIE
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer
 from tests.test_web_endpoints import EP, _owner, platform  # noqa: F401  (platform: the fixture)
 from tests.test_workloads_api import Platform
@@ -145,31 +150,52 @@ def test_two_tabs_making_secrets_before_either_page_shows_each_get_theirs(api: A
     assert sorted(_tokens(c)) == ["tab one", "tab two", "web console"]
 
 
-def test_a_restart_between_post_and_get_says_the_secret_is_lost(api: Any) -> None:
+def test_a_restart_between_post_and_get_still_shows_the_secret(api: Any, db_url: str, tmp_path: Any) -> None:
+    """The secret waits in the database, not in the process: a server restarted between the POST and the GET (a
+    fresh app on the same database) shows it."""
+    from fastapi.testclient import TestClient
+
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
     c = _console(api, "prg-restart@example.com")
+    assert c.post("/keys/tokens", {"name": "kept"}, csrf_from="/keys").status_code == 303
+    with TestClient(create_app(settings(tmp_path / "home", db_url))) as restarted:
+        again = Console(restarted)
+        for name, value in c.c.cookies.items():
+            again.c.cookies.set(name, value)
+        page = again.get("/keys", headers=EN).text
+        assert 'id="token-secret"' in page and 'id="once-lost"' not in page
+
+
+def test_an_expired_secret_is_said_lost_once(api: Any) -> None:
+    c = _console(api, "prg-expired@example.com")
     assert c.post("/keys/tokens", {"name": "gone"}, csrf_from="/keys").status_code == 303
-    api.app.state.web_once = OnceStore()  # what a restart leaves: an id the process does not hold
+    db = api.app.state.server.db
+    with db.write() as s, s.begin():
+        s.execute(update(ConsoleSecret).values(expires_at=utcnow() - timedelta(seconds=1)))
     page = c.get("/keys", headers=EN).text
     assert 'id="once-lost"' in page and 'id="token-secret"' not in page
     assert 'id="once-lost"' not in c.get("/keys", headers=EN).text  # said once; the cookie is gone
 
 
-def test_the_store_expires_and_bounds_entries_per_session_and_in_all() -> None:
-    now = [0.0]
-    s = OnceStore(ttl_s=300, per_session=2, total=3, clock=lambda: now[0])
-    a1, a2, a3 = (s.put("a", "/keys", i) for i in range(3))
-    assert s.take(a1, "a", "/keys") == ("lost", None)  # the session's oldest went first
-    assert s.take(a2, "b", "/keys") == ("lost", None)  # another owner: nothing, and it stays
-    assert s.take(a2, "a", "/team") == ("elsewhere", None)
-    b1, b2 = s.put("b", "/keys", "b1"), s.put("b", "/keys", "b2")
-    assert len(s) == 3 and s.take(a2, "a", "/keys") == ("lost", None)  # the oldest of all went first
-    assert s.take(a3, "a", "/keys") == ("shown", 2) and s.take(a3, "a", "/keys") == ("lost", None)
-    now[0] = 301.0
-    assert s.take(b1, "b", "/keys") == ("lost", None) and s.take(b2, "b", "/keys") == ("lost", None)
-    assert len(s) == 0
-    for i in range(50):
-        s.put(f"o{i}", "/keys", i)
-    assert len(s) == 3
+def test_the_database_holds_no_readable_secret_and_the_key_alone_shows_nothing(api: Any) -> None:
+    """Attack: a copy of the database taken while a secret waits. Its row holds neither the secret nor the key that
+    opens it (only the key's hash), and is bound to the session that made it."""
+    c = _console(api, "prg-dump@example.com")
+    assert c.post("/keys/tokens", {"name": "dump"}, csrf_from="/keys").status_code == 303
+    key = c.c.cookies.get(ONCE_COOKIE)
+    db = api.app.state.server.db
+    with db.read() as s:
+        rows = list(s.scalars(select(ConsoleSecret)))
+    assert len(rows) == 1
+    row = rows[0]
+    assert key not in (row.id, row.owner) and key.encode() not in bytes(row.sealed)
+    assert row.owner == console_secrets.owner_of(c.c.cookies.get("suanli_session"))
+    secret = re.search(r'id="token-secret">([^<]+)<', c.get("/keys", headers=EN).text)
+    assert secret and secret.group(1).encode() not in bytes(row.sealed)
+    with db.read() as s:
+        assert console_secrets.count(s) == 0  # taken: the row is gone
 
 
 @pytest.mark.parametrize("junk", ["x" * 200, "no such id"])
@@ -193,3 +219,26 @@ def test_another_session_presenting_a_cookie_of_several_ids_takes_none_of_them(a
     assert 'id="token-secret"' not in stolen
     shown = [re.search(r'id="token-secret">([^<]+)<', owner.get("/keys", headers=EN).text) for _ in range(2)]
     assert all(shown) and shown[0].group(1) != shown[1].group(1)  # type: ignore[union-attr]
+
+
+def test_a_secret_made_in_one_server_process_is_shown_by_another(api: Any, db_url: str, tmp_path: Any) -> None:
+    """`suanli server --workers N`: the POST that made a token and the GET its redirect leads to may be answered by
+    two processes of one database. The second shows the secret, once; a reload on either shows nothing."""
+    from fastapi.testclient import TestClient
+
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    c = _console(api, "prg-workers@example.com")
+    assert c.post("/keys/tokens", {"name": "w2", "expires_in_days": "30"}, csrf_from="/keys").status_code == 303
+    with TestClient(create_app(settings(tmp_path / "home", db_url))) as other_process:
+        other = Console(other_process)
+        for name, value in c.c.cookies.items():
+            other.c.cookies.set(name, value)
+        page = other.get("/keys", headers=EN).text
+        m = re.search(r'id="token-secret">([^<]+)<', page)
+        assert m and 'id="once-lost"' not in page, page[-1500:]
+        assert api.get("/api/v1/me", headers=bearer(m.group(1))).status_code == 200
+        assert 'id="token-secret"' not in other.get("/keys", headers=EN).text
+    c.c.cookies.set(ONCE_COOKIE, other.c.cookies.get(ONCE_COOKIE) or "")
+    assert 'id="token-secret"' not in c.get("/keys", headers=EN).text  # the first process took nothing either

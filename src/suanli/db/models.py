@@ -23,6 +23,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Numeric,
     String,
@@ -173,6 +174,20 @@ class ProxySession(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime] = mapped_column(index=True)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class ConsoleSecret(Base):
+    """A secret a console form made (a token, an invitation's code, an endpoint key, top-up codes), held until the
+    page its answer redirects to shows it once (`control/accounts/console_secrets.py`): any server process may
+    answer that page. Sealed with a key only the browser's cookie holds, and stored by that key's SHA-256."""
+
+    __tablename__ = "console_secrets"
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)  # SHA-256 of the console session that made it
+    page: Mapped[str] = mapped_column(String(64))  # SHA-256 of the path whose next GET shows it
+    sealed: Mapped[bytes] = mapped_column(LargeBinary)  # nonce + AES-GCM of its JSON
+    created_at: Mapped[datetime] = mapped_column(index=True)
+    expires_at: Mapped[datetime] = mapped_column(index=True)
 
 
 class LedgerTransaction(Base):

@@ -9,7 +9,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from suanli.web import i18n, once, session
+from suanli.web import i18n, session
 from suanli.web.apicall import ApiError
 from suanli.web.pages import ROUTERS
 from suanli.web.render import ENV
@@ -20,7 +20,6 @@ VENDOR = "/static/vendor"
 
 def mount(app: FastAPI) -> None:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    app.state.web_once = once.OnceStore()  # secrets a form made, until the page its answer redirects to shows them
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:

@@ -70,7 +70,7 @@ async def _again(page: Page, ref: str, e: ApiError, form: str, known: tuple[str,
 @router.get("/endpoints/{ref}")
 async def endpoint(ref: str, page: Tenant) -> Response:
     try:
-        return await _view(page, ref, new_key=once.take(page, f"/endpoints/{seg(ref)}"))
+        return await _view(page, ref, new_key=await once.take(page, f"/endpoints/{seg(ref)}"))
     except ApiError as e:
         return missing(page, e, "/endpoints")
 
@@ -96,7 +96,7 @@ async def create_key(ref: str, request: Request, page: Tenant) -> Response:
         made = (await page.api("POST", f"/endpoints/{seg(ref)}/keys", json=body)).json()
     except ApiError as e:
         return await _again(page, ref, e, "key", ("name", "org"), "name")
-    return once.redirect(page, f"/endpoints/{seg(ref)}", made)
+    return await once.redirect(page, f"/endpoints/{seg(ref)}", made)
 
 
 @router.post("/endpoints/{ref}/keys/{key_id}/revoke")

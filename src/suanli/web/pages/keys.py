@@ -34,7 +34,7 @@ def _failed(e: ApiError, form: str, default_field: str, known: tuple[str, ...]) 
 @router.get("/keys")
 async def keys(page: Tenant) -> Response:
     """The page; right after a token was made, its secret this once (web/once.py)."""
-    return await _view(page, new_token=once.take(page, "/keys"))
+    return await _view(page, new_token=await once.take(page, "/keys"))
 
 
 @router.post("/keys/tokens")
@@ -47,7 +47,7 @@ async def create_token(request: Request, page: Tenant) -> Response:
         made = (await page.api("POST", "/tokens", json=body)).json()
     except ApiError as e:
         return await _view(page, token_form=data, **_failed(e, "token", "name", ("name", "expires_in_days")))
-    return once.redirect(page, "/keys", made)
+    return await once.redirect(page, "/keys", made)
 
 
 @router.post("/keys/tokens/{token_id}/revoke")

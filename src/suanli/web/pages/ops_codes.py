@@ -31,7 +31,7 @@ async def codes_page(page: Operator) -> Response:
 @router.post("/ops/codes")
 async def create_batch(request: Request, page: Operator) -> Response:
     """The printable sheet of the new codes is the batch's page right after this answer's redirect, once (held in
-    this process's memory until then, web/once.py); the API keeps only their hashes."""
+    the database until then, web/once.py); the API keeps only their hashes."""
     data = await session.form(request, page)
     body: dict[str, Any] = {"amount": (data.get("amount") or "").strip(), "count": as_int(data.get("count")),
                             "note": data.get("note", "")}  # fmt: skip
@@ -43,13 +43,13 @@ async def create_batch(request: Request, page: Operator) -> Response:
         made = (await page.api("POST", CODES, json=body)).json()
     except ApiError as e:
         return await _list(page, status=e.status, errors=errors(e, "amount"), form=data)
-    return once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made)
+    return await once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made)
 
 
 @router.get("/ops/codes/{batch}")
 async def batch_page(batch: str, page: Operator) -> Response:
     """The batch with its codes' states; right after it was made, its printable sheet instead, this once."""
-    made = once.take(page, f"/ops/codes/{seg(batch)}")
+    made = await once.take(page, f"/ops/codes/{seg(batch)}")
     if made is not None:
         return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
     try:

@@ -44,7 +44,7 @@ async def _act(page: Page, method: str, path: str, back: str = "/team", **kw: An
 @router.get("/team")
 async def team(page: Tenant) -> Response:
     """The page; right after an invitation was made, its code this once (web/once.py)."""
-    return await _view(page, new_invitation=once.take(page, "/team"))
+    return await _view(page, new_invitation=await once.take(page, "/team"))
 
 
 @router.post("/team/members/{user_id}/role")
@@ -77,7 +77,7 @@ async def invite(request: Request, page: Tenant) -> Response:
     except ApiError as e:
         fields = at_fields(e, "email", ("email", "role", "monthly_spend_limit"))
         return await _view(page, status=e.status, fields=fields, form="invite", invite_form=data)
-    return once.redirect(page, "/team", made)
+    return await once.redirect(page, "/team", made)
 
 
 @router.post("/team/invitations/{invitation_id}/revoke")

@@ -34,6 +34,28 @@ def test_a_small_gang_waits_for_one_node_then_splits_when_the_bound_is_up() -> N
     assert len(result.placed) == 1  # waited its bound: it starts split rather than wait on
 
 
+def test_a_gang_whose_owner_asked_for_any_placement_starts_split_at_once() -> None:
+    """`topology: any` is the tenant's choice to start on any free GPUs now; the wait is for `auto` (the default:
+    the scheduler's choice), and a hard constraint (`nvlink`) never starts split at all."""
+    sched = Scheduler(SchedulerConfig(policy="fifo-backfill", locality_wait_s=1e9))
+    now_any, _ = sched.cycle(fragmented(), [Request("g", 4, 0.0, topology="any")], 10.0)
+    assert len(now_any.placed) == 1
+    assert np.unique(fragmented().gpu_node[np.asarray(now_any.placed[0].gpus)]).size == 2
+    auto, _ = sched.cycle(fragmented(), [Request("g", 4, 0.0)], 10.0)
+    assert Request("g", 4, 0.0).topology == "auto" and not auto.placed and "one node" in auto.pending[0].reason
+    nvlink, _ = sched.cycle(fragmented(), [Request("g", 4, 0.0, topology="nvlink")], 1e10)
+    assert not nvlink.placed
+
+
+def test_a_spec_asks_auto_unless_it_says_any_and_the_scheduler_sees_which() -> None:
+    from suanli.workloads.models import WorkloadSpec
+
+    plain = WorkloadSpec.model_validate({"name": "t", "command": "x", "resources": {"gpus": 2}})
+    chosen = WorkloadSpec.model_validate({"name": "t", "command": "x", "resources": {"gpus": 2, "topology": "any"}})
+    assert plain.resources.topology == "auto" and chosen.resources.topology == "any"
+    assert plain.to_request("a", 0.0, "t").topology == "auto" and chosen.to_request("b", 0.0, "t").topology == "any"
+
+
 def test_work_that_cannot_fit_one_node_is_not_held_back() -> None:
     s = ClusterState(load_preset("2x8:H100"))
     result, _ = Scheduler(SchedulerConfig(policy="fifo-backfill", locality_wait_s=1e9)).cycle(

@@ -33,7 +33,7 @@ resources:
   gpu: H100-SXM            # or "any", or a list in order of preference
   gpus: 16                 # or {min: 4, max: 32} for elastic work; or slice: 1g.10gb
   nodes: 2                 # optional; otherwise derived
-  topology: leaf           # nvlink | leaf | any
+  topology: leaf           # nvlink | leaf | any | auto
 billing: on-demand         # on-demand | spot | plan:<id>
 priority: normal
 max_duration: 6h
@@ -102,7 +102,7 @@ def test_stored_form_revalidates() -> None:
 def test_defaults() -> None:
     s = parse_spec({"name": "a", "command": "true"})
     assert (s.kind, s.workdir, s.env, s.billing, s.priority) == ("job", ".", {}, "on-demand", "normal")
-    assert (s.resources.gpu, s.resources.gpus, s.resources.topology, s.resources.exclusive) == ("any", 1, "any", False)
+    assert (s.resources.gpu, s.resources.gpus, s.resources.topology, s.resources.exclusive) == ("any", 1, "auto", False)
     assert (s.retry.on, s.retry.limit) == (("node-failure", "preemption"), 0)
     assert s.max_duration is s.duration is s.max_price_per_hour is s.model is None
 
@@ -230,7 +230,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"resources": {"nodes": 0}}, "resources.nodes", "greater than or equal to 1"),
     ({"resources": {"nodes": 8193}}, "resources.nodes", "less than or equal to 8192"),
     ({"resources": {"nodes": "2"}}, "resources.nodes", "valid integer"),
-    ({"resources": {"topology": "rack"}}, "resources.topology", "'nvlink', 'leaf' or 'any'"),
+    ({"resources": {"topology": "rack"}}, "resources.topology", "'nvlink', 'leaf', 'any' or 'auto'"),
     ({"resources": {"exclusive": "yes"}}, "resources.exclusive", "valid boolean"),
     ({"resources": {"gpuz": 3}}, "resources.gpuz", "did you mean 'gpu"),
     ({"resources": "8xh100"}, "resources", "valid dictionary"),

@@ -172,9 +172,10 @@ class Scheduler(Elastic):
         return self._compact(work, req, k, holds.place(self.placer, work, req, k, self.policy.class_preemption))
 
     def _compact(self, work: ClusterState, req: Request, k: int, placed: PlacementResult) -> PlacementResult:
-        """Locality wait: a gang one node could hold, placed over several, waits (a bounded time) for one node."""
+        """Locality wait: a gang one node could hold, placed over several, waits (a bounded time) for one node; not
+        one whose owner asked for `topology: any` (start on any GPUs, now)."""
         wait = self.config.locality_wait_s
-        if not wait or placed.gpus is None or k < 2 or req.milli < FULL or k > work.gpn.max():
+        if not wait or req.topology == "any" or placed.gpus is None or k < 2 or req.milli < FULL or k > work.gpn.max():
             return placed
         nodes = work.gpu_node[np.asarray(placed.gpus, dtype=np.int64)]
         if nodes.min() == nodes.max() or self._now - req.waiting_since >= wait:

@@ -208,7 +208,7 @@ def first_fit(state: ClusterState, req: Request, k: int) -> PlacementResult:
 
 def _within(state: ClusterState, req: Request, k: int, gpus: NDArray[np.int64], how: str) -> PlacementResult:
     """The placement, if it keeps the request's hard topology constraint."""
-    if req.topology != "any":
+    if req.topology in ("nvlink", "leaf"):
         span = state.cluster.span(gpus)
         tier = "nvlink" if req.topology == "nvlink" else "leaf"
         if span[tier] > 1:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-Topology = Literal["nvlink", "leaf", "any"]
+Topology = Literal["nvlink", "leaf", "any", "auto"]  # auto: any placement, the scheduler's choice (it may
+# wait a bounded time for a compact one: `locality_wait_s`); any: any placement, as soon as GPUs are free
 PriorityClass = Literal["reserved", "on-demand", "spot"]
 CLASS_RANK: dict[str, int] = {"reserved": 2, "on-demand": 1, "spot": 0}
 FULL = 1000  # a whole GPU, in milli-GPUs
@@ -41,7 +42,7 @@ class Request:
     milli: int = FULL  # < FULL: a shared slice of one GPU
     min_gpus: int | None = None
     max_gpus: int | None = None
-    topology: Topology = "any"
+    topology: Topology = "auto"
     exclusive: bool = False  # whole nodes only
     nodes: int | None = None  # exactly this many nodes, the same number of GPUs on each (None: any)
     priority: PriorityClass = "on-demand"

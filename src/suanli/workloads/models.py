@@ -133,7 +133,8 @@ class Resources(BaseModel):
     gpus: int | GpuRange = 1
     slice: str | None = None
     nodes: StrictInt | None = Field(None, ge=1, le=MAX_NODES)
-    topology: Literal["nvlink", "leaf", "any"] = "any"
+    topology: Literal["nvlink", "leaf", "any", "auto"] = "auto"  # auto: the scheduler may wait a bounded time
+    # for a compact placement (where the operator runs `locality`); any: start on any free GPUs at once
     exclusive: StrictBool = False
     cpus: float | None = None  # host CPU cores; unset on GPU work: not counted (nor charged, nor capped)
     memory: str | None = None  # host memory, e.g. 64Gi or 512Mi; unset on GPU work: not counted

@@ -105,7 +105,7 @@ def candidates(
                           f"{mem} MiB for {want}), even when idle")  # fmt: skip
         models = [m for m in models if carried[m] >= least]
     topology = spec.resources.topology
-    if topology != "any":
+    if topology in ("nvlink", "leaf"):
         per = {m: fleet[m].per_nvlink if topology == "nvlink" else fleet[m].per_leaf for m in models}
         if want > max(per.values()):
             where = "one NVLink domain" if topology == "nvlink" else "one leaf switch"

@@ -86,3 +86,46 @@ def test_a_junk_or_tampered_key_or_row_shows_nothing_and_never_raises(db: Any) -
         s.execute(update(ConsoleSecret).values(sealed=bytes(row.sealed[:-1]) + bytes([row.sealed[-1] ^ 1])))
     assert _take(db, key, "o", "/keys", 1) == ("lost", None)
     assert _count(db) == 0  # a tampered row is taken (gone), not left to be tried again
+
+
+def test_holds_at_once_on_a_full_table_keep_the_bounds_and_never_deadlock(db: Any) -> None:
+    """Attack: many sessions making secrets at once while the table is at its bound. Each hold evicts the oldest; on
+    PostgreSQL, evictions that picked overlapping rows in different orders deadlocked, and holds that counted at the
+    same time all inserted past the bounds. Holds take turns now."""
+    bounds = {"per_session": 2, "total": 10}
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def holder(n: int) -> None:
+        start.wait()
+        try:
+            for i in range(15):
+                _put(db, f"owner{n % 4}", "/keys", i, n + i / 100, **bounds)
+        except BaseException as e:  # any failure of a hold is the finding
+            errors.append(e)
+
+    threads = [threading.Thread(target=holder, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[:3]
+    with db.read() as s:
+        owners = list(s.scalars(select(ConsoleSecret.owner)))
+    assert len(owners) <= 8 and all(owners.count(o) <= 2 for o in set(owners)), owners
+
+
+def test_a_row_too_short_to_hold_a_sealed_secret_is_lost_not_a_500(db: Any) -> None:
+    key = _put(db, "o", "/keys", "secret", 0)
+    with db.write() as s, s.begin():
+        s.execute(update(ConsoleSecret).values(sealed=b"\x00" * 5))
+    assert _take(db, key, "o", "/keys", 1) == ("lost", None)
+
+
+def test_looking_changes_nothing(db: Any) -> None:
+    key = _put(db, "o", "/keys", "secret", 0)
+    with db.read() as s:
+        seen = [console_secrets.look(s, k, o, p, _at(1)) for k, o, p in
+                ((key, "o", "/keys"), (key, "o", "/team"), (key, "x", "/keys"), ("junk", "o", "/keys"))]  # fmt: skip
+    assert seen == ["shown", "elsewhere", "lost", "lost"]
+    assert _take(db, key, "o", "/keys", 2) == ("shown", "secret")

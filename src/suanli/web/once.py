@@ -60,23 +60,22 @@ def _hold(db: Database, owner: str, where: str, payload: Any) -> str:
 
 
 def _take(db: Database, keys: list[str], owner: str, where: str) -> tuple[list[str], Any, bool]:
-    """The keys still waiting after this GET, the secret shown (or None), and whether a key named nothing."""
-    kept: list[str] = []
-    shown, payload, lost = False, None, False
-    with db.write() as s, s.begin():
-        now = utcnow()
-        for key in keys:
-            if shown:
-                kept.append(key)
-                continue
-            outcome, got = console_secrets.take(s, key, owner, where, now)
-            if outcome == "shown":
-                shown, payload = True, got
-            elif outcome == "elsewhere":
-                kept.append(key)
-            else:
-                lost = True
-    return kept, payload, lost and not shown
+    """The keys still waiting after this GET, the secret shown (or None), and whether a key named nothing. Reads
+    first; writes (takes) only the oldest secret that waits for this session on this page."""
+    now = utcnow()
+    with db.read() as s:
+        found = [console_secrets.look(s, key, owner, where, now) for key in keys]
+    mine = next((i for i, o in enumerate(found) if o == "shown"), None)
+    payload = None
+    if mine is not None:
+        with db.write() as s, s.begin():
+            outcome, payload = console_secrets.take(s, keys[mine], owner, where, now)
+        found[mine] = outcome
+    shown = mine is not None and found[mine] == "shown"
+    kept = [
+        k for i, (k, o) in enumerate(zip(keys, found, strict=True)) if o == "elsewhere" or (o == "shown" and i != mine)
+    ]
+    return kept, payload, not shown and "lost" in found
 
 
 async def redirect(page: Page, where: str, payload: Any) -> Response:

@@ -9,7 +9,9 @@ show it only to the session that made it (its hash is bound to the row and authe
 only once (taking it deletes the row; of two racing GETs one gets it).
 
 Bounds: a secret lives `TTL_S` seconds; a session holds at most `PER_SESSION` (its oldest goes first) and the table
-at most `TOTAL` (the oldest of all goes first).
+at most `TOTAL` (the oldest of all goes first). Holds take turns (`db.engine.exclusive`: an advisory lock on
+PostgreSQL, the write lock on SQLite), so the bounds hold under concurrent holds and two evictions never deadlock.
+A GET that presents keys reads first and writes only to take a secret that is there for it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from suanli.db.engine import exclusive
 from suanli.db.models import ConsoleSecret
 
 TTL_S = 300
@@ -35,6 +38,9 @@ PER_SESSION = 4
 TOTAL = 100_000  # rows of a few hundred bytes: a bound on the table, far above any honest traffic in TTL_S
 KEY_BYTES = 32
 NONCE_BYTES = 12
+TAG_BYTES = 16
+EXPIRED_PER_HOLD = 1_000  # expired rows deleted by one hold: a table left full and idle is emptied in steps
+HOLD_LOCK = 0x5A4E_4F4E  # advisory lock: holds take turns
 COOKIE_ID = re.compile(r"[A-Za-z0-9_-]{43}")  # 32 bytes, URL-safe base64 without padding
 
 Outcome = Literal["shown", "elsewhere", "lost"]
@@ -67,7 +73,9 @@ def _key_of(cookie_id: str) -> bytes | None:
 def hold(s: Session, owner: str, page: str, payload: Any, now: datetime, *, ttl_s: float = TTL_S,
          per_session: int = PER_SESSION, total: int = TOTAL) -> str:  # fmt: skip
     """Seal `payload` (JSON) for `owner`'s next GET of `page`; the id for the browser's cookie (the key itself)."""
-    s.execute(delete(ConsoleSecret).where(ConsoleSecret.expires_at <= now))
+    exclusive(s, HOLD_LOCK)
+    expired = select(ConsoleSecret.id).where(ConsoleSecret.expires_at <= now).limit(EXPIRED_PER_HOLD)
+    s.execute(delete(ConsoleSecret).where(ConsoleSecret.id.in_(expired.scalar_subquery())))
     mine = s.scalars(
         select(ConsoleSecret.id).where(ConsoleSecret.owner == owner)
         .order_by(ConsoleSecret.created_at.desc(), ConsoleSecret.id).offset(max(0, per_session - 1))
@@ -85,23 +93,33 @@ def hold(s: Session, owner: str, page: str, payload: Any, now: datetime, *, ttl_
     return base64.urlsafe_b64encode(key).rstrip(b"=").decode()
 
 
+def _find(s: Session, cookie_id: str, owner: str, page: str, now: datetime) -> tuple[Outcome, bytes, ConsoleSecret]:
+    key = _key_of(cookie_id)
+    row = None if key is None else s.get(ConsoleSecret, _row_id(key))
+    if key is None or row is None or row.expires_at <= now or not hmac.compare_digest(row.owner, owner):
+        return "lost", b"", ConsoleSecret()
+    return ("elsewhere" if row.page != _page_id(page) else "shown"), key, row
+
+
+def look(s: Session, cookie_id: str, owner: str, page: str, now: datetime) -> Outcome:
+    """What `take` would find, read only: `"shown"` when a secret waits for this owner on this page."""
+    return _find(s, cookie_id, owner, page, now)[0]
+
+
 def take(s: Session, cookie_id: str, owner: str, page: str, now: datetime) -> tuple[Outcome, Any]:
     """`("shown", payload)` once; `("elsewhere", None)` when it waits for another page (it stays); `("lost", None)`
-    when this owner has no such secret (taken, expired, another session's, a junk id)."""
-    key = _key_of(cookie_id)
-    if key is None:
-        return "lost", None
-    row = s.get(ConsoleSecret, _row_id(key))
-    if row is None or row.expires_at <= now or not hmac.compare_digest(row.owner, owner):
-        return "lost", None
-    if row.page != _page_id(page):
-        return "elsewhere", None
+    when this owner has no such secret (taken, expired, another session's, a junk id, an edited row)."""
+    outcome, key, row = _find(s, cookie_id, owner, page, now)
+    if outcome != "shown":
+        return outcome, None
     sealed = bytes(row.sealed)
     if s.execute(delete(ConsoleSecret).where(ConsoleSecret.id == row.id)).rowcount != 1:  # type: ignore[attr-defined]
         return "lost", None  # another request took it first
+    if len(sealed) < NONCE_BYTES + TAG_BYTES:
+        return "lost", None
     try:
         plain = AESGCM(key).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], _aad(owner, page))
-    except InvalidTag:
+    except (InvalidTag, ValueError):
         return "lost", None
     return "shown", json.loads(plain)
 

@@ -49,21 +49,29 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
-def _enter_wal(cur: Any) -> None:
-    """`PRAGMA journal_mode=WAL`, retried every 0.2-2 ms for up to the busy timeout. Turning a new file (rollback
-    journal) to WAL takes its exclusive lock, and SQLite answers "database is locked" at once, without waiting in
-    its busy handler, while another connection holds the reserved lock: N processes starting together on a new
-    file (`suanli server --workers N`) could fail that way."""
+def _while_busy(statement: Callable[[], object]) -> bool:
+    """Run `statement` until SQLite stops refusing it as busy, trying every 0.2-2 ms for up to the busy timeout:
+    True once it ran, False when the time is up. Any other error is raised at once."""
     deadline, pause = time.monotonic() + BUSY_TIMEOUT_MS / 1000, 0.0002
-    while True:
+    while time.monotonic() < deadline:
         try:
-            cur.execute("PRAGMA journal_mode=WAL")
-            return
+            statement()
+            return True
         except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+            if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
                 raise
         time.sleep(pause)
         pause = min(pause * 1.5, 0.002)
+    return False
+
+
+def _enter_wal(cur: Any) -> None:
+    """`PRAGMA journal_mode=WAL`, retried while busy. Turning a new file (rollback journal) to WAL takes its exclusive
+    lock, and SQLite answers "database is locked" at once, without waiting in its busy handler, while another
+    connection holds the reserved lock: N processes starting together on a new file (`suanli server --workers N`)
+    could fail that way."""
+    if not _while_busy(lambda: cur.execute("PRAGMA journal_mode=WAL")):
+        cur.execute("PRAGMA journal_mode=WAL")  # one last try, failing with SQLite's own error
 
 
 # SQLite has one write lock per database. Threads of one process queue for it on a mutex of the file's, and are
@@ -137,17 +145,8 @@ def _begin_immediate(conn: Any) -> None:
     raw = conn.connection.driver_connection
     raw.execute("PRAGMA busy_timeout=0")
     try:
-        deadline, pause = time.monotonic() + BUSY_TIMEOUT_MS / 1000, 0.0002
-        while time.monotonic() < deadline:
-            try:
-                raw.execute("BEGIN IMMEDIATE")
-                return
-            except sqlite3.OperationalError as e:
-                if e.sqlite_errorcode & 0xFF != sqlite3.SQLITE_BUSY:
-                    raise
-            time.sleep(pause)
-            pause = min(pause * 1.5, 0.002)
-        conn.exec_driver_sql("BEGIN IMMEDIATE")  # one last try, failing as SQLAlchemy reports it
+        if not _while_busy(lambda: raw.execute("BEGIN IMMEDIATE")):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")  # one last try, failing as SQLAlchemy reports it
     finally:
         raw.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
 

@@ -14,7 +14,9 @@ from sqlalchemy import select, update
 
 from suanli.control.accounts import console_secrets
 from suanli.control.ids import utcnow
+from suanli.db.engine import DatabaseUnavailable
 from suanli.db.models import ConsoleSecret
+from suanli.web import once
 from suanli.web.once import ONCE_COOKIE
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer
 from tests.test_web_endpoints import EP, _owner, platform  # noqa: F401  (platform: the fixture)
@@ -242,3 +244,81 @@ def test_a_secret_made_in_one_server_process_is_shown_by_another(api: Any, db_ur
         assert 'id="token-secret"' not in other.get("/keys", headers=EN).text
     c.c.cookies.set(ONCE_COOKIE, other.c.cookies.get(ONCE_COOKIE) or "")
     assert 'id="token-secret"' not in c.get("/keys", headers=EN).text  # the first process took nothing either
+
+
+def test_a_secret_the_database_cannot_hold_is_shown_in_the_answer_not_lost(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    """Attack (on availability): the API made the token, then the database could not hold it for the next page.
+    A brief outage is retried; a longer one answers with the page and the secret in it (no cookie: a reload would
+    post the form again, a smaller harm than a token nobody can see)."""
+    real, calls = console_secrets.hold, []
+
+    def fails(times: int) -> Any:
+        def hold(*a: Any, **kw: Any) -> str:
+            calls.append(1)
+            if len(calls) <= times:
+                raise DatabaseUnavailable("the database did not answer in time")
+            return real(*a, **kw)
+
+        return hold
+
+    c = _console(api, "prg-outage@example.com")
+    monkeypatch.setattr(console_secrets, "hold", fails(1))
+    assert c.post("/keys/tokens", {"name": "retried"}, csrf_from="/keys").status_code == 303
+    assert len(calls) == 2 and 'id="token-secret"' in c.get("/keys", headers=EN).text
+    calls.clear()
+    monkeypatch.setattr(console_secrets, "hold", fails(99))
+    r = c.post("/keys/tokens", {"name": "shown-now"}, csrf_from="/keys", headers=EN)
+    assert r.status_code == 200 and len(calls) == len(once.HOLD_WAITS_S), r.text[-600:]
+    m = re.search(r'id="token-secret">([^<]+)<', r.text)
+    assert m and api.get("/api/v1/me", headers=bearer(m.group(1))).status_code == 200
+    assert r.headers["cache-control"] == "no-store" and ONCE_COOKIE not in (r.headers.get("set-cookie") or "")
+    assert sorted(_tokens(c)) == ["retried", "shown-now", "web console"]
+
+
+def test_a_hold_that_fails_for_good_reason_is_not_retried(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (not an outage) is not retried and not hidden: it is raised (a 500, and the log says why)."""
+    calls = []
+
+    def broken(*a: Any, **kw: Any) -> str:
+        calls.append(1)
+        raise ValueError("a bug")
+
+    c = _console(api, "prg-bug@example.com")
+    monkeypatch.setattr(console_secrets, "hold", broken)
+    with pytest.raises(ValueError):
+        c.post("/keys/tokens", {"name": "bug"}, csrf_from="/keys")
+    assert len(calls) == 1
+
+
+def _held_by_no_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(*a: Any, **kw: Any) -> str:
+        raise DatabaseUnavailable("the database did not answer in time")
+
+    monkeypatch.setattr(console_secrets, "hold", down)
+    monkeypatch.setattr(once, "HOLD_WAITS_S", (0.0,))
+
+
+def test_an_invitation_and_top_up_codes_the_database_cannot_hold_are_shown_in_the_answer(
+    api: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:  # fmt: skip
+    owner = _console(api, "prg-outage-team@example.com")
+    assert owner.post("/team/orgs", {"name": "outage-lab"}, csrf_from="/team").status_code == 303
+    ops = Console(type(api)(api.app))
+    ops.login(ADMIN_EMAIL, ADMIN_PASSWORD)
+    _held_by_no_one(monkeypatch)
+    r = owner.post("/team/invitations", {"email": "late@example.com", "role": "member"}, csrf_from="/team")
+    assert r.status_code == 200 and re.search(r'id="new-invitation">.*?<code>([^<]+)</code>', r.text, re.S)
+    r = ops.post("/ops/codes", {"amount": "5.00", "count": "3", "note": "outage"}, csrf_from="/ops/codes")
+    assert r.status_code == 200 and len(re.findall(r'<code class="code">([^<]+)</code>', r.text)) == 3
+
+
+def test_an_endpoint_key_the_database_cannot_hold_is_shown_in_the_answer(
+    platform: Platform,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    owner, ep = _owner(platform)
+    _held_by_no_one(monkeypatch)
+    r = owner.post(f"/endpoints/{ep['id']}/keys", {"name": "app"}, csrf_from=f"/endpoints/{ep['id']}")
+    assert r.status_code == 200 and re.search(r'id="key-secret">([^<]+)<', r.text), r.text[-600:]

@@ -9,13 +9,20 @@ the hash of the session token that made it, so another session that presents the
 that page takes it (it is gone after that) and drops its key from the cookie, so a reload shows the page without it.
 Nothing of the secret is in the URL or in a cookie, nor readable in the database.
 
+When the database cannot hold the secret (a transient error on each of `HOLD_WAITS_S`' tries, about 1.2 s), the POST
+answers with the page and the secret in it: a reload would post the form again, a smaller harm than a token made
+that nobody can see.
+
 The cookie holds up to `PER_SESSION` keys, oldest first: two tabs that make a token and an invitation, or two
 tokens, before either page is shown each get theirs (a page takes the oldest key waiting for it).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
@@ -24,13 +31,15 @@ from fastapi.responses import RedirectResponse, Response
 from suanli.control.accounts import console_secrets
 from suanli.control.accounts.console_secrets import PER_SESSION, TTL_S
 from suanli.control.ids import utcnow
-from suanli.db.engine import Database
+from suanli.db.engine import Database, transient
 from suanli.web import session
 from suanli.web.session import Page
 
 ONCE_COOKIE = "suanli_once"
 ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a key we make (URL-safe base64); anything else in the cookie is junk
 SEP = "."
+HOLD_WAITS_S = (0.0, 0.2, 1.0)  # before each try of a hold: a brief outage (a failover, a restart) is waited out
+log = logging.getLogger("suanli.web")
 
 
 def _db(page: Page) -> Database:
@@ -78,9 +87,21 @@ def _take(db: Database, keys: list[str], owner: str, where: str) -> tuple[list[s
     return kept, payload, not shown and "lost" in found
 
 
-async def redirect(page: Page, where: str, payload: Any) -> Response:
-    """The POST's answer: 303 to `where` (htmx: an HX-Redirect there), the secret held for that GET only."""
-    key = await run_in_threadpool(_hold, _db(page), _owner(page), where, payload)
+async def redirect(page: Page, where: str, payload: Any, show: Callable[[], Awaitable[Response]]) -> Response:
+    """The POST's answer: 303 to `where` (htmx: an HX-Redirect there), the secret held for that GET only. When the
+    database cannot hold it, `show()`: the page with the secret in it, now."""
+    key = None
+    for wait in HOLD_WAITS_S:
+        await asyncio.sleep(wait)
+        try:
+            key = await run_in_threadpool(_hold, _db(page), _owner(page), where, payload)
+            break
+        except Exception as e:
+            if not transient(e):
+                raise
+            log.warning("console: a secret for %s could not be held: %s", where, e)
+    if key is None:
+        return await show()
     if page.request.headers.get("HX-Request"):
         resp: Response = Response(status_code=204, headers={"HX-Redirect": where})
     else:

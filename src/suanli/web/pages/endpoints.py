@@ -96,7 +96,7 @@ async def create_key(ref: str, request: Request, page: Tenant) -> Response:
         made = (await page.api("POST", f"/endpoints/{seg(ref)}/keys", json=body)).json()
     except ApiError as e:
         return await _again(page, ref, e, "key", ("name", "org"), "name")
-    return await once.redirect(page, f"/endpoints/{seg(ref)}", made)
+    return await once.redirect(page, f"/endpoints/{seg(ref)}", made, lambda: _view(page, ref, new_key=made))
 
 
 @router.post("/endpoints/{ref}/keys/{key_id}/revoke")

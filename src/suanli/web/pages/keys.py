@@ -47,7 +47,7 @@ async def create_token(request: Request, page: Tenant) -> Response:
         made = (await page.api("POST", "/tokens", json=body)).json()
     except ApiError as e:
         return await _view(page, token_form=data, **_failed(e, "token", "name", ("name", "expires_in_days")))
-    return await once.redirect(page, "/keys", made)
+    return await once.redirect(page, "/keys", made, lambda: _view(page, new_token=made))
 
 
 @router.post("/keys/tokens/{token_id}/revoke")

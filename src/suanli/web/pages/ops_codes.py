@@ -43,7 +43,11 @@ async def create_batch(request: Request, page: Operator) -> Response:
         made = (await page.api("POST", CODES, json=body)).json()
     except ApiError as e:
         return await _list(page, status=e.status, errors=errors(e, "amount"), form=data)
-    return await once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made)
+
+    async def sheet() -> Response:
+        return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
+
+    return await once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made, sheet)
 
 
 @router.get("/ops/codes/{batch}")

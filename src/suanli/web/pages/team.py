@@ -77,7 +77,7 @@ async def invite(request: Request, page: Tenant) -> Response:
     except ApiError as e:
         fields = at_fields(e, "email", ("email", "role", "monthly_spend_limit"))
         return await _view(page, status=e.status, fields=fields, form="invite", invite_form=data)
-    return await once.redirect(page, "/team", made)
+    return await once.redirect(page, "/team", made, lambda: _view(page, new_invitation=made))
 
 
 @router.post("/team/invitations/{invitation_id}/revoke")

@@ -65,11 +65,15 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "MoveIn": {"amount": "1000", "key": "steal"},
     "QuotaIn": {"gpus": 0},
     "PriceGpuIn": {"on_demand": "0.01"},
+    "PlanPriceIn": {"hours": 24, "discount": "0.99"},
     "PriceHostIn": {"cpu_core_hour": "0.01"},
     "PriceUsageIn": {"gpu_hour": {"H20": "0.01"}, "floor": "0"},
     "StorageQuoteIn": {"size": "1Gi"},
     "WorkloadQuoteIn": {"spec": {"name": "probe", "command": "x", "resources": {"gpus": 0}}},
-    "PriceBookIn": {"gpu_hour": {"H20": "0.01"}},
+    "PriceBookIn": {
+        "gpu_hour": {"H20": "0.01"},
+        "plans": {"tiny": {"hours": 24, "discount": "0.5"}},
+    },  # kept for DELETE
     "ClusterIn": {"preset": "1x8:H20", "name": "intruder"},
     "NodeStateIn": {"state": "down", "reason": "probe"},
     "AdminUserIn": {"email": "sleeper@example.com", "password": "password-123", "admin": True},

@@ -162,6 +162,13 @@ def test_operator_routes(db_url: str, tmp_path: Path) -> None:
         assert _status(lambda: ops.admin_set_gpu_price("Z100", "1")).message.startswith("gpu:")
         replaced = ops.admin_set_prices({**ops.prices(), "gpu_hour": {"h20": "7.25"}})
         assert replaced["gpu_hour"] == {"H20": "7.25000000"} and replaced["version"] > book["version"]
+        planned = ops.admin_set_plan("fortnight", 336, "0.12")
+        assert (
+            Decimal(planned["plans"]["fortnight"]["discount"]) == Decimal("0.12")
+            and planned["version"] > replaced["version"]
+        )
+        assert "fortnight" not in ops.admin_retire_plan("fortnight")["plans"]
+        assert _status(lambda: ops.admin_retire_plan("fortnight")).status == 404
 
         # clusters and nodes
         cl = ops.admin_register_cluster(preset=PRESET, name="east")

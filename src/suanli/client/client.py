@@ -497,6 +497,14 @@ class Client(
         """Replace the whole price book (the document `prices()` returns; `version` is ignored)."""
         return self.call("PUT", "/admin/prices", book)
 
+    def admin_set_plan(self, name: str, hours: int, discount: Decimal | int | str) -> dict[str, Any]:
+        """Add or change one plan (hours, discount as a share: "0.10" is 10% off); a new book version."""
+        return self.call("PUT", f"/admin/prices/plans/{_seg(name)}", {"hours": hours, "discount": _amount(discount)})
+
+    def admin_retire_plan(self, name: str) -> dict[str, Any]:
+        """Stop selling a plan (plans bought keep their terms); a new book version."""
+        return self.call("DELETE", f"/admin/prices/plans/{_seg(name)}")
+
     def admin_set_host_prices(
         self, cpu_core_hour: Decimal | int | str | None = None, memory_gib_hour: Decimal | int | str | None = None
     ) -> dict[str, Any]:

@@ -32,6 +32,12 @@ class Conflict(ServiceError):
     status = 409
 
 
+class PreconditionFailed(ServiceError):
+    """The request was made against a version that is no longer the one in force (`If-Match`)."""
+
+    status = 412
+
+
 class Gone(ServiceError):
     """It existed and cannot be used any more (an expired or voided code)."""
 

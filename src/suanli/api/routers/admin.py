@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Header, Path, Query
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy.orm import Session
@@ -25,6 +25,7 @@ from suanli.api.schemas import (
     NodeStateIn,
     OrgOut,
     Out,
+    PlanPriceIn,
     PriceBookIn,
     PriceGpuIn,
     PriceHostIn,
@@ -39,6 +40,7 @@ from suanli.billing.money import ZERO
 from suanli.control import leases
 from suanli.control.accounts import accounts, signups
 from suanli.control.background import WorkloadLoop, this_server
+from suanli.control.errors import Invalid
 from suanli.control.ids import new_id
 from suanli.control.money import ledger, prices
 from suanli.control.scheduling import inventory
@@ -174,11 +176,52 @@ def check_ledger(ctx: Admin) -> CheckOut:
 # ---- prices -------------------------------------------------------------------------------------------------
 @router.put("/prices")
 @in_thread
-def put_prices(body: PriceBookIn, ctx: Admin) -> dict[str, object]:
-    """Replace the whole price book (same document as GET /prices; its `version` is ignored)."""
+def put_prices(
+    body: PriceBookIn,
+    ctx: Admin,
+    if_match: Annotated[str | None, Header(alias="If-Match", max_length=64)] = None,
+) -> dict[str, object]:
+    """Replace the whole price book (same document as GET /prices; its `version` is ignored). With `If-Match` set
+    to the `ETag` of the book it was read from, only while that is still the one in force (else 412: another edit
+    was made since); without it, whatever is in force."""
+    replaces = _version_matched(if_match)
     book = prices.validate(body.model_dump(mode="json", exclude={"version"}))
     with ctx.db.write() as s, s.begin():
-        version = prices.store(s, book, ctx.now, ctx.who.user_id)
+        version = prices.replace_book(s, book, ctx.now, ctx.who.user_id, replaces)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+def _version_matched(if_match: str | None) -> int | None:
+    """`If-Match`: `"N"` (a version, as `GET /prices` sends its ETag) or `*` (any); None when absent or `*`."""
+    if if_match is None or if_match.strip() == "*":
+        return None
+    tag = if_match.strip()
+    if not (len(tag) >= 3 and tag[0] == tag[-1] == '"' and tag[1:-1].isdigit() and len(tag) <= 20):
+        raise Invalid('If-Match: the ETag of GET /prices (a version in quotes, e.g. "12") or *')
+    return int(tag[1:-1])
+
+
+PlanName = Annotated[str, Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                               description="letters, digits, _ . - (e.g. weekly)")]  # fmt: skip
+
+
+@router.put("/prices/plans/{name}")
+@in_thread
+def put_plan(name: PlanName, body: PlanPriceIn, ctx: Admin) -> dict[str, object]:
+    """Add or change one plan (its hours and discount) as a new version of the book. Plans bought keep their
+    terms."""
+    with ctx.db.write() as s, s.begin():
+        version, book = prices.set_plan(s, name, body.hours, body.discount, ctx.now, ctx.who.user_id)
+    return {"version": version, **book.model_dump(mode="json")}
+
+
+@router.delete("/prices/plans/{name}")
+@in_thread
+def retire_plan(name: PlanName, ctx: Admin) -> dict[str, object]:
+    """Retire a plan: no longer sold, as a new version of the book (404 if the book has none of that name). Plans
+    bought keep their terms."""
+    with ctx.db.write() as s, s.begin():
+        version, book = prices.set_plan(s, name, None, None, ctx.now, ctx.who.user_id)
     return {"version": version, **book.model_dump(mode="json")}
 
 

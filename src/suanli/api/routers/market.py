@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Response
 
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, WorkloadQuoteIn, WorkloadQuoteOut, money
@@ -17,11 +17,13 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["market"])
 
 @router.get("/prices")
 @in_thread
-def get_prices(ctx: Auth) -> dict[str, object]:
+def get_prices(ctx: Auth, response: Response) -> dict[str, object]:
     """The price book in force (per GPU-hour on demand, spot factor, slice premium, host CPU per core-hour and
-    memory per GiB-hour, storage, plans, and usage billing's price per GPU-hour fully active and its floor)."""
+    memory per GiB-hour, storage, plans, and usage billing's price per GPU-hour fully active and its floor). Its
+    `ETag` is the version, for a whole book sent back with `If-Match` (`PUT /admin/prices`)."""
     with ctx.db.read() as s:
         version, book = prices.current(s)
+    response.headers["ETag"] = f'"{version}"'
     return {"version": version, **book.model_dump(mode="json")}
 
 

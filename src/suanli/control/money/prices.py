@@ -1,4 +1,8 @@
-"""The operator's price book in force: the newest stored version, or the shipped default on a fresh install."""
+"""The operator's price book in force: the newest stored version, or the shipped default on a fresh install.
+
+Every edit reads the book in force and stores it changed as a new version, so edits take turns (`EDIT_LOCK`: an
+advisory lock on PostgreSQL, where two transactions would otherwise both change version N and the later one drop
+the other's change; SQLite's write lock already serialises them). A whole book may name the version it replaces."""
 
 from __future__ import annotations
 
@@ -11,8 +15,11 @@ from sqlalchemy.orm import Session
 
 from suanli import catalog
 from suanli.billing.prices import PriceBook, default_price_book
-from suanli.control.errors import Invalid
+from suanli.control.errors import Invalid, NotFound, PreconditionFailed
+from suanli.db.engine import exclusive
 from suanli.db.models import PriceBookVersion
+
+EDIT_LOCK = 0x5A4E_5052  # advisory lock: edits of the price book take turns
 
 
 def current(s: Session) -> tuple[int, PriceBook]:
@@ -26,6 +33,40 @@ def current(s: Session) -> tuple[int, PriceBook]:
 def version(s: Session | Connection) -> int:
     """The version in force (0: the shipped default), without parsing the book."""
     return s.scalar(select(PriceBookVersion.id).order_by(PriceBookVersion.id.desc()).limit(1)) or 0
+
+
+def in_force_for_edit(s: Session) -> tuple[int, PriceBook]:
+    """`current`, read under `EDIT_LOCK` (held until the transaction ends): what an edit changes."""
+    exclusive(s, EDIT_LOCK)
+    return current(s)
+
+
+def replace_book(s: Session, book: PriceBook, now: datetime, by: str | None, replaces: int | None = None) -> int:
+    """Store `book` whole as the new version; with `replaces`, only while that version is still the one in force."""
+    exclusive(s, EDIT_LOCK)
+    if replaces is not None and (now_in_force := version(s)) != replaces:
+        raise PreconditionFailed(
+            f"If-Match: the price book is at version {now_in_force}, not {replaces}: another edit was made since it "
+            "was read; read it again and make the change there"
+        )
+    return store(s, book, now, by)
+
+
+def set_plan(
+    s: Session, name: str, hours: int | None, discount: Decimal | None, now: datetime, by: str | None
+) -> tuple[int, PriceBook]:
+    """Add or change one plan (`hours` and `discount` given), or retire it (both None: no longer sold; plans bought
+    keep their terms), as a new version of the book."""
+    _, book = in_force_for_edit(s)
+    body = book.model_dump(mode="json")
+    plans = dict(body["plans"])
+    if hours is None or discount is None:
+        if plans.pop(name, None) is None:
+            raise NotFound(f"name: no plan {name!r} in the price book")
+    else:
+        plans[name] = {"hours": hours, "discount": str(discount)}
+    new = validate({**body, "plans": plans})
+    return store(s, new, now, by), new
 
 
 def validate(body: dict[str, object]) -> PriceBook:
@@ -75,7 +116,7 @@ def set_gpu_price(
         name = catalog.gpu(model).name
     except catalog.CatalogError as e:
         raise Invalid(f"gpu: {e}") from e
-    _, book = current(s)
+    _, book = in_force_for_edit(s)
     prices = dict(book.gpu_hour)
     if remove:  # its usage price stays, not offered: usage is offered beside on-demand only
         prices.pop(name, None)
@@ -93,7 +134,7 @@ def set_usage_prices(
     """Change usage prices per GPU-hour at full activity (None: stop offering that model by usage) and/or the
     floor (the share of it an idle GPU-hour costs), as a new version of the book. A model must be priced on demand
     to be given a usage price: usage is offered beside on-demand only."""
-    _, book = current(s)
+    _, book = in_force_for_edit(s)
     body = book.model_dump(mode="json")
     usage = dict(body["usage_gpu_hour"])
     for model, price in gpu_hour.items():
@@ -118,7 +159,7 @@ def set_host_prices(
     s: Session, cpu_core_hour: Decimal | None, memory_gib_hour: Decimal | None, now: datetime, by: str | None
 ) -> tuple[int, PriceBook]:
     """Change the host prices (None: keep that one) as a new version of the book."""
-    _, book = current(s)
+    _, book = in_force_for_edit(s)
     body = book.model_dump(mode="json")
     for name, value in (("cpu_core_hour", cpu_core_hour), ("memory_gib_hour", memory_gib_hour)):
         if value is not None:

@@ -1,6 +1,6 @@
 """Orgs and users, their quotas (`PUT /admin/orgs/{org}/quota`), and the price book with its plans (view, and edit
-a GPU's on-demand price and the host prices through the admin price routes; add, change or retire a plan through
-`PUT /admin/prices`, the only route that changes plans: the book in force with that one plan changed)."""
+a GPU's on-demand price, the host prices and a plan through the admin price routes, each one new version of the
+book with that one thing changed)."""
 
 from __future__ import annotations
 
@@ -86,36 +86,22 @@ async def set_host_prices(request: Request, page: Operator) -> Response:
     return RedirectResponse("/ops/prices", status_code=303)
 
 
-def _plan_errors(e: ApiError) -> dict[str, str]:
-    """The API's messages for `plans.<name>.hours` / `.discount` at those inputs; any other about plans (a name too
-    long or empty) at the name."""
-    fields = e.fields()
-    out = {k: fields[k] for k in ("hours", "discount") if k in fields}
-    for k, v in fields.items():
-        if k.startswith("plans") and not k.endswith((".hours", ".discount")):
-            out.setdefault("name", v)
-    return out or errors(e, "name")
-
-
 @router.post("/ops/prices/plan")
 async def set_plan(request: Request, page: Operator) -> Response:
-    """Add or change a plan (hours, discount as typed: an exact decimal string), or retire it (`retire`): the book
-    in force, read now, with that plan changed, sent whole to `PUT /admin/prices` (a new version). Plans bought
-    keep their terms; a retired plan is no longer sold."""
+    """Add or change a plan (hours, discount as typed: an exact decimal string), or retire it (`retire`), through
+    the plan's own route: one new version of the book with that plan changed, whatever other edits are made at the
+    same time. Plans bought keep their terms; a retired plan is no longer sold."""
     data = await session.form(request, page)
     name = (data.get("name") or "").strip()
     try:
-        book = await page.get("/prices")
-        plans = dict(book.get("plans") or {})
         if not name:
             raise ApiError(422, "name: name the plan")
         if data.get("retire"):
-            if name not in plans:
-                raise ApiError(422, f"name: no plan {name!r} to retire")
-            del plans[name]
+            await page.api("DELETE", f"/admin/prices/plans/{seg(name)}")
         else:
-            plans[name] = {"hours": as_int(data.get("hours")), "discount": (data.get("discount") or "").strip()}
-        await page.api("PUT", "/admin/prices", json={**book, "plans": plans})
-    except ApiError as e:
-        return await _prices(page, status=e.status, errors=_plan_errors(e), form=data)
+            body = {"hours": as_int(data.get("hours")), "discount": (data.get("discount") or "").strip()}
+            await page.api("PUT", f"/admin/prices/plans/{seg(name)}", json=body)
+    except ApiError as e:  # no such plan to retire is the form's error at the name, as the others
+        status = 422 if e.status == 404 else e.status
+        return await _prices(page, status=status, errors=errors(e, "name"), form=data)
     return RedirectResponse("/ops/prices", status_code=303)

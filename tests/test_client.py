@@ -160,7 +160,9 @@ def test_operator_routes(db_url: str, tmp_path: Path) -> None:
         assert Decimal(book["gpu_hour"]["H20"]) == Decimal("9.00") and book["version"] == ops.prices()["version"]
         assert "H20" not in ops.admin_set_gpu_price("H20", remove=True)["gpu_hour"]
         assert _status(lambda: ops.admin_set_gpu_price("Z100", "1")).message.startswith("gpu:")
-        replaced = ops.admin_set_prices({**ops.prices(), "gpu_hour": {"h20": "7.25"}})
+        read = ops.prices()
+        replaced = ops.admin_set_prices({**read, "gpu_hour": {"h20": "7.25"}}, if_version=read["version"])
+        assert _status(lambda: ops.admin_set_prices(read, if_version=read["version"])).status == 412  # stale now
         assert replaced["gpu_hour"] == {"H20": "7.25000000"} and replaced["version"] > book["version"]
         planned = ops.admin_set_plan("fortnight", 336, "0.12")
         assert (

@@ -164,12 +164,13 @@ class Client(
         auth: bool = True,
         content: bytes | None = None,
         content_type: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> httpx.Response:
         """One call: `path` under /api/v1 (or /healthz, /metrics); an ApiError unless the server answers 2xx. A
         read the server answers 503 (its database cannot serve right now) is tried again after its Retry-After, up
         to `READ_RETRIES` times; a write is not, as it may have been applied."""
         url = path if path.startswith(("/api/", "/healthz", "/metrics")) else f"{API}{path}"
-        headers = {"Authorization": f"Bearer {self.token}"} if auth and self.token else {}
+        headers = {**(headers or {}), **({"Authorization": f"Bearer {self.token}"} if auth and self.token else {})}
         if content_type is not None:
             headers["Content-Type"] = content_type
         r = self._send(method, url, json, params, headers, content)
@@ -493,9 +494,13 @@ class Client(
         return load(LedgerCheck, self._get("/admin/ledger/check"))
 
     # ---- operators: prices ----
-    def admin_set_prices(self, book: dict[str, Any]) -> dict[str, Any]:
-        """Replace the whole price book (the document `prices()` returns; `version` is ignored)."""
-        return self.call("PUT", "/admin/prices", book)
+    def admin_set_prices(self, book: dict[str, Any], if_version: int | None = None) -> dict[str, Any]:
+        """Replace the whole price book (the document `prices()` returns). With `if_version` (e.g. the `version` of
+        the book this one was made from), only while that version is in force: else an ApiError 412, and the edit
+        another operator made since stands."""
+        headers = None if if_version is None else {"If-Match": f'"{int(if_version)}"'}
+        r = self.request("PUT", "/admin/prices", json=book, headers=headers)
+        return r.json()  # type: ignore[no-any-return]
 
     def admin_set_plan(self, name: str, hours: int, discount: Decimal | int | str) -> dict[str, Any]:
         """Add or change one plan (hours, discount as a share: "0.10" is 10% off); a new book version."""

@@ -9,9 +9,10 @@ the hash of the session token that made it, so another session that presents the
 that page takes it (it is gone after that) and drops its key from the cookie, so a reload shows the page without it.
 Nothing of the secret is in the URL or in a cookie, nor readable in the database.
 
-When the database cannot hold the secret (a transient error on each of `HOLD_WAITS_S`' tries, about 1.2 s), the POST
-answers with the page and the secret in it: a reload would post the form again, a smaller harm than a token made
-that nobody can see.
+When the database cannot hold the secret (a transient error on each of `HOLD_WAITS_S`' tries, none started after
+`HOLD_DEADLINE_S`), the POST answers with the page and the secret in it: a reload would post the form again, a
+smaller harm than a token made that nobody can see. (That page reads its other data through the API; if the
+database cannot answer reads either, the answer is a 503 and the secret is lost.)
 
 The cookie holds up to `PER_SESSION` keys, oldest first: two tabs that make a token and an invitation, or two
 tokens, before either page is shown each get theirs (a page takes the oldest key waiting for it).
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,6 +41,7 @@ ONCE_COOKIE = "suanli_once"
 ID_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a key we make (URL-safe base64); anything else in the cookie is junk
 SEP = "."
 HOLD_WAITS_S = (0.0, 0.2, 1.0)  # before each try of a hold: a brief outage (a failover, a restart) is waited out
+HOLD_DEADLINE_S = 3.0  # no new try after this long (on SQLite one try may itself wait out the busy timeout)
 log = logging.getLogger("suanli.web")
 
 
@@ -90,8 +93,10 @@ def _take(db: Database, keys: list[str], owner: str, where: str) -> tuple[list[s
 async def redirect(page: Page, where: str, payload: Any, show: Callable[[], Awaitable[Response]]) -> Response:
     """The POST's answer: 303 to `where` (htmx: an HX-Redirect there), the secret held for that GET only. When the
     database cannot hold it, `show()`: the page with the secret in it, now."""
-    key = None
+    key, start = None, time.monotonic()
     for wait in HOLD_WAITS_S:
+        if time.monotonic() - start + wait > HOLD_DEADLINE_S:
+            break
         await asyncio.sleep(wait)
         try:
             key = await run_in_threadpool(_hold, _db(page), _owner(page), where, payload)

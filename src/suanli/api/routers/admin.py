@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated
 
@@ -195,14 +196,18 @@ def _version_matched(if_match: str | None) -> int | None:
     """`If-Match`: `"N"` (a version, as `GET /prices` sends its ETag) or `*` (any); None when absent or `*`."""
     if if_match is None or if_match.strip() == "*":
         return None
-    tag = if_match.strip()
-    if not (len(tag) >= 3 and tag[0] == tag[-1] == '"' and tag[1:-1].isdigit() and len(tag) <= 20):
+    m = ETAG_RE.fullmatch(if_match.strip())
+    if m is None:
         raise Invalid('If-Match: the ETag of GET /prices (a version in quotes, e.g. "12") or *')
-    return int(tag[1:-1])
+    return int(m.group(1))
 
 
-PlanName = Annotated[str, Path(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                               description="letters, digits, _ . - (e.g. weekly)")]  # fmt: skip
+ETAG_RE = re.compile(r'"([0-9]{1,18})"')  # ASCII digits only: str.isdigit also takes '²', which int() refuses
+
+
+PlanName = Annotated[
+    str, Path(min_length=1, max_length=32, description="as in the book: 1-32 characters (月付, weekly)")
+]
 
 
 @router.put("/prices/plans/{name}")

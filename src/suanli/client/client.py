@@ -203,10 +203,17 @@ class Client(
             ) from e
 
     def call(
-        self, method: str, path: str, body: Any = None, *, params: dict[str, Any] | None = None, auth: bool = True
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        params: dict[str, Any] | None = None,
+        auth: bool = True,
+        headers: dict[str, str] | None = None,
     ) -> Any:
         """One call and its JSON answer."""
-        r = self.request(method, path, json=body, params=params, auth=auth)
+        r = self.request(method, path, json=body, params=params, auth=auth, headers=headers)
         try:
             return r.json()
         except ValueError as e:
@@ -499,8 +506,7 @@ class Client(
         the book this one was made from), only while that version is in force: else an ApiError 412, and the edit
         another operator made since stands."""
         headers = None if if_version is None else {"If-Match": f'"{int(if_version)}"'}
-        r = self.request("PUT", "/admin/prices", json=book, headers=headers)
-        return r.json()  # type: ignore[no-any-return]
+        return self.call("PUT", "/admin/prices", book, headers=headers)
 
     def admin_set_plan(self, name: str, hours: int, discount: Decimal | int | str) -> dict[str, Any]:
         """Add or change one plan (hours, discount as a share: "0.10" is 10% off); a new book version."""

@@ -192,6 +192,9 @@ def put_prices(
     return {"version": version, **book.model_dump(mode="json")}
 
 
+ETAG_RE = re.compile(r'"([0-9]{1,18})"')  # ASCII digits only: str.isdigit also takes '²', which int() refuses
+
+
 def _version_matched(if_match: str | None) -> int | None:
     """`If-Match`: `"N"` (a version, as `GET /prices` sends its ETag) or `*` (any); None when absent or `*`."""
     if if_match is None or if_match.strip() == "*":
@@ -200,9 +203,6 @@ def _version_matched(if_match: str | None) -> int | None:
     if m is None:
         raise Invalid('If-Match: the ETag of GET /prices (a version in quotes, e.g. "12") or *')
     return int(m.group(1))
-
-
-ETAG_RE = re.compile(r'"([0-9]{1,18})"')  # ASCII digits only: str.isdigit also takes '²', which int() refuses
 
 
 PlanName = Annotated[
@@ -226,7 +226,7 @@ def retire_plan(name: PlanName, ctx: Admin) -> dict[str, object]:
     """Retire a plan: no longer sold, as a new version of the book (404 if the book has none of that name). Plans
     bought keep their terms."""
     with ctx.db.write() as s, s.begin():
-        version, book = prices.set_plan(s, name, None, None, ctx.now, ctx.who.user_id)
+        version, book = prices.retire_plan(s, name, ctx.now, ctx.who.user_id)
     return {"version": version, **book.model_dump(mode="json")}
 
 

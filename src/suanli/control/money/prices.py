@@ -6,8 +6,10 @@ the other's change; SQLite's write lock already serialises them). A whole book m
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, select
@@ -35,10 +37,18 @@ def version(s: Session | Connection) -> int:
     return s.scalar(select(PriceBookVersion.id).order_by(PriceBookVersion.id.desc()).limit(1)) or 0
 
 
-def in_force_for_edit(s: Session) -> tuple[int, PriceBook]:
-    """`current`, read under `EDIT_LOCK` (held until the transaction ends): what an edit changes."""
+def edit(
+    s: Session, change: Callable[[PriceBook, dict[str, Any]], None], now: datetime, by: str | None
+) -> tuple[int, PriceBook]:
+    """The one way a partial edit is made: the book in force, read under `EDIT_LOCK` (held until the transaction
+    ends); `change` edits its JSON document in place (or raises to refuse); the result, validated, stored as the
+    next version. (version, new book)."""
     exclusive(s, EDIT_LOCK)
-    return current(s)
+    _, book = current(s)
+    body = book.model_dump(mode="json")
+    change(book, body)
+    new = validate(body)
+    return store(s, new, now, by), new
 
 
 def replace_book(s: Session, book: PriceBook, now: datetime, by: str | None, replaces: int | None = None) -> int:
@@ -53,20 +63,25 @@ def replace_book(s: Session, book: PriceBook, now: datetime, by: str | None, rep
 
 
 def set_plan(
-    s: Session, name: str, hours: int | None, discount: Decimal | None, now: datetime, by: str | None
+    s: Session, name: str, hours: int, discount: Decimal, now: datetime, by: str | None
 ) -> tuple[int, PriceBook]:
-    """Add or change one plan (`hours` and `discount` given), or retire it (both None: no longer sold; plans bought
-    keep their terms), as a new version of the book."""
-    _, book = in_force_for_edit(s)
-    body = book.model_dump(mode="json")
-    plans = dict(body["plans"])
-    if hours is None or discount is None:
-        if plans.pop(name, None) is None:
+    """Add or change one plan, as a new version of the book. Plans bought keep their terms."""
+
+    def change(_: PriceBook, body: dict[str, Any]) -> None:
+        body["plans"] = {**body["plans"], name: {"hours": hours, "discount": str(discount)}}
+
+    return edit(s, change, now, by)
+
+
+def retire_plan(s: Session, name: str, now: datetime, by: str | None) -> tuple[int, PriceBook]:
+    """Stop selling one plan, as a new version of the book (plans bought keep their terms)."""
+
+    def change(_: PriceBook, body: dict[str, Any]) -> None:
+        if name not in body["plans"]:
             raise NotFound(f"name: no plan {name!r} in the price book")
-    else:
-        plans[name] = {"hours": hours, "discount": str(discount)}
-    new = validate({**body, "plans": plans})
-    return store(s, new, now, by), new
+        body["plans"] = {k: v for k, v in body["plans"].items() if k != name}
+
+    return edit(s, change, now, by)
 
 
 def validate(body: dict[str, object]) -> PriceBook:
@@ -116,16 +131,18 @@ def set_gpu_price(
         name = catalog.gpu(model).name
     except catalog.CatalogError as e:
         raise Invalid(f"gpu: {e}") from e
-    _, book = in_force_for_edit(s)
-    prices = dict(book.gpu_hour)
-    if remove:  # its usage price stays, not offered: usage is offered beside on-demand only
-        prices.pop(name, None)
-    else:
-        if on_demand is None or on_demand < 0:
-            raise Invalid("price: a non-negative amount per GPU-hour")
-        prices[name] = on_demand
-    new = validate({**book.model_dump(mode="json"), "gpu_hour": {k: str(v) for k, v in prices.items()}})
-    return store(s, new, now, by), new
+    if not remove and (on_demand is None or on_demand < 0):
+        raise Invalid("price: a non-negative amount per GPU-hour")
+
+    def change(book: PriceBook, body: dict[str, Any]) -> None:
+        prices = {k: str(v) for k, v in book.gpu_hour.items()}
+        if remove:  # its usage price stays, not offered: usage is offered beside on-demand only
+            prices.pop(name, None)
+        else:
+            prices[name] = str(on_demand)
+        body["gpu_hour"] = prices
+
+    return edit(s, change, now, by)
 
 
 def set_usage_prices(
@@ -134,35 +151,37 @@ def set_usage_prices(
     """Change usage prices per GPU-hour at full activity (None: stop offering that model by usage) and/or the
     floor (the share of it an idle GPU-hour costs), as a new version of the book. A model must be priced on demand
     to be given a usage price: usage is offered beside on-demand only."""
-    _, book = in_force_for_edit(s)
-    body = book.model_dump(mode="json")
-    usage = dict(body["usage_gpu_hour"])
-    for model, price in gpu_hour.items():
-        try:
-            name = catalog.gpu(model).name
-        except catalog.CatalogError as e:
-            raise Invalid(f"gpu_hour.{model}: {e}") from e
-        if price is None:
-            usage.pop(name, None)
-        elif name not in book.gpu_hour:
-            raise Invalid(f"gpu_hour.{model}: {name} is not priced on demand; usage is offered beside on-demand only")
-        else:
-            usage[name] = str(price)
-    body["usage_gpu_hour"] = usage
-    if floor is not None:
-        body["usage_floor"] = str(floor)
-    new = validate(body)
-    return store(s, new, now, by), new
+
+    def change(book: PriceBook, body: dict[str, Any]) -> None:
+        usage = dict(body["usage_gpu_hour"])
+        for model, price in gpu_hour.items():
+            try:
+                name = catalog.gpu(model).name
+            except catalog.CatalogError as e:
+                raise Invalid(f"gpu_hour.{model}: {e}") from e
+            if price is None:
+                usage.pop(name, None)
+            elif name not in book.gpu_hour:
+                raise Invalid(
+                    f"gpu_hour.{model}: {name} is not priced on demand; usage is offered beside on-demand only"
+                )
+            else:
+                usage[name] = str(price)
+        body["usage_gpu_hour"] = usage
+        if floor is not None:
+            body["usage_floor"] = str(floor)
+
+    return edit(s, change, now, by)
 
 
 def set_host_prices(
     s: Session, cpu_core_hour: Decimal | None, memory_gib_hour: Decimal | None, now: datetime, by: str | None
 ) -> tuple[int, PriceBook]:
     """Change the host prices (None: keep that one) as a new version of the book."""
-    _, book = in_force_for_edit(s)
-    body = book.model_dump(mode="json")
-    for name, value in (("cpu_core_hour", cpu_core_hour), ("memory_gib_hour", memory_gib_hour)):
-        if value is not None:
-            body[name] = str(value)
-    new = validate(body)
-    return store(s, new, now, by), new
+
+    def change(_: PriceBook, body: dict[str, Any]) -> None:
+        for name, value in (("cpu_core_hour", cpu_core_hour), ("memory_gib_hour", memory_gib_hour)):
+            if value is not None:
+                body[name] = str(value)
+
+    return edit(s, change, now, by)

@@ -45,9 +45,14 @@ async def create_batch(request: Request, page: Operator) -> Response:
         return await _list(page, status=e.status, errors=errors(e, "amount"), form=data)
 
     async def sheet() -> Response:
-        return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
+        return _sheet(page, made)
 
     return await once.redirect(page, f"/ops/codes/{seg(made['batch']['id'])}", made, sheet)
+
+
+def _sheet(page: Page, made: dict[str, Any]) -> Response:
+    """A new batch's printable sheet: its codes, shown once."""
+    return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
 
 
 @router.get("/ops/codes/{batch}")
@@ -55,7 +60,7 @@ async def batch_page(batch: str, page: Operator) -> Response:
     """The batch with its codes' states; right after it was made, its printable sheet instead, this once."""
     made = await once.take(page, f"/ops/codes/{seg(batch)}")
     if made is not None:
-        return page.render("ops/codes_print.html", batch=made["batch"], codes=made["codes"])
+        return _sheet(page, made)
     try:
         b = await page.get(f"{CODES}/{seg(batch)}")
     except ApiError as e:

@@ -4,7 +4,6 @@ are bounded; of two requests racing for it exactly one gets it; a junk or tamper
 
 from __future__ import annotations
 
-import threading
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -13,6 +12,7 @@ from sqlalchemy import select, update
 from suanli.control.accounts import console_secrets
 from suanli.control.ids import utcnow
 from suanli.db.models import ConsoleSecret
+from tests.concurrency import at_once
 
 T0 = utcnow()
 
@@ -54,18 +54,8 @@ def test_the_store_expires_and_bounds_secrets_per_session_and_in_all(db: Any) ->
 
 def _race(db: Any, key: str, i: float) -> list[tuple[str, Any]]:
     """Two threads take `key` at once."""
-    got: list[tuple[str, Any]] = []
-    start = threading.Barrier(2)
-
-    def grab() -> None:
-        start.wait()
-        got.append(_take(db, key, "race", "/keys", i))
-
-    threads = [threading.Thread(target=grab) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    got, errors = at_once(*(lambda: _take(db, key, "race", "/keys", i) for _ in range(2)), timeout_s=30)
+    assert not errors, errors
     return got
 
 
@@ -93,22 +83,12 @@ def test_holds_at_once_on_a_full_table_keep_the_bounds_and_never_deadlock(db: An
     PostgreSQL, evictions that picked overlapping rows in different orders deadlocked, and holds that counted at the
     same time all inserted past the bounds. Holds take turns now."""
     bounds = {"per_session": 2, "total": 10}
-    errors: list[BaseException] = []
-    start = threading.Barrier(8)
 
     def holder(n: int) -> None:
-        start.wait()
-        try:
-            for i in range(15):
-                _put(db, f"owner{n % 4}", "/keys", i, n + i / 100, **bounds)
-        except BaseException as e:  # any failure of a hold is the finding
-            errors.append(e)
+        for i in range(15):
+            _put(db, f"owner{n % 4}", "/keys", i, n + i / 100, **bounds)
 
-    threads = [threading.Thread(target=holder, args=(n,)) for n in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    _, errors = at_once(*(lambda n=n: holder(n) for n in range(8)))  # any failure of a hold is the finding
     assert not errors, errors[:3]
     with db.read() as s:
         owners = list(s.scalars(select(ConsoleSecret.owner)))

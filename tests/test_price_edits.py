@@ -9,33 +9,19 @@ version it replaces (`If-Match`)."""
 
 from __future__ import annotations
 
-import threading
 from decimal import Decimal
 from typing import Any
 
 from suanli.control.ids import utcnow
 from suanli.control.money import prices
+from tests.concurrency import at_once
 from tests.control_plane import admin_token, bearer, signup
 
 GPUS = ("H100-SXM", "H200", "H20", "A800", "RTX-4090", "L40S", "V100", "T4")
 
 
 def _at_once(*edits: Any) -> None:
-    start = threading.Barrier(len(edits))
-    errors: list[BaseException] = []
-
-    def run(edit: Any) -> None:
-        start.wait()
-        try:
-            edit()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(e,)) for e in edits]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _, errors = at_once(*edits)
     assert not errors, errors
 
 

@@ -110,3 +110,29 @@ def test_a_whole_book_may_name_the_version_it_replaces(api: Any) -> None:
     assert api.put("/api/v1/admin/prices", json=fresh.json(), headers={**adm, "If-Match": "*"}).status_code == 200
     # without If-Match a whole book replaces the one in force, as before
     assert api.put("/api/v1/admin/prices", json=fresh.json(), headers=adm).status_code == 200
+
+
+def test_a_tenant_or_a_stranger_changes_no_price_and_odd_names_are_4xx(api: Any) -> None:
+    """Attack: a ¥10 sign-up (and a caller with no token) on every new price route, with valid bodies and the
+    book's current ETag; then names an operator might mistype or a script might forge."""
+    adm = bearer(admin_token(api))
+    before = api.get("/api/v1/prices", headers=adm)
+    etag = before.headers["etag"]
+    tenant = signup(api, "price-thief@example.com")
+    for headers, status in ((tenant.headers, 403), ({}, 401)):
+        calls = [
+            api.put("/api/v1/admin/prices", json={**before.json(), "spot_factor": "0.01"},
+                    headers={**headers, "If-Match": etag}),
+            api.put("/api/v1/admin/prices/plans/daily", json={"hours": 24, "discount": "0.99"}, headers=headers),
+            api.delete("/api/v1/admin/prices/plans/daily", headers=headers),
+        ]  # fmt: skip
+        assert [r.status_code for r in calls] == [status] * 3, [r.text for r in calls]
+    after = api.get("/api/v1/prices", headers=adm)
+    assert after.headers["etag"] == etag and after.json() == before.json()
+    # a name with a slash is no plan route; NUL, an empty name: refused, never a 500, nothing changed
+    for path in ("a%2Fb", "a/b", "%00", "x%00y", ""):
+        r = api.put(f"/api/v1/admin/prices/plans/{path}", json={"hours": 24, "discount": "0.1"}, headers=adm)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+        r = api.delete(f"/api/v1/admin/prices/plans/{path}", headers=adm)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+    assert api.get("/api/v1/prices", headers=adm).headers["etag"] == etag

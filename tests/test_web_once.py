@@ -275,6 +275,9 @@ def test_a_secret_the_database_cannot_hold_is_shown_in_the_answer_not_lost(
     assert m and api.get("/api/v1/me", headers=bearer(m.group(1))).status_code == 200
     assert r.headers["cache-control"] == "no-store" and ONCE_COOKIE not in (r.headers.get("set-cookie") or "")
     assert sorted(_tokens(c)) == ["retried", "shown-now", "web console"]
+    thief = _console(api, "prg-outage-thief@example.com")  # another session sees none of it, then or later
+    for who in (thief, c):
+        assert m.group(1) not in who.get("/keys", headers=EN).text
 
 
 def test_a_hold_that_fails_for_good_reason_is_not_retried(api: Any, monkeypatch: pytest.MonkeyPatch) -> None:

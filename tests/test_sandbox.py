@@ -82,6 +82,19 @@ def test_without_a_cgroup_memory_is_bounded_by_rlimit(tmp_path: Path) -> None:
     assert st.exit_code == 0 and str(16 << 20) in log
 
 
+def test_the_rlimit_fallback_bounds_allocations_not_address_space(tmp_path: Path) -> None:
+    # Seen on a cgroup2 GPU host: a CPU-only job's default 2 GiB as RLIMIT_AS stopped `import torch` (a CUDA build maps
+    # gigabytes of libraries and reserves address space it never touches). RLIMIT_DATA bounds what a process
+    # allocates (heap, private writable maps), so a reservation (PROT_NONE, as CUDA makes) of 8x the limit is fine,
+    # while allocating past the limit still fails.
+    reserve = "import mmap; m = mmap.mmap(-1, 1 << 30, prot=0); print('reserved', len(m))"
+    st, log = run(tmp_path, f'python3 -c "{reserve}"', memory_mib=128, cgroup_parent=str(tmp_path))
+    assert "limits by rlimit" in log
+    assert st.exit_code == 0 and f"reserved {1 << 30}" in log, log
+    st, log = run(tmp_path, "python3 -c 'x = bytearray(400 << 20)'", memory_mib=128, cgroup_parent=str(tmp_path))
+    assert st.exit_code == 1 and "MemoryError" in log
+
+
 def test_a_stop_reaches_the_job_through_bwrap_and_its_exit_code_counts(tmp_path: Path) -> None:
     ex = LocalExecutor()
     handle = ex.launch(

@@ -42,6 +42,57 @@ def test_cpu_limit_is_a_cfs_quota_on_the_ranks_own_cgroup(tmp_path: Path) -> Non
     assert not any(Path(p).exists() for p in paths)  # removed with the rank
 
 
+def _fake_cgroup2(root: Path, monkeypatch: pytest.MonkeyPatch, own: str) -> None:
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    monkeypatch.setattr(limits, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(limits.os, "geteuid", lambda: 0)
+    real_open = open
+
+    def proc_self_cgroup(path: str, *a: object, **kw: object) -> object:  # the server's own group
+        if path == "/proc/self/cgroup":
+            import io
+
+            return io.StringIO(f"0::{own}\n")
+        return real_open(path, *a, **kw)  # type: ignore[call-overload]
+
+    monkeypatch.setattr("builtins.open", proc_self_cgroup)
+
+
+def test_a_root_server_in_a_non_root_cgroup2_group_puts_ranks_beside_it_not_under_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # cgroup v2 lets a group hand cpu/memory to its children only while it holds no process of its own, and the
+    # server's group holds the server (seen on a cgroup2 GPU host: every rank fell back to rlimits). So the ranks go
+    # under one `suanli` group at the hierarchy's root (as Docker's cgroupfs driver does), which holds no process.
+    _fake_cgroup2(tmp_path / "cg", monkeypatch, "/system.slice/suanli.service")
+    assert limits.plan("wl-a1-r0-0123abcd") == {
+        "mode": "v2",
+        "paths": [str(tmp_path / "cg" / "suanli" / "wl-a1-r0-0123abcd")],
+    }
+
+
+def test_a_cgroup2_parent_that_cannot_hand_out_the_controllers_falls_back_to_rlimits_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_cgroup2(tmp_path / "cg", monkeypatch, "/")
+    parent = tmp_path / "cg" / "suanli"
+    parent.mkdir()
+    (parent / "cgroup.subtree_control").write_text("pids\n")
+    real_write = limits._write
+
+    def write(path: str, text: str) -> None:  # the kernel refuses: the group holds processes (EBUSY)
+        if path.endswith("cgroup.subtree_control"):
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        real_write(path, text)
+
+    monkeypatch.setattr(limits, "_write", write)
+    cg = limits.create({"mode": "v2", "paths": [str(parent / "wl-a1-r0-0123abcd")]}, cpu_milli=500, memory_mib=256)
+    assert cg["mode"] == "rlimit"
+    assert "cpu, memory not enabled" in str(cg["why"]) and str(parent) in str(cg["why"]), cg
+    assert not (parent / "wl-a1-r0-0123abcd").exists()  # nothing left half made
+
+
 def test_a_cgroup_still_busy_with_its_dying_processes_is_removed_once_they_are_gone(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

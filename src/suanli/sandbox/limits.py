@@ -1,10 +1,12 @@
 """CPU, memory and process limits of one sandboxed rank: a cgroup when the host lets the server make one, else rlimits.
 
 - cgroup v2: under the cgroup the operator delegated (`cgroup_parent`), or, for a root server on a cgroup2 host,
-  under the server's own cgroup: `memory.max`, `cpu.max`, `pids.max`; an OOM kill shows in `memory.events`.
+  under one `suanli` group at the hierarchy's root: `memory.max`, `cpu.max`, `pids.max`; an OOM kill shows in
+  `memory.events`. Not under the server's own group: v2 lets a group hand cpu and memory to its children only while
+  it holds no process itself, and the server's holds the server.
 - cgroup v1 (hybrid hosts, root only): the memory, cpu and pids hierarchies, each under the server's own group.
-- otherwise rlimits: RLIMIT_AS for memory (a process, not the rank, is bounded), no CPU cap (no rlimit says
-  "N cores"); docs/isolation.md says so.
+- otherwise rlimits: RLIMIT_DATA for memory (what a process allocates; a process, not the rank, is bounded), no
+  CPU cap (no rlimit says "N cores"); docs/isolation.md says so.
 
 Standard library only: the rank supervisor imports this on every start.
 """
@@ -21,21 +23,20 @@ CGROUP_ROOT = "/sys/fs/cgroup"
 CPU_PERIOD_US = 100_000
 DEFAULT_PIDS = 16_384
 V1_CONTROLLERS = ("memory", "cpu", "pids")
+V2_GROUP = "suanli"  # the root server's group of rank cgroups, at the cgroup2 hierarchy's root
 # A rank's cgroup is empty only between its mkdir and the join that follows at once, and after its rank ended (when
 # its supervisor removes it): one empty this long after it was made is a leftover (`sweep`).
 LEFTOVER_S = 600.0
 RANK_CGROUP = re.compile(r"[A-Za-z0-9_-]+-a[0-9]+-r[0-9]+-[0-9a-f]{8}")  # as `executors/sandboxing.py` names them
 
 
-def _own_cgroup(line_key: str) -> str | None:
-    """The server's cgroup path in one hierarchy ('' for v2's unified line, a controller name for v1)."""
+def _own_cgroup(controller: str) -> str | None:
+    """The server's cgroup path in one cgroup v1 hierarchy."""
     try:
         with open("/proc/self/cgroup") as f:
             for line in f:
                 _, controllers, path = line.rstrip("\n").split(":", 2)
-                if line_key in controllers.split(","):
-                    return path
-                if line_key == "" and controllers == "":
+                if controller in controllers.split(","):
                     return path
     except (OSError, ValueError):
         return None
@@ -55,8 +56,7 @@ def plan(name: str, parent: str | None = None) -> dict[str, object]:
     if os.geteuid() != 0:
         return {"mode": "rlimit", "paths": [], "why": "no cgroup delegated to the server (cgroup_parent)"}
     if _is_cgroup2(CGROUP_ROOT):
-        own = _own_cgroup("") or "/"
-        return {"mode": "v2", "paths": [os.path.join(CGROUP_ROOT + own, "suanli", name)]}
+        return {"mode": "v2", "paths": [os.path.join(CGROUP_ROOT, V2_GROUP, name)]}
     paths = []
     for ctl in V1_CONTROLLERS:
         base = os.path.join(CGROUP_ROOT, ctl)
@@ -98,8 +98,9 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def _enable_v2_controllers(leaf: str) -> None:
-    """Turn on cpu, memory and pids from the first missing level down to the leaf's parent."""
+def _enable_v2_controllers(leaf: str, needed: tuple[str, ...]) -> None:
+    """Turn on cpu, memory and pids from the first missing level down to the leaf's parent; raise OSError naming
+    the parent when one the limits need is still off there (a group that holds processes cannot hand them out)."""
     parent = os.path.dirname(leaf)
     chain = []
     p = parent
@@ -113,6 +114,14 @@ def _enable_v2_controllers(leaf: str) -> None:
         d = level
         with contextlib.suppress(OSError):
             _write(os.path.join(d, "cgroup.subtree_control"), "+cpu +memory +pids")
+    try:
+        with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+            enabled = {c.lstrip("+") for c in f.read().split()}
+    except OSError as e:
+        raise OSError(e.errno, f"cannot read {parent}/cgroup.subtree_control: {e.strerror}") from e
+    if missing := [c for c in needed if c not in enabled]:
+        raise OSError(errno.EACCES, f"cgroup v2 controllers {', '.join(missing)} not enabled in {parent} (a group "
+                      "that holds processes cannot hand them to its children; delegate an empty one: cgroup_parent)")  # fmt: skip
 
 
 def _make_leaf(path: str, made: list[str]) -> None:
@@ -130,7 +139,7 @@ def create(cg: dict[str, object], cpu_milli: int, memory_mib: int, pids: int = D
     try:
         if mode == "v2":
             leaf = paths[0]
-            _enable_v2_controllers(leaf)
+            _enable_v2_controllers(leaf, tuple(c for c, on in (("cpu", cpu_milli), ("memory", memory_mib)) if on))
             _make_leaf(leaf, made)
             if memory_mib:
                 _write(os.path.join(leaf, "memory.max"), str(memory_mib << 20))
@@ -166,12 +175,14 @@ def join(cg: dict[str, object]) -> None:
 
 
 def set_rlimits(memory_mib: int) -> None:
-    """The fallback: each process may map at most the memory limit."""
+    """The fallback: each process may allocate at most the memory limit. RLIMIT_DATA (heap and private writable
+    maps, Linux >= 4.7), not RLIMIT_AS: address space reserved and never touched (CUDA reserves tens of GiB; a CUDA
+    build of torch maps GiBs of libraries) is no memory, and at 2 GiB of AS `import torch` failed."""
     import resource
 
     if memory_mib:
         size = memory_mib << 20
-        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        resource.setrlimit(resource.RLIMIT_DATA, (size, size))
 
 
 def oom_killed(cg: dict[str, object]) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -25,7 +26,20 @@ pytestmark = pytest.mark.skipif(
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
 
-def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path) -> None:
+def _gpu_memory_mib() -> int | None:
+    """Memory in use on GPU 0 (nvidia-smi), or None on a host without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    r = subprocess.run(["nvidia-smi", "-i", "0", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True)  # fmt: skip
+    return int(r.stdout.split()[0]) if r.returncode == 0 and r.stdout.strip() else None
+
+
+ON_GPU = pytest.mark.skipif(_gpu_memory_mib() is None, reason="no NVIDIA GPU on this host (CI has none)")
+
+
+@pytest.mark.parametrize("gpus", [0, pytest.param(1, marks=ON_GPU, id="on-a-gpu")])
+def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path, gpus: int) -> None:
     need("torch", "transformers", "accelerate", "fastapi", "uvicorn")
     model = make_model(tmp_path / "model")
     (model / "chat_template.jinja").write_text(CHAT_TEMPLATE)
@@ -39,16 +53,20 @@ def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path) -
         http.post(f"/api/v1/admin/orgs/{tenant.org_id}/transactions", json={"kind": "topup", "amount": "100"},
                   headers=adm).raise_for_status()  # fmt: skip
         try:
+            idle = _gpu_memory_mib()
             t0 = time.monotonic()
             r = http.post("/api/v1/endpoints", headers=tenant.headers, json={"spec": {
                 "name": "tiny", "kind": "service", "model": "tiny-llama", "runtime": "transformers",
-                "resources": {"gpus": 0, "cpus": 1, "memory": "4Gi"}}})  # fmt: skip
+                "resources": {"gpus": gpus} if gpus else {"gpus": 0, "cpus": 1, "memory": "4Gi"}}})  # fmt: skip
             assert r.status_code == 201, r.text
             key = http.post("/api/v1/endpoints/tiny/keys", json={}, headers=tenant.headers).json()["key"]
             c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=300)
             # the first request waits (a bounded cold start) until the runtime answers its probe
             first = c.completions.create(model="tiny", prompt="hello world", max_tokens=4)
             to_first = time.monotonic() - t0
+            if gpus:  # the replica's CUDA context and weights are on the GPU it was given
+                used = _gpu_memory_mib()
+                assert idle is not None and used is not None and used > idle + 200, (idle, used)
             assert first.model and len(first.choices[0].text.split()) == 4
             assert first.usage is not None and first.usage.completion_tokens == 4
             ep = wait_ready(http, tenant, "tiny", 1)

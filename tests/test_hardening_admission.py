@@ -79,3 +79,15 @@ def test_a_quote_for_a_gpu_count_no_plan_fits_says_so(api: TestClient) -> None:
     assert r.status_code == 422 and r.json()["detail"].startswith("gpus: no parallel plan"), r.text
     r = api.post(f"{API}/quotes", json={**body, "gpus": 64}, headers=who.headers)  # more than any cluster: no offer
     assert r.status_code == 200 and r.json() == [], r.text
+
+
+def test_gpu_work_where_no_node_has_a_gpu_is_refused_in_words(api: TestClient) -> None:
+    # Seen on a host whose GPU nodes were not yet registered: `gpus: 1` (any model) was refused with
+    # "resources.gpu: no registered node has ; GPUs on offer: none", the model list left empty.
+    adm = bearer(admin_token(api))
+    assert api.post(f"{API}/admin/clusters", json={"preset": "2x8:H20", "name": "east"}, headers=adm).status_code == 201
+    who = signup(api, "tenant@example.com")
+    assert api.delete(f"{API}/admin/clusters/east", headers=adm).status_code == 204  # no GPU node left
+    r = _submit(api, who, {"gpus": 1})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"] == "resources.gpus: no registered node has a GPU (GPUs on offer: none)", r.text

@@ -85,6 +85,8 @@ def candidates(
     registered = {m: (c.largest_gang(), c.per_node) for m, c in fleet.items()}
     preference = spec.gpu_preference() or tuple(precision.fitting(spec, sorted(registered)))
     models = [m for m in preference if m in registered]
+    if not registered:
+        raise Invalid("resources.gpus: no registered node has a GPU (GPUs on offer: none)")
     if not models:
         on_offer = ", ".join(sorted(registered)) or "none"
         raise Invalid(f"resources.gpu: no registered node has {' or '.join(preference)}; GPUs on offer: {on_offer}")

@@ -26,6 +26,7 @@ from suanli.control.telemetry.telemetry import FleetIndex
 from suanli.control.workloads import workloads
 from suanli.db.engine import Database
 from suanli.db.group_commit import GroupCommit
+from suanli.mail import Mailer
 from suanli.telemetry.health import HealthJudge
 
 P = ParamSpec("P")
@@ -60,8 +61,13 @@ class Server:
     submissions: GroupCommit[workloads.Submission, dict[str, Any]] = field(init=False)  # checked and written
     # in batches by one thread
     passwords: PasswordPool = field(init=False)  # argon2 on threads of its own, behind a bounded queue
+    mailer: Mailer | None = None  # e-mail verification; None: no `smtp_url`, the trial credit comes at signup
 
     def __post_init__(self) -> None:
+        if self.mailer is None and self.settings.smtp_url:
+            from suanli.mail.smtp import SmtpMailer
+
+            self.mailer = SmtpMailer(self.settings.smtp_url, self.settings.mail_from)
         self.passwords = PasswordPool(self.settings.password_threads, self.settings.password_queue)
         admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices,
                                         self.settings.max_queued_per_org)  # fmt: skip

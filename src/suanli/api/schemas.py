@@ -139,11 +139,33 @@ class SignupOut(SessionOut):
     org: OrgOut
     balance: str
     currency: str
+    trial_pending: bool = Field(
+        False, description="the trial credit waits until the e-mail is verified (a link was mailed)"
+    )
 
 
 class MeOut(Out):
     user: UserOut
     orgs: list[OrgOut]
+    email_verified: bool = Field(False, description="the user redeemed a verification link mailed to them")
+    trial_pending: bool = Field(False, description="verifying the e-mail would release the trial credit")
+
+
+class VerifyIn(In):
+    token: str = Field(min_length=1, max_length=128, description="the token of the link in the verification e-mail")
+
+
+class VerifyOut(Out):
+    user_id: str
+    email: str
+    email_verified: bool
+    credited: str = Field(description="trial credit granted now (0 where it had been granted already)")
+    balance: str
+    currency: str
+
+
+class ResendOut(Out):
+    sent_to: str
 
 
 class TokenIn(In):

@@ -73,6 +73,20 @@ class Settings(BaseModel):
         "open", description="who may sign up: anyone, only with an invitation or invite code, or nobody"
     )
     signup_per_address_per_hour: int = Field(30, ge=1, le=1_000_000, description="signups from one address an hour")
+    smtp_url: str | None = Field(
+        None, max_length=1000, repr=False,
+        description="mail server for e-mail verification: smtp://[USER:PASS@]HOST[:PORT] (STARTTLS when offered) or "
+        "smtps://… (TLS); set, a signup's trial credit waits until its e-mail is verified; unset: no mail, the "
+        "credit at signup (never shown)",
+    )  # fmt: skip
+    mail_from: str | None = Field(
+        None, max_length=320, description="From: address of the server's mail (default: suanli@ the SMTP host)"
+    )
+    public_url: str | None = Field(
+        None, max_length=500,
+        description="this server's address as users reach it (https://gpu.example.com), for links in mail; "
+        "default: http://HOST:PORT",
+    )  # fmt: skip
     payment_hmac_secret: str | None = Field(
         None, min_length=32, max_length=256, repr=False,
         description="payments: the generic HMAC provider's webhook secret (unset: no such provider; never shown)",
@@ -190,6 +204,39 @@ class Settings(BaseModel):
             if block:
                 raise ValueError(f"slurm: unknown keys {sorted(block)} (known: partition, conf, cluster, rest)")
         return data
+
+    @field_validator("smtp_url")
+    @classmethod
+    def _smtp_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v)
+        try:
+            u.port  # noqa: B018  (a port that is not a number raises here, not at the first signup)
+        except ValueError:
+            raise ValueError("port: not a number") from None
+        if u.scheme not in ("smtp", "smtps") or not u.hostname:
+            raise ValueError("must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url(cls, v: str | None) -> str | None:
+        if v is None or v == "":
+            return None
+        from urllib.parse import urlsplit
+
+        u = urlsplit(v)
+        if u.scheme not in ("http", "https") or not u.netloc or u.query or u.fragment:
+            raise ValueError("must be http(s)://HOST[:PORT][/PATH]")
+        return v.rstrip("/")
+
+    @property
+    def site_url(self) -> str:
+        """Where users reach this server: `public_url`, else this host and port."""
+        return self.public_url or f"http://{self.host}:{self.port}"
 
     @field_validator("proxy_url")
     @classmethod

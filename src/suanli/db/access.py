@@ -57,3 +57,17 @@ class LoginThrottle(Base):
     tat: Mapped[datetime]
     last_failure_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     expires_at: Mapped[datetime] = mapped_column(index=True)  # nothing is remembered past this: the row may go
+
+
+class EmailVerification(Base):
+    """A link mailed to a user to prove they hold their e-mail address; redeeming it releases the trial credit.
+    The token is stored as its SHA-256 only, used once, and expires (`control.accounts.verification`). A user whose
+    row has `used_at` set has verified their address."""
+
+    __tablename__ = "email_verifications"
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    email: Mapped[str] = mapped_column(String(254))  # the address it was sent to
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

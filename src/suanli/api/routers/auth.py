@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from decimal import Decimal
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -13,16 +14,19 @@ from suanli.api.schemas import (
     MeOut,
     NewTokenOut,
     OrgOut,
+    ResendOut,
     SessionOut,
     SignupIn,
     SignupOut,
     TokenIn,
     TokenOut,
     UserOut,
+    VerifyIn,
+    VerifyOut,
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control.accounts import accounts, memberships, signups, throttle
+from suanli.control.accounts import accounts, memberships, signups, throttle, verification
 from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger, prices
@@ -37,7 +41,8 @@ SIGNUP_REFUSED = "signup: cannot sign up with these details (if you have an acco
 async def signup(body: SignupIn, request: Request, srv: Srv) -> SignupOut:
     """A new user with a personal organisation and the trial credit; returns a login token. Where the operator
     made signup invite-only, `invite` is an invitation's code (the user then joins that organisation) or an
-    operator's invite code. An email that cannot sign up gets one message, whatever the reason."""
+    operator's invite code. An email that cannot sign up gets one message, whatever the reason. Where the server
+    sends mail (`smtp_url`), the trial credit waits for the link mailed to the address (`trial_pending`)."""
     cfg = srv.settings
     email = accounts.check_credentials(body.email, body.password)
     signups.check_open(cfg.signup, body.invite)
@@ -56,23 +61,63 @@ def _count_signup(srv: Server, address: str) -> None:
 
 
 def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> SignupOut:
-    now, cfg = utcnow(), srv.settings
+    now, cfg, mailer = utcnow(), srv.settings, srv.mailer
+    link: str | None = None
     with srv.db.write() as s, s.begin():
         invitation = signups.redeem(s, cfg.signup, email, body.invite, now)
         try:
-            user, org = accounts.create_user(s, email, body.password, now, trial_credit=cfg.trial_credit,
-                                             password_hash=hashed)  # fmt: skip
+            user, org = accounts.create_user(s, email, body.password, now, password_hash=hashed,
+                                             trial_credit=cfg.trial_credit if mailer is None else Decimal(0))  # fmt: skip
         except accounts.EmailTaken:
             raise Conflict(SIGNUP_REFUSED) from None  # not "already registered": see docs/control-plane.md
         if invitation is not None:
             memberships.join(s, user.id, invitation, now)
+        if mailer is not None:
+            link = verification.issue(s, user, now)
         tok, plain = accounts.issue_token(s, user, "login", now, now + timedelta(days=cfg.login_token_days))
         bal = ledger.org_balance(s, org.id)
         currency = prices.current(s)[1].currency
+    if mailer is not None and link is not None:  # committed: now the mail, off this thread
+        verification.send_later(mailer, verification.message(user.email, cfg.site_url, link))
     return SignupOut(
         user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at,
         org=OrgOut.model_validate(org).model_copy(update={"role": "owner"}), balance=shown(bal), currency=currency,
+        trial_pending=mailer is not None and cfg.trial_credit > 0,
     )  # fmt: skip
+
+
+@router.post("/verify")
+async def verify_email(body: VerifyIn, srv: Srv) -> VerifyOut:
+    """Redeem the token of a verification link: its user's e-mail is verified and their trial credit granted, once.
+    No login needed: the token proves the mailbox, and it verifies the user it was mailed to, whoever sends it.
+    An unknown, expired or used token: 422 or 409 naming `token`."""
+    return await run_in_threadpool(_verify, srv, body.token)
+
+
+def _verify(srv: Server, token: str) -> VerifyOut:
+    now = utcnow()
+    with srv.db.write() as s, s.begin():
+        done = verification.redeem(s, token, now, srv.settings.trial_credit)
+        bal = ledger.org_balance(s, done.org_id)
+        currency = prices.current(s)[1].currency
+    return VerifyOut(user_id=done.user_id, email=done.email, email_verified=True, credited=shown(done.credited),
+                     balance=shown(bal), currency=currency)  # fmt: skip
+
+
+@router.post("/verify/resend", status_code=202)
+@in_thread
+def resend_verification(ctx: Auth) -> ResendOut:
+    """Mail the caller a new verification link: 409 when verified already or when this server sends no mail, 429
+    past 3 at once and then one every 20 minutes. 202: the mail is sent after this answer."""
+    mailer = ctx.srv.mailer
+    if mailer is None:
+        raise Conflict("email: this server sends no mail (no smtp_url); there is nothing to verify")
+    with ctx.db.write() as s, s.begin():
+        user = accounts.user(s, ctx.who)
+        link = verification.begin_resend(s, user, utcnow())
+        email = user.email
+    verification.send_later(mailer, verification.message(email, ctx.srv.settings.site_url, link))
+    return ResendOut(sent_to=email)
 
 
 @router.post("/login")
@@ -119,7 +164,10 @@ def me(ctx: Auth) -> MeOut:
     with ctx.db.read() as s:
         user = accounts.user(s, ctx.who)
         orgs = [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
-    return MeOut(user=UserOut.model_validate(user), orgs=orgs)
+        verified = verification.is_verified(s, user.id)
+        pending = (ctx.srv.mailer is not None and not verified and ctx.srv.settings.trial_credit > 0
+                   and not verification.trial_granted(s, user.id))  # fmt: skip
+    return MeOut(user=UserOut.model_validate(user), orgs=orgs, email_verified=verified, trial_pending=pending)
 
 
 @router.get("/tokens")

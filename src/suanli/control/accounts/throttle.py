@@ -17,7 +17,8 @@ slip past the limit), and a correct password takes its count back:
 Emails that belong to nobody are counted exactly like real ones: a refusal says nothing about who is registered.
 Signups count per address (`signup_bucket`). Top-up code redemptions count per user (`REDEEM_USER`: 10, then one more
 a minute) and per address (`REDEEM_ADDRESS`: 30, then one more every 20 s) before the code is looked up, and a code
-that works takes its count back (`begin_redeem`, `redeem_succeeded`). Keys are SHA-256 digests of the email and the address.
+that works takes its count back (`begin_redeem`, `redeem_succeeded`). Other per-user limits (verification e-mails
+asked for) use `count`. Keys are SHA-256 digests of the email and the address.
 
 An address is counted as `counted_address` says: an IPv4 address as it is (also written as IPv6, `::ffff:a.b.c.d`),
 an IPv6 address by its /64. A host is given a whole /64 and may use any address in it: counted one by one, it would
@@ -167,6 +168,16 @@ def begin_signup(s: Session, address: str, bucket: Bucket, now: datetime) -> Non
     tat, over = _next(row, bucket, now)
     if over > 0:
         raise Throttled("too many signups from your address", over)
+    row.tat = row.expires_at = tat
+
+
+def count(s: Session, key: tuple[str, ...], bucket: Bucket, now: datetime, message: str) -> None:
+    """Count one more action in the bucket named by `key` (a kind, then its values), or refuse it with 429."""
+    k = _key(*key)
+    row = _rows(s, [k], now)[k]
+    tat, over = _next(row, bucket, now)
+    if over > 0:
+        raise Throttled(message, over)
     row.tat = row.expires_at = tat
 
 

@@ -1,0 +1,147 @@
+"""E-mail verification: where the server can send mail (`smtp_url`), a signup's trial credit waits until the user
+redeems the link mailed to them, so a throwaway address that cannot receive mail earns nothing.
+
+A token is 256 random bits, stored as its SHA-256 only, good once and for `TOKEN_TTL`. It is a bearer proof of the
+mailbox: redeeming it verifies and credits the user it was sent to, whoever presents it (the link is opened
+without logging in). The credit is the ledger transaction `trial:<user>`, the key signup uses without mail, so the
+ledger itself grants it at most once however many links are redeemed. Mail is sent after the transaction commits,
+on a thread of its own: a mail server that is down fails nobody's signup, and the user may ask for another link
+(`RESEND`: 3 at once, then one every 20 minutes).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from suanli.billing.ledger import PROMOTIONS, org_account, transfer
+from suanli.control.accounts import throttle
+from suanli.control.errors import Conflict, Invalid
+from suanli.control.ids import new_secret, token_hash
+from suanli.control.money import ledger
+from suanli.db.access import EmailVerification
+from suanli.db.models import LedgerTransaction, User
+from suanli.mail import Mail, Mailer, MailError
+
+log = logging.getLogger("suanli.mail")
+
+TOKEN_TTL = timedelta(hours=24)
+TOKEN_MAX = 128  # what `POST /verify` accepts; ours are 43 characters
+TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")
+RESEND = throttle.Bucket(3, 1200.0)
+PATH = "/verify"  # the console's page a link lands on (GET shows a button; only its POST redeems)
+
+
+@dataclass(frozen=True)
+class Redeemed:
+    user_id: str
+    email: str
+    org_id: str
+    credited: Decimal  # 0 where the trial credit had been granted already
+
+
+def trial_key(user_id: str) -> str:
+    return f"trial:{user_id}"
+
+
+def issue(s: Session, user: User, now: datetime) -> str:
+    """A new link's token for `user`; the plain token is returned once and never stored."""
+    plain = new_secret()
+    s.add(EmailVerification(token_hash=token_hash(plain), user_id=user.id, email=user.email, created_at=now,
+                            expires_at=now + TOKEN_TTL, used_at=None))  # fmt: skip
+    s.flush()
+    return plain
+
+
+def is_verified(s: Session, user_id: str) -> bool:
+    q = select(EmailVerification.token_hash).where(
+        EmailVerification.user_id == user_id, EmailVerification.used_at.is_not(None)
+    )
+    return s.scalar(q.limit(1)) is not None
+
+
+def trial_granted(s: Session, user_id: str) -> bool:
+    return s.scalar(select(LedgerTransaction.id).where(LedgerTransaction.key == trial_key(user_id))) is not None
+
+
+def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Redeemed:
+    """Verify the user the token was sent to and grant their trial credit (once); 422/409 naming `token` otherwise."""
+    if not TOKEN_SHAPE.fullmatch(token):
+        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+    h = token_hash(token)
+    row = s.get(EmailVerification, h)
+    if row is None:
+        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+    if row.used_at is not None:
+        raise Conflict("token: this link was used already")
+    if row.expires_at <= now:
+        raise Invalid("token: this link has expired; ask for a new one")
+    # The one write that decides: of two redeems at once, only one finds the row unused (PostgreSQL re-reads the
+    # row after the other's commit; SQLite serialises writers).
+    won = s.execute(
+        update(EmailVerification)
+        .where(EmailVerification.token_hash == h, EmailVerification.used_at.is_(None))
+        .values(used_at=now)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    if won != 1:
+        raise Conflict("token: this link was used already")
+    s.execute(  # the user's other links are spent too: the address is proven
+        update(EmailVerification)
+        .where(EmailVerification.user_id == row.user_id, EmailVerification.used_at.is_(None))
+        .values(used_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    user = s.get(User, row.user_id)
+    if user is None:  # removed since (the row would have gone with it; belt and braces)
+        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+    credited = Decimal(0)
+    if trial_credit > 0 and not trial_granted(s, user.id):
+        org = user.personal_org_id
+        tx = transfer(trial_key(user.id), "trial_credit", PROMOTIONS, org_account(org), trial_credit, "trial credit")
+        _, created = ledger.post(s, tx, now, org_id=org, user_id=user.id)
+        credited = trial_credit if created else Decimal(0)
+    return Redeemed(user.id, user.email, user.personal_org_id, credited)
+
+
+def begin_resend(s: Session, user: User, now: datetime) -> str:
+    """A new link for `user`, or 409 when they are verified already, 429 past `RESEND`."""
+    if is_verified(s, user.id):
+        raise Conflict("email: already verified")
+    throttle.count(s, ("verify-resend", user.id), RESEND, now, "too many verification e-mails asked for")
+    return issue(s, user, now)
+
+
+def message(to: str, site_url: str, token: str) -> Mail:
+    link = f"{site_url}{PATH}?token={token}"
+    body = (
+        "Someone (we hope you) signed up for a suanli account with this address.\n\n"
+        f"Open this link to verify it and receive your trial credit:\n\n    {link}\n\n"
+        f"The link works once, for {int(TOKEN_TTL.total_seconds() // 3600)} hours. "
+        "If you did not sign up, ignore this message.\n"
+    )
+    return Mail(to=to, subject="Verify your e-mail address for suanli", body=body)
+
+
+def send_later(mailer: Mailer, mail: Mail) -> threading.Thread:
+    """Send on a thread of its own, after the caller's transaction committed; a failure is logged, never raised
+    (the user may ask for another link)."""
+
+    def run() -> None:
+        try:
+            mailer.send(mail)
+        except MailError as e:
+            log.warning("verification mail not sent: %s", e)
+        except Exception:  # a bug in a mailer must not kill the server's thread silently
+            log.exception("verification mail not sent")
+
+    t = threading.Thread(target=run, name="suanli-mail", daemon=True)
+    t.start()
+    return t

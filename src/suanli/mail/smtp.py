@@ -1,0 +1,60 @@
+"""`Mailer` over the standard library's smtplib: smtp:// upgrades with STARTTLS when the server offers it, smtps://
+speaks TLS from the first byte; every step has a timeout so a dead server cannot hold a thread for long."""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+from email.message import EmailMessage
+from email.utils import formatdate, make_msgid
+from urllib.parse import unquote, urlsplit
+
+from suanli.mail import Mail, MailError
+
+TIMEOUT_S = 10.0
+
+
+class SmtpMailer:
+    """Sends through the server named by `url` (smtp://[USER:PASS@]HOST[:PORT] or smtps://…), a new connection for
+    each message: verification mail is rare, and no connection is left to go stale."""
+
+    def __init__(self, url: str, sender: str | None = None, *, timeout_s: float = TIMEOUT_S) -> None:
+        u = urlsplit(url)
+        if u.scheme not in ("smtp", "smtps") or not u.hostname:
+            raise ValueError("smtp_url: must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
+        self.tls = u.scheme == "smtps"
+        self.host = u.hostname
+        self.port = u.port or (465 if self.tls else 25)
+        self.user = unquote(u.username) if u.username else None
+        self.password = unquote(u.password) if u.password else None
+        self.sender = sender or f"suanli@{self.host}"
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:  # never the password
+        return f"SmtpMailer({'smtps' if self.tls else 'smtp'}://{self.host}:{self.port})"
+
+    def _message(self, mail: Mail) -> EmailMessage:
+        msg = EmailMessage()
+        msg["From"], msg["To"], msg["Subject"] = self.sender, mail.to, mail.subject
+        msg["Date"], msg["Message-ID"] = formatdate(localtime=False), make_msgid(domain=self.sender.split("@")[-1])
+        msg.set_content(mail.body)
+        return msg
+
+    def send(self, mail: Mail) -> None:
+        context = ssl.create_default_context()
+        try:
+            if self.tls:
+                conn: smtplib.SMTP = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout_s, context=context)
+            else:
+                conn = smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
+            with conn:
+                if not self.tls:
+                    conn.ehlo()
+                    if conn.has_extn("starttls"):
+                        conn.starttls(context=context)
+                        conn.ehlo()
+                if self.user is not None:
+                    conn.login(self.user, self.password or "")
+                conn.send_message(self._message(mail))
+        except (OSError, smtplib.SMTPException) as e:  # refused, unreachable, timed out, TLS, auth, rejected
+            raise MailError(f"mail to {mail.to} via {self.host}:{self.port}: {e}") from e

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import ssl
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from email import message_from_bytes, policy
 from email.message import EmailMessage
+from pathlib import Path
 from typing import Any
 
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from tests.control_plane import free_port
 
@@ -54,13 +62,46 @@ class Inbox:
         return m.group(1)
 
 
+def tls_pair(tmp: Path) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a fresh self-signed certificate for 127.0.0.1, and a client context trusting only it."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = tmp / "smtp-cert.pem", tmp / "smtp-key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(cert_file, key_file)
+    client = ssl.create_default_context(cafile=str(cert_file))
+    return server, client
+
+
 @contextmanager
-def smtp_server(*, user: str | None = None, password: str | None = None) -> Iterator[Inbox]:
-    """An SMTP server receiving into an `Inbox`; with `user`, it asks for that login (AUTH over plain TCP, as a
-    local relay may)."""
+def smtp_server(
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    starttls: ssl.SSLContext | None = None,
+    implicit_tls: ssl.SSLContext | None = None,
+) -> Iterator[Inbox]:
+    """An SMTP server receiving into an `Inbox`; with `user`, it asks for that login; with `starttls`, it offers
+    STARTTLS and refuses mail without it; with `implicit_tls`, it speaks TLS from the first byte (smtps)."""
     port = free_port()
-    inbox = Inbox(f"smtp://127.0.0.1:{port}")
+    inbox = Inbox(f"{'smtps' if implicit_tls else 'smtp'}://127.0.0.1:{port}")
     kwargs: dict[str, Any] = {}
+    if starttls is not None:
+        kwargs.update(tls_context=starttls, require_starttls=True)
+    if implicit_tls is not None:
+        kwargs.update(ssl_context=implicit_tls)
     if user is not None:
 
         def check(server: Any, session: Any, envelope: Any, mechanism: str, data: Any) -> AuthResult:
@@ -69,7 +110,7 @@ def smtp_server(*, user: str | None = None, password: str | None = None) -> Iter
                 inbox.logins.append((data.login.decode(), data.password.decode()))
             return AuthResult(success=ok)
 
-        kwargs = {"authenticator": check, "auth_required": True, "auth_require_tls": False}
+        kwargs.update(authenticator=check, auth_required=True, auth_require_tls=starttls is not None)
     controller = Controller(inbox, hostname="127.0.0.1", port=port, **kwargs)
     controller.start()
     try:

@@ -18,7 +18,14 @@ class SmtpMailer:
     """Sends through the server named by `url` (smtp://[USER:PASS@]HOST[:PORT] or smtps://…), a new connection for
     each message: verification mail is rare, and no connection is left to go stale."""
 
-    def __init__(self, url: str, sender: str | None = None, *, timeout_s: float = TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        sender: str | None = None,
+        *,
+        timeout_s: float = TIMEOUT_S,
+        context: ssl.SSLContext | None = None,
+    ) -> None:
         u = urlsplit(url)
         if u.scheme not in ("smtp", "smtps") or not u.hostname:
             raise ValueError("smtp_url: must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
@@ -29,6 +36,7 @@ class SmtpMailer:
         self.password = unquote(u.password) if u.password else None
         self.sender = sender or f"suanli@{self.host}"
         self.timeout_s = timeout_s
+        self.context = context  # None: the system's CAs, host names checked
 
     def __repr__(self) -> str:  # never the password
         return f"SmtpMailer({'smtps' if self.tls else 'smtp'}://{self.host}:{self.port})"
@@ -41,7 +49,7 @@ class SmtpMailer:
         return msg
 
     def send(self, mail: Mail) -> None:
-        context = ssl.create_default_context()
+        context = self.context or ssl.create_default_context()
         try:
             if self.tls:
                 conn: smtplib.SMTP = smtplib.SMTP_SSL(self.host, self.port, timeout=self.timeout_s, context=context)

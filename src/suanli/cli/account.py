@@ -1,4 +1,4 @@
-"""Tenant commands: sign up, log in and out, who am I, balance and usage, tokens (orgs: orgs.py; offers and quotes:
+"""Tenant commands: sign up, log in and out, who am I, verify an e-mail, balance and usage, tokens (orgs: orgs.py; offers and quotes:
 market.py).
 
 All of them talk to a suanli server through `suanli.client.Client` (see `suanli.cli.credentials` for which
@@ -8,6 +8,7 @@ server, which token, and the exit codes).
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import parse_qs, urlsplit
 
 import typer
 from rich.table import Table
@@ -66,6 +67,9 @@ def signup(
     replaced = f" (replacing the login of {current.get('email')})" if current.get("token") else ""
     console.print(f"signed up [bold]{out.user.email}[/] on {c.server}; balance {money(out.balance)} {out.currency}; "
                   f"logged in{replaced}")  # fmt: skip
+    if out.trial_pending:
+        console.print("the trial credit comes when you verify your e-mail: open the link mailed to you, or run "
+                      "'suanli verify TOKEN' ('suanli verify --resend' mails a new link)")  # fmt: skip
 
 
 def login(
@@ -114,7 +118,45 @@ def whoami(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     u = me.user
     console.print(f"[bold]{u.email}[/]{' (admin)' if u.is_admin else ''} on {c.server}")
     console.print(f"user {u.id}; personal organisation {u.personal_org_id}")
+    if me.email_verified:
+        console.print("e-mail verified")
+    elif me.trial_pending:
+        console.print("e-mail not verified: verify it to receive the trial credit ('suanli verify --resend')")
     console.print(orgs.orgs_table(me.orgs))
+
+
+def verify(
+    token: Annotated[
+        str | None, typer.Argument(help="The token of the link in the verification e-mail, or the whole link.")
+    ] = None,
+    resend: Annotated[
+        bool, typer.Option("--resend", help="Mail a new verification link to the logged-in user instead.")
+    ] = False,
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Verify your e-mail with the link mailed at signup, which releases the trial credit (where the server sends
+    mail). The link verifies the account it was mailed to, whoever runs this; no login needed."""
+    if resend == (token is not None):
+        fail("give TOKEN, or --resend")
+    if resend:
+        with cred.api(server) as c:
+            sent_to = c.resend_verification()
+        if json_out:
+            emit_json({"sent_to": sent_to})
+            return
+        console.print(f"a new verification link is on its way to [bold]{sent_to}[/]")
+        return
+    assert token is not None
+    if "token=" in token:  # the whole link pasted
+        token = parse_qs(urlsplit(token).query).get("token", [""])[0]
+    with cred.api(server, auth=False) as c:
+        out = c.verify_email(token)
+    if json_out:
+        emit_json(jsonable(out))
+        return
+    console.print(f"verified [bold]{out.email}[/]; trial credit {money(out.credited)} {out.currency}; balance "
+                  f"{money(out.balance)} {out.currency}")  # fmt: skip
 
 
 # ---- money --------------------------------------------------------------------------------------------------
@@ -304,7 +346,7 @@ def tokens_revoke(
 
 def register(app: typer.Typer) -> None:
     """Put the tenant commands on the root app."""
-    for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami),
+    for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami), ("verify", verify),
                      ("offers", market.offers), ("quote", market.quote), ("balance", balance), ("usage", usage),
                      ("statement", statement)):  # fmt: skip
         app.command(name)(fn)

@@ -1,4 +1,5 @@
-"""The SDK's calls for self-service credit: redeeming a top-up code, and operators' batches of codes.
+"""The SDK's calls for self-service credit: redeeming a top-up code, verifying an e-mail (which releases the trial
+credit where the server sends mail), and operators' batches of codes.
 
 A mixin of `suanli.client.Client` (kept apart so each file stays small).
 """
@@ -75,6 +76,18 @@ class Redemption:
     exact_balance: Decimal
 
 
+@dataclass(frozen=True)
+class Verification:
+    """A verification link redeemed: whose e-mail it verified, and the trial credit it released (0 if earlier)."""
+
+    user_id: str
+    email: str
+    email_verified: bool
+    credited: Decimal
+    balance: Decimal
+    currency: str
+
+
 def _seg(value: str) -> str:
     return quote(str(value), safe="@")
 
@@ -91,6 +104,16 @@ class CreditCalls:
         404 no such code, 409 redeemed already, 410 voided or expired, 403 a code for another org, 429 too many
         codes tried."""
         return load(Redemption, self._post(f"/orgs/{_seg(self._org_id(org_id))}/redeem", {"code": code}))
+
+    def verify_email(self, token: str) -> Verification:
+        """Redeem the token of the link in a verification e-mail (no login needed: it verifies the user it was
+        mailed to, whoever sends it) and release their trial credit, once. Refused: 422 unknown or expired, 409 used."""
+        return load(Verification, self._post("/verify", {"token": token}, auth=False))
+
+    def resend_verification(self) -> str:
+        """Mail yourself a new verification link; returns the address it goes to. Refused: 409 verified already or
+        the server sends no mail, 429 asked too often."""
+        return str(self._post("/verify/resend")["sent_to"])
 
     # ---- operators ----
     def admin_topup_codes_create(

@@ -101,12 +101,15 @@ class Signup(Session):
     org: Org | None = None
     balance: Decimal = Decimal(0)
     currency: str = ""
+    trial_pending: bool = False  # the trial credit waits for the link mailed to the address (`verify_email`)
 
 
 @dataclass(frozen=True)
 class Me:
     user: User
     orgs: tuple[Org, ...]
+    email_verified: bool = False
+    trial_pending: bool = False  # verifying the e-mail would release the trial credit
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,15 @@ the other modules the calls `Client` is made of.
 """
 
 from suanli.client.client import ApiError, Client, normalise_server
-from suanli.client.credit import NewTopupBatch, NewTopupCode, Redemption, TopupBatch, TopupBatchDetail, TopupCode
+from suanli.client.credit import (
+    NewTopupBatch,
+    NewTopupCode,
+    Redemption,
+    TopupBatch,
+    TopupBatchDetail,
+    TopupCode,
+    Verification,
+)
 from suanli.client.hub import HubEntry, HubFile
 from suanli.client.models import (
     TERMINAL_STATES,
@@ -87,6 +95,7 @@ __all__ = [
     "TopupCode",
     "Transaction",
     "User",
+    "Verification",
     "Workload",
     "WorkloadAllocation",
     "WorkloadEvent",

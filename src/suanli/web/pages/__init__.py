@@ -19,6 +19,7 @@ from suanli.web.pages import (
     ops_reports,
     run,
     team,
+    verify,
     wallet,
     workloads,
 )
@@ -31,6 +32,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     workloads.router,
     instances.router,
     wallet.router,
+    verify.router,
     keys.router,
     team.router,
     data.router,

@@ -1,5 +1,5 @@
 """The wallet: the balance, the full statement (filtered by kind and by days, paged, exported as CSV), the plans
-bought, and redeeming a top-up code.
+bought, redeeming a top-up code, and (where the trial credit waits for it) asking for a new e-mail verification link.
 
 The API filters the statement (`since`, `until`, `kind`) and pages it by transaction id, each row with the org's
 balance after it; a console page collects up to `PAGE_ROWS` rows from at most `SCAN_PAGES` of the API's pages and
@@ -73,7 +73,8 @@ async def _view(page: Page, q: dict[str, str], status: int = 200, **extra: Any) 
     balance = await page.get(f"/orgs/{org}/balance")
     plans = await page.get(f"/orgs/{org}/plans")
     ctx: dict[str, Any] = {"balance": balance, "plans": plans, "kinds": KINDS, "q": q, "fields": {}, "error": None,
-                           "stmt": None, "redeemed": None}  # fmt: skip
+                           "stmt": None, "redeemed": None, "verify_note": None,
+                           "trial_pending": bool((page.me or {}).get("trial_pending"))}  # fmt: skip
     ctx.update(extra)
     try:
         f = _filters(page, q)
@@ -134,3 +135,16 @@ async def redeem(request: Request, page: Tenant) -> Response:
         f"Redeemed: {amount} added; the balance is now {now}.", f"兑换成功：已充值 {amount}，当前余额 {now}。"
     )
     return await _view(page, {}, redeemed=said)
+
+
+@router.post("/wallet/verify-resend")
+async def resend_verification(request: Request, page: Tenant) -> Response:
+    """Mail the user a new verification link (the trial credit waits for it); a refusal (verified already, asked
+    too often) is shown in its place."""
+    await session.form(request, page)
+    try:
+        sent_to = (await page.api("POST", "/verify/resend")).json()["sent_to"]
+    except ApiError as e:
+        return await _view(page, {}, status=e.status, verify_note=e.detail)
+    note = page.t(f"A new link is on its way to {sent_to}.", f"新的验证链接已发送至 {sent_to}。")
+    return await _view(page, {}, verify_note=note)

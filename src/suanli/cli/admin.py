@@ -1,5 +1,6 @@
-"""`suanli admin …`: operator commands (users and invite codes, money, quotas, prices, clusters and nodes, ledger checks, and the
-GPU telemetry commands of `suanli.cli.telemetry`: top, events, fault, node-metrics).
+"""`suanli admin …`: operator commands (users and invite codes, money, quotas, clusters and nodes, ledger checks), with
+the price book's in `suanli.cli.admin_prices` and the GPU telemetry commands of `suanli.cli.telemetry` (top, events,
+fault, node-metrics).
 
 All go through the API with an admin login, except `create-user`, which opens the database directly: it is
 how the first admin is made, before anyone can log in.
@@ -10,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import yaml
@@ -20,8 +21,9 @@ from rich.text import Text
 from suanli.cli import credentials as cred
 from suanli.cli import telemetry
 from suanli.cli.admin_invites import invites_app
+from suanli.cli.admin_prices import prices_app
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
-from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, unit_price, when
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
 from suanli.cli.credit import codes_app
 from suanli.cli.hub import admin_app as hub_admin_app
 from suanli.cli.workloads import span
@@ -33,6 +35,7 @@ app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login;
 app.add_typer(invites_app, name="invites")
 app.add_typer(codes_app, name="codes")
 app.add_typer(hub_admin_app, name="hub")
+app.add_typer(prices_app, name="prices")
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node name or id.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (shown in 'suanli admin nodes').")]
@@ -225,142 +228,6 @@ def ledger_check(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
         console.print(table)
     if not check.ok:
         raise typer.Exit(1)
-
-
-# ---- prices -------------------------------------------------------------------------------------------------
-prices_app = typer.Typer(
-    help="The price book: show it, or change a GPU's price, its price billed by usage, the host CPU and memory prices, "
-    "or load a whole book."
-)
-app.add_typer(prices_app, name="prices")
-
-
-def _print_book(book: dict[str, Any]) -> None:
-    cur = book.get("currency", "")
-    table = Table(title=f"price book v{book.get('version', '?')} ({cur} per GPU-hour)")
-    table.add_column("GPU")
-    table.add_column("on demand", justify="right")
-    spot = book.get("spot_factor")
-    table.add_column(f"spot (x{spot})" if spot else "spot", justify="right")
-    floor = book.get("usage_floor")
-    table.add_column(f"usage: busy (idle x{floor})" if floor else "usage", justify="right")
-    usage = book.get("usage_gpu_hour", {})
-    for gpu, price in sorted(book.get("gpu_hour", {}).items()):
-        busy = usage.get(gpu)
-        by_usage = "-" if busy is None else f"{money(busy)} ({money(Decimal(busy) * Decimal(floor or 0))})"
-        table.add_row(gpu, money(price), money(Decimal(price) * Decimal(spot)) if spot else "-", by_usage)
-    console.print(table)
-    plans = ", ".join(f"{k} {float(p['discount']):.0%} off" for k, p in book.get("plans", {}).items())
-    console.print(f"host: CPU {unit_price(book.get('cpu_core_hour'))}/core-hour, memory "
-                  f"{unit_price(book.get('memory_gib_hour'))}/GiB-hour (CPU-only work, and what GPU work asks for)")  # fmt: skip
-    console.print(f"slice premium x{book.get('slice_premium')}; storage {book.get('storage_gb_month')}/GB-month")
-    if plans:
-        console.print(f"plans: {plans}")
-
-
-@prices_app.callback(invoke_without_command=True)
-def prices(ctx: typer.Context, server: ServerOpt = None, json_out: JsonOpt = False) -> None:
-    """Show the price book in force (with no subcommand)."""
-    if ctx.invoked_subcommand is not None:
-        return
-    with cred.api(server) as c:
-        book = c.prices()
-    if json_out:
-        emit_json(book)
-        return
-    _print_book(book)
-
-
-@prices_app.command("set")
-def prices_set(
-    gpu: Annotated[str, typer.Argument(help="GPU model, e.g. H20.")],
-    price: Annotated[str, typer.Argument(help="On-demand price per GPU-hour, e.g. 9.00.")],
-    server: ServerOpt = None,
-) -> None:
-    """Set one GPU model's on-demand price (a new version of the book)."""
-    value = cred.parse_amount(price, "PRICE")
-    with cred.api(server) as c:
-        book = c.admin_set_gpu_price(gpu, value)
-    console.print(f"price book v{book['version']}: {gpu} at {money(value)} {book.get('currency', '')}/GPU-hour")
-
-
-@prices_app.command("set-host")
-def prices_set_host(
-    cpu_core_hour: Annotated[
-        str | None, typer.Option("--cpu-core-hour", help="Host CPU price per core-hour, e.g. 0.10.")
-    ] = None,
-    memory_gib_hour: Annotated[
-        str | None, typer.Option("--memory-gib-hour", help="Host memory price per GiB-hour, e.g. 0.025.")
-    ] = None,
-    server: ServerOpt = None,
-) -> None:
-    """Set the host CPU and/or memory price (a new version of the book): what CPU-only work pays, and what GPU work
-    pays for the cores and memory it asks for."""
-    if cpu_core_hour is None and memory_gib_hour is None:
-        fail("give --cpu-core-hour, --memory-gib-hour or both")
-    cpu = cred.parse_amount(cpu_core_hour, "--cpu-core-hour") if cpu_core_hour is not None else None
-    mem = cred.parse_amount(memory_gib_hour, "--memory-gib-hour") if memory_gib_hour is not None else None
-    with cred.api(server) as c:
-        book = c.admin_set_host_prices(cpu, mem)
-    cur = book.get("currency", "")
-    console.print(f"price book v{book['version']}: CPU {unit_price(book['cpu_core_hour'])} {cur}/core-hour, memory "
-                  f"{unit_price(book['memory_gib_hour'])} {cur}/GiB-hour")  # fmt: skip
-
-
-@prices_app.command("set-usage")
-def prices_set_usage(
-    gpu: Annotated[str | None, typer.Argument(metavar="GPU", help="GPU model, e.g. H20.")] = None,
-    price: Annotated[
-        str | None,
-        typer.Argument(metavar="PRICE", help="Per GPU-hour fully active, e.g. 10.625; 'none' stops usage billing."),
-    ] = None,
-    floor: Annotated[
-        str | None, typer.Option("--floor", help="Share of the usage price an idle GPU-hour costs, 0..1, e.g. 0.2.")
-    ] = None,
-    server: ServerOpt = None,
-) -> None:
-    """Set a GPU model's price billed by usage (per GPU-hour fully active) and/or the floor, as a new version of
-    the book; work running keeps the prices it started at. See docs/billing.md."""
-    if (gpu is None) != (price is None):
-        fail("give GPU and PRICE together (PRICE 'none' stops offering GPU by usage)")
-    if gpu is None and floor is None:
-        fail("give GPU PRICE, --floor or both")
-    prices_by_gpu: dict[str, Decimal | None] = {}
-    if gpu is not None and price is not None:
-        prices_by_gpu[gpu] = None if price.strip().lower() == "none" else cred.parse_amount(price, "PRICE")
-    share = cred.parse_amount(floor, "--floor") if floor is not None else None
-    with cred.api(server) as c:
-        book = c.admin_set_usage_prices(prices_by_gpu, share)
-    cur = book.get("currency", "")
-    for name, value in prices_by_gpu.items():
-        said = "no longer billed by usage" if value is None else f"{money(value)} {cur}/GPU-hour fully active"
-        console.print(f"price book v{book['version']}: {name} {said}")
-    console.print(f"price book v{book['version']}: an idle GPU-hour costs {book['usage_floor']} of the usage price")
-
-
-@prices_app.command("remove")
-def prices_remove(gpu: Annotated[str, typer.Argument(help="GPU model.")], server: ServerOpt = None) -> None:
-    """Stop offering a GPU model, on demand and by usage (it keeps running what runs; nothing new is rented)."""
-    with cred.api(server) as c:
-        book = c.admin_set_gpu_price(gpu, remove=True)
-    console.print(f"price book v{book['version']}: {gpu} is no longer priced")
-
-
-@prices_app.command("load")
-def prices_load(
-    file: Annotated[Path, typer.Argument(metavar="FILE.yaml", help="A whole price book (YAML or JSON).")],
-    server: ServerOpt = None,
-) -> None:
-    """Replace the whole price book from a file (the shape 'suanli admin prices --json' prints)."""
-    try:
-        book = yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        fail(f"{file}: {' '.join(str(e).split())}")
-    if not isinstance(book, dict):
-        fail(f"{file}: expected a mapping (currency, gpu_hour, …)")
-    with cred.api(server) as c:
-        out = c.admin_set_prices(book)
-    console.print(f"price book v{out['version']}: {len(out.get('gpu_hour', {}))} GPU models priced")
 
 
 # ---- clusters and nodes -------------------------------------------------------------------------------------

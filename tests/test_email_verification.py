@@ -215,3 +215,18 @@ def test_signup_succeeds_when_the_mail_server_is_down(
             assert time.monotonic() < deadline, caplog.text
             time.sleep(0.05)
     assert "down@example.com" in caplog.text
+
+
+def test_unknown_tokens_never_take_the_write_lock(mail_api: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = mail_api.app.state.server.db  # type: ignore[attr-defined]
+    writes: list[int] = []
+    real = db.write
+
+    def counted() -> Any:
+        writes.append(1)
+        return real()
+
+    monkeypatch.setattr(db, "write", counted)
+    for token in ("A" * 43, "garbage!", "A" * 128):
+        assert _verify(mail_api, token).status_code == 422
+    assert writes == []

@@ -96,6 +96,8 @@ async def verify_email(body: VerifyIn, srv: Srv) -> VerifyOut:
 
 def _verify(srv: Server, token: str) -> VerifyOut:
     now = utcnow()
+    with srv.db.read() as s:
+        verification.check_known(s, token)
     with srv.db.write() as s, s.begin():
         done = verification.redeem(s, token, now, srv.settings.trial_credit)
         bal = ledger.org_balance(s, done.org_id)

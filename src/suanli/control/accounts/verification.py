@@ -71,14 +71,24 @@ def trial_granted(s: Session, user_id: str) -> bool:
     return s.scalar(select(LedgerTransaction.id).where(LedgerTransaction.key == trial_key(user_id))) is not None
 
 
+UNKNOWN = "token: not a verification token (copy the whole link from the e-mail)"
+
+
+def check_known(s: Session, token: str) -> None:
+    """422 for a token that is not of our shape or matches no link: checked on a read, so garbage sent to the
+    unauthenticated route never takes the database's write lock."""
+    if not TOKEN_SHAPE.fullmatch(token) or s.get(EmailVerification, token_hash(token)) is None:
+        raise Invalid(UNKNOWN)
+
+
 def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Redeemed:
     """Verify the user the token was sent to and grant their trial credit (once); 422/409 naming `token` otherwise."""
     if not TOKEN_SHAPE.fullmatch(token):
-        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+        raise Invalid(UNKNOWN)
     h = token_hash(token)
     row = s.get(EmailVerification, h)
     if row is None:
-        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+        raise Invalid(UNKNOWN)
     if row.used_at is not None:
         raise Conflict("token: this link was used already")
     if row.expires_at <= now:
@@ -101,7 +111,7 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
     )
     user = s.get(User, row.user_id)
     if user is None:  # removed since (the row would have gone with it; belt and braces)
-        raise Invalid("token: not a verification token (copy the whole link from the e-mail)")
+        raise Invalid(UNKNOWN)
     credited = Decimal(0)
     if trial_credit > 0 and not trial_granted(s, user.id):
         org = user.personal_org_id

@@ -227,7 +227,9 @@ def forwarding(api: TestClient) -> httpx.MockTransport:
     """An httpx transport that hands each request to the in-process app."""
 
     def handle(request: httpx.Request) -> httpx.Response:
-        headers = {k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type")}
+        headers = {
+            k: v for k, v in request.headers.items() if k.lower() in ("authorization", "content-type", "if-match")
+        }
         r = api.request(request.method, request.url.path, params=request.url.params, content=request.content,
                         headers=headers)  # fmt: skip
         return httpx.Response(r.status_code, headers={"content-type": r.headers.get("content-type", "")},
@@ -278,6 +280,38 @@ def test_the_sdk_sets_reads_and_quotes_host_prices(as_admin: Market) -> None:
     alloc = tenant.workload(w.id).allocation
     assert alloc is not None and (alloc.cpu_milli, alloc.memory_mib, alloc.host_rate_per_hour) == (
         2000, 2048, Decimal("0.45"))  # fmt: skip
+
+
+def test_the_cli_sets_and_retires_one_plan_and_loads_a_book_only_over_the_version_it_was_made_from(
+    as_admin: Market, tmp_path: Path
+) -> None:
+    out = invoke(["admin", "prices", "plan", "set", "季付", "--hours", "2160", "--discount", "0.15"]).stdout
+    assert "季付: 2160 h at 15% off" in out
+    book = json.loads(invoke(["admin", "prices", "--json"]).stdout)
+    assert book["plans"]["季付"] == {"hours": 2160, "discount": "0.15"}, book["plans"]
+    bad = invoke(["admin", "prices", "plan", "set", "x", "--hours", "0", "--discount", "0.1"], code=EXIT_BAD_INPUT)
+    assert "hours" in bad.stderr  # the server's bound, by name
+    assert "季付" in invoke(["admin", "prices", "plan", "retire", "季付"]).stdout
+    assert "季付" not in json.loads(invoke(["admin", "prices", "--json"]).stdout)["plans"]
+    assert "no plan" in invoke(["admin", "prices", "plan", "retire", "季付"], code=EXIT_BAD_INPUT).stderr.lower()
+
+    # a book dumped, edited and loaded replaces the version it was dumped from, and nothing newer
+    dumped = json.loads(invoke(["admin", "prices", "--json"]).stdout)
+    dumped["gpu_hour"]["H20"] = "7.77"
+    path = tmp_path / "book.json"
+    path.write_text(json.dumps(dumped))
+    invoke(["admin", "prices", "set", "H100", "21.00"])  # another operator's edit, made since the dump
+    stale = invoke(["admin", "prices", "load", str(path)], code=EXIT_BAD_INPUT).stderr
+    assert f"version {dumped['version']}" in stale and "--force" in stale, stale
+    now = json.loads(invoke(["admin", "prices", "--json"]).stdout)
+    assert now["gpu_hour"].get("H100-SXM") == "21.00000000" and now["gpu_hour"]["H20"] != "7.77000000", now["gpu_hour"]
+    assert "GPU models priced" in invoke(["admin", "prices", "load", str(path), "--force"]).stdout
+    assert json.loads(invoke(["admin", "prices", "--json"]).stdout)["gpu_hour"]["H20"] == "7.77000000"
+    fresh = json.loads(invoke(["admin", "prices", "--json"]).stdout)
+    path.write_text(json.dumps({**fresh, "spot_factor": "0.5"}))
+    assert "GPU models priced" in invoke(["admin", "prices", "load", str(path)]).stdout  # made from the book in force
+    assert "--if-version" in invoke(["admin", "prices", "load", str(path), "--if-version", "1", "--force"],
+                                    code=EXIT_BAD_INPUT).stderr  # fmt: skip
 
 
 def test_the_cli_sets_and_shows_host_prices_quotas_and_quotes(as_admin: Market, tmp_path: Path) -> None:

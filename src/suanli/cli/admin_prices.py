@@ -135,15 +135,61 @@ def prices_remove(gpu: Annotated[str, typer.Argument(help="GPU model.")], server
 @prices_app.command("load")
 def prices_load(
     file: Annotated[Path, typer.Argument(metavar="FILE.yaml", help="A whole price book (YAML or JSON).")],
+    if_version: Annotated[
+        int | None,
+        typer.Option("--if-version", min=1, help="Replace only this version (default: the file's own `version`)."),
+    ] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace whatever version is in force.")] = False,
     server: ServerOpt = None,
 ) -> None:
-    """Replace the whole price book from a file (the shape 'suanli admin prices --json' prints)."""
+    """Replace the whole price book from a file (the shape 'suanli admin prices --json' prints). A file that names
+    its `version` (a book dumped, then edited) replaces that version only: if another edit was made since, nothing
+    changes and the command says so (exit 2); --force replaces whatever is in force."""
+    if force and if_version is not None:
+        fail("give --if-version or --force, not both")
     try:
         book = yaml.safe_load(file.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
         fail(f"{file}: {' '.join(str(e).split())}")
     if not isinstance(book, dict):
         fail(f"{file}: expected a mapping (currency, gpu_hour, …)")
+    made_from = if_version if if_version is not None else book.get("version")
+    if made_from is not None and not force and not (isinstance(made_from, int) and made_from >= 1):
+        fail(f"{file}: version must be a whole number from 1 (the book it was made from), not {made_from!r}")
+    from suanli.client import ApiError
+
     with cred.api(server) as c:
-        out = c.admin_set_prices(book)
+        try:
+            out = c.admin_set_prices(book, if_version=None if force else made_from)
+        except ApiError as e:
+            if e.status != 412:
+                raise
+            fail(f"{file} was made from price book version {made_from}, and another edit was made since; nothing "
+                 "changed. Dump the book again and redo the change, or --force to replace whatever is in force")  # fmt: skip
     console.print(f"price book v{out['version']}: {len(out.get('gpu_hour', {}))} GPU models priced")
+
+
+plan_app = typer.Typer(no_args_is_help=True, help="Plans (prepaid GPU-hours at a discount): add, change or retire one.")
+prices_app.add_typer(plan_app, name="plan")
+
+
+@plan_app.command("set")
+def plan_set(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The plan's name, e.g. monthly or 月付.")],
+    hours: Annotated[int, typer.Option("--hours", help="GPU-hours the plan reserves, e.g. 720.")],
+    discount: Annotated[str, typer.Option("--discount", help="Share off the on-demand price, e.g. 0.10.")],
+    server: ServerOpt = None,
+) -> None:
+    """Add or change one plan (a new version of the book); plans already bought keep their terms."""
+    share = cred.parse_amount(discount, "--discount")
+    with cred.api(server) as c:
+        book = c.admin_set_plan(name, hours, share)
+    console.print(f"price book v{book['version']}: plan {name}: {hours} h at {share:.0%} off")
+
+
+@plan_app.command("retire")
+def plan_retire(name: Annotated[str, typer.Argument(metavar="NAME")], server: ServerOpt = None) -> None:
+    """Stop selling one plan (a new version of the book); plans already bought keep their terms."""
+    with cred.api(server) as c:
+        book = c.admin_retire_plan(name)
+    console.print(f"price book v{book['version']}: plan {name} is no longer sold")

@@ -49,7 +49,8 @@ def signup(
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Create an account (a personal organisation with the trial credit) and log in as it."""
+    """Create an account (a personal organisation with the trial credit) and log in as it. Where the server sends
+    mail, the trial credit comes once you verify your e-mail ('suanli verify')."""
     url = cred.resolve(server)
     current = cred.saved(url)
     if current.get("token") and not force:

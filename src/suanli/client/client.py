@@ -232,7 +232,8 @@ class Client(
     # ---- accounts ----
     def signup(self, email: str, password: str, invite: str | None = None) -> Signup:
         """A new user with a personal org and the trial credit; the client then uses the returned token. `invite`:
-        an invitation's or an operator's invite code, where the server's signup is invite-only."""
+        an invitation's or an operator's invite code, where the server's signup is invite-only. Where the server
+        sends mail, the credit waits for the mailed link (`trial_pending`; `verify_email`)."""
         body = {"email": email, "password": password, **({"invite": invite} if invite else {})}
         out = load(Signup, self._post("/signup", body, auth=False))
         self.token = out.token

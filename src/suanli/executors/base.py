@@ -52,12 +52,16 @@ class SandboxRequest:
     """How each node-rank is confined (`suanli.sandbox`): limits, network, the environment prefix, extra mounts
     (source, dest, writable), and the uid/gid to run as when the server is root (None: the server's own).
 
-    `cpu_milli`/`memory_mib` are the workload's (0: no limit); a rank holding some of `gpus_asked` GPUs gets its
-    share per GPU (`sched.host_share`), as the scheduler counted it."""
+    `cpu_milli`/`memory_mib` are the workload's asks (0: none), which the scheduler counted and Ray and Slurm are
+    asked for; `share_cpu_milli`/`share_memory_mib` the limits of GPU work that asked none (its GPUs' share of its
+    nodes: a limit only, not reserved or billed). A rank holding some of `gpus_asked` GPUs gets its share per GPU
+    (`sched.host_share`) of the ask, else of the share."""
 
     cpu_milli: int = 0
     memory_mib: int = 0
     gpus_asked: int = 0
+    share_cpu_milli: int = 0
+    share_memory_mib: int = 0
     network: str = "host"  # host | none
     environment: str | None = None
     mounts: tuple[tuple[str, str, bool], ...] = ()

@@ -392,7 +392,8 @@ def supervise(config: dict) -> int:
         return 127
     if sandbox is not None and config.get("sandbox_file"):
         record = {**info, "cgroup": cg, "uid": sandbox.get("uid"), "gid": sandbox.get("gid"),
-                  "network": sandbox.get("network", "host"), "memory_mib": sandbox.get("memory_mib")}  # fmt: skip
+                  "network": sandbox.get("network", "host"), "memory_mib": sandbox.get("memory_mib"),
+                  "cpu_milli": sandbox.get("cpu_milli")}  # fmt: skip
         write_atomic(config["sandbox_file"], json.dumps(record))
     skip = _sandboxed_pids(info)
     code = None

@@ -40,7 +40,7 @@ def rank_config(launch: Launch, rank: NodeRank, env: dict[str, str | None]) -> d
     """The sandbox entries of one rank's launch file (and the env as the sandbox sees it)."""
     req = launch.sandbox
     assert req is not None
-    cpu, mem = req.cpu_milli, req.memory_mib
+    cpu, mem = req.cpu_milli or req.share_cpu_milli, req.memory_mib or req.share_memory_mib
     if req.gpus_asked:
         cpu = host_share(cpu, len(rank.gpus), req.gpus_asked)
         mem = host_share(mem, len(rank.gpus), req.gpus_asked)

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from suanli.control.scheduling.clock import seconds
 from suanli.control.storage import hub, volumes
 from suanli.control.workloads import proxy
-from suanli.control.workloads.sandboxes import SandboxPolicy
+from suanli.control.workloads.sandboxes import SandboxPolicy, gpu_share_limits
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
 from suanli.db.volumes import Volume
 from suanli.executors import Executor, Launch, NodeRank
@@ -116,7 +116,7 @@ class Launches:
         placement = alloc.placement if alloc is not None else {}
         where: dict[str, dict[str, Any]] = {}
         if w.executor in ("ray", "slurm"):  # the engine's handle of each node, and its address
-            where = dict(s.execute(select(Node.name, Node.labels).where(Node.name.in_(list(placement)))).tuples().all())
+            where = dict(s.execute(select(Node.name, Node.labels).where(Node.name.in_(list(placement)))).all())
         ranks = tuple(
             NodeRank(node, i, tuple(int(g) for g in gpus), str((where.get(node) or {}).get("engine_host", "")),
                      str((where.get(node) or {}).get("address", "")))
@@ -135,6 +135,10 @@ class Launches:
         if w.executor != "virtual":
             user = s.get(User, w.user_id)
             sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
+            if sandbox is not None and placement:
+                sizes = s.execute(select(Node.cpu_count, Node.memory_mib, Node.gpu_count)
+                                  .where(Node.name.in_(list(placement)))).all()  # fmt: skip
+                sandbox = gpu_share_limits(sandbox, [(int(c), int(m), int(g)) for c, m, g in sizes])
             if sandbox is not None and spec.volumes:
                 sandbox = replace(sandbox, mounts=(*sandbox.mounts, *self._volume_mounts(s, w, spec)))
         command = spec.command or "exec sleep infinity"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from suanli.control.errors import Invalid
@@ -109,3 +109,19 @@ def sandbox_policy(settings: Settings) -> SandboxPolicy:
         default_environment=settings.default_environment, gpu_dev_root=settings.gpu_dev_root,
         cgroup_parent=settings.cgroup_parent, hub_dir=settings.hub_dir,
     )  # fmt: skip
+
+
+def gpu_share_limits(req: SandboxRequest, nodes: list[tuple[int, int, int]]) -> SandboxRequest:
+    """GPU work that asks for no host cores (or memory) is still bounded: by its GPUs' share of its nodes' (per GPU,
+    the least any of its nodes has: cores or MiB over GPUs; times the GPUs asked, so each rank gets its share per GPU),
+    as a cloud's GPU instance sizes are. A limit, not an ask: nothing more is reserved, billed or asked of Ray or Slurm. `nodes`: (cores,
+    MiB, GPUs) of each node it runs on; one that states none of a kind gives no default of that kind."""
+    if req.gpus_asked <= 0 or not nodes:
+        return req
+
+    def share(per_node: list[int]) -> int:
+        return min(per_node) * req.gpus_asked if all(v > 0 for v in per_node) else 0
+
+    cpu = 0 if req.cpu_milli else share([c * 1000 // g if g > 0 else 0 for c, _, g in nodes])
+    mem = 0 if req.memory_mib else share([m // g if g > 0 else 0 for _, m, g in nodes])
+    return replace(req, share_cpu_milli=cpu, share_memory_mib=mem)

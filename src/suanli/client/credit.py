@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from suanli.client.models import load
+from suanli.client.requests import _seg
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,6 @@ class Verification:
     credited: Decimal
     balance: Decimal
     currency: str
-
-
-def _seg(value: str) -> str:
-    return quote(str(value), safe="@")
 
 
 class CreditCalls:

@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from suanli.client.models import load
+from suanli.client.requests import _seg
 
 if TYPE_CHECKING:
     import httpx
@@ -32,10 +32,6 @@ class Copied:
     sha256: str  # "" for a same-host copy (a kernel copy: no byte crossed a network) and for a tree out
     resumed_from: int = 0
     via: str = "http"  # or "same-host": open files passed to the server over its Unix socket
-
-
-def _seg(value: str) -> str:
-    return quote(str(value), safe="@")
 
 
 def _q(org: str | None, **more: Any) -> dict[str, Any]:

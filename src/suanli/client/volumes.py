@@ -9,7 +9,8 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from suanli.client.models import load
-from suanli.client.volume_copy import VolumeCopyCalls, _q, _seg
+from suanli.client.requests import _seg
+from suanli.client.volume_copy import VolumeCopyCalls, _q
 
 if TYPE_CHECKING:
     import httpx

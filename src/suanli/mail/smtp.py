@@ -42,13 +42,24 @@ class SmtpMailer:
         return f"SmtpMailer({'smtps' if self.tls else 'smtp'}://{self.host}:{self.port})"
 
     def _message(self, mail: Mail) -> EmailMessage:
+        """The message, or `MailError` where `mail.to` is not exactly one plain address: an address that passed
+        signup's check may still read as others in To: (`x,thief@evil.example`, `x<thief@evil.example>`), and the
+        mail must reach the account's address and nobody else."""
         msg = EmailMessage()
-        msg["From"], msg["To"], msg["Subject"] = self.sender, mail.to, mail.subject
+        try:
+            msg["To"] = mail.to
+            addresses = [a.addr_spec for a in msg["To"].addresses]
+        except (ValueError, TypeError, IndexError) as e:  # the header parser's refusals
+            raise MailError(f"mail to {mail.to!r}: not one plain address ({e})") from e
+        if addresses != [mail.to] or "@" not in mail.to or msg["To"] != mail.to:
+            raise MailError(f"mail to {mail.to!r}: not one plain address (reads as {addresses})")
+        msg["From"], msg["Subject"] = self.sender, mail.subject
         msg["Date"], msg["Message-ID"] = formatdate(localtime=False), make_msgid(domain=self.sender.split("@")[-1])
         msg.set_content(mail.body)
         return msg
 
     def send(self, mail: Mail) -> None:
+        msg = self._message(mail)  # refused before connecting
         context = self.context or ssl.create_default_context()
         try:
             if self.tls:
@@ -63,6 +74,6 @@ class SmtpMailer:
                         conn.ehlo()
                 if self.user is not None:
                     conn.login(self.user, self.password or "")
-                conn.send_message(self._message(mail))
+                conn.send_message(msg, to_addrs=[mail.to])  # the envelope names the address, never To:'s reading
         except (OSError, smtplib.SMTPException) as e:  # refused, unreachable, timed out, TLS, auth, rejected
             raise MailError(f"mail to {mail.to} via {self.host}:{self.port}: {e}") from e

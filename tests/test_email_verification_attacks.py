@@ -5,8 +5,11 @@ SMTP password kept out of what the server says. In-process on both databases, a 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from suanli.api.app import create_app
+from suanli.control.accounts import verification
 from suanli.mail import Mail, MailError
 from suanli.mail.smtp import SmtpMailer
 from tests.concurrency import at_once
@@ -138,3 +142,48 @@ def test_the_smtp_password_is_in_no_answer_or_log(
     assert box.logins == [("mailer", secret)]  # it was offered, and refused
     for text in [caplog.text, *seen]:
         assert secret not in text
+
+
+@contextmanager
+def silent_smtp_server() -> Iterator[str]:
+    """A mail server that takes connections and never says a word (hung, or a tarpit)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1000)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"smtp://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        t.join()
+        for c in held:
+            c.close()
+        sock.close()
+
+
+def _mail_threads() -> int:
+    return sum(t.name == "suanli-mail" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_flood_of_signups_while_the_mail_server_hangs_starts_a_bounded_number_of_threads(
+    db_url: str, tmp_path: Path, cheap_password_hashing: None
+) -> None:
+    with silent_smtp_server() as url:
+        cfg = settings(tmp_path / "home", db_url, smtp_url=url, public_url=SITE, signup_per_address_per_hour=1000)
+        with TestClient(create_app(cfg)) as api:
+            api.app.state.server.mailer.timeout_s = 3.0  # type: ignore[attr-defined]
+            for i in range(3 * verification.MAIL_THREADS):
+                signup(api, f"flood{i}@example.com")
+            assert _mail_threads() <= verification.MAIL_THREADS

@@ -10,20 +10,24 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.control.accounts import verification
+from suanli.db.models import User
 from suanli.mail import Mail, MailError
 from suanli.mail.smtp import SmtpMailer
 from tests.concurrency import at_once
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, Tenant, bearer, settings, signup
 from tests.mail_helpers import Inbox, smtp_server
+from tests.web_helpers import Console
 
 API = "/api/v1"
 SITE = "https://gpu.example.com"
@@ -187,3 +191,34 @@ def test_a_flood_of_signups_while_the_mail_server_hangs_starts_a_bounded_number_
             for i in range(3 * verification.MAIL_THREADS):
                 signup(api, f"flood{i}@example.com")
             assert _mail_threads() <= verification.MAIL_THREADS
+
+
+def test_markup_in_the_address_is_escaped_on_the_verify_and_wallet_pages(mail_api: TestClient) -> None:
+    """Signup's check lets `<`, `>` and quotes into an address; the console shows the address after a redeem and
+    after a resend."""
+    evil = "<script>alert(1)</script>\"'@evil.example"
+    c = Console(mail_api)
+    c.signup(evil)
+    server = mail_api.app.state.server  # type: ignore[attr-defined]
+    with server.db.write() as s, s.begin():
+        user = s.scalar(select(User).where(User.email == evil))
+        token = verification.issue(s, user, datetime.now(UTC))
+    r = c.post("/wallet/verify-resend", csrf_from="/wallet", headers={"Accept-Language": "en"})
+    assert r.status_code == 200 and 'id="verify-note"' in r.text, r.text
+    assert "<script>alert(1)" not in r.text
+    r = c.post("/verify", {"token": token}, csrf_from=f"/verify?token={token}", headers={"Accept-Language": "en"})
+    assert r.status_code == 200 and 'id="verified"' in r.text, r.text
+    assert "<script>alert(1)" not in r.text and "&lt;script&gt;" in r.text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="smtp:// with a login sends the password in the clear when the server offers no STARTTLS (or someone "
+    "on the path strips the offer): the mailer should refuse to log in without TLS",
+)
+def test_the_smtp_password_is_never_sent_without_tls() -> None:
+    with smtp_server(user="relay", password="secret-pw") as box:  # offers no STARTTLS: as if stripped
+        mailer = SmtpMailer(box.url.replace("smtp://", "smtp://relay:secret-pw@"), "noreply@example.com")
+        with pytest.raises(MailError):
+            mailer.send(Mail("someone@example.com", "s", "b"))
+    assert box.logins == []

@@ -222,3 +222,22 @@ def test_the_smtp_password_is_never_sent_without_tls() -> None:
         with pytest.raises(MailError):
             mailer.send(Mail("someone@example.com", "s", "b"))
     assert box.logins == []
+
+
+@pytest.mark.parametrize(
+    "token", ["", "\x00", "A" * 200_000, "\u202eA" * 50, "A" * 43 + "\r\nSet-Cookie: x=1", "%00", "<>\"'&"]
+)
+def test_odd_tokens_on_the_console_page_are_4xx_or_a_page_never_a_500(mail_api: TestClient, token: str) -> None:
+    c = Console(mail_api)
+    page = c.get("/verify", params={"token": token[:20_000]})  # the client takes no longer URL
+    assert page.status_code == 200 and "Set-Cookie: x" not in str(page.headers), page.text[:500]
+    r = c.post("/verify", {"token": token}, csrf_from="/verify?token=x")
+    assert 400 <= r.status_code < 500 and 'id="verify-error"' in r.text, r.text[:500]
+
+
+def test_the_console_redeems_nothing_without_its_csrf_field(mail_api: TestClient, inbox: Inbox) -> None:
+    who = signup(mail_api, "csrf@example.com")
+    inbox.wait(1)
+    r = mail_api.post("/verify", data={"token": inbox.token()}, follow_redirects=False)
+    assert r.status_code == 403, r.text
+    assert _balance(mail_api, who) == 0

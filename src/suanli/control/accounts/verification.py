@@ -96,7 +96,8 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
         raise Invalid("token: this link has expired; ask for a new one")
     # Redeems of one user's links take turns: each marks its own link and then the user's others, so two links
     # redeemed at once on PostgreSQL would each hold the row the other wants next (a deadlock, 503).
-    s.execute(select(User.id).where(User.id == row.user_id).with_for_update())
+    # FOR NO KEY UPDATE: rows that only refer to the user (a login's token) are not held up by it.
+    s.execute(select(User.id).where(User.id == row.user_id).with_for_update(key_share=True))
     # The one write that decides: of two redeems at once, only one finds the row unused (PostgreSQL re-reads the
     # row after the other's commit; SQLite serialises writers).
     won = s.execute(

@@ -17,26 +17,28 @@ from suanli.mail.smtp import SmtpMailer
 from tests.control_plane import free_port
 from tests.mail_helpers import smtp_server, tls_pair
 
-# the AUTH-over-plain-TCP tests stand for a local relay on purpose
+# the server of the plain-TCP login test asks for AUTH without TLS on purpose: the mailer must refuse it
 pytestmark = pytest.mark.filterwarnings("ignore:Requiring AUTH while not requiring TLS:UserWarning")
 MAIL = Mail(to="user@example.com", subject="Verify", body="Open https://x.example/verify?token=abc\n")
 
 
-def test_it_logs_in_with_the_urls_percent_decoded_credentials() -> None:
-    with smtp_server(user="relay@x", password="p@ss:/w") as box:
+def test_it_logs_in_with_the_urls_percent_decoded_credentials(tmp_path: Path) -> None:
+    server, client = tls_pair(tmp_path)
+    with smtp_server(starttls=server, user="relay@x", password="p@ss:/w") as box:
         url = box.url.replace("smtp://", "smtp://relay%40x:p%40ss%3A%2Fw@")
-        SmtpMailer(url, "noreply@example.com").send(MAIL)
+        SmtpMailer(url, "noreply@example.com", context=client).send(MAIL)
         [(rcpt, msg)] = box.wait(1)
     assert box.logins == [("relay@x", "p@ss:/w")]
     assert rcpt == ["user@example.com"] and msg["From"] == "noreply@example.com" and msg["Subject"] == "Verify"
     assert "token=abc" in msg.get_body(("plain",)).get_content()  # type: ignore[union-attr]
 
 
-def test_a_wrong_password_is_a_mail_error() -> None:
-    with smtp_server(user="relay", password="right") as box:
+def test_a_wrong_password_is_a_mail_error(tmp_path: Path) -> None:
+    server, client = tls_pair(tmp_path)
+    with smtp_server(starttls=server, user="relay", password="right") as box:
         url = box.url.replace("smtp://", "smtp://relay:wrong@")
         with pytest.raises(MailError, match=r"127\.0\.0\.1"):
-            SmtpMailer(url).send(MAIL)
+            SmtpMailer(url, context=client).send(MAIL)
     assert box.received == []
 
 

@@ -1,5 +1,6 @@
 """`Mailer` over the standard library's smtplib: smtp:// upgrades with STARTTLS when the server offers it, smtps://
-speaks TLS from the first byte; every step has a timeout so a dead server cannot hold a thread for long."""
+speaks TLS from the first byte; a login is only ever sent over TLS; every step has a timeout so a dead server cannot
+hold a thread for long."""
 
 from __future__ import annotations
 
@@ -67,12 +68,17 @@ class SmtpMailer:
             else:
                 conn = smtplib.SMTP(self.host, self.port, timeout=self.timeout_s)
             with conn:
+                secure = self.tls
                 if not self.tls:
                     conn.ehlo()
                     if conn.has_extn("starttls"):
                         conn.starttls(context=context)
                         conn.ehlo()
+                        secure = True
                 if self.user is not None:
+                    if not secure:  # no offer, or someone on the path stripped it: the password stays here
+                        raise MailError(f"mail via {self.host}:{self.port}: the server offers no STARTTLS, and the "
+                                        "login is never sent in the clear (use a server with TLS, or smtps://)")  # fmt: skip
                     conn.login(self.user, self.password or "")
                 conn.send_message(msg, to_addrs=[mail.to])  # the envelope names the address, never To:'s reading
         except (OSError, smtplib.SMTPException) as e:  # refused, unreachable, timed out, TLS, auth, rejected

@@ -10,6 +10,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from sqlalchemy import ForeignKey, Index, Integer, String
+from sqlalchemy import false as sa_false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from suanli.db.models import MONEY, Base, UTCDateTime
@@ -71,3 +72,6 @@ class EmailVerification(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # whether redeeming it grants the trial credit: a signup's link, and a new one asked for by a user who had one;
+    # not a link asked for by a user an operator made (who got the credit at creation, or was meant not to)
+    grants_trial: Mapped[bool] = mapped_column(default=False, server_default=sa_false())

@@ -73,7 +73,7 @@ def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> Signup
         if invitation is not None:
             memberships.join(s, user.id, invitation, now)
         if mailer is not None:
-            link = verification.issue(s, user, now)
+            link = verification.issue(s, user, now, grants_trial=cfg.trial_credit > 0)
         tok, plain = accounts.issue_token(s, user, "login", now, now + timedelta(days=cfg.login_token_days))
         bal = ledger.org_balance(s, org.id)
         currency = prices.current(s)[1].currency
@@ -168,7 +168,7 @@ def me(ctx: Auth) -> MeOut:
         orgs = [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
         verified = verification.is_verified(s, user.id)
         pending = (ctx.srv.mailer is not None and not verified and ctx.srv.settings.trial_credit > 0
-                   and not verification.trial_granted(s, user.id))  # fmt: skip
+                   and verification.trial_waits(s, user.id) and not verification.trial_granted(s, user.id))  # fmt: skip
     return MeOut(user=UserOut.model_validate(user), orgs=orgs, email_verified=verified, trial_pending=pending)
 
 

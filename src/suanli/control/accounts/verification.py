@@ -52,11 +52,12 @@ def trial_key(user_id: str) -> str:
     return f"trial:{user_id}"
 
 
-def issue(s: Session, user: User, now: datetime) -> str:
-    """A new link's token for `user`; the plain token is returned once and never stored."""
+def issue(s: Session, user: User, now: datetime, grants_trial: bool) -> str:
+    """A new link's token for `user`; the plain token is returned once and never stored. `grants_trial`: redeeming
+    it grants the trial credit (a signup's link; a user an operator made gets none by verifying)."""
     plain = new_secret()
     s.add(EmailVerification(token_hash=token_hash(plain), user_id=user.id, email=user.email, created_at=now,
-                            expires_at=now + TOKEN_TTL, used_at=None))  # fmt: skip
+                            expires_at=now + TOKEN_TTL, used_at=None, grants_trial=grants_trial))  # fmt: skip
     s.flush()
     return plain
 
@@ -64,6 +65,14 @@ def issue(s: Session, user: User, now: datetime) -> str:
 def is_verified(s: Session, user_id: str) -> bool:
     q = select(EmailVerification.token_hash).where(
         EmailVerification.user_id == user_id, EmailVerification.used_at.is_not(None)
+    )
+    return s.scalar(q.limit(1)) is not None
+
+
+def trial_waits(s: Session, user_id: str) -> bool:
+    """Whether a link of the user's grants the trial credit (their signup's: they were meant to have it)."""
+    q = select(EmailVerification.token_hash).where(
+        EmailVerification.user_id == user_id, EmailVerification.grants_trial.is_(True)
     )
     return s.scalar(q.limit(1)) is not None
 
@@ -118,7 +127,7 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
     if user is None:  # removed since (the row would have gone with it; belt and braces)
         raise Invalid(UNKNOWN)
     credited = Decimal(0)
-    if trial_credit > 0 and not trial_granted(s, user.id):
+    if trial_credit > 0 and row.grants_trial and not trial_granted(s, user.id):
         org = user.personal_org_id
         tx = transfer(trial_key(user.id), "trial_credit", PROMOTIONS, org_account(org), trial_credit, "trial credit")
         _, created = ledger.post(s, tx, now, org_id=org, user_id=user.id)
@@ -131,7 +140,7 @@ def begin_resend(s: Session, user: User, now: datetime) -> str:
     if is_verified(s, user.id):
         raise Conflict("email: already verified")
     throttle.count(s, ("verify-resend", user.id), RESEND, now, "too many verification e-mails asked for")
-    return issue(s, user, now)
+    return issue(s, user, now, grants_trial=trial_waits(s, user.id))
 
 
 def message(to: str, site_url: str, token: str) -> Mail:

@@ -74,7 +74,15 @@ def test_an_address_that_parses_as_someone_else_mails_nobody_else(
 def test_the_mailer_sends_to_exactly_the_address_given(inbox: Inbox) -> None:
     mailer = SmtpMailer(inbox.url, "noreply@example.com")
     mailer.send(Mail("ok.user+tag@example.com", "s", "b"))
-    for bad in ("a,thief@evil.example", "x<thief@evil.example>", "Name <thief@evil.example>", "", "nobody"):
+    for bad in (
+        "a,thief@evil.example",
+        "x<thief@evil.example>",
+        "Name <thief@evil.example>",
+        "",
+        "nobody",
+        "victim@[127.0.0.1]",
+        "victim@[IPv6:::1]",
+    ):  # an IP literal: the relay would connect where told
         with pytest.raises(MailError):
             mailer.send(Mail(bad, "s", "b"))
     [(rcpt, msg)] = inbox.wait(1)
@@ -248,3 +256,19 @@ def test_the_console_redeems_nothing_without_its_csrf_field(mail_api: TestClient
     r = mail_api.post("/verify", data={"token": inbox.token()}, follow_redirects=False)
     assert r.status_code == 403, r.text
     assert _balance(mail_api, who) == 0
+
+
+def test_one_address_gets_a_bounded_number_of_links_ever(mail_api: TestClient, inbox: Inbox) -> None:
+    # Someone who signs up with a victim's address holds it (an unverified account does not expire) and could have
+    # a link mailed there every 20 minutes for ever: the links of one account are bounded in all.
+    who = signup(mail_api, "victim@example.com")
+    inbox.wait(1)
+    server = mail_api.app.state.server  # type: ignore[attr-defined]
+    with server.db.write() as s, s.begin():
+        user = s.get(User, who.user_id)
+        for _ in range(verification.MAX_LINKS - 1):  # the signup's was the first
+            verification.issue(s, user, datetime.now(UTC), grants_trial=True)
+    r = mail_api.post(f"{API}/verify/resend", headers=who.headers)
+    assert r.status_code == 409 and "links" in r.json()["detail"], r.text
+    time.sleep(0.3)
+    assert len(inbox.received) == 1

@@ -54,6 +54,8 @@ class SmtpMailer:
             raise MailError(f"mail to {mail.to!r}: not one plain address ({e})") from e
         if addresses != [mail.to] or "@" not in mail.to or msg["To"] != mail.to:
             raise MailError(f"mail to {mail.to!r}: not one plain address (reads as {addresses})")
+        if mail.to.rsplit("@", 1)[1].startswith("["):  # an IP literal: the relay would connect wherever it says
+            raise MailError(f"mail to {mail.to!r}: an address at an IP literal is not mailed")
         msg["From"], msg["Subject"] = self.sender, mail.subject
         msg["Date"], msg["Message-ID"] = formatdate(localtime=False), make_msgid(domain=self.sender.split("@")[-1])
         msg.set_content(mail.body)

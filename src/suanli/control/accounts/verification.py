@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import PROMOTIONS, org_account, transfer
@@ -37,6 +37,7 @@ TOKEN_TTL = timedelta(hours=24)
 TOKEN_MAX = 128  # what `POST /verify` accepts; ours are 43 characters
 TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 RESEND = throttle.Bucket(3, 1200.0)
+MAX_LINKS = 10  # links one account is ever mailed: its address may be someone else's, who should not get one a day
 PATH = "/verify"  # the console's page a link lands on (GET shows a button; only its POST redeems)
 
 
@@ -136,9 +137,14 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
 
 
 def begin_resend(s: Session, user: User, now: datetime) -> str:
-    """A new link for `user`, or 409 when they are verified already, 429 past `RESEND`."""
+    """A new link for `user`, or 409 when they are verified already or were mailed `MAX_LINKS`, 429 past
+    `RESEND`."""
     if is_verified(s, user.id):
         raise Conflict("email: already verified")
+    sent = s.scalar(select(func.count()).select_from(EmailVerification).where(EmailVerification.user_id == user.id))
+    if (sent or 0) >= MAX_LINKS:
+        raise Conflict(f"email: {MAX_LINKS} links were mailed to this address already; no more are sent (ask the "
+                       "operator)")  # fmt: skip
     throttle.count(s, ("verify-resend", user.id), RESEND, now, "too many verification e-mails asked for")
     return issue(s, user, now, grants_trial=trial_waits(s, user.id))
 

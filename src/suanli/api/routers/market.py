@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import OfferOut, QuoteIn, QuoteOut, WorkloadQuoteIn, WorkloadQuoteOut, money
+from suanli.api.schemas import money
+from suanli.api.schemas_market import OfferOut, QuoteIn, QuoteOut, WorkloadQuoteIn, WorkloadQuoteOut
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.errors import Invalid
 from suanli.control.money import offers, prices, pricing

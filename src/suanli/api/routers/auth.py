@@ -30,6 +30,7 @@ from suanli.control.accounts import accounts, memberships, signups, throttle, ve
 from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger, prices
+from suanli.mail import outbox
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["accounts"])
 
@@ -78,7 +79,7 @@ def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> Signup
         bal = ledger.org_balance(s, org.id)
         currency = prices.current(s)[1].currency
     if mailer is not None and link is not None:  # committed: now the mail, off this thread
-        verification.send_later(mailer, verification.message(user.email, cfg.site_url, link))
+        outbox.send_later(mailer, verification.message(user.email, cfg.site_url, link))
     return SignupOut(
         user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at,
         org=OrgOut.model_validate(org).model_copy(update={"role": "owner"}), balance=shown(bal), currency=currency,
@@ -118,7 +119,7 @@ def resend_verification(ctx: Auth) -> ResendOut:
         user = accounts.user(s, ctx.who)
         link = verification.begin_resend(s, user, utcnow())
         email = user.email
-    verification.send_later(mailer, verification.message(email, ctx.srv.settings.site_url, link))
+    outbox.send_later(mailer, verification.message(email, ctx.srv.settings.site_url, link))
     return ResendOut(sent_to=email)
 
 

@@ -5,16 +5,13 @@ A token is 256 random bits, stored as its SHA-256 only, good once and for `TOKEN
 mailbox: redeeming it verifies and credits the user it was sent to, whoever presents it (the link is opened
 without logging in). The credit is the ledger transaction `trial:<user>`, the key signup uses without mail, so the
 ledger itself grants it at most once however many links are redeemed. Mail is sent after the transaction commits,
-on a few threads of its own (`send_later`): a mail server that is down fails nobody's signup, and the user may ask
+on a few threads of its own (`suanli.mail.outbox`): a mail server that is down fails nobody's signup, and the user may ask
 for another link (`RESEND`: 3 at once, then one every 20 minutes).
 """
 
 from __future__ import annotations
 
-import logging
-import queue
 import re
-import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -29,9 +26,7 @@ from suanli.control.ids import new_secret, token_hash
 from suanli.control.money import ledger
 from suanli.db.access import EmailVerification
 from suanli.db.models import LedgerTransaction, User
-from suanli.mail import Mail, Mailer, MailError
-
-log = logging.getLogger("suanli.mail")
+from suanli.mail import Mail
 
 TOKEN_TTL = timedelta(hours=24)
 TOKEN_MAX = 128  # what `POST /verify` accepts; ours are 43 characters
@@ -158,42 +153,3 @@ def message(to: str, site_url: str, token: str) -> Mail:
         "If you did not sign up, ignore this message.\n"
     )
     return Mail(to=to, subject="Verify your e-mail address for suanli", body=body)
-
-
-MAIL_THREADS = 8  # threads sending verification mail, at most, however many signups come at once
-OUTBOX = 500  # mails waiting for one of them; past that a mail is dropped (logged; the user may ask again)
-_outbox: queue.Queue[tuple[Mailer, Mail]] = queue.Queue(OUTBOX)
-_senders: list[threading.Thread] = []
-_senders_lock = threading.Lock()
-
-
-def _sender() -> None:
-    while True:
-        mailer, mail = _outbox.get()
-        try:
-            mailer.send(mail)
-        except MailError as e:
-            log.warning("verification mail not sent: %s", e)
-        except Exception:  # a bug in a mailer must not kill the thread silently
-            log.exception("verification mail not sent")
-        finally:
-            _outbox.task_done()
-
-
-def send_later(mailer: Mailer, mail: Mail) -> bool:
-    """Send after the caller's transaction committed, on one of at most `MAIL_THREADS` threads: a failure is
-    logged, never raised (the user may ask for another link). A flood of signups while the mail server hangs
-    (each message may take its timeouts) queues up to `OUTBOX` mails and drops the rest, rather than starting a
-    thread for each. False: dropped."""
-    try:
-        _outbox.put_nowait((mailer, mail))
-    except queue.Full:
-        log.warning("verification mail to %s not sent: %d mails wait for the mail server already", mail.to, OUTBOX)
-        return False
-    with _senders_lock:
-        _senders[:] = [t for t in _senders if t.is_alive()]
-        if len(_senders) < MAIL_THREADS:
-            t = threading.Thread(target=_sender, name="suanli-mail", daemon=True)
-            t.start()
-            _senders.append(t)
-    return True

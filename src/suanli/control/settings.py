@@ -210,15 +210,9 @@ class Settings(BaseModel):
     def _smtp_url(cls, v: str | None) -> str | None:
         if v is None or v == "":
             return None
-        from urllib.parse import urlsplit
+        from suanli.mail.smtp import SmtpMailer
 
-        u = urlsplit(v)
-        try:
-            u.port  # noqa: B018  (a port that is not a number raises here, not at the first signup)
-        except ValueError:
-            raise ValueError("port: not a number") from None
-        if u.scheme not in ("smtp", "smtps") or not u.hostname:
-            raise ValueError("must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
+        SmtpMailer(v)  # the mailer's own reading of the URL: what it refuses is refused at start
         return v
 
     @field_validator("public_url")

@@ -29,7 +29,11 @@ class SmtpMailer:
     ) -> None:
         u = urlsplit(url)
         if u.scheme not in ("smtp", "smtps") or not u.hostname:
-            raise ValueError("smtp_url: must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
+            raise ValueError("must be smtp://[USER:PASS@]HOST[:PORT] or smtps://…")
+        try:
+            u.port  # noqa: B018  (a port that is not a number raises here, at start, not at the first signup)
+        except ValueError:
+            raise ValueError("port: not a number") from None
         self.tls = u.scheme == "smtps"
         self.host = u.hostname
         self.port = u.port or (465 if self.tls else 25)

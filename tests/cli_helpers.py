@@ -1,7 +1,12 @@
-"""Running the `suanli` Typer app in-process for tests."""
+"""Running the `suanli` CLI for tests: the Typer app in-process (`invoke`), or `python -m suanli.cli.main` as a
+subprocess against a live server (`suanli`)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 from typer.testing import CliRunner
@@ -26,3 +31,18 @@ def invoke(args: list[str], code: int = 0) -> Any:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return result
+
+
+def suanli(
+    args: list[str], home: Path, server: str, *, stdin: str | None = None, code: int = 0, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`suanli …` as a subprocess (no SUANLI_* of ours but `env`); asserts its exit code, and that a failure says why
+    in exactly one `error:` line on stderr."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_")}
+    full.update(SUANLI_HOME=str(home), SUANLI_SERVER=server, COLUMNS="200", **env)
+    p = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], input=stdin, capture_output=True,
+                       text=True, env=full, timeout=120)  # fmt: skip
+    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
+    if code:
+        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: "), p.stderr
+    return p

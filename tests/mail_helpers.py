@@ -16,14 +16,17 @@ from email.message import EmailMessage
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiosmtpd.controller import Controller
 from aiosmtpd.smtp import AuthResult, LoginPassword
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from fastapi.testclient import TestClient
 
-from tests.control_plane import free_port
+from suanli.api.app import create_app
+from tests.control_plane import free_port, settings
 
 LINK = re.compile(r"https?://\S+/verify\?token=([A-Za-z0-9_-]+)")
 
@@ -117,3 +120,20 @@ def smtp_server(
         yield inbox
     finally:
         controller.stop()
+
+
+SITE = "https://gpu.example.com"  # the public_url of `mail_api`: where its links point
+
+
+@pytest.fixture(name="inbox")
+def inbox_fixture() -> Iterator[Inbox]:
+    """A real SMTP server, receiving."""
+    with smtp_server() as box:
+        yield box
+
+
+@pytest.fixture(name="mail_api")
+def mail_api_fixture(db_url: str, tmp_path: Path, cheap_password_hashing: None, inbox: Inbox) -> Iterator[TestClient]:
+    """The app of a server that mails `inbox` (so a signup's trial credit waits for the link)."""
+    with TestClient(create_app(settings(tmp_path / "home", db_url, smtp_url=inbox.url, public_url=SITE))) as client:
+        yield client

@@ -6,36 +6,19 @@ Independent commands run concurrently to keep the file quick (each one is a fres
 from __future__ import annotations
 
 import json
-import os
 import stat
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from tests.cli_helpers import suanli
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, live_server
 from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the CLI's subject is not the database)
 
 PRESET = "h20-roce800-128"
 NODE = f"{PRESET}.h20-0003"
-
-
-def suanli(
-    args: list[str], home: Path, server: str, *, stdin: str | None = None, code: int = 0, **env: str
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; assert its exit code, and that a failure says why in exactly one line on stderr."""
-    full = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_")}
-    full.update(SUANLI_HOME=str(home), SUANLI_SERVER=server, COLUMNS="200", **env)
-    p = subprocess.run(
-        [sys.executable, "-m", "suanli.cli.main", *args], input=stdin, capture_output=True, text=True, env=full,
-        timeout=120,
-    )  # fmt: skip
-    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
-    if code:
-        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: "), p.stderr
-    return p
 
 
 def doc(p: subprocess.CompletedProcess[str]) -> Any:

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -21,6 +18,7 @@ from rich.console import Console
 from suanli.cli.telemetry import parse_when
 from suanli.cli.top_frame import UNHEALTHY, UNLIMITED, render_top
 from suanli.client import ApiError, Client
+from tests.cli_helpers import suanli
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, live_server, poll
 from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the CLI's subject is not the database)
 
@@ -135,20 +133,6 @@ def test_parse_when_accepts_iso_and_times_ago() -> None:
 
 
 # ---- against a live server ----------------------------------------------------------------------------------
-def suanli(
-    args: list[str], home: Path, server: str, *, stdin: str | None = None, code: int = 0
-) -> subprocess.CompletedProcess[str]:
-    """`suanli …` as a subprocess; asserts its exit code, and that a failure is one `error:` line on stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_")}
-    env.update(SUANLI_HOME=str(home), SUANLI_SERVER=server, COLUMNS="200")
-    p = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], input=stdin, capture_output=True,
-                       text=True, env=env, timeout=60)  # fmt: skip
-    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
-    if code:
-        assert p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    return p
-
-
 def test_top_fault_drain_events_and_metrics_against_a_live_server(db_url: str, tmp_path: Path) -> None:
     env = {"SUANLI_VIRTUAL": PRESET, "SUANLI_TELEMETRY_INTERVAL_S": "1", "SUANLI_SCHEDULE_INTERVAL_S": "0.2",
            "SUANLI_METER_INTERVAL_S": "1"}  # fmt: skip

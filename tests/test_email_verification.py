@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
@@ -24,26 +23,13 @@ from suanli.db.access import EmailVerification
 from suanli.db.models import LedgerTransaction
 from tests.concurrency import at_once
 from tests.control_plane import Tenant, free_port, settings, signup
-from tests.mail_helpers import Inbox, smtp_server
+from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 
 API = "/api/v1"
-SITE = "https://gpu.example.com"
-
-
-@pytest.fixture
-def inbox() -> Iterator[Inbox]:
-    with smtp_server() as box:
-        yield box
 
 
 def _app(db_url: str, home: Path, smtp_url: str) -> TestClient:
     return TestClient(create_app(settings(home, db_url, smtp_url=smtp_url, public_url=SITE)))
-
-
-@pytest.fixture
-def mail_api(db_url: str, tmp_path: Path, cheap_password_hashing: None, inbox: Inbox) -> Iterator[TestClient]:
-    with _app(db_url, tmp_path / "home", inbox.url) as client:
-        yield client
 
 
 class Clock:

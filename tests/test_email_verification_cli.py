@@ -5,31 +5,16 @@ after verifying is refused; the SDK's calls say the same."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 from suanli.client import ApiError, Client
+from tests.cli_helpers import suanli
 from tests.control_plane import live_server
 from tests.mail_helpers import LINK, smtp_server
 from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the CLI's subject is not the database)
-
-
-def suanli(
-    args: list[str], home: Path, server: str, *, stdin: str | None = None, code: int = 0
-) -> subprocess.CompletedProcess[str]:
-    """Run the CLI; assert its exit code, and that a failure says why in one line on stderr."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_")}
-    env.update(SUANLI_HOME=str(home), SUANLI_SERVER=server, COLUMNS="200")
-    p = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], input=stdin, capture_output=True,
-                       text=True, env=env, timeout=120)  # fmt: skip
-    assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
-    if code:
-        assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: "), p.stderr
-    return p
 
 
 def doc(p: subprocess.CompletedProcess[str]) -> Any:

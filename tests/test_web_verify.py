@@ -6,33 +6,17 @@ from __future__ import annotations
 
 import html
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.api.app import create_app
 from suanli.control.accounts import verification
-from tests.control_plane import bearer, settings
-from tests.mail_helpers import Inbox, smtp_server
+from tests.control_plane import bearer
+from tests.mail_helpers import Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
-
-
-@pytest.fixture
-def inbox() -> Iterator[Inbox]:
-    with smtp_server() as box:
-        yield box
-
-
-@pytest.fixture
-def mail_api(db_url: str, tmp_path: Path, cheap_password_hashing: None, inbox: Inbox) -> Iterator[TestClient]:
-    app = create_app(settings(tmp_path / "home", db_url, smtp_url=inbox.url, public_url="https://gpu.example.com"))
-    with TestClient(app) as client:
-        yield client
 
 
 def _balance(api: Any, who: Console) -> str:

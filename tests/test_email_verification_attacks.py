@@ -22,28 +22,14 @@ from sqlalchemy import select
 from suanli.api.app import create_app
 from suanli.control.accounts import verification
 from suanli.db.models import User
-from suanli.mail import Mail, MailError
+from suanli.mail import Mail, MailError, outbox
 from suanli.mail.smtp import SmtpMailer
 from tests.concurrency import at_once
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, Tenant, bearer, settings, signup
-from tests.mail_helpers import Inbox, smtp_server
+from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture, smtp_server  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console
 
 API = "/api/v1"
-SITE = "https://gpu.example.com"
-
-
-@pytest.fixture
-def inbox() -> Iterator[Inbox]:
-    with smtp_server() as box:
-        yield box
-
-
-@pytest.fixture
-def mail_api(db_url: str, tmp_path: Path, cheap_password_hashing: None, inbox: Inbox) -> Iterator[TestClient]:
-    app = create_app(settings(tmp_path / "home", db_url, smtp_url=inbox.url, public_url=SITE))
-    with TestClient(app) as client:
-        yield client
 
 
 def _balance(api: TestClient, who: Tenant) -> Decimal:
@@ -205,9 +191,9 @@ def test_a_flood_of_signups_while_the_mail_server_hangs_starts_a_bounded_number_
         cfg = settings(tmp_path / "home", db_url, smtp_url=url, public_url=SITE, signup_per_address_per_hour=1000)
         with TestClient(create_app(cfg)) as api:
             api.app.state.server.mailer.timeout_s = 3.0  # type: ignore[attr-defined]
-            for i in range(3 * verification.MAIL_THREADS):
+            for i in range(3 * outbox.MAIL_THREADS):
                 signup(api, f"flood{i}@example.com")
-            assert _mail_threads() <= verification.MAIL_THREADS
+            assert _mail_threads() <= outbox.MAIL_THREADS
 
 
 def test_markup_in_the_address_is_escaped_on_the_verify_and_wallet_pages(mail_api: TestClient) -> None:
@@ -272,3 +258,29 @@ def test_one_address_gets_a_bounded_number_of_links_ever(mail_api: TestClient, i
     assert r.status_code == 409 and "links" in r.json()["detail"], r.text
     time.sleep(0.3)
     assert len(inbox.received) == 1
+
+
+def test_the_wallets_resend_needs_the_csrf_field_and_a_login(mail_api: TestClient, inbox: Inbox) -> None:
+    c = Console(mail_api)
+    c.signup("wallet-csrf@example.com")
+    inbox.wait(1)
+    r = mail_api.post("/wallet/verify-resend", data={}, follow_redirects=False)  # the session cookie, no CSRF field
+    assert r.status_code == 403, r.text
+    stranger = Console(TestClient(mail_api.app))  # no session at all
+    r = stranger.post("/wallet/verify-resend", csrf_from="/login")
+    assert r.status_code in (303, 401, 403) and "verify-note" not in r.text, r.text
+    time.sleep(0.3)
+    assert len(inbox.received) == 1  # only the signup's link was mailed
+
+
+def test_a_tenants_resend_mails_only_its_own_address(mail_api: TestClient, inbox: Inbox) -> None:
+    alice = signup(mail_api, "alice-r@example.com")
+    bob = signup(mail_api, "bob-r@example.com")
+    inbox.wait(2)
+    for _ in range(3):
+        assert mail_api.post(f"{API}/verify/resend", headers=bob.headers).status_code == 202
+    inbox.wait(5)
+    time.sleep(0.3)
+    rcpts = [rcpt for rcpt, _ in inbox.received]
+    assert rcpts.count(["alice-r@example.com"]) == 1 and rcpts.count(["bob-r@example.com"]) == 4, rcpts
+    assert _balance(mail_api, alice) == 0  # nothing of bob's touches alice

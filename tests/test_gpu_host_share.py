@@ -92,3 +92,20 @@ def test_the_share_is_a_limit_only_ray_and_slurm_are_not_asked_for_it(tmp_path: 
                     log_dir=tmp_path, sandbox=req)  # fmt: skip
     assert bundle_for(launch, rank, 1.0) == {"CPU": 1.0, "GPU": 2.0}
     assert SlurmExecutor._needs(launch, rank) == (2, 0, 0)
+
+
+def test_a_node_that_misstates_its_gpus_gives_no_share_rather_than_a_wrong_one() -> None:
+    # A malformed inventory row (no GPUs, or none of one kind stated) must not turn into a limit of 0 cores (which
+    # cgroups read as "no limit") or a division by zero: that node gives no default, and the least of the rest rules.
+    from suanli.control.workloads.sandboxes import gpu_share_limits
+    from suanli.executors.base import SandboxRequest
+
+    req = SandboxRequest(gpus_asked=2)
+    assert gpu_share_limits(req, [(16, 65536, 0)]) == req  # a node that says it has no GPUs
+    both = gpu_share_limits(req, [(16, 65536, 4), (8, 65536, 4)])  # the smaller node's share, per GPU
+    assert (both.share_cpu_milli, both.share_memory_mib) == (4000, 32768)
+    half = gpu_share_limits(req, [(16, 0, 4)])
+    assert (half.share_cpu_milli, half.share_memory_mib) == (8000, 0)
+    asked = gpu_share_limits(SandboxRequest(gpus_asked=2, cpu_milli=1000, memory_mib=512), [(16, 65536, 4)])
+    assert (asked.share_cpu_milli, asked.share_memory_mib) == (0, 0)  # the ask is the limit
+    assert gpu_share_limits(SandboxRequest(), [(16, 65536, 4)]) == SandboxRequest()  # CPU-only work: its own default

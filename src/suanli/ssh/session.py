@@ -53,10 +53,15 @@ class _PipeProtocol(asyncio.SubprocessProtocol):
         self.bridge.exited()
 
     def pause_writing(self) -> None:  # the process's stdin is full
+        self.bridge.input_paused = True
         self.bridge.chan.pause_reading()
 
     def resume_writing(self) -> None:
-        self.bridge.chan.resume_reading()
+        # Not from here: asyncio calls this from the stdin transport's write-ready handler, which closes the pipe
+        # right after if a close was asked meanwhile, with whatever was written meanwhile still unsent. The channel
+        # hands its queued data and EOF to the session inside resume_reading(), so it resumes on the next turn.
+        self.bridge.input_paused = False
+        asyncio.get_running_loop().call_soon(self.bridge.resume_input)
 
 
 class PipeBridge:
@@ -72,6 +77,7 @@ class PipeBridge:
         self.early: list[bytes] = []  # input that came before the process started
         self.early_eof = False
         self.finished = False
+        self.input_paused = False  # the process's stdin is full, so the channel is not read
 
     async def start(self, argv: list[str], env: dict[str, str]) -> None:
         loop = asyncio.get_running_loop()
@@ -91,6 +97,10 @@ class PipeBridge:
         stdin = self.transport.get_pipe_transport(0)
         if stdin is not None and not stdin.is_closing():
             stdin.write(data)  # type: ignore[attr-defined]
+
+    def resume_input(self) -> None:
+        if not self.input_paused:  # (not paused again since the resume was scheduled)
+            self.chan.resume_reading()
 
     def input_eof(self) -> None:
         if self.transport is None:

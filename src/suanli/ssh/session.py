@@ -142,6 +142,8 @@ class PipeBridge:
             return
         self.finished = True
         exit_to_channel(self.chan, self.code)
+        assert self.transport is not None
+        self.transport.close()  # the process is reaped and its output read: what is left is its stdin, if open
 
     def hangup(self) -> None:
         """The client went away: the process gets SIGHUP, as under sshd."""

@@ -210,7 +210,7 @@ def test_list_and_describe_parse_the_contract(client: Client, fake: FakeServer) 
 
 def test_follow_logs_reads_until_done(client: Client, fake: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
     naps: list[float] = []
-    monkeypatch.setattr(suanli.client.client.time, "sleep", naps.append)
+    monkeypatch.setattr(suanli.client.workloads.time, "sleep", naps.append)
     fake.states = [workload("running")]
     fake.chunks = [("step 1\n", False), ("", False), ("步 2\n", False), ("done\n", True), ("never", True)]
     assert list(client.follow_logs("hello", poll_s=0.5)) == ["step 1\n", "步 2\n", "done\n"]
@@ -224,7 +224,7 @@ def test_follow_logs_reads_until_done(client: Client, fake: FakeServer, monkeypa
 
 
 def test_wait_stop_start(client: Client, fake: FakeServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(suanli.client.client.time, "sleep", lambda s: None)
+    monkeypatch.setattr(suanli.client.workloads.time, "sleep", lambda s: None)
     fake.states = [workload("pending"), workload("running"), workload("failed", exit_code=3)]
     assert client.wait("hello", poll_s=0).state == "failed"
     assert client.wait(WL, states={"failed"}).exit_code == 3

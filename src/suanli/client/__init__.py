@@ -16,14 +16,12 @@ from suanli.client.credit import (
 )
 from suanli.client.hub import HubEntry, HubFile
 from suanli.client.models import (
-    TERMINAL_STATES,
     Balance,
     Cluster,
     Gpu,
     Invitation,
     InviteCode,
     LedgerCheck,
-    LogChunk,
     Me,
     Member,
     NewInvitation,
@@ -32,7 +30,6 @@ from suanli.client.models import (
     Node,
     Offer,
     Org,
-    PendingInfo,
     Plan,
     ProxyLink,
     Quote,
@@ -45,12 +42,17 @@ from suanli.client.models import (
     Token,
     Transaction,
     User,
-    Workload,
-    WorkloadAllocation,
-    WorkloadEvent,
     WorkloadQuote,
     jsonable,
     load,
+)
+from suanli.client.workloads import (
+    TERMINAL_STATES,
+    LogChunk,
+    PendingInfo,
+    Workload,
+    WorkloadAllocation,
+    WorkloadEvent,
 )
 from suanli.workdir_upload import WORKDIR_LIMIT, pack_workdir
 

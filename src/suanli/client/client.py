@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Iterator
 from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
@@ -30,9 +30,7 @@ from suanli.client.admin import AdminCalls
 from suanli.client.credit import CreditCalls
 from suanli.client.hub import HubCalls
 from suanli.client.models import (
-    TERMINAL_STATES,
     Balance,
-    LogChunk,
     Me,
     Member,
     NewToken,
@@ -44,19 +42,18 @@ from suanli.client.models import (
     Signup,
     Token,
     Transaction,
-    Workload,
     WorkloadQuote,
     load,
 )
 from suanli.client.money import StatementCalls
 from suanli.client.orgs import OrgCalls
-from suanli.client.requests import _amount, _params, _seg
+from suanli.client.requests import _amount, _params, _seg, _spec_body
 from suanli.client.scale import ScaleCalls
 from suanli.client.serving import ServingCalls
 from suanli.client.ssh import SshCalls
 from suanli.client.telemetry import TelemetryCalls
 from suanli.client.volumes import VolumeCalls
-from suanli.workdir_upload import pack_workdir
+from suanli.client.workloads import WorkloadCalls
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 SERVER_ENV = "SUANLI_SERVER"
@@ -95,6 +92,7 @@ def normalise_server(url: str | None) -> str:
 
 # ---- the client --------------------------------------------------------------------------------------------------
 class Client(
+    WorkloadCalls,
     AdminCalls,
     TelemetryCalls,
     SshCalls,
@@ -369,83 +367,6 @@ class Client(
         first (CPU-only work: one row), and the cost of its duration; nothing is submitted."""
         return [load(WorkloadQuote, q) for q in self._post("/quotes/workload", _spec_body(spec, org_id))]
 
-    # ---- workloads ----
-    def submit(
-        self, spec: str | dict[str, Any] | Path, *, workdir: Path | str | None = None, org_id: str | None = None
-    ) -> Workload:
-        """Submit a job or an instance: `spec` is YAML text, a dict, or a Path to a YAML file. `workdir` is
-        packed (`pack_workdir`) and uploaded first (`POST /workdirs`), then named by the submission; `org_id` None:
-        the caller's personal org."""
-        if isinstance(spec, str) and "\n" not in spec and spec.strip().endswith((".yaml", ".yml")):
-            raise ValueError(f"spec {spec!r} looks like a file name; pass Path({spec!r}) to submit a file")
-        body = _spec_body(spec, org_id)
-        if workdir is not None:
-            packed = pack_workdir(workdir)
-            up = self.request("POST", "/workdirs", params=_params(org=org_id), content=packed,
-                              content_type="application/octet-stream")  # fmt: skip
-            body["workdir_upload"] = up.json()["id"]
-        return load(Workload, self._post("/workloads", body))
-
-    def workloads(self, *, all: bool = False, org_id: str | None = None) -> list[Workload]:
-        """The caller's workloads (in all their orgs, or in `org_id`), newest first; `all`: finished ones too."""
-        return [load(Workload, w) for w in self._get("/workloads", all="true" if all else None, org=org_id)]
-
-    def environments(self) -> list[str]:
-        """Names of the environments the operator published, for a spec's `image:`."""
-        return [str(e["name"]) for e in self._get("/environments")]
-
-    def workload(self, ref: str) -> Workload:
-        """One workload with its events and spec; `ref` is an id or a name (the newest of that name)."""
-        return load(Workload, self._get(f"/workloads/{_seg(ref)}"))
-
-    def logs(self, ref: str, offset: int = 0, rank: int = 0) -> LogChunk:
-        """Node-rank `rank`'s log from byte `offset` on (what there is so far)."""
-        return load(LogChunk, self._get(f"/workloads/{_seg(ref)}/logs", offset=offset, rank=rank))
-
-    def follow_logs(self, ref: str, rank: int = 0, poll_s: float = 1.0, offset: int = 0) -> Iterator[str]:
-        """Log text as it is written, until the workload has finished and its log is read to the end."""
-        ref = self.workload(ref).id  # a name could come to mean a newer workload while we follow
-        while True:
-            chunk = self.logs(ref, offset, rank)
-            if chunk.data:
-                yield chunk.data
-            if chunk.done:
-                return
-            if chunk.next_offset == offset:
-                time.sleep(poll_s)
-            offset = chunk.next_offset
-
-    def stop(self, ref: str) -> Workload:
-        """Ask a workload to stop (a grace period, then it is killed); pending ones are cancelled."""
-        return load(Workload, self._post(f"/workloads/{_seg(ref)}/stop"))
-
-    def start(self, ref: str, *, no_gpu: bool = False) -> Workload:
-        """Start a stopped instance again (the server refuses jobs: 409); `no_gpu`: CPU-only this time, to reach
-        its disk at CPU price (its GPUs come back on the next start)."""
-        return load(Workload, self._post(f"/workloads/{_seg(ref)}/start", {"no_gpu": True} if no_gpu else None))
-
-    def wait(
-        self,
-        ref: str,
-        states: Collection[str] = TERMINAL_STATES,
-        timeout: float | None = None,
-        poll_s: float = 1.0,
-    ) -> Workload:
-        """Poll until the workload is in one of `states` (default: finished); TimeoutError after `timeout` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            w = self.workload(ref)
-            if w.state in states:
-                return w
-            ref = w.id
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError(f"workload {w.id} is still {w.state} after {timeout:g} s")
-                time.sleep(min(poll_s, left))
-            else:
-                time.sleep(poll_s)
-
 
 def _error(r: httpx.Response) -> ApiError:
     """The server's one-line `detail`, or the status line when the body is not ours (a proxy's error page)."""
@@ -460,18 +381,3 @@ def _error(r: httpx.Response) -> ApiError:
         return ApiError(r.status_code, message, errors)
     text = " ".join(r.text.split())[:200]
     return ApiError(r.status_code, f"HTTP {r.status_code} {r.reason_phrase}" + (f": {text}" if text else ""))
-
-
-def _spec_body(spec: str | dict[str, Any] | Path, org_id: str | None) -> dict[str, Any]:
-    """A spec as the API takes it: YAML text (`spec_yaml`, also read from a Path) or a dict (`spec`)."""
-    if isinstance(spec, os.PathLike):
-        body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
-    elif isinstance(spec, str):
-        body = {"spec_yaml": spec}
-    elif isinstance(spec, dict):
-        body = {"spec": spec}
-    else:
-        raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
-    if org_id:
-        body["org"] = org_id
-    return body

@@ -3,8 +3,10 @@ and the marker of a setting left as it is."""
 
 from __future__ import annotations
 
+import os
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
@@ -32,3 +34,18 @@ UNCHANGED = Unchanged()
 
 def _params(**kw: Any) -> dict[str, Any]:
     return {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in kw.items() if v is not None}
+
+
+def _spec_body(spec: str | dict[str, Any] | Path, org_id: str | None) -> dict[str, Any]:
+    """A spec as the API takes it: YAML text (`spec_yaml`, also read from a Path) or a dict (`spec`)."""
+    if isinstance(spec, os.PathLike):
+        body: dict[str, Any] = {"spec_yaml": Path(spec).read_text(encoding="utf-8")}
+    elif isinstance(spec, str):
+        body = {"spec_yaml": spec}
+    elif isinstance(spec, dict):
+        body = {"spec": spec}
+    else:
+        raise TypeError(f"spec must be YAML text, a dict or a Path, not {type(spec).__name__}")
+    if org_id:
+        body["org"] = org_id
+    return body

@@ -8,7 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from suanli.client.models import Workload, load
+from suanli.client.models import load
+from suanli.client.workloads import Workload
 
 
 class ScaleCalls:

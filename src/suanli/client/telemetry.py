@@ -10,18 +10,14 @@ from __future__ import annotations
 
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 import httpx
+
+from suanli.client.requests import _seg
 
 FAULT_KINDS = ("overtemp", "xid", "ecc_dbe", "off_bus", "silent")
 RESOLUTIONS = ("auto", "raw", "1m", "1h")
 METRICS_PATH = "/metrics"  # outside /api/v1, where Prometheus looks
-
-
-def _seg(value: str) -> str:
-    """One path segment (as `suanli.client.client._seg`: node names have dots, org names may be emails)."""
-    return quote(str(value), safe="@")
 
 
 def _when(value: datetime | str | None) -> str | None:

@@ -20,7 +20,7 @@ from suanli.control.errors import Invalid
 from suanli.control.money import prices as control_prices
 from suanli.workloads import SpecError, parse_spec
 from suanli.workloads.host import cores, gib, host_text
-from suanli.workloads.models import CPU_ONLY_CPUS, CPU_ONLY_MEMORY
+from suanli.workloads.resources import CPU_ONLY_CPUS, CPU_ONLY_MEMORY
 
 HOST_FIELDS = ("cpu_core_hour", "memory_gib_hour")
 

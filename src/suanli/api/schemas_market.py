@@ -13,7 +13,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from suanli.api.schemas import Amount, In, Out
 from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR, DEFAULT_USAGE_FLOOR
 from suanli.perf.training import TrainPrecision
-from suanli.workloads.models import parse_memory_mib
+from suanli.workloads.resources import parse_memory_mib
 
 
 # ---- market ------------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, field_validator, model_validator
 
 from suanli.workloads.durations import brief
-from suanli.workloads.models import HUB_NAME, FieldError, Resources, WorkloadSpec
+from suanli.workloads.models import HUB_NAME, WorkloadSpec
+from suanli.workloads.resources import FieldError, Resources
 from suanli.workloads.spec import SpecError, load_yaml, spec_errors
 from suanli.workloads.volumes import VolumeRuleError, clean_path, parse_ref
 

@@ -20,7 +20,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from suanli.workloads.durations import brief, format_duration, parse_duration
-from suanli.workloads.models import FieldError, GpuRange, ModelSpec, Resources, Retry, WorkloadSpec
+from suanli.workloads.models import ModelSpec, Retry, WorkloadSpec
+from suanli.workloads.resources import FieldError, GpuRange, Resources
 
 __all__ = [
     "MAX_SPEC_BYTES",

@@ -14,7 +14,7 @@ from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.serving.quotes import ServeAsk, serve_quotes
 from suanli.perf.serve_shape import SERVE_PRECISIONS, ServePrecision
-from suanli.workloads.models import parse_memory_mib
+from suanli.workloads.resources import parse_memory_mib
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["market"])
 MAX_LEN = 1 << 20  # tokens of prompt or output

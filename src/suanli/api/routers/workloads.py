@@ -24,7 +24,7 @@ from suanli.control.workloads import resizing, workloads
 from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.storage import workdirs
-from suanli.workloads.models import MAX_GPUS
+from suanli.workloads.resources import MAX_GPUS
 from suanli.workloads.spec import MAX_SPEC_BYTES, WorkloadSpec
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["workloads"])

@@ -23,7 +23,7 @@ from suanli.control.ids import token_hash, utcnow
 from suanli.control.money.offers import OfferCache
 from suanli.control.settings import Settings
 from suanli.control.telemetry.telemetry import FleetIndex
-from suanli.control.workloads import workloads
+from suanli.control.workloads import admission
 from suanli.db.engine import Database
 from suanli.db.group_commit import GroupCommit
 from suanli.mail import Mailer
@@ -58,7 +58,7 @@ class Server:
     fleet: FleetCache = field(default_factory=FleetCache)
     fleet_index: FleetIndex = field(default_factory=FleetIndex)  # GPU rows and holders, for samples agents post
     judge: HealthJudge = field(default_factory=HealthJudge)  # health of posted samples (this process's share)
-    submissions: GroupCommit[workloads.Submission, dict[str, Any]] = field(init=False)  # checked and written
+    submissions: GroupCommit[admission.Submission, dict[str, Any]] = field(init=False)  # checked and written
     # in batches by one thread
     passwords: PasswordPool = field(init=False)  # argon2 on threads of its own, behind a bounded queue
     mailer: Mailer | None = None  # e-mail verification; None: no `smtp_url`, the trial credit comes at signup
@@ -69,9 +69,9 @@ class Server:
 
             self.mailer = SmtpMailer(self.settings.smtp_url, self.settings.mail_from)
         self.passwords = PasswordPool(self.settings.password_threads, self.settings.password_queue)
-        admission = workloads.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices,
-                                        self.settings.max_queued_per_org)  # fmt: skip
-        self.submissions = GroupCommit(self.db, workloads.enqueue_many, prepare=admission, name="submissions")
+        admit = admission.Admission(self.settings.admission_hold_minutes, self.fleet, self.prices,
+                                    self.settings.max_queued_per_org)  # fmt: skip
+        self.submissions = GroupCommit(self.db, admission.enqueue_many, prepare=admit, name="submissions")
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs sync dependencies in its thread pool, and each

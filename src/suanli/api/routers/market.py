@@ -10,7 +10,7 @@ from suanli.api.schemas_market import OfferOut, QuoteIn, QuoteOut, WorkloadQuote
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.errors import Invalid
 from suanli.control.money import offers, prices, pricing
-from suanli.control.workloads import workloads
+from suanli.control.workloads import admission
 from suanli.perf import MODEL_PRESETS, TrainJob, model_preset
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["market"])
@@ -74,7 +74,7 @@ def quote_workload(body: WorkloadQuoteIn, ctx: Auth) -> list[WorkloadQuoteOut]:
     """What a workload spec would pay on each GPU model that could run it (CPU-only work: one row), cheapest
     first: its hourly rate split into GPUs and host CPU and memory, and the cost of its `duration` (else
     `max_duration`). The same checks as a submission (422 naming the field), nothing is queued."""
-    spec = workloads.parse(body.spec if body.spec is not None else body.spec_yaml or "")
+    spec = admission.parse(body.spec if body.spec is not None else body.spec_yaml or "")
     with ctx.db.read() as s:
         rows = pricing.quote_workload(
             s, ctx.who, spec, ctx.now, fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org

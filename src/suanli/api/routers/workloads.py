@@ -19,8 +19,8 @@ from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import ZERO
 from suanli.control.errors import Invalid, NotFound, ServiceError
 from suanli.control.storage import hub, storage
+from suanli.control.workloads import admission, resizing, workloads
 from suanli.control.workloads import logs as workload_logs
-from suanli.control.workloads import resizing, workloads
 from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.db.models import Allocation, Workload, WorkloadEvent
 from suanli.storage import workdirs
@@ -165,7 +165,7 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
     (uploaded before; the submission uses it up, admitted or refused) or inline as `workdir_archive`."""
     try:
         if body.spec is not None and _length(request) <= ON_LOOP_BYTES:
-            spec = workloads.parse(body.spec)
+            spec = admission.parse(body.spec)
         else:  # YAML text, or a large body: checked in a thread, not on the event loop every request shares
             spec = await run_in_threadpool(_parse, body)
         if spec.image is not None or spec.jupyter:  # a few stat calls: fine on the event loop
@@ -179,7 +179,7 @@ async def submit(request: Request, body: WorkloadIn, ctx: Auth) -> WorkloadOut:
             await run_in_threadpool(_forfeit, body.workdir_upload, ctx)
         raise
     if body.workdir_archive is None and body.workdir_upload is None:  # checked and written with the rest meanwhile
-        row = await ctx.srv.submissions.write_async(workloads.Submission(ctx.who, spec, ctx.now, body.org))
+        row = await ctx.srv.submissions.write_async(admission.Submission(ctx.who, spec, ctx.now, body.org))
     else:
         row = await run_in_threadpool(_admit_upload, body, spec, ctx)
     return _submitted(row, spec, ctx)
@@ -199,11 +199,11 @@ def _length(request: Request) -> int:
 
 def _parse(body: WorkloadIn) -> WorkloadSpec:
     if body.spec is None:
-        return workloads.parse(body.spec_yaml or "")
+        return admission.parse(body.spec_yaml or "")
     size = len(json.dumps(body.spec, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
     if size > MAX_SPEC_BYTES:  # the limit of a YAML spec, too
         raise Invalid(f"spec: is {size} bytes as JSON; the limit is {MAX_SPEC_BYTES // 1024} KiB")
-    return workloads.parse(body.spec)
+    return admission.parse(body.spec)
 
 
 def _submitted(row: dict[str, Any], spec: WorkloadSpec, ctx: Caller) -> WorkloadOut:
@@ -247,7 +247,7 @@ def _admit_upload(body: WorkloadIn, spec: WorkloadSpec, ctx: Caller) -> dict[str
         staged = workdirs.staged_dir(store.home, upload_id)
         with ctx.db.read() as s:
             wd = storage.staged(s, ctx.who, upload_id, ctx.now)
-            row = workloads.admit(s, ctx.who, spec, ctx.now, hold_minutes=ctx.srv.settings.admission_hold_minutes,
+            row = admission.admit(s, ctx.who, spec, ctx.now, hold_minutes=ctx.srv.settings.admission_hold_minutes,
                                   fleet=ctx.srv.fleet, prices=ctx.srv.prices, org_id=body.org, workdir=staged,
                                   max_queued=ctx.srv.settings.max_queued_per_org)  # fmt: skip
         if row["org_id"] != wd.org_id:
@@ -255,7 +255,7 @@ def _admit_upload(body: WorkloadIn, spec: WorkloadSpec, ctx: Caller) -> dict[str
         queued = row["id"]
         with ctx.db.write() as s, s.begin():
             storage.lock_staged(s, upload_id)
-            workloads.enqueue(s, row, home=store.home, workdir=staged)
+            admission.enqueue(s, row, home=store.home, workdir=staged)
             storage.claim(s, upload_id, row["id"])
     except BaseException:
         storage.drop(ctx.db, upload_id, store.home, queued)

@@ -1,6 +1,6 @@
 """What a workload spec would cost before it is submitted: its hourly rate on each GPU model that could run it
 (or, for CPU-only work, on a CPU node), split into GPUs and host CPU and memory, and its cost over the spec's
-duration. The same candidates and prices as admission (`workloads.candidates`), so the quote is what it pays."""
+duration. The same candidates and prices as admission (`admission.candidates`), so the quote is what it pays."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from suanli.control.accounts import accounts
 from suanli.control.accounts.accounts import Principal
 from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.scheduling import inventory
-from suanli.control.workloads import workloads
+from suanli.control.workloads import admission
 from suanli.workloads.spec import WorkloadSpec
 
 
@@ -39,7 +39,7 @@ def quote_workload(
     and cost are with its GPUs fully active, `floor_*` with them idle: what it pays lies between."""
     org = who.personal_org_id if org_id in (None, who.personal_org_id) else accounts.org_for(s, who, org_id).id
     _, book = prices.current(s)
-    found = workloads.candidates(s, spec, org, now, fleet.models_at(s, inventory.fleet_version(s)), book)
+    found = admission.candidates(s, spec, org, now, fleet.models_at(s, inventory.fleet_version(s)), book)
     cpu, mem = spec.host_request()
     duration = spec.duration if spec.duration is not None else spec.max_duration
     rows = []

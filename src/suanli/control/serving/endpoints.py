@@ -25,7 +25,7 @@ from suanli.control.errors import Conflict, Invalid, NotFound, Unauthorized
 from suanli.control.ids import new_id, token_hash
 from suanli.control.serving.token_billing import price_of
 from suanli.control.storage import hub
-from suanli.control.workloads import workloads
+from suanli.control.workloads import admission, workloads
 from suanli.db.models import Org, User, Workload
 from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.db.volumes import Volume, VolumeVersion
@@ -104,7 +104,7 @@ def create(
     if admitting.check is not None:
         admitting.check(trial)
     # (a checkpoint's volume: the same rules as a workload's mount, here the caller's right to read it)
-    workloads.admit(s, who, trial, now, hold_minutes=admitting.hold_minutes, fleet=admitting.fleet,
+    admission.admit(s, who, trial, now, hold_minutes=admitting.hold_minutes, fleet=admitting.fleet,
                     prices=admitting.prices, org_id=org_id)  # fmt: skip
     if s.scalar(select(Endpoint.id).where(Endpoint.org_id == org_id, Endpoint.name == spec.name)) is not None:
         raise Conflict(f"name: an endpoint called {spec.name} exists in this organisation")

@@ -21,7 +21,7 @@ from sqlalchemy import delete, select
 
 from suanli.control.errors import ServiceError
 from suanli.control.serving import endpoints, token_billing
-from suanli.control.workloads import workloads
+from suanli.control.workloads import admission, workloads
 from suanli.db.engine import Database
 from suanli.db.models import Workload
 from suanli.db.serving import Endpoint, EndpointLoad, EndpointReplica
@@ -210,10 +210,10 @@ class ServingPass:
             _, wspec = endpoints.replica_workload(e, spec, index, port)
             try:
                 with s.begin_nested():
-                    row = workloads.admit(s, endpoints.principal_of(s, e.user_id), wspec, now,  # type: ignore[arg-type]
+                    row = admission.admit(s, endpoints.principal_of(s, e.user_id), wspec, now,  # type: ignore[arg-type]
                                           hold_minutes=self.admitting.hold_minutes, fleet=self.admitting.fleet,
                                           prices=self.admitting.prices, org_id=e.org_id)  # fmt: skip
-                    workloads.enqueue_many(s, [row])
+                    admission.enqueue_many(s, [row])
                     s.add(EndpointReplica(workload_id=row["id"], endpoint_id=e.id, port=port, created_at=now))
             except ServiceError as err:
                 mono = time.monotonic()

@@ -21,6 +21,7 @@ import pytest
 
 import suanli.client
 import suanli.workdir_upload
+from suanli.cli import workload_views
 from suanli.cli import workloads as cli_workloads
 from suanli.client import ApiError, Client, LogChunk, Workload, WorkloadAllocation, pack_workdir
 from tests.cli_helpers import invoke
@@ -316,7 +317,7 @@ def test_run_follow_shows_the_queue_then_the_log_then_the_end(cli: FakeServer) -
     assert lines.count(f"pending: {PENDING['reason']} (queue position 3)") == 1  # printed when it changes
     assert f"pending: {PENDING['reason']} (queue position 1)" in lines and "scheduled: placed" in lines
     assert "running on h20-roce800-128.h20-0001, h20-roce800-128.h20-0002: started" in lines
-    assert cli_workloads.where({f"n{i}": (0,) for i in range(8)}) == "8 nodes (n0, n1, …)"
+    assert workload_views.where({f"n{i}": (0,) for i in range(8)}) == "8 nodes (n0, n1, …)"
     assert lines[-3:] == ["hello", "no newline", f"{WL} succeeded in 12s, cost ¥0.41"]
     assert "workdir_upload" not in cli.bodies[0] and cli.uploads == {}  # leaf64 has no workdir
 

@@ -26,7 +26,7 @@ from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
 from suanli.cli.credit import codes_app
 from suanli.cli.hub import admin_app as hub_admin_app
-from suanli.cli.workloads import span
+from suanli.cli.workload_views import span
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
     from suanli.client import Node

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -23,6 +21,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail, user_errors
 from suanli.cli.credentials import EXIT_UNAVAILABLE, ServerOpt, jsonable, money, org_id, when
+from suanli.cli.workload_views import age, cut, elapsed, gpus_label, price, span, where, why
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
     from suanli.client import Client, Workload
@@ -31,7 +30,6 @@ POLL_S = 1.0  # seconds between polls while following (tests set it to 0)
 WAITING = ("pending", "scheduled", "starting")
 NAME_WIDTH, MIN_NAME = 24, 8
 MIN_REASON = 12  # narrower than this, `ps` leaves the REASON column out (see `describe`)
-SYMBOLS = {"CNY": "¥", "USD": "$", "EUR": "€"}
 
 RefArg = Annotated[str, typer.Argument(metavar="REF", help="Workload id (wl_…) or name (the newest of that name).")]
 FollowOpt = Annotated[bool, typer.Option("--follow", "-f", help="Keep printing the log until the workload ends.")]
@@ -40,79 +38,7 @@ OrgOpt = Annotated[
 ]
 
 
-# ---- formatting -----------------------------------------------------------------------------------------------
-def span(seconds: float) -> str:
-    """A compact duration: 45s, 3m12s, 2h05m, 3d04h."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _utc(t: datetime) -> datetime:
-    return t if t.tzinfo is not None else t.replace(tzinfo=UTC)
-
-
-def _seconds(start: datetime | None, end: datetime | None) -> float | None:
-    if start is None:
-        return None
-    return (_utc(end or datetime.now(UTC)) - _utc(start)).total_seconds()
-
-
-def price(amount: Decimal | None, currency: str) -> str:
-    """¥1,234.50 for the currencies with a sign, else `1,234.50 XYZ`."""
-    if amount is None:
-        return "-"
-    sign = SYMBOLS.get(currency)
-    return f"{sign}{money(amount)}" if sign else f"{money(amount)} {currency}".strip()
-
-
-def gpus_label(w: Workload) -> str:
-    """16×H20; 0.5×A100 for a slice; 4×any before a GPU model is chosen; '-' for CPU-only work."""
-    a = w.allocation
-    if a is not None and a.gpus:
-        count = f"{a.gpus * a.milli / 1000:g}" if a.milli != 1000 else str(a.gpus)
-        return f"{count}×{a.gpu_model or w.gpu or '?'}"
-    return f"{w.gpus}×{w.gpu or 'any'}" if w.gpus else "-"
-
-
-def age(w: Workload) -> str:
-    """How long it has run (or ran); for work that has not started, how long it has waited."""
-    ran = _seconds(w.started_at, w.finished_at)
-    if ran is not None:
-        return span(ran)
-    waited = _seconds(w.created_at, w.finished_at)
-    return "-" if waited is None or w.finished else span(waited)
-
-
-def why(w: Workload) -> str:
-    """The scheduler's reason and queue place while pending, else the last transition's reason."""
-    if w.pending is not None and w.state == "pending":
-        place = f" (queue position {w.pending.position})" if w.pending.position else ""
-        return f"{w.pending.reason}{place}"
-    return w.reason
-
-
-def where(nodes: dict[str, Any]) -> str:
-    """Node names, or for many nodes their count and the first two."""
-    names = list(nodes)
-    return ", ".join(names) if len(names) <= 3 else f"{len(names)} nodes ({names[0]}, {names[1]}, …)"
-
-
-def _cut(text: str, width: int) -> str:
-    """One line of at most `width` cells (CJK characters take two)."""
-    text = " ".join(text.split())
-    if cell_len(text) <= width:
-        return text
-    while cell_len(text) > width - 1:
-        text = text[:-1]
-    return text + "…"
-
-
+# ---- output -------------------------------------------------------------------------------------------------
 def _write(text: str) -> None:
     """Log text exactly as written (no markup, no wrapping)."""
     sys.stdout.write(text)
@@ -255,7 +181,7 @@ def follow_workload(c: Client, w: Workload, rank: int = 0) -> Workload:
 
 def end(w: Workload) -> None:
     """The summary line; exit 1 unless the job succeeded (or the instance was stopped)."""
-    ran = _seconds(w.started_at, w.finished_at)
+    ran = elapsed(w.started_at, w.finished_at)
     took = "without starting" if ran is None else f"{'in' if w.state == 'succeeded' else 'after'} {span(ran)}"
     cost = f"cost {price(w.cost, w.currency)}"
     if w.state == "succeeded" or (w.kind == "instance" and w.state == "stopped"):
@@ -285,7 +211,7 @@ def ps(
     cur = next((w.currency for w in rows if w.currency), "")
     heads = ("ID", "NAME", "KIND", "STATE", "GPUS", "NODES", "AGE/RUNTIME", "COST", "RATE/h")
     cells = [
-        (w.id, _cut(w.name, NAME_WIDTH), w.kind, w.state, gpus_label(w), str(w.nodes or "-"), age(w),
+        (w.id, cut(w.name, NAME_WIDTH), w.kind, w.state, gpus_label(w), str(w.nodes or "-"), age(w),
          money(w.cost), money(w.rate_per_hour) if w.rate_per_hour and not w.finished else "-")
         for w in rows
     ]  # fmt: skip
@@ -293,13 +219,13 @@ def ps(
     room = console.width - sum(w + 2 for w in widths) - 2  # what is left for REASON (2 spaces between columns)
     if room < 0 and widths[1] > MIN_NAME:  # too narrow: shorten the names before Rich squeezes every column
         widths[1] = max(MIN_NAME, widths[1] + room)
-        cells = [(r[0], _cut(r[1], widths[1]), *r[2:]) for r in cells]
+        cells = [(r[0], cut(r[1], widths[1]), *r[2:]) for r in cells]
         room = console.width - sum(w + 2 for w in widths) - 2
     table = Table(title=f"workloads{f' (money in {cur})' if cur else ''}", box=None, pad_edge=False)
     for col in heads + (("REASON",) if room >= MIN_REASON else ()):
         table.add_column(col, justify="right" if col in ("NODES", "COST", "RATE/h") else "left", no_wrap=True)
     for w, row in zip(rows, cells, strict=True):
-        reason = (escape(_cut(why(w), room)),) if room >= MIN_REASON else ()
+        reason = (escape(cut(why(w), room)),) if room >= MIN_REASON else ()
         table.add_row(*map(escape, row), *reason)
     console.print(table)
 

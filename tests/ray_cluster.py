@@ -122,7 +122,7 @@ class _Ports:
 
 def _tree(root: int) -> set[int]:
     """`root`, its session and all their descendants (those that left the session too: the ranks' supervisors)."""
-    from suanli.executors.rankrun import family
+    from suanli.executors.proctree import family
 
     return {root, *family(root)}
 

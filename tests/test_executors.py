@@ -18,7 +18,7 @@ import pytest
 from suanli.executors import NAMES, executor
 from suanli.executors.base import Launch, NodeRank, Status
 from suanli.executors.local import LocalExecutor
-from suanli.executors.rankrun import proc_stat
+from suanli.executors.proctree import proc_stat
 from suanli.executors.virtual import VirtualExecutor
 
 

@@ -298,7 +298,7 @@ def test_reap_touches_only_rank_cgroups_under_the_root_and_never_kills_pid_0(
 
 def test_a_rank_whose_supervisor_still_runs_is_never_reaped(monkeypatch: pytest.MonkeyPatch) -> None:
     # The executor can misjudge a live supervisor as gone (a boot id it failed to read): its cgroup stays untouched.
-    from suanli.executors.rankrun import proc_stat
+    from suanli.executors.proctree import proc_stat
 
     reaped: list[list[str]] = []
     monkeypatch.setattr(limits, "reap", lambda paths: reaped.append(paths))

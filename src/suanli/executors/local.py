@@ -23,7 +23,7 @@ from typing import Any
 
 from suanli.executors import sandboxing
 from suanli.executors.base import Launch, NodeRank, NotRunning, Status, rank_env
-from suanli.executors.rankrun import family, proc_stat, session_members, write_atomic
+from suanli.executors.proctree import family, proc_stat, session_members, write_atomic
 from suanli.sandbox import limits
 
 STOP_FILE = "stop-requested"

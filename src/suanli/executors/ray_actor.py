@@ -20,7 +20,7 @@ from typing import Any
 
 from suanli.executors.base import Launch
 from suanli.executors.local import LocalExecutor, prepare_rank, spawn
-from suanli.executors.rankrun import proc_stat
+from suanli.executors.proctree import proc_stat
 
 # A job inherits its supervisor's environment when unsandboxed, and a Ray worker's is the node's (the raylet's) plus
 # what Ray adds for a worker: OMP_NUM_THREADS=<the actor's CPUs> (1 would throttle the job), PYTHONBREAKPOINT, its

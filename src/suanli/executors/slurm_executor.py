@@ -70,7 +70,7 @@ from suanli.executors.local import (
     read_json,
     record_first_failure,
 )
-from suanli.executors.rankrun import write_atomic
+from suanli.executors.proctree import write_atomic
 from suanli.executors.slurm_api import JOB_PREFIX, BatchJob, Component, SlurmAPI, SlurmError
 from suanli.executors.slurm_cli import SlurmCLI
 from suanli.executors.slurm_nodes import ACTIVE, PENDING, JobView, job_view

@@ -363,3 +363,35 @@ def test_virtual_stop_after_the_end_changes_nothing(tmp_path: Path) -> None:
     ex.stop(handle, T0 + 20)
     assert ex.poll(handle, T0 + 30) == Status("exited", 0, "exit code 0")
     assert log_text(ex, handle).splitlines()[-1] == "[+10.0s] finished: exit code 0"
+
+
+def test_a_family_is_listed_parents_first(tmp_path: Path) -> None:
+    """The supervisor passes a stop on in this order: a shell gets its SIGTERM before its children, or a child that
+    dies first ends the shell's `wait` (status 0) and the shell exits before its trap could run (seen once in a
+    full run under load: exit code 0 where the job's trap exits 5)."""
+    from suanli.executors.proctree import family, family_top_down
+
+    script = "sh -c 'sleep 60 & sleep 60 & wait' & sh -c 'sh -c \"sleep 60\" & wait' & wait"
+    root = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while sum(_comm(p) == "sleep" for p in family(root.pid)) < 3:  # three sleeps under two or three shells
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        order = family_top_down(root.pid)
+        assert set(order) == family(root.pid) and len(order) == len(set(order))
+        seen = {root.pid}
+        for pid in order:
+            st = proc_stat(pid)
+            assert st is not None and st[1] in seen, (pid, st, order)  # its parent came before it
+            seen.add(pid)
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

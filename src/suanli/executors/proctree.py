@@ -45,30 +45,44 @@ def family(root: int) -> set[int]:
 
     Only for a live `root`: descendants of a recycled pid are strangers.
     """
+    return set(family_top_down(root))
+
+
+def family_top_down(root: int) -> list[int]:
+    """`family(root)` with every process after its parent: breadth first from `root`, then from each session member
+    the walk did not reach (oldest first: a parent starts before its child). A stop is passed on in this order: a
+    shell that gets its SIGTERM after a child has died may already have left its `wait` and exited, its trap unrun."""
     stats = _all_stats()
     children: dict[int, list[int]] = {}
-    for pid, st in stats.items():
+    for pid, st in sorted(stats.items()):
         children.setdefault(st[1], []).append(pid)
-    found = {pid for pid, st in stats.items() if st[2] == root}
-    # Walk from the root and from every session member: a member's children may have left the session (setsid).
-    stack = [root, *found]
-    walked: set[int] = set()
-    while stack:
-        pid = stack.pop()
-        if pid in walked:
-            continue
-        walked.add(pid)
-        for child in children.get(pid, ()):
-            found.add(child)
-            stack.append(child)
-    found.discard(root)
-    return found
+    order: list[int] = []
+    seen = {root}
+
+    def walk(start: int) -> None:
+        queue, i = [start], 0
+        while i < len(queue):
+            for child in children.get(queue[i], ()):
+                if child not in seen:
+                    seen.add(child)
+                    order.append(child)
+                    queue.append(child)
+            i += 1
+
+    walk(root)
+    # A session member's parent may be outside the family; its children may have left the session (setsid).
+    for pid, _ in sorted(((p, st) for p, st in stats.items() if st[2] == root), key=lambda x: (x[1][3], x[0])):
+        if pid not in seen:
+            seen.add(pid)
+            order.append(pid)
+            walk(pid)
+    return order
 
 
 def kill_family(root: int, sig: int) -> int:
-    """Send `sig` to `family(root)`; how many processes were signalled."""
+    """Send `sig` to `family(root)`, parents first; how many processes were signalled."""
     n = 0
-    for pid in family(root):
+    for pid in family_top_down(root):
         try:
             os.kill(pid, sig)
             n += 1

@@ -30,7 +30,7 @@ import signal
 import sys
 import time
 
-from suanli.executors.proctree import family, kill_family, write_atomic
+from suanli.executors.proctree import family, family_top_down, kill_family, write_atomic
 
 TICK_S = 0.1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -336,10 +336,12 @@ def supervise(config: dict) -> int:
                 if sandbox is None:
                     with contextlib.suppress(OSError):
                         os.killpg(child, sig)
-                else:  # to the job's processes, not to bwrap's (the outer one would die and take the exit code)
-                    for pid in family(os.getpid()) - skip:
-                        with contextlib.suppress(OSError):
-                            os.kill(pid, sig)
+                else:  # to the job's processes, not to bwrap's (the outer one would die and take the exit code),
+                    # parents first: a shell whose child died first may leave its `wait` and exit, its trap unrun
+                    for pid in family_top_down(os.getpid()):
+                        if pid not in skip:
+                            with contextlib.suppress(OSError):
+                                os.kill(pid, sig)
                 term_at = time.monotonic()
             elif term_at is not None and not killed and time.monotonic() - term_at >= grace_s:
                 _say("grace period over; sending SIGKILL")

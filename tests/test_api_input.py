@@ -160,7 +160,10 @@ def _field_cases(c: Ctx) -> list[tuple[str, str, Any, str, bool]]:
             for p in ("-0.01", "1e30", "x")
         ],
         *[("POST", "/quotes", {**QUOTE, "cpus_per_gpu": v}, "cpus_per_gpu", False) for v in (0, -1, 1e9, "x", 0.0001)],
-        *[("POST", "/quotes", {**QUOTE, "memory_per_gpu": v}, "memory_per_gpu", False) for v in ("64", "-1Gi", "9Pi")],
+        *[
+            ("POST", "/quotes", {**QUOTE, "memory_per_gpu": v}, "memory_per_gpu", False)
+            for v in ("64", "-1Gi", "9Pi", "1" * 40 + "Gi")
+        ],
         *[
             (
                 "POST",

@@ -98,7 +98,7 @@ def test_an_slo_no_layout_keeps_names_the_offer(market: tuple[Any, Tenant, dict[
         ({"slo_itl_ms": 10**9}, "slo_itl_ms"), ({"model": "nope"}, "model"), ({"model": "x" * 65}, "model"),
         ({"gpu": "nope"}, "gpu"), ({"precision": ["fp3"]}, "precision"), ({"precision": []}, "precision"),
         ({"max_gpus_per_replica": 0}, "max_gpus_per_replica"), ({"max_gpus_per_replica": 65}, "max_gpus_per_replica"),
-        ({"billing_mode": "usage"}, "billing_mode"), ({"memory_per_replica": "lots"}, "memory_per_replica"),
+        ({"billing_mode": "usage"}, "billing_mode"), ({"memory_per_replica": "lots"}, "memory_per_replica"), ({"memory_per_replica": "9" * 40 + "Gi"}, "memory_per_replica"),
         ({"cpus_per_replica": "0.0001"}, "cpus_per_replica"), ({"surprise": 1}, "surprise"),
     ],
 )  # fmt: skip

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from suanli.billing.money import INTERNAL
+from suanli.workloads.resources import parse_memory_mib
 
 
 def _not_float(value: object) -> object:
@@ -21,6 +22,14 @@ def _not_float(value: object) -> object:
 
 
 Amount = Annotated[Decimal, BeforeValidator(_not_float)]
+
+
+def _memory_size(v: str) -> str:
+    parse_memory_mib(v)  # ValueError naming the expected shape
+    return v
+
+
+MemorySize = Annotated[str, Field(max_length=32), AfterValidator(_memory_size)]  # host memory, e.g. 64Gi
 NUL_MESSAGE = "NUL characters (\\u0000) are not allowed"
 
 

@@ -8,9 +8,9 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from suanli.api.schemas import Amount, In, Out
+from suanli.api.schemas import Amount, In, MemorySize, Out
 from suanli.billing.prices import DEFAULT_CPU_CORE_HOUR, DEFAULT_MEMORY_GIB_HOUR, DEFAULT_USAGE_FLOOR
 from suanli.perf.training import TrainPrecision
 from suanli.workloads.resources import parse_memory_mib
@@ -54,14 +54,7 @@ class QuoteIn(In):
     rank: Literal["cheapest", "fastest"] = "cheapest"
     limit: int = Field(10, ge=1, le=100)
     cpus_per_gpu: Decimal | None = Field(None, gt=0, le=4096, decimal_places=3, description="host CPU cores a GPU")
-    memory_per_gpu: str | None = Field(None, max_length=32, description="host memory a GPU, e.g. 64Gi")
-
-    @field_validator("memory_per_gpu")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_memory_mib(v)  # ValueError naming the expected shape
-        return v
+    memory_per_gpu: MemorySize | None = Field(None, description="host memory a GPU, e.g. 64Gi")
 
     def host_per_gpu(self) -> tuple[int, int]:
         """(milli-cores, MiB) a GPU."""

@@ -7,10 +7,10 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from fastapi import APIRouter
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from suanli.api.deps import Auth, in_thread
-from suanli.api.schemas import In, Out
+from suanli.api.schemas import In, MemorySize, Out
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.serving.quotes import ServeAsk, serve_quotes
 from suanli.perf.serve_shape import SERVE_PRECISIONS, ServePrecision
@@ -36,14 +36,7 @@ class ServeQuoteIn(In):
     max_gpus_per_replica: int = Field(8, ge=1, le=64)
     billing_mode: Literal["on-demand", "spot"] = "on-demand"
     cpus_per_replica: Decimal | None = Field(None, gt=0, le=4096, decimal_places=3, description="host CPU cores")
-    memory_per_replica: str | None = Field(None, max_length=32, description="host memory, e.g. 64Gi")
-
-    @field_validator("memory_per_replica")
-    @classmethod
-    def _memory(cls, v: str | None) -> str | None:
-        if v is not None:
-            parse_memory_mib(v)  # ValueError naming the expected shape
-        return v
+    memory_per_replica: MemorySize | None = Field(None, description="host memory, e.g. 64Gi")
 
     def ask(self) -> ServeAsk:
         return ServeAsk(

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,18 @@ def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[A
     app = create_app(settings(tmp_path / "home", db_url))
     with TestClient(app) as client:
         yield client
+
+
+@pytest.fixture
+def api_clock(monkeypatch: pytest.MonkeyPatch) -> Callable[[datetime], None]:
+    """Holds the API's clock (every request's `now`) at a chosen instant for the test, so a test that builds rows
+    at times relative to its own now reads them back at that now: however slow the machine, and whichever hour or
+    day boundary the test happens to run across."""
+
+    def hold(at: datetime) -> None:
+        monkeypatch.setattr("suanli.api.deps.utcnow", lambda: at)
+
+    return hold
 
 
 @pytest.fixture(scope="module")

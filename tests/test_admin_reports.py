@@ -3,6 +3,7 @@ on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -26,9 +27,10 @@ def _charge(db: Database, org: str, user: str, alloc: str, model: str | None, am
         ledger.post(s, tx, now, org_id=org, user_id=user, allocation_id=alloc, allow_negative=[org_account(org)])
 
 
-def test_revenue_by_day_and_model_is_exact(api: Any, db_url: str) -> None:
+def test_revenue_by_day_and_model_is_exact(api: Any, db_url: str, api_clock: Callable[[datetime], None]) -> None:
     t = signup(api, "payer@example.com")
     db, now = Database(db_url), datetime.now(UTC)
+    api_clock(now)  # the days asked for are the ones the money was posted in, even across midnight
     for alloc, model, amount in (("a1", "H100-SXM", "0.10000001"), ("a1", "H100-SXM", "0.20000002"),
                                  ("a2", "H20", "1.5"), ("a3", None, "0.00000003")):  # fmt: skip
         _charge(db, t.org_id, t.user_id, alloc, model, amount, now)
@@ -46,11 +48,13 @@ def test_revenue_by_day_and_model_is_exact(api: Any, db_url: str) -> None:
     assert body["days"][0] == {"day": body["days"][0]["day"], "total": "0.00000000", "by": {}}
 
 
-def test_waste_by_hour_counts_held_and_idle_gpu_hours(api: Any, db_url: str) -> None:
+def test_waste_by_hour_counts_held_and_idle_gpu_hours(api: Any, db_url: str,
+                                                      api_clock: Callable[[datetime], None]) -> None:  # fmt: skip
     admin = bearer(admin_token(api))
     assert api.post("/api/v1/admin/clusters", json={"preset": "rtx4090-box"}, headers=admin).status_code == 201
     t = signup(api, "waster@example.com")
     db, now = Database(db_url), datetime.now(UTC)
+    api_clock(now)  # capacity is counted to the API's now: 24 GPU-hours exactly, however slow the machine
     with db.write() as s, s.begin():
         s.execute(update(Node).values(created_at=now - timedelta(hours=3)))
     _charge(db, t.org_id, t.user_id, "w1", "RTX-4090", "1", now)  # 8 GPUs held from now-2h to now-1h

@@ -10,9 +10,10 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
+from suanli.db.columns import Money
 from suanli.db.engine import Database
 from suanli.db.migrate import migrate
-from suanli.db.models import Base, Money
+from suanli.db.models import Base
 
 
 def _compare_type(ctx: object, inspected: object, metadata: object, reflected: object, model: object) -> bool | None:

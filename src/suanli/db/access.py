@@ -13,7 +13,8 @@ from sqlalchemy import ForeignKey, Index, Integer, String
 from sqlalchemy import false as sa_false
 from sqlalchemy.orm import Mapped, mapped_column
 
-from suanli.db.models import MONEY, Base, UTCDateTime
+from suanli.db.columns import MONEY, UTCDateTime
+from suanli.db.models import Base
 
 
 class Invitation(Base):

@@ -14,7 +14,8 @@ from decimal import Decimal
 from sqlalchemy import BigInteger, ForeignKey, Integer, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from suanli.db.models import MONEY, Base, UTCDateTime
+from suanli.db.columns import MONEY, UTCDateTime
+from suanli.db.models import Base
 
 
 class TopupBatch(Base):

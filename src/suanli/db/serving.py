@@ -10,7 +10,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from suanli.db.models import Base, UTCDateTime
+from suanli.db.columns import UTCDateTime
+from suanli.db.models import Base
 
 
 class Endpoint(Base):

@@ -13,7 +13,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, SmallInteger, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from suanli.db.models import Base, UTCDateTime
+from suanli.db.columns import UTCDateTime
+from suanli.db.models import Base
 
 BIGINT = BigInteger().with_variant(Integer, "sqlite")
 

@@ -8,7 +8,8 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from suanli.db.models import Base, UTCDateTime
+from suanli.db.columns import UTCDateTime
+from suanli.db.models import Base
 
 
 class Volume(Base):

@@ -29,7 +29,8 @@ from suanli.control.ids import new_id
 from suanli.control.scheduling import inventory
 from suanli.control.storage import volumes
 from suanli.control.workloads import precision
-from suanli.db.models import MONEY, Node, Plan, Workload, WorkloadEvent
+from suanli.db.columns import MONEY
+from suanli.db.models import Node, Plan, Workload, WorkloadEvent
 from suanli.storage import workdirs
 from suanli.workloads.host import cores, gib, host_text
 from suanli.workloads.spec import SpecError, WorkloadSpec, parse_spec

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from suanli.api.app import create_app
 from suanli.billing.ledger import REVENUE, org_account, transfer
-from suanli.control.accounts import memberships
+from suanli.control.accounts import memberships, spend_limits
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger
 from suanli.control.settings import load
@@ -235,7 +235,7 @@ def test_a_member_over_their_spend_limit_is_refused_with_the_reason(api: TestCli
     members = f"{API}/orgs/{t.id}/members"
     r = api.patch(f"{members}/{t.alice.user_id}", json={"monthly_spend_limit": "10.00"}, headers=t.admin.headers)
     assert r.status_code == 200 and r.json()["monthly_spend_limit"] == "10.00000000"
-    last_month = memberships.month_start(utcnow()) - timedelta(seconds=1)
+    last_month = spend_limits.month_start(utcnow()) - timedelta(seconds=1)
     _charge(api, t, t.alice, "50", "old", last_month)  # last month's charges do not count
     _charge(api, t, t.alice, "9.99", "now")
     _charge(api, t, t.bob, "5", "bobs")  # nor do another member's

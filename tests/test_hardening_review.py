@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from suanli.api.app import create_app
 from suanli.billing.money import exact
-from suanli.control.accounts import accounts, memberships, throttle
+from suanli.control.accounts import accounts, spend_limits, throttle
 from suanli.control.ids import utcnow
 from suanli.control.money import prices, statement
 from suanli.control.scheduling.scheduling import SchedulingPass
@@ -246,13 +246,13 @@ def test_patching_a_member_reads_that_member_only(api: TestClient, monkeypatch: 
     for p in people:
         join(api, owner, org, p, "member")
     summed: list[str | None] = []
-    real = memberships.month_to_date
+    real = spend_limits.month_to_date
 
     def spy(s: Any, org_id: str, now: Any, user_id: str | None = None) -> Any:
         summed.append(user_id)
         return real(s, org_id, now, user_id)
 
-    monkeypatch.setattr(memberships, "month_to_date", spy)
+    monkeypatch.setattr(spend_limits, "month_to_date", spy)
     r = api.patch(f"{API}/orgs/{org}/members/{people[1].user_id}", json={"role": "admin", "monthly_spend_limit": "5"},
                   headers=owner.headers)  # fmt: skip
     assert r.status_code == 200, r.text

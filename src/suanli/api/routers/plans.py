@@ -10,7 +10,7 @@ from pydantic import Field
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control.accounts import accounts, memberships
+from suanli.control.accounts import accounts, memberships, spend_limits
 from suanli.control.money import plans
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["plans"])
@@ -49,7 +49,7 @@ def buy_plan(org_id: str, body: PlanIn, ctx: Auth) -> PlanOut:
     with ctx.db.write() as s, s.begin():
         access = memberships.require(s, ctx.who, org_id, "spend")
         p = plans.buy(s, org_id, ctx.who.user_id, body.plan, body.gpu, body.gpus, ctx.now, body.key)
-        memberships.check_spend(s, ctx.who, access, ctx.now)  # the purchase is charged already: over, it rolls back
+        spend_limits.check_spend(s, ctx.who, access, ctx.now)  # the purchase is charged already: over, it rolls back
         return _out(p, ctx.now)
 
 

@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import org_account
 from suanli.billing.money import INTERNAL, ZERO, exact, shown
 from suanli.billing.prices import PriceBook
-from suanli.control.accounts import memberships
+from suanli.control.accounts import spend_limits
 from suanli.control.money import prices
 from suanli.db.models import AccountBalance, Allocation, Membership, Org
 from suanli.sched import Request
@@ -96,8 +96,8 @@ def member_money(s: Session, members: Iterable[tuple[str, str]], now: datetime) 
         )  # fmt: skip
         for org, user, limit in rows:
             if (org, user) in wanted:
-                spent = memberships.month_to_date(s, org, now, user).get(user, ZERO)
-                out[(org, user)] = MemberMoney(exact(Decimal(limit)), spent, memberships.running_rate(s, org, user))
+                spent = spend_limits.month_to_date(s, org, now, user).get(user, ZERO)
+                out[(org, user)] = MemberMoney(exact(Decimal(limit)), spent, spend_limits.running_rate(s, org, user))
     return out
 
 

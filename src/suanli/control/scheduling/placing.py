@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control.accounts import memberships
+from suanli.control.accounts import spend_limits
 from suanli.control.errors import ServiceError
 from suanli.control.money import metering, prices
 from suanli.control.workloads import workloads
@@ -105,7 +105,7 @@ def place_chunk(
     events: list[dict[str, Any]] = []
     refused: dict[str, tuple[str, int]] = {}
     plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
-    spending: dict[tuple[str, str], memberships.Spending | None] = {}  # members' spend limits, counting this chunk's
+    spending: dict[tuple[str, str], spend_limits.Spending | None] = {}  # members' spend limits, counting this chunk's
     for wid, view, placement, reason in items:
         r = rows.get(wid)
         if r is None or r.state != "pending" or r.stop_requested:
@@ -187,14 +187,14 @@ def place_chunk(
 
 
 def member_spending(
-    s: Session, cache: dict[tuple[str, str], memberships.Spending | None], load: metering.OrgLoad, user_id: str,
+    s: Session, cache: dict[tuple[str, str], spend_limits.Spending | None], load: metering.OrgLoad, user_id: str,
     now: datetime,
-) -> memberships.Spending | None:  # fmt: skip
+) -> spend_limits.Spending | None:  # fmt: skip
     """The member's spend limit and what counts against it, read once per pass under the org's row lock (held by
     `load`); None without a limit, and in a personal org (as at submission)."""
     key = (load.org.id, user_id)
     if key not in cache:
-        cache[key] = None if load.org.personal else memberships.spending(s, load.org.id, user_id, now)
+        cache[key] = None if load.org.personal else spend_limits.spending(s, load.org.id, user_id, now)
     return cache[key]
 
 

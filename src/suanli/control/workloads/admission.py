@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import org_account
 from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
-from suanli.control.accounts import memberships
+from suanli.control.accounts import memberships, spend_limits
 from suanli.control.accounts.accounts import Principal
 from suanli.control.caches import FleetCache, ModelCapacity, PriceCache
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
@@ -261,7 +261,7 @@ def admit(
     rate = min(c.rate_per_hour for c in found)
     _precheck_money(ctx, spec, rate, hold_minutes)
     if access is not None:
-        memberships.check_spend(s, who, access, now, rate=rate, hold_minutes=hold_minutes)
+        spend_limits.check_spend(s, who, access, now, rate=rate, hold_minutes=hold_minutes)
     if spec.volumes:
         volumes.check_spec_mounts(s, who, org_id, spec.volumes)
     if workdir is not None and spec.kind != "job":

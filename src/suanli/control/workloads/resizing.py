@@ -22,7 +22,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control.accounts import memberships
+from suanli.control.accounts import memberships, spend_limits
 from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Invalid, ServiceError
 from suanli.control.money import metering, prices
@@ -163,7 +163,7 @@ def carry_out(
     _, book = prices.current(s)
     loads: dict[str, metering.OrgLoad] = {}
     plan_use: dict[str, int] = {}
-    spending: dict[tuple[str, str], memberships.Spending | None] = {}
+    spending: dict[tuple[str, str], spend_limits.Spending | None] = {}
     done, refused = 0, {}
     for it in items:
         w = s.get(Workload, it.workload, with_for_update=True, populate_existing=True)

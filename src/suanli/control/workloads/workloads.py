@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
-from suanli.control.accounts import accounts, memberships
+from suanli.control.accounts import accounts, memberships, spend_limits
 from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, NotFound
 from suanli.control.money import metering, usage
@@ -143,7 +143,7 @@ def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = Fa
     w = get(s, who, ref, lock=True)
     memberships.check_work(s, who, w, "start")
     if w.org_id != who.personal_org_id:
-        memberships.check_spend(s, who, memberships.access(s, who, w.org_id), now)
+        spend_limits.check_spend(s, who, memberships.access(s, who, w.org_id), now)
     if w.kind != "instance":
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:

@@ -12,7 +12,7 @@ import pytest
 
 import suanli
 from suanli.client import ApiError, Balance, Client, jsonable, load
-from suanli.control.money.metering import STATEMENT_FIELDS
+from suanli.control.money.usage_statement import STATEMENT_FIELDS
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, free_port, live_server
 from tests.sqlite_only import sqlite_db_url  # noqa: F401  (the SDK's subject is not the database)
 

@@ -19,7 +19,7 @@ from sqlalchemy import select
 
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.control.accounts import accounts
-from suanli.control.money import ledger, metering
+from suanli.control.money import ledger, metering, usage_statement
 from suanli.control.telemetry import health
 from suanli.db.engine import Database
 from suanli.db.models import LedgerTransaction, Workload
@@ -57,7 +57,7 @@ def test_a_run_of_7_01_s_is_billed_7_s_and_one_of_7_5_s_8(db: Database) -> None:
             metering.close_allocation(s, alloc, T0 + timedelta(milliseconds=runs[alloc]))
     metering.meter(db, "w", T0 + timedelta(seconds=30), window_s=1)
     with db.read() as s:
-        rows = {r["allocation"]: r for r in metering.statement(s, org[0])[0]}
+        rows = {r["allocation"]: r for r in usage_statement.statement(s, org[0])[0]}
         assert [rows[a]["seconds_charged"] for a in runs] == [7, 8, 1]
         assert [Decimal(rows[a]["cost"]) for a in runs] == [Decimal("0.07"), Decimal("0.08"), Decimal("0.01")]
         assert ledger.org_balance(s, org[0]) == Decimal("99.84")
@@ -199,7 +199,9 @@ def test_work_preempted_after_it_ended_unseen_is_charged_to_its_end_and_succeeds
     started, stopped = datetime.fromisoformat(a["started_at"]), datetime.fromisoformat(a["stopped_at"])
     assert (stopped - started).total_seconds() == 20, (started, stopped)
     with db.read() as s:
-        rows = [r for r in metering.statement(s, tenant.org_id)[0] if r["workload"] and wid in str(r["allocation"])]
+        rows = [
+            r for r in usage_statement.statement(s, tenant.org_id)[0] if r["workload"] and wid in str(r["allocation"])
+        ]
         assert [r["seconds_charged"] for r in rows] == [20], rows
         assert Decimal(rows[0]["cost"]) == cost_of(Decimal(a["rate_per_hour"]), 20)
         assert audit(s, 1) == []

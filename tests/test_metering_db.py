@@ -24,7 +24,7 @@ from suanli.billing.money import ZERO
 from suanli.control.accounts import accounts
 from suanli.control.errors import Conflict, PaymentRequired
 from suanli.control.ids import new_id
-from suanli.control.money import ledger, metering
+from suanli.control.money import ledger, metering, usage_statement
 from suanli.control.scheduling import inventory
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, LedgerTransaction, Membership, Org
@@ -330,20 +330,20 @@ def test_statements_match_the_ledger_per_allocation_user_and_workload(db: Databa
     metering.meter(db, "w", at(200_000), window_s=60)
     with db.read() as s:
         ledger_total = {a: t for a, (t, _) in usage_by_allocation(s).items()}
-        rows = metering.statement(s, org)[0]
+        rows = usage_statement.statement(s, org)[0]
         assert [r["allocation"] for r in rows] == ids[::-1]  # newest first
         for r in rows:
             assert Decimal(r["cost"]) == ledger_total.get(r["allocation"], ZERO)
         assert Decimal(rows[0]["cost"]) == ZERO and rows[0]["seconds_charged"] == 60
         assert rows[-1]["seconds_charged"] == 95 and Decimal(rows[-1]["cost"]) == cost_of(Decimal("7.5"), 95)
         assert rows[2]["seconds_charged"] == 180 and rows[2]["stopped_at"] is None  # live: whole windows only
-        mine = metering.statement(s, org, user_id=other_id)[0]
+        mine = usage_statement.statement(s, org, user_id=other_id)[0]
         assert {r["allocation"] for r in mine} == {ids[2], ids[3]} and {r["user"] for r in mine} == {
             "other@example.com"
         }
-        train = metering.statement(s, org, workload="train")[0]
+        train = usage_statement.statement(s, org, workload="train")[0]
         assert {r["allocation"] for r in train} == {ids[0], ids[2]}
-        parsed = list(csv.DictReader(io.StringIO(metering.statement_csv(rows))))
+        parsed = list(csv.DictReader(io.StringIO(usage_statement.statement_csv(rows))))
         assert [(p["allocation"], Decimal(p["cost"]), p["stopped_at"]) for p in parsed] == [
             (r["allocation"], Decimal(r["cost"]), r["stopped_at"] or "") for r in rows
         ]

@@ -22,7 +22,7 @@ from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control.accounts import accounts
 from suanli.control.errors import NotFound
-from suanli.control.money import ledger, metering, statement
+from suanli.control.money import ledger, statement, usage_statement
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["organisations"])
 
@@ -106,18 +106,18 @@ def usage(
     after: Annotated[
         str | None, Query(max_length=64, description="the previous page's `X-Next-After` header: the next page")
     ] = None,
-    limit: Annotated[int, Query(ge=1, le=metering.USAGE_MAX_PAGE)] = metering.USAGE_PAGE,
+    limit: Annotated[int, Query(ge=1, le=usage_statement.USAGE_MAX_PAGE)] = usage_statement.USAGE_PAGE,
     format: Annotated[Literal["json", "csv"], Query()] = "json",
 ) -> Response | list[dict[str, object]]:
     """Usage statement: one row per allocation (workload, user, GPUs, seconds charged, cost), newest first, `limit`
     rows a page; the `X-Next-After` header names the next page's `after` (absent on the last page)."""
     with ctx.db.read() as s:
         accounts.org_for(s, ctx.who, org_id)
-        rows, nxt = metering.statement(s, org_id, user_id=user_id, workload=workload, since=since, until=until,
+        rows, nxt = usage_statement.statement(s, org_id, user_id=user_id, workload=workload, since=since, until=until,
                                        after=after, limit=limit)  # fmt: skip
     headers = {"X-Next-After": nxt} if nxt is not None else {}
     if format == "csv":
-        return PlainTextResponse(metering.statement_csv(rows), media_type="text/csv", headers=headers)
+        return PlainTextResponse(usage_statement.statement_csv(rows), media_type="text/csv", headers=headers)
     return JSONResponse(rows, headers=headers)
 
 

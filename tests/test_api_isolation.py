@@ -49,14 +49,20 @@ SIGNED = {("POST", "/payments/{provider}/webhook")}
 # it), and a resend acts on the caller. This world sends no mail, so both answer 4xx here: 422 (no such token) and
 # 409 (no mail); what they do with mail is tests/test_email_verification.py.
 VERIFY = {("POST", "/verify"), ("POST", "/verify/resend")}
-PUBLIC = {("POST", "/signup"), ("POST", "/login"), ("POST", "/verify"), *SIGNED}  # no token needed
+# Passwords: a change acts on the caller and needs their current password (a wrong one here: 422); a reset link's
+# token is its own credential (none such here: 422), and asking for one answers 409 in this world without mail;
+# what they do is tests/test_passwords.py.
+PASSWORDS = {("PUT", "/me/password"): 422, ("POST", "/password/forgot"): 409, ("POST", "/password/reset"): 422}
+PUBLIC = {("POST", "/signup"), ("POST", "/login"), ("POST", "/verify"), ("POST", "/password/forgot"),
+          ("POST", "/password/reset"), *SIGNED}  # no token needed  # fmt: skip
 UNVERSIONED = {("GET", "/healthz"), ("GET", "/metrics")}  # the APIRoutes outside /api/v1
 # The web console's pages (suanli.web): they answer a session cookie only. Without one, a page sends the browser to
 # /login and a form is refused for its missing CSRF token; the sign-in pages and the API docs are public.
 CONSOLE = {(m, r.path) for router in WEB_ROUTERS for r in router.routes for m in getattr(r, "methods", ())} | {
     ("GET", "/docs")
 }
-CONSOLE_PUBLIC = {("GET", "/docs"), ("GET", "/login"), ("GET", "/signup"), ("GET", "/verify")}
+CONSOLE_PUBLIC = {("GET", "/docs"), ("GET", "/login"), ("GET", "/signup"), ("GET", "/verify"), ("GET", "/forgot"),
+                  ("GET", "/reset")}  # fmt: skip
 OPERATOR = {("POST", "/telemetry/samples"), ("GET", "/cluster/summary")}  # operator-only, outside /admin/
 PROBE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUqxWjtshpF4K1Wi probe"
 VICTIM_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPYgWGKugdE1qhZINwqTdx8vVRu8YjxWU0L7RLCUqHML victim"
@@ -258,6 +264,12 @@ def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[
         return {"email": w.attacker.email, "password": PASSWORD}
     if path == "/verify":
         return {"token": "A" * 43}
+    if path == "/me/password":
+        return {"current_password": "not-the-password", "new_password": "another-password-1"}
+    if path == "/password/forgot":
+        return {"email": w.victim.email}
+    if path == "/password/reset":
+        return {"token": "A" * 43, "new_password": "another-password-1"}
     if path == "/orgs":
         return {"name": f"mallory-org-{n}"}
     if path.endswith("/redeem"):  # a real code: the victim's own redemption works, the attacker's must not
@@ -369,6 +381,10 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
             r = api.request(method, full, json=body, headers=headers)
             if r.status_code != {"/verify": 422, "/verify/resend": 409}[path] or any(x in r.text for x in w.secrets()):
                 problems.append(f"{method} {path}: {r.status_code}: {r.text[:200]}")
+        elif (method, path) in PASSWORDS:
+            r = api.request(method, full, json=body, headers=headers)
+            if r.status_code != PASSWORDS[method, path] or any(x in r.text for x in w.secrets()):
+                problems.append(f"{method} {path}: {r.status_code}: {r.text[:200]}")
         elif (method, path) in GLOBAL:
             if (method, path) in RAW:  # a body that is not JSON
                 r = api.request(method, full, content=RAW[method, path], headers=headers)
@@ -407,7 +423,7 @@ def test_the_walk_was_not_refused_for_its_bodies(api: Any, world: World) -> None
     routes = sorted(api_routes(api.app), key=lambda r: (r[0] == "DELETE", -len(r[1])))
     for n, (method, full, model) in enumerate(routes):
         path = full[len(API) :]
-        if not full.startswith(API) or (method, path) in GLOBAL | CATALOG | SIGNED | LOCAL | VERIFY:
+        if not full.startswith(API) or (method, path) in GLOBAL | CATALOG | SIGNED | LOCAL | VERIFY | PASSWORDS.keys():
             continue
         body = _body(w, method, path, model, n)
         headers = w.admin if path.startswith("/admin/") else w.victim.headers

@@ -35,6 +35,7 @@ from suanli.api.routers import (
     market,
     members,
     orgs,
+    passwords,
     plans,
     reports,
     serve_quotes,
@@ -350,7 +351,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     async def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__, "database": db.dialect}
 
-    routers = (auth.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
+    routers = (auth.router, passwords.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
                telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
                volume_files.router, endpoints.router, reports.router, credit.router,
                serve_quotes.router)  # fmt: skip

@@ -174,6 +174,29 @@ class ResendOut(Out):
     sent_to: str
 
 
+class PasswordChangeIn(In):
+    current_password: str = Field(min_length=1, max_length=1024)
+    new_password: str = Field(min_length=1, max_length=1024)
+
+
+class PasswordResetAskIn(In):
+    email: str = Field(min_length=3, max_length=254)
+
+
+class PasswordResetIn(In):
+    token: str = Field(min_length=1, max_length=128, description="the token of the link in the reset e-mail")
+    new_password: str = Field(min_length=1, max_length=1024)
+
+
+class PasswordSetOut(Out):
+    email: str
+    revoked_tokens: int = Field(description="the user's other tokens (logins, console sessions, API tokens) revoked")
+
+
+class PasswordResetAskOut(Out):
+    detail: str
+
+
 class TokenIn(In):
     name: str = Field(min_length=1, max_length=128)
     expires_in_days: int | None = Field(None, ge=1, le=3650)

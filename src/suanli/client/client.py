@@ -36,6 +36,7 @@ from suanli.client.models import (
     NewToken,
     Offer,
     Org,
+    PasswordSet,
     Plan,
     Quote,
     Session,
@@ -230,6 +231,20 @@ class Client(
 
     def me(self) -> Me:
         return load(Me, self._get("/me"))
+
+    def change_password(self, current: str, new: str) -> PasswordSet:
+        """Set a new password, given the current one: every other token of yours is revoked, this client's stays.
+        Refused: 422 naming `current_password` (wrong; counted like a failed login) or `new_password`."""
+        body = {"current_password": current, "new_password": new}
+        return load(PasswordSet, self.call("PUT", "/me/password", body))
+
+    def forgot_password(self, email: str) -> str:
+        """Ask for a reset link mailed to `email`; the answer is the same whether or not an account has it."""
+        return str(self._post("/password/forgot", {"email": email}, auth=False)["detail"])
+
+    def reset_password(self, token: str, new: str) -> PasswordSet:
+        """Redeem a reset link's token with a new password: every token of that user is revoked (log in again)."""
+        return load(PasswordSet, self._post("/password/reset", {"token": token, "new_password": new}, auth=False))
 
     def tokens_list(self) -> list[Token]:
         return [load(Token, t) for t in self._get("/tokens")]

@@ -105,6 +105,12 @@ class Signup(Session):
 
 
 @dataclass(frozen=True)
+class PasswordSet:
+    email: str
+    revoked_tokens: int  # the user's other tokens (logins, console sessions, API tokens) revoked
+
+
+@dataclass(frozen=True)
 class Me:
     user: User
     orgs: tuple[Org, ...]

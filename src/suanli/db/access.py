@@ -76,3 +76,15 @@ class EmailVerification(Base):
     # whether redeeming it grants the trial credit: a signup's link, and a new one asked for by a user who had one;
     # not a link asked for by a user an operator made (who got the credit at creation, or was meant not to)
     grants_trial: Mapped[bool] = mapped_column(default=False, server_default=sa_false())
+
+
+class PasswordReset(Base):
+    """A link mailed to a user who forgot their password; redeeming it sets a new one. The token is stored as its
+    SHA-256 only, used once, and expires within the hour (`control.accounts.password_resets`)."""
+
+    __tablename__ = "password_resets"
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -388,7 +388,7 @@ class Lease(Base):
 
 # Telemetry and access tables (invitations, signup codes, login throttling) live in their own modules; importing them
 # here puts them in `Base.metadata` for migrations.
-from suanli.db.access import EmailVerification, Invitation, LoginThrottle, SignupCode  # noqa: E402
+from suanli.db.access import EmailVerification, Invitation, LoginThrottle, PasswordReset, SignupCode  # noqa: E402
 from suanli.db.credit import TopupBatch, TopupCode  # noqa: E402
 from suanli.db.hub import HubEntry  # noqa: E402
 from suanli.db.serving import (  # noqa: E402
@@ -404,4 +404,4 @@ from suanli.db.volumes import Volume, VolumeVersion  # noqa: E402
 
 __all__ = ["EmailVerification", "Endpoint", "EndpointEvent", "EndpointKey", "EndpointLoad", "EndpointReplica",
            "EndpointUsage", "GpuRollup", "GpuSampleRow", "HubEntry", "InjectedFault", "Invitation", "LoginThrottle",
-           "NodeEvent", "SignupCode", "TopupBatch", "TopupCode", "Volume", "VolumeVersion"]  # fmt: skip
+           "NodeEvent", "PasswordReset", "SignupCode", "TopupBatch", "TopupCode", "Volume", "VolumeVersion"]  # fmt: skip

@@ -28,6 +28,7 @@ from suanli.db.models import ApiToken, Membership, Org, User
 _hasher = PasswordHasher()
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}$")
 MIN_PASSWORD = 8
+MAX_PASSWORD = 1024
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,16 @@ def check_credentials(email: str, password: str) -> str:
     email = normalise_email(email)
     if not EMAIL.match(email):
         raise Invalid(f"email: {email!r} is not an email address")
-    if len(password) < MIN_PASSWORD:
-        raise Invalid(f"password: at least {MIN_PASSWORD} characters")
-    if len(password) > 1024:
-        raise Invalid("password: at most 1024 characters")
+    check_password(password)
     return email
+
+
+def check_password(password: str, field: str = "password") -> None:
+    """422 naming `field` for a password too short to keep out a guesser or too long to hash cheaply."""
+    if len(password) < MIN_PASSWORD:
+        raise Invalid(f"{field}: at least {MIN_PASSWORD} characters")
+    if len(password) > MAX_PASSWORD:
+        raise Invalid(f"{field}: at most {MAX_PASSWORD} characters")
 
 
 def hash_password(password: str) -> str:

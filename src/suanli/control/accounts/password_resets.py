@@ -1,0 +1,110 @@
+"""A new password: the user changes theirs (knowing the current one), redeems a reset link mailed to them, or an
+operator sets it (`suanli admin set-password`). Whichever way, every other session ends: all of the user's API
+tokens but the one that made the change are revoked, so a token stolen with the old password dies with it, and the
+reset links still out are spent.
+
+A reset link's token is 256 random bits, stored as its SHA-256 only, good once and for `TOKEN_TTL`. Asking for a
+link answers the same whether or not the address belongs to anyone, so the route cannot tell who is registered; it
+is throttled per address asked about (`ASK_EMAIL`) and per client address (`ASK_ADDRESS`), the same for a
+registered address as for any other, so it cannot flood a mailbox either.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from suanli.control.accounts import throttle
+from suanli.control.accounts.verification import TOKEN_MAX, TOKEN_SHAPE
+from suanli.control.errors import Conflict, Invalid
+from suanli.control.ids import new_secret, token_hash
+from suanli.db.access import PasswordReset
+from suanli.db.models import ApiToken, User
+from suanli.mail import Mail
+
+TOKEN_TTL = timedelta(hours=1)
+ASK_EMAIL = throttle.Bucket(3, 1200.0)  # links one address may be sent: 3 at once, then one every 20 minutes
+ASK_ADDRESS = throttle.Bucket(10, 360.0)  # asks from one client address: 10 at once, then 10 an hour
+PATH = "/reset"  # the console's page a link lands on (GET shows the form; only its POST redeems)
+UNKNOWN = "token: not a password reset token (copy the whole link from the e-mail)"
+
+__all__ = ["PATH", "TOKEN_MAX", "TOKEN_TTL", "ask", "check_known", "message", "redeem", "set_password"]
+
+
+def set_password(s: Session, user_id: str, hashed: str, now: datetime, keep_token_id: str | None = None) -> int:
+    """Store the new hash, revoke every token of the user but `keep_token_id`, and spend their reset links.
+    Returns how many tokens were revoked."""
+    s.execute(update(User).where(User.id == user_id).values(password_hash=hashed))
+    revoke = update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
+    if keep_token_id is not None:
+        revoke = revoke.where(ApiToken.id != keep_token_id)
+    revoked = s.execute(revoke.values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
+    s.execute(
+        update(PasswordReset)
+        .where(PasswordReset.user_id == user_id, PasswordReset.used_at.is_(None))
+        .values(used_at=now)
+        .execution_options(synchronize_session=False)
+    )
+    return int(revoked or 0)
+
+
+def ask(s: Session, email: str, address: str, now: datetime) -> tuple[str, str] | None:
+    """Count an ask for a link to `email` (normalised) from `address` (429 past either bucket), and return the
+    address and a new token to mail, or None when nobody has that address (the caller answers the same)."""
+    throttle.count(s, ("reset-address", throttle.counted_address(address)), ASK_ADDRESS, now,
+                   "too many password resets asked for from your address")  # fmt: skip
+    throttle.count(s, ("reset-email", email), ASK_EMAIL, now, "email: too many reset links asked for this address")
+    user = s.scalar(select(User).where(User.email == email))
+    if user is None:
+        return None
+    plain = new_secret()
+    s.add(PasswordReset(token_hash=token_hash(plain), user_id=user.id, created_at=now,
+                        expires_at=now + TOKEN_TTL, used_at=None))  # fmt: skip
+    s.flush()
+    return user.email, plain
+
+
+def check_known(s: Session, token: str) -> None:
+    """422 for a token not of our shape or matching no link: checked on a read, before the new password is hashed,
+    so garbage sent to the unauthenticated route costs neither the write lock nor a hash."""
+    if not TOKEN_SHAPE.fullmatch(token) or s.get(PasswordReset, token_hash(token)) is None:
+        raise Invalid(UNKNOWN)
+
+
+def redeem(s: Session, token: str, now: datetime) -> User:
+    """Spend the link: the user it was mailed to, or 422/409 naming `token`. Of two redeems at once only one wins
+    (the conditional update decides); the caller then sets the password in the same transaction."""
+    if not TOKEN_SHAPE.fullmatch(token):
+        raise Invalid(UNKNOWN)
+    h = token_hash(token)
+    row = s.get(PasswordReset, h)
+    if row is None:
+        raise Invalid(UNKNOWN)
+    if row.used_at is not None:
+        raise Conflict("token: this link was used already (or a newer password was set); ask for a new one")
+    if row.expires_at <= now:
+        raise Invalid("token: this link has expired; ask for a new one")
+    won = s.execute(
+        update(PasswordReset)
+        .where(PasswordReset.token_hash == h, PasswordReset.used_at.is_(None))
+        .values(used_at=now)
+        .execution_options(synchronize_session=False)
+    ).rowcount
+    user = s.get(User, row.user_id)
+    if won != 1 or user is None:
+        raise Conflict("token: this link was used already (or a newer password was set); ask for a new one")
+    return user
+
+
+def message(to: str, site_url: str, token: str) -> Mail:
+    link = f"{site_url}{PATH}?token={token}"
+    minutes = int(TOKEN_TTL.total_seconds() // 60)
+    body = (
+        "Someone (we hope you) asked to reset the password of the suanli account with this address.\n\n"
+        f"Open this link to choose a new password:\n\n    {link}\n\n"
+        f"The link works once, for {minutes} minutes. Setting a new password signs you out everywhere else. "
+        "If you did not ask, ignore this message: your password stays as it is.\n"
+    )
+    return Mail(to=to, subject="Reset your suanli password", body=body)

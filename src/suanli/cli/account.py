@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from suanli.cli import credentials as cred
-from suanli.cli import market, orgs
+from suanli.cli import market, orgs, passwords
 from suanli.cli.common import (
     JsonOpt,
     check_positive,
@@ -350,6 +350,8 @@ def register(app: typer.Typer) -> None:
     for name, fn in (("signup", signup), ("login", login), ("logout", logout), ("whoami", whoami), ("verify", verify),
                      ("offers", market.offers), ("quote", market.quote), ("balance", balance), ("usage", usage),
                      ("statement", statement)):  # fmt: skip
+        app.command(name)(fn)
+    for name, fn in passwords.COMMANDS:
         app.command(name)(fn)
     app.add_typer(tokens_app, name="tokens")
     app.add_typer(orgs.orgs_app, name="orgs")

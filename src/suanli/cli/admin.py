@@ -2,14 +2,14 @@
 the price book's in `suanli.cli.admin_prices` and the GPU telemetry commands of `suanli.cli.telemetry` (top, events,
 fault, node-metrics).
 
-All go through the API with an admin login, except `create-user`, which opens the database directly: it is
-how the first admin is made, before anyone can log in.
+All go through the API with an admin login, except `create-user` and `set-password` (`suanli.cli.admin_users`),
+which open the database directly: that is how the first admin is made, before anyone can log in, and how an
+operator who forgot their password gets back in.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from decimal import Decimal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,12 +18,12 @@ import yaml
 from rich.table import Table
 from rich.text import Text
 
+from suanli.cli import admin_users, telemetry
 from suanli.cli import credentials as cred
-from suanli.cli import telemetry
 from suanli.cli.admin_invites import invites_app
 from suanli.cli.admin_prices import prices_app
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
-from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, when
+from suanli.cli.credentials import ServerOpt, jsonable, money, when
 from suanli.cli.credit import codes_app
 from suanli.cli.hub import admin_app as hub_admin_app
 from suanli.cli.workload_views import span
@@ -31,11 +31,15 @@ from suanli.cli.workload_views import span
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
     from suanli.client import Node
 
-app = typer.Typer(no_args_is_help=True, help="Operator commands (an admin login; create-user needs none).")
+app = typer.Typer(
+    no_args_is_help=True, help="Operator commands (an admin login; create-user and set-password need none)."
+)
 app.add_typer(invites_app, name="invites")
 app.add_typer(codes_app, name="codes")
 app.add_typer(hub_admin_app, name="hub")
 app.add_typer(prices_app, name="prices")
+app.command("create-user")(admin_users.create_user)
+app.command("set-password")(admin_users.set_password)
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]
 NodeArg = Annotated[str, typer.Argument(metavar="NODE", help="Node name or id.")]
 ReasonOpt = Annotated[str, typer.Option("--reason", help="Why (shown in 'suanli admin nodes').")]
@@ -60,51 +64,6 @@ def users(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     for u in rows:
         table.add_row(u.email, u.id, "yes" if u.is_admin else "", u.personal_org_id, when(u.created_at))
     console.print(table)
-
-
-@app.command("create-user")
-def create_user(
-    email: Annotated[str, typer.Option("--email", help="The new user's email address.")],
-    admin: Annotated[bool, typer.Option("--admin", help="Make the user an operator.")] = False,
-    trial_credit: Annotated[bool, typer.Option("--trial-credit", help="Grant the sign-up trial credit.")] = False,
-    password_stdin: PasswordStdinOpt = False,
-    db: Annotated[
-        str | None, typer.Option("--db", help="Database URL (default: SUANLI_DB, else SQLite in SUANLI_HOME).")
-    ] = None,
-    config: Annotated[Path | None, typer.Option("--config", help="The server's YAML settings file.")] = None,
-) -> None:
-    """Create a user in the database directly (migrating it first): no server or login needed.
-
-    This is how the first admin is made: `suanli admin create-user --email ops@example.com --admin`."""
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from suanli.api.app import bootstrap
-    from suanli.control.accounts import accounts
-    from suanli.control.errors import ServiceError
-    from suanli.control.ids import utcnow
-    from suanli.control.settings import load
-    from suanli.db.engine import Database
-
-    password = cred.read_password(password_stdin, confirm=True)
-    try:
-        settings = load({"db": db}, config_file=config)
-    except ServiceError as e:
-        fail(e.message)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    database = Database(settings.db_url)
-    try:
-        bootstrap(database, settings)
-        with database.write() as s, s.begin():
-            credit = settings.trial_credit if trial_credit else Decimal(0)
-            user, org = accounts.create_user(s, email, password, utcnow(), admin=admin, trial_credit=credit)
-    except ServiceError as e:
-        fail(e.message)
-    except SQLAlchemyError as e:
-        typer.echo(f"error: database: {' '.join(str(e.orig or e).split())[:300]}", err=True)
-        raise typer.Exit(cred.EXIT_UNAVAILABLE) from None
-    finally:
-        database.dispose()
-    console.print(f"created {'admin ' if admin else ''}user [bold]{user.email}[/] ({user.id}; org {org.id})")
 
 
 @app.command("orgs")

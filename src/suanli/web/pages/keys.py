@@ -1,4 +1,5 @@
-"""API tokens (create with a name and an expiry, shown once; revoke) and SSH public keys (add, remove)."""
+"""API tokens (create with a name and an expiry, shown once; revoke), SSH public keys (add, remove) and the
+password (change it, knowing the current one: every other session and token is revoked, this browser's stays)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ async def _view(page: Page, status: int = 200, **extra: Any) -> Response:
     for t in tokens:
         t["this_session"] = bool(t["prefix"]) and mine.startswith(t["prefix"])
     ctx: dict[str, Any] = {"tokens": tokens, "ssh_keys": await page.get("/keys"), "new_token": None,
-                           "error": None, "fields": {}, "token_form": {}, "key_form": {}, "form": None}  # fmt: skip
+                           "error": None, "fields": {}, "token_form": {}, "key_form": {}, "form": None,
+                           "password_changed": None}  # fmt: skip
     ctx.update(extra)
     return page.render("account/keys.html", status=status, **ctx)
 
@@ -32,9 +34,11 @@ def _failed(e: ApiError, form: str, default_field: str, known: tuple[str, ...]) 
 
 
 @router.get("/keys")
-async def keys(page: Tenant) -> Response:
-    """The page; right after a token was made, its secret this once (web/once.py)."""
-    return await _view(page, new_token=await once.take(page, "/keys"))
+async def keys(page: Tenant, password: str = "") -> Response:
+    """The page; right after a token was made, its secret this once (web/once.py); after a password change, how
+    many other tokens it revoked."""
+    revoked = int(password) if password.isdigit() and len(password) <= 6 else None
+    return await _view(page, new_token=await once.take(page, "/keys"), password_changed=revoked)
 
 
 @router.post("/keys/tokens")
@@ -79,3 +83,18 @@ async def remove_ssh_key(key_id: str, request: Request, page: Tenant) -> Respons
     except ApiError as e:
         return await _view(page, status=e.status, error=e.detail)
     return done("/keys")
+
+
+@router.post("/keys/password")
+async def change_password(request: Request, page: Tenant) -> Response:
+    data = await session.form(request, page)
+    if data.get("new_password", "") != data.get("new_password_again", ""):
+        fields = {"new_password_again": page.t("The two new passwords differ.", "两次输入的新密码不一致。")}
+        return await _view(page, status=422, fields=fields, form="password")
+    body = {"current_password": data.get("current_password", ""), "new_password": data.get("new_password", "")}
+    try:
+        out = (await page.api("PUT", "/me/password", json=body)).json()
+    except ApiError as e:
+        known = ("current_password", "new_password")
+        return await _view(page, **_failed(e, "password", "current_password", known))
+    return done(f"/keys?password={int(out['revoked_tokens'])}#password")

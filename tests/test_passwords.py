@@ -7,6 +7,7 @@ receiving the mail and the test clicking the link it finds there."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -15,9 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from suanli.api.routers import passwords as routes
 from suanli.control.accounts import accounts, password_resets
 from suanli.control.ids import token_hash
 from suanli.db.access import PasswordReset
+from suanli.db.models import ProxySession, Workload
 from tests.concurrency import at_once
 from tests.control_plane import Tenant, bearer, signup
 from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
@@ -107,7 +110,7 @@ def test_a_new_password_ends_every_other_session_and_token(api: TestClient) -> N
     bystander = signup(api, "bystander@example.com")
     r = _change(api, who.token, "tenant-password", "new-password-1")
     assert r.status_code == 200, r.text
-    assert r.json() == {"email": "moved@example.com", "revoked_tokens": 2}
+    assert r.json() == {"email": "moved@example.com", "revoked_tokens": 2, "removed_ssh_keys": 0}
     assert _works(api, who.token)  # the session that changed it stays
     assert not _works(api, other_login) and not _works(api, api_token)
     assert _works(api, bystander.token)  # nobody else's
@@ -161,7 +164,7 @@ def test_the_mailed_link_sets_a_new_password_once_and_signs_out_everywhere(mail_
     with mail_api.app.state.server.db.read() as s:  # type: ignore[attr-defined]
         assert list(s.scalars(select(PasswordReset.token_hash))) == [token_hash(token)]  # its hash only
     r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "fresh-password-1"})
-    assert r.status_code == 200 and r.json() == {"email": who.email, "revoked_tokens": 3}, r.text
+    assert r.status_code == 200 and r.json() == {"email": who.email, "revoked_tokens": 3, "removed_ssh_keys": 0}, r.text
     assert not any(_works(mail_api, t) for t in (who.token, other_login, api_token))
     assert _login(mail_api, who.email, "tenant-password") == 401
     assert _login(mail_api, who.email, "fresh-password-1") == 200
@@ -221,3 +224,107 @@ def test_eight_redeems_of_one_link_at_once_set_one_password(mail_api: TestClient
     with mail_api.app.state.server.db.read() as s:  # type: ignore[attr-defined]
         stored = accounts.password_hash_of(s, who.email)  # not by logging in 8 times: that is throttled
     assert [p for p in passwords if accounts.verify_password(stored, p)] == [winner]
+
+
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUqxWjtshpF4K1Wi thief@laptop"
+
+
+def _proxy_session(api: TestClient, who: Tenant, n: int) -> str:
+    """A JupyterLab cookie of the user's into a workload of theirs, as the instance proxy stores it."""
+    now, wid, cookie = datetime.now(UTC), f"wl_box{n}", token_hash(f"cookie-{n}-{who.user_id}")
+    with api.app.state.server.db.write() as s, s.begin():  # type: ignore[attr-defined]
+        s.add(Workload(id=wid, org_id=who.org_id, user_id=who.user_id, name=f"box{n}", kind="instance",
+                       spec={"name": f"box{n}", "kind": "instance"}, state="running", created_at=now,
+                       submitted_at=now, queued_at=now))  # fmt: skip
+        s.flush()
+        s.add(ProxySession(id=cookie, kind="session", user_id=who.user_id, workload_id=wid, target="lab",
+                           created_at=now, expires_at=now + timedelta(hours=12)))  # fmt: skip
+    return cookie
+
+
+def _has_proxy_session(api: TestClient, key: str) -> bool:
+    with api.app.state.server.db.read() as s:  # type: ignore[attr-defined]
+        return s.get(ProxySession, key) is not None
+
+
+def test_a_reset_removes_what_a_squatter_left_and_a_change_ends_proxy_sessions(mail_api: TestClient,
+                                                                              inbox: Inbox) -> None:  # fmt: skip
+    """Someone signs up first with another's address (no verification is needed to add an SSH key) and opens
+    JupyterLab; the address's owner takes the account back by mail: the key and the cookie go with the old
+    password. A change (the owner knows the password and sees their keys on the same page) keeps the keys."""
+    squatter = signup(mail_api, "owner@example.com")
+    assert mail_api.post(f"{API}/keys", json={"public_key": KEY}, headers=squatter.headers).status_code == 201
+    cookie = _proxy_session(mail_api, squatter, 1)
+    assert _change(mail_api, squatter.token, "tenant-password", "squatter-password-2").status_code == 200
+    assert not _has_proxy_session(mail_api, cookie)  # a change ends proxy sessions
+    cookie = _proxy_session(mail_api, squatter, 2)
+    assert len(mail_api.get(f"{API}/keys", headers=squatter.headers).json()) == 1  # and keeps the keys
+    assert mail_api.post(f"{API}/password/forgot", json={"email": "owner@example.com"}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})
+    assert r.status_code == 200 and r.json()["removed_ssh_keys"] == 1, r.text
+    assert not _has_proxy_session(mail_api, cookie) and not _works(mail_api, squatter.token)
+    owner = mail_api.post(f"{API}/login", json={"email": "owner@example.com", "password": "owner-password-1"})
+    assert mail_api.get(f"{API}/keys", headers=bearer(owner.json()["token"])).json() == []
+
+
+def test_a_change_in_flight_never_undoes_a_reset(mail_api: TestClient, inbox: Inbox,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A thief who knows the password keeps changing it; the owner resets by mail while one change is between
+    its check of the current password and its write. The reset wins: the change finds another password set
+    meanwhile (409) and the owner's new session stays. With the reset held open after it spent the link, the change
+    waits its turn on PostgreSQL rather than deadlocking (503)."""
+    who = signup(mail_api, "contested@example.com")
+    thief = mail_api.post(f"{API}/login", json={"email": who.email, "password": "tenant-password"}).json()["token"]
+    checked, go = threading.Event(), threading.Event()
+    real_finish = routes._finish_change
+
+    def held_finish(*args: Any) -> Any:
+        checked.set()
+        assert go.wait(30)
+        return real_finish(*args)
+
+    monkeypatch.setattr(routes, "_finish_change", held_finish)
+    change: list[Any] = []
+    t = threading.Thread(target=lambda: change.append(_change(mail_api, thief, "tenant-password", "thief-password-1")))
+    t.start()
+    assert checked.wait(30)
+    assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})
+    assert r.status_code == 200, r.text
+    owner = mail_api.post(f"{API}/login", json={"email": who.email, "password": "owner-password-1"}).json()["token"]
+    go.set()
+    t.join(30)
+    assert change[0].status_code in (401, 409), change[0].text
+    assert _login(mail_api, who.email, "owner-password-1") == 200 and _works(mail_api, owner)
+    assert _login(mail_api, who.email, "thief-password-1") == 401
+
+
+def test_a_reset_held_open_makes_a_change_wait_not_deadlock(mail_api: TestClient, inbox: Inbox,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    who = signup(mail_api, "turns@example.com")
+    assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    spent, go = threading.Event(), threading.Event()
+    real_redeem = password_resets.redeem
+
+    def held_redeem(s: Any, tok: str, now: Any) -> Any:
+        user = real_redeem(s, tok, now)
+        spent.set()
+        go.wait(3)  # the change starts meanwhile, and must wait for this transaction, not deadlock with it
+        return user
+
+    monkeypatch.setattr(password_resets, "redeem", held_redeem)
+    reset: list[Any] = []
+    t = threading.Thread(target=lambda: reset.append(mail_api.post(
+        f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})))  # fmt: skip
+    t.start()
+    assert spent.wait(30)
+    timer = threading.Timer(1.0, go.set)
+    timer.start()
+    change = _change(mail_api, who.token, "tenant-password", "changed-password-1")
+    t.join(30)
+    assert reset[0].status_code == 200, reset[0].text
+    assert change.status_code in (401, 409, 422), change.text  # after the reset: its session or its password is gone
+    assert _login(mail_api, who.email, "owner-password-1") == 200

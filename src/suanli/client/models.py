@@ -108,6 +108,7 @@ class Signup(Session):
 class PasswordSet:
     email: str
     revoked_tokens: int  # the user's other tokens (logins, console sessions, API tokens) revoked
+    removed_ssh_keys: int = 0  # the user's SSH keys removed (a reset removes them; a change does not)
 
 
 @dataclass(frozen=True)

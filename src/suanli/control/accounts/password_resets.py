@@ -1,7 +1,9 @@
 """A new password: the user changes theirs (knowing the current one), redeems a reset link mailed to them, or an
 operator sets it (`suanli admin set-password`). Whichever way, every other session ends: all of the user's API
-tokens but the one that made the change are revoked, so a token stolen with the old password dies with it, and the
-reset links still out are spent.
+tokens but the one that made the change are revoked, so a token stolen with the old password dies with it; their
+instance proxy sessions (JupyterLab's cookies) end; and the reset links still out are spent. A reset and the
+operator's command also remove the user's SSH keys: whoever had the account before (a thief, or someone who signed
+up with another's address first) may have added one, and the owner who regains it by mail has not seen them.
 
 A reset link's token is 256 random bits, stored as its SHA-256 only, good once and for `TOKEN_TTL`. Asking for a
 link answers the same whether or not the address belongs to anyone, so the route cannot tell who is registered; it
@@ -11,17 +13,18 @@ registered address as for any other, so it cannot flood a mailbox either.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from suanli.control.accounts import throttle
 from suanli.control.accounts.verification import TOKEN_MAX, TOKEN_SHAPE
-from suanli.control.errors import Conflict, Invalid
+from suanli.control.errors import Conflict, Invalid, Unauthorized
 from suanli.control.ids import new_secret, token_hash
 from suanli.db.access import PasswordReset
-from suanli.db.models import ApiToken, User
+from suanli.db.models import ApiToken, ProxySession, SshKey, User
 from suanli.mail import Mail
 
 TOKEN_TTL = timedelta(hours=1)
@@ -30,32 +33,63 @@ ASK_ADDRESS = throttle.Bucket(10, 360.0)  # asks from one client address: 10 at 
 PATH = "/reset"  # the console's page a link lands on (GET shows the form; only its POST redeems)
 UNKNOWN = "token: not a password reset token (copy the whole link from the e-mail)"
 
-__all__ = ["PATH", "TOKEN_MAX", "TOKEN_TTL", "ask", "check_known", "message", "redeem", "set_password"]
+__all__ = ["PATH", "TOKEN_MAX", "TOKEN_TTL", "SignedOut", "check_known", "count_ask", "issue", "message", "redeem",
+           "set_password"]  # fmt: skip
 
 
-def set_password(s: Session, user_id: str, hashed: str, now: datetime, keep_token_id: str | None = None) -> int:
-    """Store the new hash, revoke every token of the user but `keep_token_id`, and spend their reset links.
-    Returns how many tokens were revoked."""
-    s.execute(update(User).where(User.id == user_id).values(password_hash=hashed))
+@dataclass(frozen=True)
+class SignedOut:
+    """What a new password ended: the user's other tokens, and (on a reset) their SSH keys."""
+
+    tokens: int
+    ssh_keys: int
+
+
+def set_password(
+    s: Session, user_id: str, hashed: str, now: datetime, *, keep_token_id: str | None = None,
+    expected_hash: str | None = None, drop_ssh_keys: bool = False,
+) -> SignedOut:  # fmt: skip
+    """Store the new hash, revoke every token of the user but `keep_token_id` (401 if that one was revoked
+    meanwhile), end their instance proxy sessions, spend their reset links, and with `drop_ssh_keys` remove their
+    SSH keys. `expected_hash`: the hash the current password was checked against; 409 when another new password
+    was set meanwhile (a change never undoes a reset that landed while it was hashing). The user's row is locked
+    first, as `redeem` locks it: a change and a reset at once take turns rather than deadlock."""
+    q = update(User).where(User.id == user_id)
+    if expected_hash is not None:
+        q = q.where(User.password_hash == expected_hash)
+    if s.execute(q.values(password_hash=hashed).execution_options(synchronize_session=False)).rowcount != 1:
+        raise Conflict("current_password: the password was changed meanwhile; log in again"
+                       if expected_hash is not None else "the user no longer exists")  # fmt: skip
+    if keep_token_id is not None:
+        kept = s.execute(select(ApiToken.revoked_at).where(ApiToken.id == keep_token_id).with_for_update()).first()
+        if kept is None or kept.revoked_at is not None:
+            raise Unauthorized("token revoked; log in again")
     revoke = update(ApiToken).where(ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None))
     if keep_token_id is not None:
         revoke = revoke.where(ApiToken.id != keep_token_id)
-    revoked = s.execute(revoke.values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
+    tokens = s.execute(revoke.values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
+    s.execute(delete(ProxySession).where(ProxySession.user_id == user_id))  # JupyterLab's cookies: a shell each
+    keys = s.execute(delete(SshKey).where(SshKey.user_id == user_id)).rowcount if drop_ssh_keys else 0
     s.execute(
         update(PasswordReset)
         .where(PasswordReset.user_id == user_id, PasswordReset.used_at.is_(None))
         .values(used_at=now)
         .execution_options(synchronize_session=False)
     )
-    return int(revoked or 0)
+    return SignedOut(int(tokens or 0), int(keys or 0))
 
 
-def ask(s: Session, email: str, address: str, now: datetime) -> tuple[str, str] | None:
-    """Count an ask for a link to `email` (normalised) from `address` (429 past either bucket), and return the
-    address and a new token to mail, or None when nobody has that address (the caller answers the same)."""
+def count_ask(s: Session, email: str, address: str, now: datetime) -> None:
+    """Count an ask for a link to `email` (normalised) from `address`, or refuse it with 429: the same for an
+    address nobody has."""
     throttle.count(s, ("reset-address", throttle.counted_address(address)), ASK_ADDRESS, now,
                    "too many password resets asked for from your address")  # fmt: skip
     throttle.count(s, ("reset-email", email), ASK_EMAIL, now, "email: too many reset links asked for this address")
+
+
+def issue(s: Session, email: str, now: datetime) -> tuple[str, str] | None:
+    """A new link for the user with this (normalised) address: their address and the token to mail, or None when
+    nobody has it. Run after the answer was sent (`count_ask` decided it), so its work does not time the answer."""
     user = s.scalar(select(User).where(User.email == email))
     if user is None:
         return None
@@ -86,6 +120,8 @@ def redeem(s: Session, token: str, now: datetime) -> User:
         raise Conflict("token: this link was used already (or a newer password was set); ask for a new one")
     if row.expires_at <= now:
         raise Invalid("token: this link has expired; ask for a new one")
+    # The user's row first, as `set_password` takes it (FOR NO KEY UPDATE: what only refers to the user waits not).
+    s.execute(select(User.id).where(User.id == row.user_id).with_for_update(key_share=True))
     won = s.execute(
         update(PasswordReset)
         .where(PasswordReset.token_hash == h, PasswordReset.used_at.is_(None))

@@ -26,7 +26,7 @@ def test_cli_change_forget_and_reset(db_url: str, tmp_path: Path) -> None:
         p = suanli(["passwd", "--password-stdin"], fay, url, stdin="wrong-password\nfay-password-2\n", code=2)
         assert "current_password" in p.stderr, p.stderr
         p = suanli(["passwd", "--password-stdin", "--json"], fay, url, stdin="fay-password-1\nfay-password-2\n")
-        assert json.loads(p.stdout) == {"email": "fay@example.com", "revoked_tokens": 1}
+        assert json.loads(p.stdout) == {"email": "fay@example.com", "revoked_tokens": 1, "removed_ssh_keys": 0}
         assert "fay@example.com" in suanli(["whoami"], fay, url).stdout  # this login stays
         assert "revoked" in suanli(["whoami"], laptop, url, code=2).stderr  # the laptop's is gone
 
@@ -36,10 +36,9 @@ def test_cli_change_forget_and_reset(db_url: str, tmp_path: Path) -> None:
         with box.lock:
             bodies = [m.get_body(("plain",)).get_content() for _, m in box.received]  # type: ignore[union-attr]
         link = next(m.group(0) for b in bodies if (m := RESET_LINK.search(b)))
-        p = suanli(["reset-password", link, "--password-stdin"], tmp_path / "anyone", url, stdin="fay-password-3\n")
-        assert "password set for fay@example.com; 1 token(s) revoked" in p.stdout, p.stdout
-        p = suanli(["reset-password", link, "--password-stdin"], tmp_path / "anyone", url, stdin="x-password-4\n",
-                   code=2)  # fmt: skip
+        p = suanli(["reset-password", "--stdin"], tmp_path / "anyone", url, stdin=f"{link}\nfay-password-3\n")
+        assert "password set for fay@example.com; 1 token(s) revoked, 0 SSH key(s) removed" in p.stdout, p.stdout
+        p = suanli(["reset-password", "--stdin"], tmp_path / "anyone", url, stdin=f"{link}\nx-password-4\n", code=2)
         assert "used already" in p.stderr, p.stderr
         assert "revoked" in suanli(["whoami"], fay, url, code=2).stderr
         p = suanli(["login", "--email", "fay@example.com", "--password-stdin"], fay, url, stdin="fay-password-3\n")
@@ -65,7 +64,7 @@ def test_admin_set_password_on_the_database_directly(db_url: str, tmp_path: Path
         token = json.loads((ops / "credentials.json").read_text())[srv.url]["token"]
     set_pw = ["admin", "set-password", "--email", " OPS@example.com ", "--password-stdin", "--db", db_url]
     p = suanli(set_pw, tmp_path / "root", nowhere, stdin="ops-password-2\n")
-    assert "password set for ops@example.com; 1 token(s) revoked" in p.stdout, p.stdout
+    assert "password set for ops@example.com; 1 token(s) revoked, 0 SSH key(s) removed" in p.stdout, p.stdout
     short = suanli(set_pw, tmp_path / "root", nowhere, stdin="short\n", code=2)
     assert short.stderr.startswith("error: password: at least 8"), short.stderr
     nobody = ["admin", "set-password", "--email", "nobody@example.com", "--password-stdin", "--db", db_url]

@@ -82,8 +82,9 @@ def create_user(
 
 def set_password(email: EmailOpt, password_stdin: PasswordStdinOpt = False, db: DbOpt = None,
                  config: ConfigOpt = None) -> None:  # fmt: skip
-    """Set a user's password in the database directly: no server or login needed. Every token of the user is
-    revoked (a running server stops accepting them within 5 seconds) and their reset links are spent."""
+    """Set a user's password in the database directly: no server or login needed. As a reset by mail does, it
+    revokes every token of the user (a running server stops accepting them within 5 seconds), ends their instance
+    proxy sessions, spends their reset links and removes their SSH keys."""
     from sqlalchemy import select
 
     from suanli.control.accounts import accounts, password_resets
@@ -102,5 +103,6 @@ def set_password(email: EmailOpt, password_stdin: PasswordStdinOpt = False, db: 
         user_id = s.scalar(select(User.id).where(User.email == address))
         if user_id is None:
             fail(f"no user has the email {address} ('suanli admin users' lists them)")
-        revoked = password_resets.set_password(s, user_id, hashed, utcnow())
-    console.print(f"password set for [bold]{address}[/]; {revoked} token(s) revoked")
+        out = password_resets.set_password(s, user_id, hashed, utcnow(), drop_ssh_keys=True)
+    console.print(f"password set for [bold]{address}[/]; {out.tokens} token(s) revoked, {out.ssh_keys} SSH key(s) "
+                  "removed")  # fmt: skip

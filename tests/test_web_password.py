@@ -62,12 +62,17 @@ def test_the_keys_page_changes_the_password_and_keeps_this_browser(mail_api: Tes
     assert _login_status(mail_api, "pw-web@example.com", "tenant-password") == 200  # nothing changed yet
     ok = c.post("/keys/password", {"current_password": "tenant-password", "new_password": "new-password-1",
                                    "new_password_again": "new-password-1"}, csrf_from="/keys", headers=EN)  # fmt: skip
-    assert ok.status_code == 303 and ok.headers["location"] == "/keys?password=2#password"  # the phone, the check
-    shown = c.get(ok.headers["location"], headers=EN)
-    assert shown.status_code == 200 and 'id="password-changed"' in shown.text  # this browser is still logged in
+    assert ok.status_code == 303 and ok.headers["location"] == "/keys", ok.headers
+    shown = c.get("/keys", headers=EN)
+    assert shown.status_code == 200  # this browser is still logged in
+    notice = re.search(r'id="password-changed">([^<]*)<', shown.text)
+    assert notice and notice.group(1).endswith(": 2"), shown.text  # the phone and the check's login
+    assert 'id="password-changed"' not in c.get("/keys", headers=EN).text  # said once
     assert mail_api.get("/api/v1/me", headers=bearer(phone)).status_code == 401
     assert _login_status(mail_api, "pw-web@example.com", "new-password-1") == 200
-    assert 'id="password-changed"' not in c.get("/keys?password=<script>", headers=EN).text
+    title = re.search(r"<title>(.*?)</title>", shown.text, re.S)
+    assert title and "<" not in title.group(1) and shown.text.count('id="password-form"') == 1
+    assert 'id="password-changed"' not in c.get("/keys?password=5", headers=EN).text  # a link cannot make it say so
 
 
 def test_forgot_and_the_mailed_link_set_a_new_password_once(mail_api: TestClient, inbox: Inbox) -> None:
@@ -91,6 +96,7 @@ def test_forgot_and_the_mailed_link_set_a_new_password_once(mail_api: TestClient
     r = anon.post("/reset", {"token": token, "new_password": "found-password-1",
                              "new_password_again": "found-password-1"}, csrf_from="/forgot", headers=EN)  # fmt: skip
     assert r.status_code == 200 and 'id="reset-done"' in r.text and "lost@example.com" in r.text, r.text
+    assert "0 SSH key(s) were removed" in r.text
     assert c.get("/keys").status_code in (302, 303)  # the old browser session ended: back to the login page
     again = anon.post("/reset", {"token": token, "new_password": "thief-password-1",
                                  "new_password_again": "thief-password-1"}, csrf_from="/forgot", headers=EN)  # fmt: skip

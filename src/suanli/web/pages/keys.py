@@ -34,11 +34,13 @@ def _failed(e: ApiError, form: str, default_field: str, known: tuple[str, ...]) 
 
 
 @router.get("/keys")
-async def keys(page: Tenant, password: str = "") -> Response:
-    """The page; right after a token was made, its secret this once (web/once.py); after a password change, how
-    many other tokens it revoked."""
-    revoked = int(password) if password.isdigit() and len(password) <= 6 else None
-    return await _view(page, new_token=await once.take(page, "/keys"), password_changed=revoked)
+async def keys(page: Tenant) -> Response:
+    """The page; right after a token was made, its secret this once (web/once.py); right after a password change,
+    how many other tokens it revoked (held the same way: a link cannot make the page say so)."""
+    shown = await once.take(page, "/keys")
+    if isinstance(shown, dict) and "password_changed" in shown:
+        return await _view(page, password_changed=int(shown["password_changed"]))
+    return await _view(page, new_token=shown)
 
 
 @router.post("/keys/tokens")
@@ -97,4 +99,5 @@ async def change_password(request: Request, page: Tenant) -> Response:
     except ApiError as e:
         known = ("current_password", "new_password")
         return await _view(page, **_failed(e, "password", "current_password", known))
-    return done(f"/keys?password={int(out['revoked_tokens'])}#password")
+    said = {"password_changed": int(out["revoked_tokens"])}
+    return await once.redirect(page, "/keys", said, lambda: _view(page, password_changed=said["password_changed"]))

@@ -57,6 +57,9 @@ async def reset(request: Request, page: Anon) -> Response:
         bad_token = "token" in fields or e.detail.startswith("token:")
         return page.render("reset.html", status=e.status, token="" if bad_token else token,
                            error=fields.get("token") or e.detail, fields=fields, done=None)  # fmt: skip
-    done = page.t(f"The password of {r['email']} is set. Every session was signed out: log in with the new one.",
-                  f"{r['email']} 的密码已设置。所有会话均已退出：请用新密码登录。")  # fmt: skip
+    keys = int(r.get("removed_ssh_keys", 0))
+    done = page.t(f"The password of {r['email']} is set. Every session was signed out and {keys} SSH key(s) were "
+                  "removed: log in with the new password, and add your SSH keys again.",
+                  f"{r['email']} 的密码已设置。所有会话均已退出，已删除 {keys} 个 SSH 公钥：请用新密码登录，并重新添加你的 "
+                  "SSH 公钥。")  # fmt: skip
     return page.render("reset.html", token="", error=None, fields={}, done=done)

@@ -106,15 +106,24 @@ class LoginAttempt:
 
 
 def _rows(s: Session, keys: list[str], now: datetime) -> dict[str, LoginThrottle]:
-    """The buckets `keys`, created empty where missing, locked for this transaction. Forgotten buckets (past their
-    `expires_at`) are deleted on the way, so the table holds only what still counts."""
-    s.execute(delete(LoginThrottle).where(LoginThrottle.expires_at < now))
+    """The buckets `keys`, created empty where missing, locked for this transaction in key order (two attempts that
+    share buckets take them in one order: no deadlock). Forgotten buckets (past their `expires_at`) are swept on the
+    way, so the table holds only what still counts."""
     insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
-    # In key order, like the locks below: two attempts that share buckets take them in one order (no deadlock).
     values = [{"key": k, "tat": now, "last_failure_at": None, "expires_at": now} for k in sorted(keys)]
-    s.execute(insert(LoginThrottle).values(values).on_conflict_do_nothing(index_elements=["key"]))
-    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()
-    return {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
+    upsert = insert(LoginThrottle).values(values)
+    # DO UPDATE (changing nothing), not DO NOTHING: it locks a bucket that exists as it meets it, so no other
+    # attempt's sweep can delete it before we hold it (we would then find it gone: a KeyError, a 500).
+    s.execute(upsert.on_conflict_do_update(index_elements=["key"], set_={"tat": LoginThrottle.tat}))
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).order_by(LoginThrottle.key).with_for_update()
+    rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
+    # The sweep comes last and skips what others hold: it never waits, so it closes no cycle of waits.
+    forgotten = (select(LoginThrottle.key).where(LoginThrottle.expires_at < now, LoginThrottle.key.not_in(keys))
+                 .with_for_update(skip_locked=True))  # fmt: skip
+    s.execute(
+        delete(LoginThrottle).where(LoginThrottle.key.in_(forgotten)).execution_options(synchronize_session=False)
+    )
+    return rows
 
 
 def _next(row: LoginThrottle, bucket: Bucket, now: datetime) -> tuple[datetime, float]:
@@ -152,7 +161,7 @@ def login_succeeded(s: Session, attempt: LoginAttempt, now: datetime) -> None:
     """A correct password: this address's failures for the account are forgiven, and the attempt's count is taken
     back from the address's and the account's buckets."""
     keys = [attempt.pair, attempt.address, attempt.account]
-    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()  # all at once, in key order
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).order_by(LoginThrottle.key).with_for_update()
     rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
     for key, bucket in ((attempt.address, ADDRESS), (attempt.account, ACCOUNT)):
         if key in rows:
@@ -209,7 +218,7 @@ def begin_redeem(s: Session, user_id: str, address: str, now: datetime) -> Redee
 def redeem_succeeded(s: Session, attempt: RedeemAttempt, now: datetime) -> None:
     """A code that worked: its attempt is taken back from both buckets (redeeming many real codes is not guessing)."""
     keys = [attempt.user, attempt.address]
-    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).with_for_update()
+    q = select(LoginThrottle).where(LoginThrottle.key.in_(keys)).order_by(LoginThrottle.key).with_for_update()
     rows = {r.key: r for r in s.scalars(q.execution_options(populate_existing=True))}
     for key, bucket in ((attempt.user, REDEEM_USER), (attempt.address, REDEEM_ADDRESS)):
         if key in rows:

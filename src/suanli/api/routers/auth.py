@@ -134,9 +134,9 @@ async def login(body: Credentials, request: Request, srv: Srv) -> SessionOut:
         ok = await slot.run(accounts.verify_password, stored, body.password)
     finally:
         slot.release()
-    if not ok:
+    if not ok or stored is None:
         raise Unauthorized("wrong email or password")
-    return await run_in_threadpool(_finish_login, srv, email, attempt)
+    return await run_in_threadpool(_finish_login, srv, email, attempt, stored)
 
 
 def _begin_login(srv: Server, email: str, address: str) -> tuple[throttle.LoginAttempt, str | None]:
@@ -144,10 +144,10 @@ def _begin_login(srv: Server, email: str, address: str) -> tuple[throttle.LoginA
         return throttle.begin_login(s, email, address, utcnow()), accounts.password_hash_of(s, email)
 
 
-def _finish_login(srv: Server, email: str, attempt: throttle.LoginAttempt) -> SessionOut:
+def _finish_login(srv: Server, email: str, attempt: throttle.LoginAttempt, checked: str) -> SessionOut:
     now = utcnow()
     with srv.db.write() as s, s.begin():
-        user, tok, plain = accounts.finish_login(s, email, now, srv.settings.login_token_days)
+        user, tok, plain = accounts.finish_login(s, email, now, srv.settings.login_token_days, checked)
         throttle.login_succeeded(s, attempt, now)
         return SessionOut(user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at)
 
@@ -185,6 +185,7 @@ def list_tokens(ctx: Auth) -> list[TokenOut]:
 def create_token(body: TokenIn, ctx: Auth) -> NewTokenOut:
     expires = ctx.now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     with ctx.db.write() as s, s.begin():
+        accounts.check_live(s, ctx.who)
         user = accounts.user(s, ctx.who)
         tok, plain = accounts.issue_token(s, user, body.name, ctx.now, expires)
     return NewTokenOut(**TokenOut.model_validate(tok).model_dump(), token=plain)

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
+from suanli.control.accounts import accounts
 from suanli.control.serving import endpoints
 from suanli.control.workloads.sandboxes import sandbox_policy
 from suanli.db.serving import Endpoint, EndpointKey
@@ -167,6 +168,7 @@ def create_key(ref: str, body: KeyIn, ctx: Auth) -> KeyOut:
     """An API key for the endpoint (shown once; only its SHA-256 is kept). Another org's endpoint with a price, by
     id: the key's org (`org`, default your personal one) pays the owner per 1M tokens."""
     with ctx.db.write() as s, s.begin():
+        accounts.check_live(s, ctx.who)
         row, secret = endpoints.create_key(s, ctx.who, ref, body.name, ctx.now, body.org)
         s.flush()
         return KeyOut.model_validate(row).model_copy(update={"key": secret})

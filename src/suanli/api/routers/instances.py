@@ -21,6 +21,7 @@ from suanli.api.deps import Auth, in_thread
 from suanli.api.proxy import NotReady, ProxyState, forward_http, forward_ws
 from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
+from suanli.control.accounts import accounts
 from suanli.control.errors import NotFound, ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.workloads import proxy
@@ -54,6 +55,7 @@ def open_proxy(ref: str, ctx: Auth, body: ProxyIn = ProxyIn()) -> ProxyOut:
     """A single-use link into a running workload's JupyterLab (instances) or one of its `ports`, for a member of
     its org. The link leads to a session cookie for that instance; the API token never goes into a URL."""
     with ctx.db.write() as s, s.begin():
+        accounts.check_live(s, ctx.who)
         w, ticket, target, expires = proxy.open_ticket(s, ctx.who, ref, body.port, ctx.now)
     started = proxy.ensure_jupyter(ctx.srv.settings.home, w) if target == "lab" else False
     origin = proxy.origin_of(ctx.srv.settings.proxy_url, w.id)

@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from suanli.api.deps import Auth, in_thread
 from suanli.api.schemas import SshInfoOut, SshKeyIn, SshKeyOut
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control.accounts import ssh_keys
+from suanli.control.accounts import accounts, ssh_keys
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["ssh"])
 
@@ -25,6 +25,7 @@ def list_keys(ctx: Auth) -> list[SshKeyOut]:
 def add_key(body: SshKeyIn, ctx: Auth) -> SshKeyOut:
     """Add a public key: it then logs in to every instance of every org the caller is a member of."""
     with ctx.db.write() as s, s.begin():
+        accounts.check_live(s, ctx.who)
         return SshKeyOut.model_validate(ssh_keys.add(s, ctx.who, body.public_key, body.name, ctx.now))
 
 

@@ -154,13 +154,27 @@ def password_hash_of(s: Session, email: str) -> str | None:
     return s.scalar(select(User.password_hash).where(User.email == email))
 
 
-def finish_login(s: Session, email: str, now: datetime, days: int) -> tuple[User, ApiToken, str]:
-    """After the password was verified: the user and a new login token."""
-    user = s.scalar(select(User).where(User.email == email))
-    if user is None:  # removed while its password was checked
+def finish_login(s: Session, email: str, now: datetime, days: int, checked: str) -> tuple[User, ApiToken, str]:
+    """After the password was verified against the hash `checked`: the user and a new login token; 401 when the
+    user was removed, or a new password set, while it was checked (a login in flight never outlives a reset). FOR
+    SHARE waits for a new password being set to commit, then reads it."""
+    q = select(User).where(User.email == email, User.password_hash == checked).with_for_update(read=True)
+    user = s.scalar(q)
+    if user is None:
         raise Unauthorized("wrong email or password")
     row, plain = issue_token(s, user, "login", now, now + timedelta(days=days))
     return user, row, plain
+
+
+def check_live(s: Session, who: Principal) -> None:
+    """The caller's token read again inside the write that makes a credential (a token, an SSH key, an endpoint key,
+    a proxy ticket), and held (FOR SHARE) until it commits: 401 if it was revoked meanwhile. Requests are
+    authenticated from a cache that another server process keeps for 5 s; a token revoked by a new password must
+    not make one that outlives it."""
+    q = select(ApiToken.revoked_at).where(ApiToken.id == who.token_id).with_for_update(read=True)
+    row = s.execute(q).first()
+    if row is None or row.revoked_at is not None:
+        raise Unauthorized("token revoked; log in again")
 
 
 def check_token_format(token: str) -> None:

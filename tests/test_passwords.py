@@ -16,13 +16,15 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from suanli.api.app import create_app
+from suanli.api.routers import auth as auth_routes
 from suanli.api.routers import passwords as routes
 from suanli.control.accounts import accounts, password_resets
 from suanli.control.ids import token_hash
 from suanli.db.access import PasswordReset
 from suanli.db.models import ProxySession, Workload
 from tests.concurrency import at_once
-from tests.control_plane import Tenant, bearer, signup
+from tests.control_plane import Tenant, bearer, settings, signup
 from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 
 API = "/api/v1"
@@ -328,3 +330,66 @@ def test_a_reset_held_open_makes_a_change_wait_not_deadlock(mail_api: TestClient
     assert reset[0].status_code == 200, reset[0].text
     assert change.status_code in (401, 409, 422), change.text  # after the reset: its session or its password is gone
     assert _login(mail_api, who.email, "owner-password-1") == 200
+
+
+def test_a_login_in_flight_never_outlives_a_reset(mail_api: TestClient, inbox: Inbox,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """A thief logging in with the old password in a loop always has one login between its password check and its
+    token: the reset lands there; the login then finds another password stored and is refused."""
+    who = signup(mail_api, "looped@example.com")
+    checked, go = threading.Event(), threading.Event()
+    real_finish = auth_routes._finish_login
+
+    def held_finish(*args: Any) -> Any:
+        checked.set()
+        assert go.wait(30)
+        return real_finish(*args)
+
+    monkeypatch.setattr(auth_routes, "_finish_login", held_finish)
+    login: list[Any] = []
+    t = threading.Thread(target=lambda: login.append(mail_api.post(
+        f"{API}/login", json={"email": who.email, "password": "tenant-password"})))  # fmt: skip
+    t.start()
+    assert checked.wait(30)
+    monkeypatch.setattr(auth_routes, "_finish_login", real_finish)
+    assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})
+    assert r.status_code == 200, r.text
+    go.set()
+    t.join(30)
+    assert login[0].status_code == 401, login[0].text
+    assert _login(mail_api, who.email, "owner-password-1") == 200
+
+
+def test_a_token_another_process_still_trusts_makes_no_credential_after_a_reset(
+    mail_api: TestClient, inbox: Inbox, db_url: str, tmp_path: Any
+) -> None:
+    """Each server process trusts a token it checked for 5 s; on a second process over the same database the
+    thief's token, revoked by the owner's reset on the first, must not make an SSH key, a token or an endpoint key
+    that outlives the reset."""
+    who = signup(mail_api, "two-workers@example.com")
+    with TestClient(create_app(settings(tmp_path / "home2", db_url, smtp_url=inbox.url, public_url=SITE))) as other:
+        assert other.get(f"{API}/me", headers=who.headers).status_code == 200  # now cached there
+        assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+        (token,) = _reset_tokens(inbox, 1)
+        r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})
+        assert r.status_code == 200, r.text
+        assert other.post(f"{API}/keys", json={"public_key": KEY}, headers=who.headers).status_code == 401
+        assert other.post(f"{API}/tokens", json={"name": "back"}, headers=who.headers).status_code == 401
+    owner = mail_api.post(f"{API}/login", json={"email": who.email, "password": "owner-password-1"}).json()["token"]
+    assert mail_api.get(f"{API}/keys", headers=bearer(owner)).json() == []
+    assert [t["name"] for t in mail_api.get(f"{API}/tokens", headers=bearer(owner)).json() if not t["revoked_at"]] == [
+        "login"
+    ]
+
+
+def test_concurrent_logins_never_fail_with_a_500(api: TestClient) -> None:
+    """Logins sweep forgotten throttle buckets; a sweep used to delete another login's bucket between its insert
+    and its lock, and that login failed with a KeyError (500) on PostgreSQL; locks taken out of key order, and a
+    retry of the insert, then deadlocked (503)."""
+    signup(api, "busy@example.com")
+    for _ in range(5):
+        results, errors = at_once(*[lambda: _login(api, "busy@example.com", "tenant-password") for _ in range(4)])
+        assert errors == [] and all(code in (200, 429) for code in results), (results, errors)
+        time.sleep(0.05)

@@ -142,13 +142,13 @@ def api(server: str | None, *, auth: bool = True) -> Iterator[Client]:
         api_fail(e)
 
 
-def read_password(stdin: bool, *, confirm: bool, prompt: str = "Password") -> str:
+def read_password(stdin: bool, *, confirm: bool, prompt: str = "Password", flag: str = "--password-stdin") -> str:
     """From stdin's next line (--password-stdin), else a hidden prompt (twice for a new password)."""
     if stdin:
         line = sys.stdin.readline()
         password = line[:-1] if line.endswith("\n") else line
         if not password:
-            fail('--password-stdin: stdin is empty; pipe the password, e.g. printf %s "$PW" | suanli …')
+            fail(f'{flag}: stdin is empty; pipe the password, e.g. printf %s "$PW" | suanli …')
         return password.removesuffix("\r")
     return str(typer.prompt(prompt, hide_input=True, confirmation_prompt=confirm))
 

@@ -58,7 +58,7 @@ def reset_password(
     are removed: log in again with the new password, and add your keys again."""
     link = _line() if stdin else str(typer.prompt("Link from the e-mail (or its token)", hide_input=True))
     token = parse_qs(urlsplit(link).query).get("token", [""])[0] if "token=" in link else link.strip()
-    new = cred.read_password(stdin, confirm=True, prompt="New password")
+    new = cred.read_password(stdin, confirm=True, prompt="New password", flag="--stdin")
     with cred.api(server, auth=False) as c:
         out = c.reset_password(token, new)
     if json_out:

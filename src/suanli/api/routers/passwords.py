@@ -103,12 +103,11 @@ def _issue_and_mail(srv: Server, email: str) -> None:
     try:
         with srv.db.write() as s, s.begin():
             found = password_resets.issue(s, email, utcnow())
-    except Exception as e:  # the answer is gone: nobody to tell but the log
-        log.warning("password reset link not made: %s", type(e).__name__)
-        return
-    if found is not None and srv.mailer is not None:
-        to, token = found
-        outbox.send_later(srv.mailer, password_resets.message(to, srv.settings.site_url, token))
+        if found is not None and srv.mailer is not None:
+            to, token = found
+            outbox.send_later(srv.mailer, password_resets.message(to, srv.settings.site_url, token))
+    except Exception:  # the answer is gone: nobody to tell but the log
+        log.warning("password reset link not made or not queued", exc_info=True)
 
 
 @router.post("/password/reset")

@@ -92,6 +92,25 @@ def test_a_removed_key_or_a_member_who_left_no_longer_gets_in(db: Any, world: di
     assert _authorize(db, "box", OTHER_KEY) is None
 
 
+def test_a_connection_whose_key_went_or_whose_user_left_opens_no_new_session(db: Any, world: dict[str, Any]) -> None:
+    """A connection stays open after its key is removed (a reset removes them all) or its user leaves the org;
+    every new session or forward over it (ssh's ControlMaster) asks `target` again, which then refuses."""
+    access = DbAccess(db)
+    grant = _authorize(db, "box", KEY)
+    with pytest.raises(Refused, match="runs on virtual nodes"):  # still entitled: refused only for the executor
+        asyncio.run(access.target(grant))
+    with db.write() as s, s.begin():
+        who = Principal(world["bob"], "bob@example.com", False, "", "tok")
+        ssh_keys.remove(s, who, ssh_keys.listing(s, who)[0].id)
+    with pytest.raises(Refused, match="key was removed"):
+        asyncio.run(access.target(grant))
+    with db.write() as s, s.begin():
+        ssh_keys.add(s, who, KEY, "bob's laptop", utcnow())
+        memberships.remove_member(s, world["alice"], world["team"], world["bob"])
+    with pytest.raises(Refused, match="no longer"):
+        asyncio.run(access.target(grant))
+
+
 def test_a_viewer_of_the_org_does_not_get_in(db: Any, world: dict[str, Any]) -> None:
     assert _authorize(db, "box", KEY) is not None
     with db.write() as s, s.begin():

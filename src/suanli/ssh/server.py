@@ -41,6 +41,7 @@ class Grant:
     workload_id: str
     name: str
     node_rank: int = 0
+    fingerprint: str = ""  # the key it came in by: `Access.target` checks it is still theirs at each new session
 
 
 class Refused(Exception):
@@ -65,7 +66,8 @@ class Access(Protocol):
         ...
 
     async def target(self, grant: Grant) -> Target:
-        """The instance as it is now; raises Refused naming its state when it does not run."""
+        """The instance as it is now, for each new session or forward of a connection (which may outlive its key
+        or its user's membership); raises Refused naming why it cannot be entered now."""
         ...
 
 

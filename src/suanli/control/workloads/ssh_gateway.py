@@ -91,7 +91,7 @@ class DbAccess(Access):
             if w is None or w.org_id not in member_of:
                 return None
             user_id = member_of[w.org_id]
-            return Grant(user_id, emails[user_id], w.id, w.name, rank)
+            return Grant(user_id, emails[user_id], w.id, w.name, rank, fingerprint)
 
     async def target(self, grant: Grant) -> Target:
         return await asyncio.to_thread(self._target, grant)
@@ -101,6 +101,14 @@ class DbAccess(Access):
             w = s.get(Workload, grant.workload_id)
             if w is None:
                 raise Refused(f"instance {grant.name} no longer exists")
+            if grant.fingerprint:  # the connection may outlive its key (a reset removes them all) or the membership
+                key = select(SshKey.id).where(SshKey.user_id == grant.user_id, SshKey.fingerprint == grant.fingerprint)
+                if s.scalar(key) is None:
+                    raise Refused("your key was removed (or a new password set by a reset); connect again")
+                role = s.scalar(select(Membership.role).where(Membership.org_id == w.org_id,
+                                                              Membership.user_id == grant.user_id))  # fmt: skip
+                if role not in memberships.ENTER:
+                    raise Refused(f"you are no longer a member of instance {grant.name}'s organisation who may enter")
             why = not_running(w)
             if why is not None:
                 raise Refused(why)

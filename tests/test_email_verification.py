@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from suanli.api.app import create_app
-from suanli.control.accounts import verification
+from suanli.control.accounts import links, verification
 from suanli.control.ids import token_hash
 from suanli.db.access import EmailVerification
 from suanli.db.models import LedgerTransaction
@@ -156,9 +156,9 @@ def test_garbage_and_oversized_tokens_get_4xx_naming_the_token(mail_api: TestCli
 
 
 def test_a_token_of_the_longest_length_that_matches_nothing_is_422(mail_api: TestClient) -> None:
-    r = _verify(mail_api, "A" * verification.TOKEN_MAX)
+    r = _verify(mail_api, "A" * links.TOKEN_MAX)
     assert r.status_code == 422 and r.json()["detail"].startswith("token"), r.text
-    r = _verify(mail_api, "A" * (verification.TOKEN_MAX + 1))
+    r = _verify(mail_api, "A" * (links.TOKEN_MAX + 1))
     assert r.status_code == 422 and "token" in r.text, r.text
 
 

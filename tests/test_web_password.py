@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.control.accounts import password_resets
+from suanli.control.accounts import links
 from tests.control_plane import bearer
 from tests.mail_helpers import Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
@@ -112,7 +112,7 @@ def test_a_bad_reset_token_is_said_on_the_page(mail_api: TestClient, token: str)
     assert r.status_code == 422 and 'id="reset-error"' in r.text and "token" in r.text, r.text
     assert "<script>alert(1)" not in r.text and 'name="new_password"' not in r.text  # no form for a bad link
     page = anon.get(f"/reset?token={'A' * 5000}").text
-    assert "A" * (password_resets.TOKEN_MAX + 2) not in page  # not echoed at any length
+    assert "A" * (links.TOKEN_MAX + 2) not in page  # not echoed at any length
 
 
 def test_forgot_without_mail_says_to_ask_the_operator(api: Any) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.control.accounts import verification
+from suanli.control.accounts import links, verification
 from tests.control_plane import bearer
 from tests.mail_helpers import Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
@@ -54,7 +54,7 @@ def test_a_bad_token_is_said_on_the_page(mail_api: TestClient, token: str) -> No
     assert r.status_code == 422 and 'id="verify-error"' in r.text and "token" in r.text, r.text
     assert "<script>alert(1)" not in r.text
     page = c.get(f"/verify?token={'A' * 5000}").text
-    assert "A" * (verification.TOKEN_MAX + 2) not in page  # not echoed at any length
+    assert "A" * (links.TOKEN_MAX + 2) not in page  # not echoed at any length
 
 
 def test_the_wallet_sends_a_new_link_until_the_limit(mail_api: TestClient, inbox: Inbox) -> None:

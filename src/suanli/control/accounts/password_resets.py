@@ -19,9 +19,8 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from suanli.control.accounts import throttle
-from suanli.control.accounts.verification import TOKEN_MAX, TOKEN_SHAPE
-from suanli.control.errors import Conflict, Invalid, Unauthorized
+from suanli.control.accounts import links, throttle
+from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import new_secret, token_hash
 from suanli.db.access import PasswordReset
 from suanli.db.models import ApiToken, ProxySession, SshKey, User
@@ -33,7 +32,7 @@ ASK_ADDRESS = throttle.Bucket(10, 360.0)  # asks from one client address: 10 at 
 PATH = "/reset"  # the console's page a link lands on (GET shows the form; only its POST redeems)
 UNKNOWN = "token: not a password reset token (copy the whole link from the e-mail)"
 
-__all__ = ["PATH", "TOKEN_MAX", "TOKEN_TTL", "SignedOut", "check_known", "count_ask", "issue", "message", "redeem",
+__all__ = ["PATH", "TOKEN_TTL", "SignedOut", "check_known", "count_ask", "issue", "message", "redeem",
            "set_password"]  # fmt: skip
 
 
@@ -103,34 +102,17 @@ def issue(s: Session, email: str, now: datetime) -> tuple[str, str] | None:
 def check_known(s: Session, token: str) -> None:
     """422 for a token not of our shape or matching no link: checked on a read, before the new password is hashed,
     so garbage sent to the unauthenticated route costs neither the write lock nor a hash."""
-    if not TOKEN_SHAPE.fullmatch(token) or s.get(PasswordReset, token_hash(token)) is None:
-        raise Invalid(UNKNOWN)
+    links.check_known(s, PasswordReset, token, UNKNOWN)
 
 
 def redeem(s: Session, token: str, now: datetime) -> User:
-    """Spend the link: the user it was mailed to, or 422/409 naming `token`. Of two redeems at once only one wins
-    (the conditional update decides); the caller then sets the password in the same transaction."""
-    if not TOKEN_SHAPE.fullmatch(token):
-        raise Invalid(UNKNOWN)
-    h = token_hash(token)
-    row = s.get(PasswordReset, h)
-    if row is None:
-        raise Invalid(UNKNOWN)
-    if row.used_at is not None:
-        raise Conflict("token: this link was used already (or a newer password was set); ask for a new one")
-    if row.expires_at <= now:
-        raise Invalid("token: this link has expired; ask for a new one")
-    # The user's row first, as `set_password` takes it (FOR NO KEY UPDATE: what only refers to the user waits not).
-    s.execute(select(User.id).where(User.id == row.user_id).with_for_update(key_share=True))
-    won = s.execute(
-        update(PasswordReset)
-        .where(PasswordReset.token_hash == h, PasswordReset.used_at.is_(None))
-        .values(used_at=now)
-        .execution_options(synchronize_session=False)
-    ).rowcount
+    """Spend the link: the user it was mailed to, or 422/409 naming `token`. The user's row is locked first, as
+    `set_password` takes it (`links.spend`); the caller then sets the password in the same transaction."""
+    used = "token: this link was used already (or a newer password was set); ask for a new one"
+    row = links.spend(s, PasswordReset, token, now, unknown=UNKNOWN, used=used,
+                      expired="token: this link has expired; ask for a new one")  # fmt: skip
     user = s.get(User, row.user_id)
-    if won != 1 or user is None:
-        raise Conflict("token: this link was used already (or a newer password was set); ask for a new one")
+    assert user is not None  # `links.spend` refused a link whose user is gone
     return user
 
 

@@ -11,7 +11,6 @@ for another link (`RESEND`: 3 at once, then one every 20 minutes).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -20,8 +19,8 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import PROMOTIONS, org_account, transfer
-from suanli.control.accounts import throttle
-from suanli.control.errors import Conflict, Invalid
+from suanli.control.accounts import links, throttle
+from suanli.control.errors import Conflict
 from suanli.control.ids import new_secret, token_hash
 from suanli.control.money import ledger
 from suanli.db.access import EmailVerification
@@ -29,8 +28,6 @@ from suanli.db.models import LedgerTransaction, User
 from suanli.mail import Mail
 
 TOKEN_TTL = timedelta(hours=24)
-TOKEN_MAX = 128  # what `POST /verify` accepts; ours are 43 characters
-TOKEN_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,128}")
 RESEND = throttle.Bucket(3, 1200.0)
 MAX_LINKS = 10  # links one account is ever mailed: its address may be someone else's, who should not get one a day
 PATH = "/verify"  # the console's page a link lands on (GET shows a button; only its POST redeems)
@@ -83,36 +80,15 @@ UNKNOWN = "token: not a verification token (copy the whole link from the e-mail)
 def check_known(s: Session, token: str) -> None:
     """422 for a token that is not of our shape or matches no link: checked on a read, so garbage sent to the
     unauthenticated route never takes the database's write lock."""
-    if not TOKEN_SHAPE.fullmatch(token) or s.get(EmailVerification, token_hash(token)) is None:
-        raise Invalid(UNKNOWN)
+    links.check_known(s, EmailVerification, token, UNKNOWN)
 
 
 def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Redeemed:
-    """Verify the user the token was sent to and grant their trial credit (once); 422/409 naming `token` otherwise."""
-    if not TOKEN_SHAPE.fullmatch(token):
-        raise Invalid(UNKNOWN)
-    h = token_hash(token)
-    row = s.get(EmailVerification, h)
-    if row is None:
-        raise Invalid(UNKNOWN)
-    if row.used_at is not None:
-        raise Conflict("token: this link was used already")
-    if row.expires_at <= now:
-        raise Invalid("token: this link has expired; ask for a new one")
-    # Redeems of one user's links take turns: each marks its own link and then the user's others, so two links
-    # redeemed at once on PostgreSQL would each hold the row the other wants next (a deadlock, 503).
-    # FOR NO KEY UPDATE: rows that only refer to the user (a login's token) are not held up by it.
-    s.execute(select(User.id).where(User.id == row.user_id).with_for_update(key_share=True))
-    # The one write that decides: of two redeems at once, only one finds the row unused (PostgreSQL re-reads the
-    # row after the other's commit; SQLite serialises writers).
-    won = s.execute(
-        update(EmailVerification)
-        .where(EmailVerification.token_hash == h, EmailVerification.used_at.is_(None))
-        .values(used_at=now)
-        .execution_options(synchronize_session=False)
-    ).rowcount
-    if won != 1:
-        raise Conflict("token: this link was used already")
+    """Verify the user the token was sent to and grant their trial credit (once); 422/409 naming `token` otherwise.
+    Redeems of one user's links take turns on the user's row (`links.spend`): each marks its own link and then the
+    user's others, so two at once on PostgreSQL would otherwise each hold the row the other wants next."""
+    row = links.spend(s, EmailVerification, token, now, unknown=UNKNOWN, used="token: this link was used already",
+                      expired="token: this link has expired; ask for a new one")  # fmt: skip
     s.execute(  # the user's other links are spent too: the address is proven
         update(EmailVerification)
         .where(EmailVerification.user_id == row.user_id, EmailVerification.used_at.is_(None))
@@ -120,8 +96,7 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
         .execution_options(synchronize_session=False)
     )
     user = s.get(User, row.user_id)
-    if user is None:  # removed since (the row would have gone with it; belt and braces)
-        raise Invalid(UNKNOWN)
+    assert user is not None  # `links.spend` refused a link whose user is gone
     credited = Decimal(0)
     if trial_credit > 0 and row.grants_trial and not trial_granted(s, user.id):
         org = user.personal_org_id

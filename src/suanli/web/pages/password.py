@@ -9,9 +9,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from suanli.control.accounts.password_resets import TOKEN_MAX
+from suanli.control.accounts.links import TOKEN_MAX
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.pages.account_forms import passwords_differ
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -46,8 +47,7 @@ async def reset_form(page: Anon, token: str = "") -> Response:
 async def reset(request: Request, page: Anon) -> Response:
     data = await session.form(request, page)
     token = data.get("token", "").strip()[: TOKEN_MAX + 1]
-    if data.get("new_password", "") != data.get("new_password_again", ""):
-        fields = {"new_password_again": page.t("The two new passwords differ.", "两次输入的新密码不一致。")}
+    if (fields := passwords_differ(page, data)) is not None:
         return page.render("reset.html", status=422, token=token, error=None, fields=fields, done=None)
     body = {"token": token, "new_password": data.get("new_password", "")}
     try:

@@ -9,7 +9,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from suanli.control.accounts.verification import TOKEN_MAX
+from suanli.control.accounts.links import TOKEN_MAX
 from suanli.web import session
 from suanli.web.apicall import ApiError
 from suanli.web.render import money

@@ -15,6 +15,7 @@ import typer
 from suanli.cli import credentials as cred
 from suanli.cli.common import console, fail
 from suanli.cli.credentials import PasswordStdinOpt
+from suanli.cli.server_db import ConfigOpt, DbOpt, open_database
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -22,40 +23,24 @@ if TYPE_CHECKING:
     from suanli.control.settings import Settings
 
 EmailOpt = Annotated[str, typer.Option("--email", help="The user's email address.")]
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="Database URL (default: SUANLI_DB, else SQLite in SUANLI_HOME).")
-]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="The server's YAML settings file.")]
 
 
 @contextmanager
 def _transaction(db: str | None, config: Path | None) -> Iterator[tuple[Session, Settings]]:
-    """One write transaction on the server's database (migrated first); a refusal or a database error ends the
-    command with its message."""
+    """One write transaction on the server's database; a refusal or a database error ends the command with its
+    message."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from suanli.api.app import bootstrap
     from suanli.control.errors import ServiceError
-    from suanli.control.settings import load
-    from suanli.db.engine import Database
 
     try:
-        settings = load({"db": db}, config_file=config)
-    except ServiceError as e:
-        fail(e.message)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    database = Database(settings.db_url)
-    try:
-        bootstrap(database, settings)
-        with database.write() as s, s.begin():
+        with open_database(db, config) as (settings, database), database.write() as s, s.begin():
             yield s, settings
     except ServiceError as e:
         fail(e.message)
     except SQLAlchemyError as e:
         typer.echo(f"error: database: {' '.join(str(e.orig or e).split())[:300]}", err=True)
         raise typer.Exit(cred.EXIT_UNAVAILABLE) from None
-    finally:
-        database.dispose()
 
 
 def create_user(

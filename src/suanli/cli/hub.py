@@ -8,8 +8,6 @@ never reads a directory because a request named it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -20,19 +18,14 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail, human_size
 from suanli.cli.credentials import ServerOpt, jsonable, when
+from suanli.cli.server_db import ConfigOpt, DbOpt, open_database
 
 if TYPE_CHECKING:  # the client (httpx) and the database are imported when a command runs
     from suanli.client import HubEntry
-    from suanli.control.settings import Settings
-    from suanli.db.engine import Database
 
 app = typer.Typer(no_args_is_help=True, help="Public models and datasets, for a spec's `models:` and `datasets:`.")
 admin_app = typer.Typer(no_args_is_help=True, help="Add and remove the hub's models and datasets (on the server host).")
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The entry's name (what a spec names).")]
-DbOpt = Annotated[
-    str | None, typer.Option("--db", help="Database URL (default: SUANLI_DB, else SQLite in SUANLI_HOME).")
-]
-ConfigOpt = Annotated[Path | None, typer.Option("--config", help="The server's YAML settings file.")]
 
 
 def _table(title: str, rows: list[HubEntry]) -> Table:
@@ -98,7 +91,7 @@ def _admin_add(kind: str, name: str, source: str, repo: str | None, license: str
     from suanli.control.ids import utcnow
     from suanli.control.storage import hub
 
-    with _database(db, config) as (settings, database):
+    with open_database(db, config) as (settings, database):
         store = hub.store_of(settings.hub_dir, settings.home)
         console.print(f"adding {kind} {escape(name)} from {escape(source)} into {store.root} …")
         try:
@@ -108,27 +101,6 @@ def _admin_add(kind: str, name: str, source: str, repo: str | None, license: str
     console.print(f"added {kind} [bold]{escape(row.name)}[/]: load it as {escape(row.repo_id)} (revision "
                   f"{row.revision[:12]}, {len(row.files)} files, {human_size(row.size_bytes)}, licence "
                   f"{escape(row.license or 'not stated')})")  # fmt: skip
-
-
-@contextmanager
-def _database(db: str | None, config: Path | None) -> Iterator[tuple[Settings, Database]]:
-    """The server's settings and its database, migrated (as `admin create-user` opens them)."""
-    from suanli.api.app import bootstrap
-    from suanli.control.errors import ServiceError
-    from suanli.control.settings import load
-    from suanli.db.engine import Database
-
-    try:
-        settings = load({"db": db}, config_file=config)
-    except ServiceError as e:
-        fail(e.message)
-    settings.home.mkdir(parents=True, exist_ok=True)
-    database = Database(settings.db_url)
-    try:
-        bootstrap(database, settings)
-        yield settings, database
-    finally:
-        database.dispose()
 
 
 SourceOpt = Annotated[str, typer.Option("--from", help="A directory on this host, or hf://ORG/NAME[@REVISION].")]
@@ -167,7 +139,7 @@ def rm(
     from suanli.control.storage import hub
 
     kind = "dataset" if dataset else "model"
-    with _database(db, config) as (settings, database):
+    with open_database(db, config) as (settings, database):
         try:
             hub.remove(database, hub.store_of(settings.hub_dir, settings.home), kind, name)
         except ServiceError as e:
@@ -187,7 +159,7 @@ def verify(
     from suanli.control.storage import hub
 
     kind = "dataset" if dataset else "model"
-    with _database(db, config) as (settings, database):
+    with open_database(db, config) as (settings, database):
         try:
             with database.read() as s:
                 row = hub.entry(s, kind, name)

@@ -84,9 +84,7 @@ async def ask_reset(
     set-password`)."""
     if srv.mailer is None:
         raise Conflict("email: this server sends no mail (no smtp_url); ask the operator to set a new password")
-    email = accounts.normalise_email(body.email)
-    if not accounts.EMAIL.match(email):
-        raise Invalid(f"email: {email!r} is not an email address")
+    email = accounts.check_email(body.email)
     await run_in_threadpool(_count_ask, srv, email, client_address(request))
     later.add_task(_issue_and_mail, srv, email)
     return PasswordResetAskOut(detail=ASKED)

@@ -49,10 +49,16 @@ def normalise_email(email: str) -> str:
 
 def check_credentials(email: str, password: str) -> str:
     """The normalised email, or 422 naming the field at fault."""
+    email = check_email(email)
+    check_password(password)
+    return email
+
+
+def check_email(email: str) -> str:
+    """The normalised email, or 422 naming `email`."""
     email = normalise_email(email)
     if not EMAIL.match(email):
         raise Invalid(f"email: {email!r} is not an email address")
-    check_password(password)
     return email
 
 

@@ -91,3 +91,10 @@ def integer_or_text(value: str | None) -> int | str | None:
     if not v:
         return None
     return int(v) if re.fullmatch(r"-?\d{1,18}", v) else v
+
+
+def passwords_differ(page: Page, data: dict[str, str]) -> dict[str, str] | None:
+    """A new password typed twice, differently: the message at the second field (the API sees one password)."""
+    if data.get("new_password", "") == data.get("new_password_again", ""):
+        return None
+    return {"new_password_again": page.t("The two new passwords differ.", "两次输入的新密码不一致。")}

@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from suanli.web import once, session
 from suanli.web.apicall import ApiError
-from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, seg
+from suanli.web.pages.account_forms import Tenant, at_fields, done, integer_or_text, passwords_differ, seg
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -90,8 +90,7 @@ async def remove_ssh_key(key_id: str, request: Request, page: Tenant) -> Respons
 @router.post("/keys/password")
 async def change_password(request: Request, page: Tenant) -> Response:
     data = await session.form(request, page)
-    if data.get("new_password", "") != data.get("new_password_again", ""):
-        fields = {"new_password_again": page.t("The two new passwords differ.", "两次输入的新密码不一致。")}
+    if (fields := passwords_differ(page, data)) is not None:
         return await _view(page, status=422, fields=fields, form="password")
     body = {"current_password": data.get("current_password", ""), "new_password": data.get("new_password", "")}
     try:

@@ -119,3 +119,22 @@ def test_forgot_without_mail_says_to_ask_the_operator(api: Any) -> None:
     anon = Console(api)
     r = anon.post("/forgot", {"email": "someone@example.com"}, csrf_from="/forgot", headers=EN)
     assert r.status_code == 409 and "operator" in html.unescape(r.text), r.text
+
+
+def test_oversized_and_odd_values_on_the_console_forms_are_refused_not_500(mail_api: TestClient) -> None:
+    c = Console(mail_api)
+    c.signup("odd-web@example.com")
+    huge, nul = "p" * 5000, "new-pass\x00word"
+    for form in ({"current_password": huge, "new_password": "new-password-1", "new_password_again": "new-password-1"},
+                 {"current_password": "tenant-password", "new_password": huge, "new_password_again": huge},
+                 {"current_password": "tenant-password", "new_password": nul, "new_password_again": nul}):  # fmt: skip
+        r = c.post("/keys/password", form, csrf_from="/keys", headers=EN)
+        assert r.status_code in (400, 422) and "password" in r.text, r.text[:300]
+    assert _login_status(mail_api, "odd-web@example.com", "tenant-password") == 200
+    anon = Console(TestClient(mail_api.app))
+    for email in ("x" * 5000 + "@example.com", "a@b.c\r\nBcc: thief@example.com", ""):
+        r = anon.post("/forgot", {"email": email}, csrf_from="/forgot", headers=EN)
+        assert r.status_code in (400, 422) and 'id="forgot-error"' in r.text, r.text[:300]
+    r = anon.post("/reset", {"token": "A" * 43, "new_password": huge, "new_password_again": huge}, csrf_from="/forgot",
+                  headers=EN)  # fmt: skip
+    assert (r.status_code == 422 and "new_password" in r.text) or "token" in r.text, r.text[:300]

@@ -111,6 +111,32 @@ def test_a_connection_whose_key_went_or_whose_user_left_opens_no_new_session(db:
         asyncio.run(access.target(grant))
 
 
+def test_the_grants_of_open_connections_are_revoked_with_the_key_the_membership_or_the_instance(
+    db: Any, world: dict[str, Any]
+) -> None:
+    """The gateway re-reads every open connection's grant (`Gateway.watch`) and closes those `revoked` names, so a
+    shell does not outlive its key, its user's place in the org, or its instance."""
+    access = DbAccess(db)
+    bob = Principal(world["bob"], "bob@example.com", False, "", "tok")
+    box, rank1, evil = _authorize(db, "box", KEY), _authorize(db, "box.1", KEY), _authorize(db, "box", OTHER_KEY)
+    assert asyncio.run(access.revoked([box, rank1, evil])) == {}
+    with db.write() as s, s.begin():
+        ssh_keys.remove(s, bob, ssh_keys.listing(s, bob)[0].id)
+    gone = asyncio.run(access.revoked([box, rank1, evil]))
+    assert set(gone) == {box, rank1} and "key was removed" in gone[box]  # mallory's own grant still holds
+    with db.write() as s, s.begin():
+        ssh_keys.add(s, bob, KEY, "bob's laptop", utcnow())  # the same key again: the grant holds again
+    assert asyncio.run(access.revoked([box])) == {}
+    with db.write() as s, s.begin():
+        memberships.set_member(s, world["alice"], world["team"], world["bob"], role="viewer")
+    assert "no longer a member" in asyncio.run(access.revoked([box]))[box]
+    with db.write() as s, s.begin():
+        memberships.set_member(s, world["alice"], world["team"], world["bob"], role="member")
+        s.delete(s.get(Workload, "wl_box"))
+    assert asyncio.run(access.revoked([box])) == {box: "instance box no longer exists"}
+    assert asyncio.run(access.revoked([])) == {}
+
+
 def test_a_viewer_of_the_org_does_not_get_in(db: Any, world: dict[str, Any]) -> None:
     assert _authorize(db, "box", KEY) is not None
     with db.write() as s, s.begin():

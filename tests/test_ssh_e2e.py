@@ -177,6 +177,37 @@ def test_suanli_ssh_and_keys_commands(world: World) -> None:
     assert "private key" in bad.stderr
 
 
+def test_a_shell_ends_when_the_key_it_came_in_by_is_removed(world: World, tmp_path: Path) -> None:
+    """Not only new sessions: an open connection is closed once its key is gone (the gateway re-reads open
+    connections' grants every 10 s), and what its shell ran inside the sandbox is hung up."""
+    spare = keygen(tmp_path / "spare")
+    r = world.http.post("/api/v1/keys", json={"public_key": Path(f"{spare}.pub").read_text(), "name": "spare"},
+                        headers=world.tenant.headers)  # fmt: skip
+    assert r.status_code == 201, r.text
+    tick = world.disk / "tick"
+    argv = [
+        "ssh",
+        *options(spare, world.ssh_port),
+        "my-box@127.0.0.1",
+        "while :; do date +%s%N > tick; sleep 0.2; done",
+    ]
+    shell = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not tick.exists():
+            assert time.monotonic() < deadline and shell.poll() is None, shell.communicate()
+            time.sleep(0.1)
+        assert world.http.delete(f"/api/v1/keys/{r.json()['id']}", headers=world.tenant.headers).status_code == 200
+        _, err = shell.communicate(timeout=30)
+    finally:
+        shell.kill()
+    assert shell.returncode == 255 and "your key was removed" in err, err
+    last = tick.read_text()
+    time.sleep(1.0)
+    assert tick.read_text() == last  # the loop inside the sandbox is gone with the connection
+    assert ssh(world.key, world.ssh_port, "my-box", "echo hi").stdout == "hi\n"  # the other key's access stands
+
+
 def test_a_stopped_instance_answers_with_its_state(world: World) -> None:
     r = world.http.post(f"/api/v1/workloads/{world.box}/stop", headers=world.tenant.headers)
     assert r.status_code == 200, r.text

@@ -31,16 +31,21 @@ from tests.ssh_helpers import SFTP_SERVER, keygen, options, require_openssh, scp
 
 @dataclass
 class StandIn:
-    """Lets `key` into "box" (running) and "parked" (stopped); "box.1" is node-rank 1."""
+    """Lets `key` into "box" (running), "parked" (stopped) and "doomed" (running until a test revokes it);
+    "box.1" is node-rank 1."""
 
     fingerprint: str
     entered: list[list[str]] = field(default_factory=list)
+    revoke: dict[str, str] = field(default_factory=dict)  # instance name -> why its grants no longer hold
 
     async def authorize(self, username: str, fingerprint: str, public_key: str) -> Grant | None:
         name, _, rank = username.partition(".")
-        if fingerprint != self.fingerprint or name not in ("box", "parked"):
+        if fingerprint != self.fingerprint or name not in ("box", "parked", "doomed"):
             return None
         return Grant("usr_1", "me@example.com", f"wl_{name}", name, int(rank or 0))
+
+    async def revoked(self, grants: list[Grant]) -> dict[Grant, str]:
+        return {g: self.revoke[g.name] for g in grants if g.name in self.revoke}
 
     async def target(self, grant: Grant) -> Target:
         if grant.name == "parked":
@@ -73,8 +78,10 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     acceptor: list[Any] = []
 
     async def start() -> None:
-        limits = Limits(max_sessions_per_connection=2, max_connections_per_user=50)
-        acceptor.append(await listen(Gateway(access, limits), "127.0.0.1", port, ensure_host_key(tmp / "home")))
+        limits = Limits(max_sessions_per_connection=2, max_connections_per_user=50, recheck_s=0.2)
+        gw = Gateway(access, limits)
+        acceptor.append(await listen(gw, "127.0.0.1", port, ensure_host_key(tmp / "home")))
+        acceptor.append(loop.create_task(gw.watch()))
         ready.set()
 
     thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
@@ -82,6 +89,7 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
     assert ready.wait(30)
     yield Running(port, key, other, access)
     loop.call_soon_threadsafe(acceptor[0].close)
+    loop.call_soon_threadsafe(acceptor[1].cancel)
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
 
@@ -103,6 +111,34 @@ def test_a_stopped_instance_answers_with_its_state(gateway: Running) -> None:
     p = ssh(gateway.key, gateway.port, "parked", "echo hi")
     assert p.returncode == 1 and p.stdout == ""
     assert "instance parked is stopped; `suanli start parked`" in p.stderr
+
+
+def test_an_open_connection_whose_grant_is_revoked_is_closed_and_its_processes_hung_up(
+    gateway: Running, tmp_path: Path
+) -> None:
+    """A shell already running when its key is removed (or its user leaves the org, or the instance is deleted)
+    does not go on: the gateway re-reads the grants of its open connections and closes those no longer held."""
+    pid_file = tmp_path / "pid"
+    argv = ["ssh", *options(gateway.key, gateway.port), "doomed@127.0.0.1", f"echo $$ > {pid_file}; exec sleep 300"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        remote = int(pid_file.read_text())
+        time.sleep(0.6)  # several re-checks while the grant still holds: the connection stays
+        assert proc.poll() is None and os.path.exists(f"/proc/{remote}")
+        gateway.access.revoke["doomed"] = "your key was removed (or a new password set by a reset); connect again"
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+        gateway.access.revoke.clear()
+    assert proc.returncode == 255 and "your key was removed" in err, err
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{remote}") and time.monotonic() < deadline:  # SIGHUP ends it, as under sshd
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{remote}")
+    assert ssh(gateway.key, gateway.port, "box", "echo still").stdout == "still\n"  # other grants are untouched
 
 
 def test_unknown_instances_and_unknown_keys_are_refused_alike(gateway: Running) -> None:

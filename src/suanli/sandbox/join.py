@@ -24,6 +24,7 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 CLONE_NEWCGROUP = 0x02000000
 NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
 PR_SET_NO_NEW_PRIVS = 38
+PR_SET_PDEATHSIG = 1
 KEEP_FROM_CALLER = ("TERM", "LANG", "LC_ALL", "COLORTERM", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 
 
@@ -138,10 +139,13 @@ def _enter(init: int, net: bool) -> None:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> int:
-    """Fork (joining a PID namespace counts for children only) and exec; pass signals on; exit as the child did."""
+    """Fork (joining a PID namespace counts for children only) and exec; pass signals on; exit as the child did.
+    The child gets SIGHUP when we end however we end (SIGKILL included, which passes nothing on): a session the
+    gateway closes, or whose client went away, leaves no command running on in the sandbox."""
     pid = os.fork()
     if pid == 0:
         try:
+            _libc_call("prctl", PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             sys.stderr.write(f"suanli: {argv[0]}: {e.strerror}\n")

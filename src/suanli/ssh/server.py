@@ -70,6 +70,11 @@ class Access(Protocol):
         or its user's membership); raises Refused naming why it cannot be entered now."""
         ...
 
+    async def revoked(self, grants: list[Grant]) -> dict[Grant, str]:
+        """Of the grants open connections hold, those that no longer hold (the key removed, the user gone from the
+        org, the instance deleted), each with why: the gateway closes those connections, shells and all."""
+        ...
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -78,6 +83,7 @@ class Limits:
     max_sessions_per_connection: int = 10  # shells, commands and SFTP at once
     max_forwards_per_connection: int = 64  # open port-forward channels at once
     login_timeout_s: float = 30.0
+    recheck_s: float = 10.0  # open connections' grants are re-read this often (`Gateway.watch`), as the proxy's are
 
 
 class Gateway:
@@ -90,6 +96,35 @@ class Gateway:
         self.setsid = shutil.which("setsid")
         self.shell = "/bin/bash" if shutil.which("bash") else "/bin/sh"  # the sandbox's /usr is this host's
         self.sftp_server = next((p for p in SFTP_SERVERS if os.path.exists(p)), None)
+        self.open: set[_Connection] = set()
+
+    async def recheck(self) -> int:
+        """Close every open connection whose grant no longer holds; how many were closed. Its sessions' processes
+        then get SIGHUP, as when the client goes away."""
+        held: dict[Grant, list[_Connection]] = {}
+        for c in self.open:
+            if c.counted_user is not None and c.grant is not None:
+                held.setdefault(c.grant, []).append(c)
+        if not held:
+            return 0
+        gone = await self.access.revoked(list(held))
+        closed = 0
+        for grant, why in gone.items():
+            for c in held.get(grant, ()):
+                log.info("ssh: closing %s's connection to %s: %s", grant.email, grant.name, why)
+                c.close(why)
+                closed += 1
+        return closed
+
+    async def watch(self) -> None:
+        """Re-check open connections every `recheck_s` until cancelled: a connection outlives the key it came in
+        by, and a shell must not (a reset removes the keys of whoever held the account)."""
+        while True:
+            await asyncio.sleep(self.limits.recheck_s)
+            try:
+                await self.recheck()
+            except Exception:  # the database is away for a moment: try again next time
+                log.exception("ssh: re-checking open connections failed")
 
 
 class _Connection(asyncssh.SSHServer):
@@ -100,19 +135,21 @@ class _Connection(asyncssh.SSHServer):
         self.conn: asyncssh.SSHServerConnection | None = None
         self.grant: Grant | None = None
         self.counted_user: str | None = None
-        self.sessions = 0
+        self.sessions: set[_Session] = set()  # open shells, commands and SFTP
         self.forwards = 0
         self._checked: dict[tuple[str, str], Grant | None] = {}  # the client asks twice per key (query, signed)
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
         self.gw.connections += 1
+        self.gw.open.add(self)
         if self.gw.connections > self.gw.limits.max_connections:
             log.warning("ssh: refusing a connection: %d open", self.gw.connections - 1)
             conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, "too many connections to the gateway; try later")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.gw.connections -= 1
+        self.gw.open.discard(self)
         if self.counted_user is not None:
             left = self.gw.per_user.get(self.counted_user, 1) - 1
             if left > 0:
@@ -152,15 +189,24 @@ class _Connection(asyncssh.SSHServer):
 
     # -- channels -------------------------------------------------------------------------------------------------
     def session_requested(self) -> Any:
-        if self.sessions >= self.gw.limits.max_sessions_per_connection:
+        if len(self.sessions) >= self.gw.limits.max_sessions_per_connection:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_RESOURCE_SHORTAGE,
                                             f"at most {self.gw.limits.max_sessions_per_connection} sessions per "
                                             "connection")  # fmt: skip
-        self.sessions += 1
-        return _Session(self)
+        session = _Session(self)
+        self.sessions.add(session)
+        return session
 
-    def session_closed(self) -> None:
-        self.sessions -= 1
+    def session_closed(self, session: _Session) -> None:
+        self.sessions.discard(session)
+
+    def close(self, why: str) -> None:
+        """End the connection, telling why on each session's stderr first: the client may exit on its channel's
+        close before it reads the disconnect message that follows."""
+        for session in list(self.sessions):
+            session.tell(why)
+        if self.conn is not None:
+            self.conn.disconnect(asyncssh.DISC_BY_APPLICATION, why)
 
     def connection_requested(self, dest_host: str, dest_port: int, orig_host: str, orig_port: int) -> Any:
         if dest_host.lower() not in LOOPBACK:
@@ -286,9 +332,14 @@ class _Session(asyncssh.SSHServerSession[bytes]):
             bridge.hangup()
 
     def _refuse(self, message: str) -> None:
+        self.tell(message)
+        with contextlib.suppress(Exception):
+            self.chan.exit(1)
+
+    def tell(self, message: str) -> None:
+        """A line on the client's stderr (after a CR on a terminal)."""
         with contextlib.suppress(Exception):
             self.chan.write_stderr(f"{message}\r\n".encode() if self.term else f"{message}\n".encode())
-            self.chan.exit(1)
 
     def data_received(self, data: bytes, datatype: Any) -> None:
         if self.bridge is None:
@@ -328,7 +379,7 @@ class _Session(asyncssh.SSHServerSession[bytes]):
         if self.closed:
             return
         self.closed = True
-        self.owner.session_closed()
+        self.owner.session_closed(self)
         if self.bridge is not None:
             self.bridge.hangup()
 

@@ -57,6 +57,21 @@ def not_running(w: Workload) -> str | None:
     return f"instance {w.name} is {w.state}{why}; `suanli start {w.name}`"
 
 
+def revocation(grant: Grant, org_id: str | None, has_key: bool, role: str | None) -> str | None:
+    """Why a grant no longer holds, in words for the client; None while it does. A connection outlives the key it
+    came in by (a reset removes them all) and its user's membership: each new session asks, and so does the
+    gateway's periodic re-check of open connections."""
+    if org_id is None:
+        return f"instance {grant.name} no longer exists"
+    if not grant.fingerprint:
+        return None
+    if not has_key:
+        return "your key was removed (or a new password set by a reset); connect again"
+    if role not in memberships.ENTER:
+        return f"you are no longer a member of instance {grant.name}'s organisation who may enter"
+    return None
+
+
 class DbAccess(Access):
     """`suanli.ssh.server.Access` over the database; queries run in threads, off the gateway's event loop."""
 
@@ -96,20 +111,35 @@ class DbAccess(Access):
     async def target(self, grant: Grant) -> Target:
         return await asyncio.to_thread(self._target, grant)
 
+    async def revoked(self, grants: list[Grant]) -> dict[Grant, str]:
+        return await asyncio.to_thread(self._revoked, grants) if grants else {}
+
+    def _revoked(self, grants: list[Grant]) -> dict[Grant, str]:
+        users, ids = {g.user_id for g in grants}, {g.workload_id for g in grants}
+        with self.db.read() as s:  # three reads for every open connection of the gateway
+            orgs = {w: org for w, org in s.execute(select(Workload.id, Workload.org_id).where(Workload.id.in_(ids)))}
+            keys = {(u, fp) for u, fp in s.execute(select(SshKey.user_id, SshKey.fingerprint)
+                                                   .where(SshKey.user_id.in_(users)))}  # fmt: skip
+            roles = {(org, u): role for org, u, role in s.execute(select(Membership.org_id, Membership.user_id,
+                                                                         Membership.role)
+                                                                  .where(Membership.user_id.in_(users)))}  # fmt: skip
+        gone = {}
+        for g in grants:
+            org = orgs.get(g.workload_id)
+            why = revocation(g, org, (g.user_id, g.fingerprint) in keys, roles.get((org, g.user_id)))
+            if why is not None:
+                gone[g] = why
+        return gone
+
     def _target(self, grant: Grant) -> Target:
         with self.db.read() as s:
             w = s.get(Workload, grant.workload_id)
             if w is None:
                 raise Refused(f"instance {grant.name} no longer exists")
-            if grant.fingerprint:  # the connection may outlive its key (a reset removes them all) or the membership
-                key = select(SshKey.id).where(SshKey.user_id == grant.user_id, SshKey.fingerprint == grant.fingerprint)
-                if s.scalar(key) is None:
-                    raise Refused("your key was removed (or a new password set by a reset); connect again")
-                role = s.scalar(select(Membership.role).where(Membership.org_id == w.org_id,
-                                                              Membership.user_id == grant.user_id))  # fmt: skip
-                if role not in memberships.ENTER:
-                    raise Refused(f"you are no longer a member of instance {grant.name}'s organisation who may enter")
-            why = not_running(w)
+            key = select(SshKey.id).where(SshKey.user_id == grant.user_id, SshKey.fingerprint == grant.fingerprint)
+            role = s.scalar(select(Membership.role).where(Membership.org_id == w.org_id,
+                                                          Membership.user_id == grant.user_id))  # fmt: skip
+            why = revocation(grant, w.org_id, s.scalar(key) is not None, role) or not_running(w)
             if why is not None:
                 raise Refused(why)
             name, handle, executor_name = w.name, dict(w.handle or {}), w.executor
@@ -143,9 +173,11 @@ async def serve(settings: Settings, db: Database, stop: asyncio.Event) -> None:
     gw = Gateway(DbAccess(db), gateway_limits(settings))
     acceptor = await listen(gw, settings.host, settings.ssh_port, key)
     log.info("ssh gateway on %s:%d", settings.host, settings.ssh_port)
+    watch = asyncio.get_running_loop().create_task(gw.watch())
     try:
         await stop.wait()
     finally:
+        watch.cancel()
         acceptor.close()
         await acceptor.wait_closed()
 

@@ -10,6 +10,7 @@ import re
 import threading
 import time
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -58,6 +59,18 @@ def _reset_tokens(inbox: Inbox, count: int) -> list[str]:
             return [m.group(1) for m in links if m is not None]
         time.sleep(0.05)
     raise AssertionError(f"{count} reset links not received")
+
+
+def _verification_tokens(inbox: Inbox) -> list[str]:
+    """The tokens of the verification links received so far, waiting up to 15 s for the first."""
+    deadline = time.monotonic() + 15
+    while True:
+        with inbox.lock:
+            bodies = [m.get_body(("plain",)).get_content() for _, m in inbox.received]  # type: ignore[union-attr]
+        found = [t for b in bodies for t in re.findall(r"/verify\?token=([A-Za-z0-9_-]+)", b)]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
 
 
 def _second_session(api: TestClient, who: Tenant, password: str = "tenant-password") -> tuple[str, str]:
@@ -173,6 +186,48 @@ def test_the_mailed_link_sets_a_new_password_once_and_signs_out_everywhere(mail_
     again = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "thief-password-1"})
     assert again.status_code == 409 and again.json()["detail"].startswith("token"), again.text
     assert _login(mail_api, who.email, "fresh-password-1") == 200
+
+
+def test_a_reset_proves_the_mailbox_verifying_the_address_and_releasing_the_trial_once(mail_api: TestClient,
+                                                                                        inbox: Inbox) -> None:  # fmt: skip
+    """The reset link went to the address, as a verification link does: redeeming it verifies the address (the
+    verification link mailed at signup is spent with it) and releases a trial credit that waited, once."""
+    who = signup(mail_api, "never-clicked@example.com")
+    me = mail_api.get(f"{API}/me", headers=who.headers).json()
+    assert (me["email_verified"], me["trial_pending"]) == (False, True)
+    assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "fresh-password-1"})
+    assert r.status_code == 200, r.text
+    login = mail_api.post(f"{API}/login", json={"email": who.email, "password": "fresh-password-1"}).json()
+    again = Tenant(who.email, login["token"], who.user_id, who.org_id)
+    me = mail_api.get(f"{API}/me", headers=again.headers).json()
+    assert (me["email_verified"], me["trial_pending"]) == (True, False)
+    balance = mail_api.get(f"{API}/orgs/{who.org_id}/balance", headers=again.headers).json()
+    assert Decimal(balance["exact"]) == Decimal(10)
+    signup_link = _verification_tokens(inbox)[0]
+    used = mail_api.post(f"{API}/verify", json={"token": signup_link})
+    assert used.status_code == 409 and used.json()["detail"].startswith("token"), used.text  # spent by the reset
+    assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
+    (_, second) = _reset_tokens(inbox, 2)
+    assert mail_api.post(f"{API}/password/reset", json={"token": second, "new_password": "fresh-password-2"}).status_code == 200  # fmt: skip
+    login = mail_api.post(f"{API}/login", json={"email": who.email, "password": "fresh-password-2"}).json()
+    balance = mail_api.get(f"{API}/orgs/{who.org_id}/balance", headers=bearer(login["token"])).json()
+    assert Decimal(balance["exact"]) == Decimal(10)  # a second reset credits nothing more
+
+
+def test_an_operators_user_verified_by_a_reset_gets_no_trial(mail_api: TestClient, inbox: Inbox) -> None:
+    """A user the operator made was never promised a trial: a reset verifies them and credits nothing."""
+    with mail_api.app.state.server.db.write() as s, s.begin():  # type: ignore[attr-defined]
+        _, org = accounts.create_user(s, "made@example.com", "operator-made-1", datetime.now(UTC))
+        org_id = org.id
+    assert mail_api.post(f"{API}/password/forgot", json={"email": "made@example.com"}).status_code == 202
+    (token,) = _reset_tokens(inbox, 1)
+    assert mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "fresh-password-1"}).status_code == 200  # fmt: skip
+    login = mail_api.post(f"{API}/login", json={"email": "made@example.com", "password": "fresh-password-1"}).json()
+    me = mail_api.get(f"{API}/me", headers=bearer(login["token"])).json()
+    assert (me["email_verified"], me["trial_pending"]) == (True, False)
+    assert mail_api.get(f"{API}/orgs/{org_id}/balance", headers=bearer(login["token"])).json()["exact"] == "0.00000000"
 
 
 def test_a_link_expires_and_loses_to_a_newer_password(mail_api: TestClient, inbox: Inbox,

@@ -17,7 +17,7 @@ from suanli.api.schemas import (
     PasswordSetOut,
 )
 from suanli.api.strict_json import StrictJSONRoute
-from suanli.control.accounts import accounts, password_resets, throttle
+from suanli.control.accounts import accounts, password_resets, throttle, verification
 from suanli.control.errors import Conflict, Invalid
 from suanli.control.ids import utcnow
 from suanli.mail import outbox
@@ -134,6 +134,7 @@ def _finish_reset(srv: Server, token: str, hashed: str) -> PasswordSetOut:
     with srv.db.write() as s, s.begin():
         user = password_resets.redeem(s, token, now)
         out = password_resets.set_password(s, user.id, hashed, now, drop_ssh_keys=True)
+        verification.proven(s, user, now, srv.settings.trial_credit)  # the link proves the mailbox
         email = user.email
     srv.tokens.forget_all()
     return PasswordSetOut(email=email, revoked_tokens=out.tokens, removed_ssh_keys=out.ssh_keys)

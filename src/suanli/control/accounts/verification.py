@@ -89,21 +89,33 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
     user's others, so two at once on PostgreSQL would otherwise each hold the row the other wants next."""
     row = links.spend(s, EmailVerification, token, now, unknown=UNKNOWN, used="token: this link was used already",
                       expired="token: this link has expired; ask for a new one")  # fmt: skip
-    s.execute(  # the user's other links are spent too: the address is proven
+    user = s.get(User, row.user_id)
+    assert user is not None  # `links.spend` refused a link whose user is gone
+    credited = proven(s, user, now, trial_credit)
+    return Redeemed(user.id, user.email, user.personal_org_id, credited)
+
+
+def proven(s: Session, user: User, now: datetime, trial_credit: Decimal) -> Decimal:
+    """The user redeemed a link mailed to their address (a verification link, or a password reset's): the address
+    is verified from now on, their other verification links are spent, and a trial credit that waited for this is
+    granted, once (`trial_waits`: a user an operator made was promised none). Returns what was credited now. The
+    caller holds the user's row (`links.spend`)."""
+    s.execute(
         update(EmailVerification)
-        .where(EmailVerification.user_id == row.user_id, EmailVerification.used_at.is_(None))
+        .where(EmailVerification.user_id == user.id, EmailVerification.used_at.is_(None))
         .values(used_at=now)
         .execution_options(synchronize_session=False)
     )
-    user = s.get(User, row.user_id)
-    assert user is not None  # `links.spend` refused a link whose user is gone
-    credited = Decimal(0)
-    if trial_credit > 0 and row.grants_trial and not trial_granted(s, user.id):
-        org = user.personal_org_id
-        tx = transfer(trial_key(user.id), "trial_credit", PROMOTIONS, org_account(org), trial_credit, "trial credit")
-        _, created = ledger.post(s, tx, now, org_id=org, user_id=user.id)
-        credited = trial_credit if created else Decimal(0)
-    return Redeemed(user.id, user.email, user.personal_org_id, credited)
+    if not is_verified(s, user.id):  # proven by a reset, with no verification link ever mailed: record it as one
+        s.add(EmailVerification(token_hash=token_hash(new_secret()), user_id=user.id, email=user.email,
+                                created_at=now, expires_at=now, used_at=now, grants_trial=False))  # fmt: skip
+        s.flush()
+    if trial_credit <= 0 or not trial_waits(s, user.id) or trial_granted(s, user.id):
+        return Decimal(0)
+    org = user.personal_org_id
+    tx = transfer(trial_key(user.id), "trial_credit", PROMOTIONS, org_account(org), trial_credit, "trial credit")
+    _, created = ledger.post(s, tx, now, org_id=org, user_id=user.id)
+    return trial_credit if created else Decimal(0)
 
 
 def begin_resend(s: Session, user: User, now: datetime) -> str:

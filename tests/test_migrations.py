@@ -116,3 +116,34 @@ def test_adding_submitted_at_keeps_every_workload_and_its_events(empty_db_url: s
         assert rows()[1] == 2
     finally:
         db.dispose()
+
+
+def test_trial_mailboxes_are_filled_from_the_trials_granted_before(empty_db_url: str) -> None:
+    """0025 records the mailbox of every user granted a trial so far, the earliest of each mailbox, so that an
+    alias of an address that had its trial before the upgrade gets none after it."""
+    from sqlalchemy import text
+
+    from suanli.control.accounts import trials
+
+    db = Database(empty_db_url)
+    try:
+        migrate(db.engine, "0024")
+        people = (("u1", "me+a@gmail.com", "2026-01-02"), ("u2", "m.e@gmail.com", "2026-01-01"),
+                  ("u3", "you@example.com", "2026-01-03"), ("u4", "nobody@example.com", None))  # fmt: skip
+        with db.engine.begin() as c:
+            for uid, email, granted in people:
+                c.execute(text("INSERT INTO orgs (id, name, personal, created_at) VALUES (:o, :o, true, :t)"),
+                          {"o": f"o{uid}", "t": "2026-01-01 00:00:00"})  # fmt: skip
+                c.execute(text("INSERT INTO users (id, email, password_hash, is_admin, personal_org_id, created_at) "
+                               "VALUES (:u, :e, 'x', false, :o, :t)"),
+                          {"u": uid, "e": email, "o": f"o{uid}", "t": "2026-01-01 00:00:00"})  # fmt: skip
+                if granted:
+                    c.execute(text("INSERT INTO ledger_transactions (key, kind, memo, org_id, user_id, created_at) "
+                                   "VALUES (:k, 'trial_credit', 'trial credit', :o, :u, :t)"),
+                              {"k": f"trial:{uid}", "o": f"o{uid}", "u": uid, "t": f"{granted} 00:00:00"})  # fmt: skip
+        migrate(db.engine)
+        with db.engine.connect() as c:
+            got = dict(c.execute(text("SELECT mailbox_hash, user_id FROM trial_mailboxes")).all())
+        assert got == {trials.mailbox_key("me@gmail.com"): "u2", trials.mailbox_key("you@example.com"): "u3"}
+    finally:
+        db.dispose()

@@ -1,4 +1,5 @@
-"""Tables of who may get in: invitations to organisations, operators' signup codes, and login throttling.
+"""Tables of who may get in: invitations to organisations, operators' signup codes, login throttling, mailed links,
+and the mailboxes granted a trial.
 
 Secrets (an invitation's code, a signup code) are stored as their SHA-256 only, like API tokens: shown once. The
 throttle's keys are SHA-256 digests too, so the table holds neither emails nor addresses in the clear.
@@ -88,3 +89,13 @@ class PasswordReset(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime]
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+
+
+class TrialMailbox(Base):
+    """A mailbox (its SHA-256: `control.accounts.trials.mailbox`) whose user was granted the sign-up trial credit:
+    no other user of that mailbox gets one (plus-addresses and Gmail's dots reach one inbox)."""
+
+    __tablename__ = "trial_mailboxes"
+    mailbox_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[str] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    granted_at: Mapped[datetime]

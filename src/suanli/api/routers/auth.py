@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from decimal import Decimal
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
@@ -26,7 +25,7 @@ from suanli.api.schemas import (
 )
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
-from suanli.control.accounts import accounts, memberships, signups, throttle, verification
+from suanli.control.accounts import accounts, memberships, signups, throttle, trials, verification
 from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger, prices
@@ -67,13 +66,15 @@ def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> Signup
     with srv.db.write() as s, s.begin():
         invitation = signups.redeem(s, cfg.signup, email, body.invite, now)
         try:
-            user, org = accounts.create_user(s, email, body.password, now, password_hash=hashed,
-                                             trial_credit=cfg.trial_credit if mailer is None else Decimal(0))  # fmt: skip
+            user, org = accounts.create_user(s, email, body.password, now, password_hash=hashed)
         except accounts.EmailTaken:
             raise Conflict(SIGNUP_REFUSED) from None  # not "already registered": see docs/control-plane.md
         if invitation is not None:
             memberships.join(s, user.id, invitation, now)
-        if mailer is not None:
+        pending = mailer is not None and cfg.trial_credit > 0 and not trials.mailbox_had_one(s, email)
+        if mailer is None:
+            trials.grant(s, user, cfg.trial_credit, now)
+        else:
             link = verification.issue(s, user, now, grants_trial=cfg.trial_credit > 0)
         tok, plain = accounts.issue_token(s, user, "login", now, now + timedelta(days=cfg.login_token_days))
         bal = ledger.org_balance(s, org.id)
@@ -83,7 +84,7 @@ def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> Signup
     return SignupOut(
         user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at,
         org=OrgOut.model_validate(org).model_copy(update={"role": "owner"}), balance=shown(bal), currency=currency,
-        trial_pending=mailer is not None and cfg.trial_credit > 0,
+        trial_pending=pending,
     )  # fmt: skip
 
 
@@ -169,7 +170,8 @@ def me(ctx: Auth) -> MeOut:
         orgs = [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
         verified = verification.is_verified(s, user.id)
         pending = (ctx.srv.mailer is not None and not verified and ctx.srv.settings.trial_credit > 0
-                   and verification.trial_waits(s, user.id) and not verification.trial_granted(s, user.id))  # fmt: skip
+                   and verification.trial_waits(s, user.id) and not trials.granted(s, user.id)
+                   and not trials.mailbox_had_one(s, user.email))  # fmt: skip
     return MeOut(user=UserOut.model_validate(user), orgs=orgs, email_verified=verified, trial_pending=pending)
 
 

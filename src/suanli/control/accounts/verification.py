@@ -18,13 +18,11 @@ from decimal import Decimal
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from suanli.billing.ledger import PROMOTIONS, org_account, transfer
-from suanli.control.accounts import links, throttle
+from suanli.control.accounts import links, throttle, trials
 from suanli.control.errors import Conflict
 from suanli.control.ids import new_secret, token_hash
-from suanli.control.money import ledger
 from suanli.db.access import EmailVerification
-from suanli.db.models import LedgerTransaction, User
+from suanli.db.models import User
 from suanli.mail import Mail
 
 TOKEN_TTL = timedelta(hours=24)
@@ -39,10 +37,6 @@ class Redeemed:
     email: str
     org_id: str
     credited: Decimal  # 0 where the trial credit had been granted already
-
-
-def trial_key(user_id: str) -> str:
-    return f"trial:{user_id}"
 
 
 def issue(s: Session, user: User, now: datetime, grants_trial: bool) -> str:
@@ -70,10 +64,6 @@ def trial_waits(s: Session, user_id: str) -> bool:
     return s.scalar(q.limit(1)) is not None
 
 
-def trial_granted(s: Session, user_id: str) -> bool:
-    return s.scalar(select(LedgerTransaction.id).where(LedgerTransaction.key == trial_key(user_id))) is not None
-
-
 UNKNOWN = "token: not a verification token (copy the whole link from the e-mail)"
 
 
@@ -98,7 +88,8 @@ def redeem(s: Session, token: str, now: datetime, trial_credit: Decimal) -> Rede
 def proven(s: Session, user: User, now: datetime, trial_credit: Decimal) -> Decimal:
     """The user redeemed a link mailed to their address (a verification link, or a password reset's): the address
     is verified from now on, their other verification links are spent, and a trial credit that waited for this is
-    granted, once (`trial_waits`: a user an operator made was promised none). Returns what was credited now. The
+    granted, once per user and per mailbox (`trials.grant`; `trial_waits`: a user an operator made was promised
+    none). Returns what was credited now. The
     caller holds the user's row (`links.spend`)."""
     s.execute(
         update(EmailVerification)
@@ -110,12 +101,7 @@ def proven(s: Session, user: User, now: datetime, trial_credit: Decimal) -> Deci
         s.add(EmailVerification(token_hash=token_hash(new_secret()), user_id=user.id, email=user.email,
                                 created_at=now, expires_at=now, used_at=now, grants_trial=False))  # fmt: skip
         s.flush()
-    if trial_credit <= 0 or not trial_waits(s, user.id) or trial_granted(s, user.id):
-        return Decimal(0)
-    org = user.personal_org_id
-    tx = transfer(trial_key(user.id), "trial_credit", PROMOTIONS, org_account(org), trial_credit, "trial credit")
-    _, created = ledger.post(s, tx, now, org_id=org, user_id=user.id)
-    return trial_credit if created else Decimal(0)
+    return trials.grant(s, user, trial_credit, now) if trial_waits(s, user.id) else Decimal(0)
 
 
 def begin_resend(s: Session, user: User, now: datetime) -> str:

@@ -442,7 +442,7 @@ def ray_cluster_fixture() -> Iterator[RayCluster]:
     with RayCluster.started() as cluster:
         saved = {k: os.environ.get(k) for k in cluster.driver_env()}
         os.environ.update(cluster.driver_env())
-        from suanli.executors.ray_executor import refresh_auth
+        from suanli.executors.ray_connect import refresh_auth
 
         refresh_auth()  # should `ray` be imported already
         _SESSION.append(cluster)

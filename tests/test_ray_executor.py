@@ -116,7 +116,7 @@ def test_discovery_finds_the_gpu_nodes_with_their_labels_and_the_head(ex: Any, r
     (head,) = [n for n in nodes.values() if not n.gpu_count]
     assert head.host == ray_cluster.node("head").node_id and head.name == socket.gethostname()
     assert head.gpu_model is None and head.labels == {}
-    from suanli.executors.ray_executor import GCS_RECONNECT_ENV
+    from suanli.executors.ray_connect import GCS_RECONNECT_ENV
 
     assert int(os.environ[GCS_RECONNECT_ENV]) >= 86400  # a GCS outage must not end this process after 60 s
 

@@ -8,7 +8,7 @@ server process (one started after a `kill -9`) finds them again by name. State t
 (the stop request, the first failure, the final status) is kept in the server's log_dir, as the local executor
 keeps it; each rank's log is copied there, chunk by chunk, on every poll.
 
-`import ray` happens here only, on first use: the server starts without Ray installed.
+`import ray` happens on first use only (here and in `ray_connect`): the server starts without Ray installed.
 """
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Any
 
 from suanli.executors.base import EngineNode, Launch, Status
 from suanli.executors.local import FAILURE_FILE, STOP_FILE, create_exclusive, read_json
+from suanli.executors.ray_connect import bounded, connect, first_line
 from suanli.executors.ray_gang import (
     Report,
     actor_name,
@@ -43,13 +41,9 @@ NODE_ID_LABEL = "ray.io/node-id"
 LOG_CHUNK = 1 << 20  # bytes of one rank's log per actor call
 LOG_CALLS_PER_POLL = 8  # a poll copies at most this many chunks per rank; the rest comes with the next poll
 LOCAL_ADDRS = ("", "127.0.0.1", "localhost")
-GCS_RECONNECT_ENV = "RAY_gcs_rpc_server_reconnect_timeout_s"
 
 log = logging.getLogger(__name__)
-_connect_lock = threading.Lock()
 _remote_class: Any = None
-# Calls that go to Ray's GCS block for as long as it is away: they run here, and a poll waits call_timeout_s for them.
-_gcs_calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="suanli-ray-gcs")
 
 
 class RayLaunchError(RuntimeError):
@@ -97,14 +91,7 @@ class RayExecutor:
 
     def _ray(self) -> Any:
         """The `ray` module, connected to our cluster as a driver (once per process)."""
-        import ray
-
-        with _connect_lock:
-            if not ray.is_initialized():
-                _configure_process(self.auth_token, self.gcs_outage_s)
-                ray.init(address=self.address, namespace=self.namespace, ignore_reinit_error=True,
-                         logging_level=logging.WARNING, log_to_driver=False)  # fmt: skip
-        return ray
+        return connect(self.address, self.namespace, self.auth_token, self.gcs_outage_s)
 
     def _runner(self) -> Any:
         global _remote_class
@@ -116,10 +103,7 @@ class RayExecutor:
 
     def _bounded(self, fn: Callable[[], Any], timeout: float | None = None) -> Any:
         """`fn()` (a call that may wait on the GCS), or TimeoutError once `timeout` (call_timeout_s) has passed."""
-        try:
-            return _gcs_calls.submit(fn).result(timeout=self.call_timeout_s if timeout is None else timeout)
-        except FutureTimeout:
-            raise TimeoutError(f"Ray's GCS did not answer within {self.call_timeout_s:g}s") from None
+        return bounded(fn, self.call_timeout_s if timeout is None else timeout)
 
     def _actor(self, name: str) -> Any | None:
         """The named actor's handle, or None when Ray knows no live actor by that name (TimeoutError: no answer)."""
@@ -300,9 +284,9 @@ class RayExecutor:
                 reports[n] = self._unreachable(rank, str(e))
             except RayActorError as e:
                 self._actors.pop(rank["actor"], None)
-                reports[n] = self._lost(rank, f"its actor died: {_first_line(e)}")
+                reports[n] = self._lost(rank, f"its actor died: {first_line(e)}")
             except Exception as e:  # a timeout, or Ray itself in trouble: ask again next poll
-                reports[n] = self._unreachable(rank, _first_line(e))
+                reports[n] = self._unreachable(rank, first_line(e))
         return reports
 
     def _offset(self, rank: dict[str, Any]) -> int:
@@ -340,7 +324,7 @@ class RayExecutor:
         try:
             reports = self._ask(handle)
         except Exception as e:  # Ray unreachable: nothing is known, so nothing has ended
-            return Status("running", reason=f"cannot reach Ray: {_first_line(e)}")
+            return Status("running", reason=f"cannot reach Ray: {first_line(e)}")
         stop = read_json(log_dir / STOP_FILE)
         failure = read_json(log_dir / FAILURE_FILE)
         if failure is None and (found := first_failure(reports, len(handle["ranks"]), now)) is not None:
@@ -405,32 +389,3 @@ class RayExecutor:
             if int(rank["node_rank"]) == node_rank:
                 return Path(rank["log_file"])
         return None
-
-
-def _configure_process(token: str | None, gcs_outage_s: float) -> None:
-    """This process's Ray settings, before it connects: token authentication, and how long a GCS outage may last
-    before Ray ends the process. Ray reads both from the environment when imported; `refresh_auth` re-reads them."""
-    import os
-
-    if token:
-        os.environ["RAY_AUTH_MODE"] = "token"
-        os.environ["RAY_AUTH_TOKEN"] = token
-    os.environ.setdefault(GCS_RECONNECT_ENV, str(int(gcs_outage_s)))
-    refresh_auth()
-
-
-def refresh_auth() -> None:
-    """Make an imported `ray` see its RAY_* settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN[_PATH]…) as os.environ has them."""
-    import sys
-
-    if "ray" in sys.modules:
-        with contextlib.suppress(Exception):
-            from ray._raylet import AuthenticationTokenLoader, Config
-
-            Config.initialize("")
-            AuthenticationTokenLoader.instance().reset_cache()
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:300]

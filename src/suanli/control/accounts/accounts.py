@@ -57,7 +57,8 @@ def check_credentials(email: str, password: str) -> str:
 def check_email(email: str) -> str:
     """The normalised email, or 422 naming `email`."""
     email = normalise_email(email)
-    if not EMAIL.match(email):
+    domain = email.rpartition("@")[2]
+    if not EMAIL.match(email) or domain.startswith(".") or domain.endswith(".") or ".." in domain:
         raise Invalid(f"email: {email!r} is not an email address")
     return email
 

@@ -1,9 +1,8 @@
 """The sign-up trial credit, once per user and once per mailbox.
 
-A verified address proves a mailbox, but one mailbox has many addresses: plus-addressing (`me+1@…`, `me+2@…`: Gmail,
-Outlook, iCloud, Fastmail and Proton deliver them all to `me@…`) and, at Gmail, any placement of dots in the local
-part and the `googlemail.com` spelling. So a trial is granted to a user only while no other user holding the same
-mailbox had one: `trial_mailboxes` keeps the SHA-256 of each mailbox granted a trial (not the address), its primary
+A verified address proves a mailbox, but one mailbox has many addresses (`suanli.mail.addresses`: plus-addressing,
+Gmail's dots, Fastmail's subdomains, a provider's several domains). So a trial is granted to a user only while no
+other user of the same mailbox had one: `trial_mailboxes` keeps the SHA-256 of each mailbox granted a trial (not the address), its primary
 key deciding between two grants at once. A domain that delivers every address to one inbox (a catch-all) is not
 recognisable from the address; an operator who sees one abused sets `signup: invite` (docs/control-plane.md).
 
@@ -24,23 +23,11 @@ from suanli.billing.ledger import PROMOTIONS, org_account, transfer
 from suanli.control.money import ledger
 from suanli.db.access import TrialMailbox
 from suanli.db.models import LedgerTransaction, User
-
-GMAIL = frozenset({"gmail.com", "googlemail.com"})
-
-
-def mailbox(email: str) -> str:
-    """The mailbox an (already normalised) address delivers to: the local part up to its first `+`, and at Gmail
-    without dots, under `gmail.com`. An address with nothing before its tag is its own mailbox."""
-    local, at, domain = email.strip().lower().rpartition("@")
-    if not at:
-        return email.strip().lower()
-    base = local.split("+", 1)[0]
-    if domain in GMAIL:
-        domain, base = "gmail.com", base.replace(".", "")
-    return f"{base or local}@{domain}"
+from suanli.mail.addresses import mailbox
 
 
 def mailbox_key(email: str) -> str:
+    """What `trial_mailboxes` keeps: the SHA-256 of the mailbox, not the address."""
     return hashlib.sha256(mailbox(email).encode()).hexdigest()
 
 

@@ -1,7 +1,7 @@
 """trial_mailboxes: the mailboxes granted the sign-up trial credit, so that another address of one mailbox gets none
 
-A new table, filled from the trial credits granted so far (the first user of each mailbox); no change to existing
-ones.
+A new table, filled from the trial credits granted so far (the first user of each mailbox; a grant an operator made
+counts here, as it cannot be told from a signup's, though later ones do not); no change to existing ones.
 
 Revision ID: 0025
 Revises: 0024
@@ -15,22 +15,13 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from suanli.mail.addresses import mailbox
+
 # revision identifiers, used by Alembic.
 revision: str = "0025"
 down_revision: str | Sequence[str] | None = "0024"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
-
-
-def _mailbox(email: str) -> str:
-    """`control.accounts.trials.mailbox` as of this revision (a migration keeps the rule it was written with)."""
-    local, at, domain = email.strip().lower().rpartition("@")
-    if not at:
-        return email.strip().lower()
-    base = local.split("+", 1)[0]
-    if domain in ("gmail.com", "googlemail.com"):
-        domain, base = "gmail.com", base.replace(".", "")
-    return f"{base or local}@{domain}"
 
 
 def upgrade() -> None:
@@ -52,7 +43,7 @@ def upgrade() -> None:
     )
     rows, seen = [], set()
     for user_id, email, at in op.get_bind().execute(granted):
-        key = hashlib.sha256(_mailbox(email).encode()).hexdigest()
+        key = hashlib.sha256(mailbox(email).encode()).hexdigest()
         if key not in seen:
             seen.add(key)
             rows.append({"mailbox_hash": key, "user_id": user_id, "granted_at": at})

@@ -31,8 +31,8 @@ from tests.ssh_helpers import SFTP_SERVER, keygen, options, require_openssh, scp
 
 @dataclass
 class StandIn:
-    """Lets `key` into "box" (running), "parked" (stopped) and "doomed" (running until a test revokes it);
-    "box.1" is node-rank 1."""
+    """Lets `key` into "box" (running), "parked" (stopped), "doomed" (running until a test revokes it) and "slow"
+    (whose grant takes half a second to read again); "box.1" is node-rank 1."""
 
     fingerprint: str
     entered: list[list[str]] = field(default_factory=list)
@@ -40,7 +40,7 @@ class StandIn:
 
     async def authorize(self, username: str, fingerprint: str, public_key: str) -> Grant | None:
         name, _, rank = username.partition(".")
-        if fingerprint != self.fingerprint or name not in ("box", "parked", "doomed"):
+        if fingerprint != self.fingerprint or name not in ("box", "parked", "doomed", "slow"):
             return None
         return Grant("usr_1", "me@example.com", f"wl_{name}", name, int(rank or 0))
 
@@ -48,6 +48,8 @@ class StandIn:
         return {g: self.revoke[g.name] for g in grants if g.name in self.revoke}
 
     async def target(self, grant: Grant) -> Target:
+        if grant.name == "slow":
+            await asyncio.sleep(0.5)
         if grant.name == "parked":
             raise Refused("instance parked is stopped; `suanli start parked`")
 
@@ -234,6 +236,49 @@ def _connect(port: int, deadline: float) -> socket.socket:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
+
+
+class Counting:
+    """A loopback server that counts the connections it accepted and those whose other end closed."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = self.closed = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            conn, _ = self.sock.accept()
+            self.accepted += 1
+            threading.Thread(target=self._drain, args=(conn,), daemon=True).start()
+
+    def _drain(self, conn: socket.socket) -> None:
+        with conn:
+            while conn.recv(4096):
+                pass
+        self.closed += 1
+
+
+def test_a_forward_whose_connection_ends_while_it_is_checked_leaves_no_socket_open(gateway: Running) -> None:
+    """The client goes away (or the re-check closes its connection) while the gateway reads the grant again for a
+    new forward: the gateway must not connect to the instance after all, or each such forward would leave a socket
+    open in the gateway for good (a tenant could spend its file descriptors)."""
+    server, local = Counting(), free_port()
+    for _ in range(3):
+        fwd = subprocess.Popen(["ssh", *options(gateway.key, gateway.port), "-N", "-L",
+                                f"{local}:127.0.0.1:{server.port}", "slow@127.0.0.1"], stderr=subprocess.PIPE)  # fmt: skip
+        try:
+            c = _connect(local, time.monotonic() + 20)
+            time.sleep(0.2)  # the gateway is reading the grant (0.5 s)
+        finally:
+            fwd.kill()
+            fwd.wait(10)
+        c.close()
+    deadline = time.monotonic() + 5
+    while server.closed < server.accepted and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.accepted == server.closed, (server.accepted, server.closed)
 
 
 def test_local_port_forwarding_reaches_loopback_ports_only(gateway: Running) -> None:

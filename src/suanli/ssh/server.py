@@ -136,6 +136,7 @@ class _Connection(asyncssh.SSHServer):
         self.grant: Grant | None = None
         self.counted_user: str | None = None
         self.sessions: set[_Session] = set()  # open shells, commands and SFTP
+        self.lost = False  # the connection ended: a forward still being decided must not connect after all
         self.forwards = 0
         self._checked: dict[tuple[str, str], Grant | None] = {}  # the client asks twice per key (query, signed)
 
@@ -148,6 +149,7 @@ class _Connection(asyncssh.SSHServer):
             conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, "too many connections to the gateway; try later")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
         self.gw.connections -= 1
         self.gw.open.discard(self)
         if self.counted_user is not None:
@@ -225,8 +227,14 @@ class _Connection(asyncssh.SSHServer):
             target = await self.gw.access.target(self.grant)
         except Refused as e:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
+        gone = asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "the connection was closed")
+        if self.lost:  # closed while the grant was read: asyncssh would drop what we open now without closing it
+            raise gone
         if target.network == "host":  # the sandbox shares this host's network: its loopback is ours
             forwarder = await self.conn.forward_connection("127.0.0.1", port)
+            if self.lost:
+                forwarder.close()
+                raise gone
             return Counted(forwarder, self)
         try:  # its own network namespace: relay from inside it
             argv = target.enter(["python3", "-c", RELAY, str(port)])

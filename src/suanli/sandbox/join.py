@@ -25,6 +25,7 @@ CLONE_NEWCGROUP = 0x02000000
 NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_PDEATHSIG = 1
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 KEEP_FROM_CALLER = ("TERM", "LANG", "LC_ALL", "COLORTERM", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 
 
@@ -141,17 +142,25 @@ def _enter(init: int, net: bool) -> None:
 def _run(argv: list[str], env: dict[str, str]) -> int:
     """Fork (joining a PID namespace counts for children only) and exec; pass signals on; exit as the child did.
     The child gets SIGHUP when we end however we end (SIGKILL included, which passes nothing on): a session the
-    gateway closes, or whose client went away, leaves no command running on in the sandbox."""
+    gateway closes, or whose client went away, leaves no command running on in the sandbox. Signals wait (blocked)
+    from before the fork until they can be passed on, and a child orphaned before it armed its parent-death signal
+    ends at once."""
+    parent = os.getpid()
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)  # until the handlers below exist to pass them on
     pid = os.fork()
     if pid == 0:
         try:
             _libc_call("prctl", PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
+            if os.getppid() not in (parent, 0):  # we were orphaned before that (0: a parent outside our PID namespace)
+                os._exit(128 + signal.SIGHUP)
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.execvpe(argv[0], argv, env)
         except OSError as e:
             sys.stderr.write(f"suanli: {argv[0]}: {e.strerror}\n")
             os._exit(127)
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in FORWARDED:
         signal.signal(sig, lambda signum, _f: os.kill(pid, signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     while True:
         try:
             _, status = os.waitpid(pid, 0)

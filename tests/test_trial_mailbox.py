@@ -92,6 +92,9 @@ def test_plus_addresses_and_gmail_dots_earn_one_trial(mail_api: TestClient, inbo
         me = mail_api.get(f"{API}/me", headers=who.headers).json()
         assert me["trial_pending"] is False, alias
         inbox.wait(n)
+        with inbox.lock:
+            mailed = inbox.received[-1][1].get_body(("plain",)).get_content()  # type: ignore[union-attr]
+        assert "verify it:" in mailed and "trial credit" not in mailed, mailed  # the mail promises nothing either
         done = _verify(mail_api, inbox.token())
         assert done["credited"] == "0.00" and done["email_verified"] is True, alias  # verified, not credited
         assert _balance(mail_api, who) == 0, alias

@@ -80,7 +80,7 @@ def _create_user(srv: Server, email: str, body: SignupIn, hashed: str) -> Signup
         bal = ledger.org_balance(s, org.id)
         currency = prices.current(s)[1].currency
     if mailer is not None and link is not None:  # committed: now the mail, off this thread
-        outbox.send_later(mailer, verification.message(user.email, cfg.site_url, link))
+        outbox.send_later(mailer, verification.message(user.email, cfg.site_url, link, trial=pending))
     return SignupOut(
         user=UserOut.model_validate(user), token=plain, token_id=tok.id, expires_at=tok.expires_at,
         org=OrgOut.model_validate(org).model_copy(update={"role": "owner"}), balance=shown(bal), currency=currency,
@@ -120,7 +120,8 @@ def resend_verification(ctx: Auth) -> ResendOut:
         user = accounts.user(s, ctx.who)
         link = verification.begin_resend(s, user, utcnow())
         email = user.email
-    outbox.send_later(mailer, verification.message(email, ctx.srv.settings.site_url, link))
+        trial = verification.trial_pending(s, user, ctx.srv.settings.trial_credit)
+    outbox.send_later(mailer, verification.message(email, ctx.srv.settings.site_url, link, trial=trial))
     return ResendOut(sent_to=email)
 
 
@@ -169,9 +170,8 @@ def me(ctx: Auth) -> MeOut:
         user = accounts.user(s, ctx.who)
         orgs = [OrgOut.model_validate(o).model_copy(update={"role": r}) for o, r in accounts.orgs_of(s, ctx.who)]
         verified = verification.is_verified(s, user.id)
-        pending = (ctx.srv.mailer is not None and not verified and ctx.srv.settings.trial_credit > 0
-                   and verification.trial_waits(s, user.id) and not trials.granted(s, user.id)
-                   and not trials.mailbox_had_one(s, user.email))  # fmt: skip
+        pending = (ctx.srv.mailer is not None and not verified
+                   and verification.trial_pending(s, user, ctx.srv.settings.trial_credit))  # fmt: skip
     return MeOut(user=UserOut.model_validate(user), orgs=orgs, email_verified=verified, trial_pending=pending)
 
 

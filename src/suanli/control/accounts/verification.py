@@ -67,6 +67,13 @@ def trial_waits(s: Session, user_id: str) -> bool:
 UNKNOWN = "token: not a verification token (copy the whole link from the e-mail)"
 
 
+def trial_pending(s: Session, user: User, trial_credit: Decimal) -> bool:
+    """Whether verifying would still release a trial credit: one of the user's links carries it, and neither they
+    nor another user of their mailbox had one."""
+    return (trial_credit > 0 and trial_waits(s, user.id) and not trials.granted(s, user.id)
+            and not trials.mailbox_had_one(s, user.email))  # fmt: skip
+
+
 def check_known(s: Session, token: str) -> None:
     """422 for a token that is not of our shape or matches no link: checked on a read, so garbage sent to the
     unauthenticated route never takes the database's write lock."""
@@ -117,11 +124,13 @@ def begin_resend(s: Session, user: User, now: datetime) -> str:
     return issue(s, user, now, grants_trial=trial_waits(s, user.id))
 
 
-def message(to: str, site_url: str, token: str) -> Mail:
+def message(to: str, site_url: str, token: str, trial: bool = True) -> Mail:
+    """The verification mail; `trial`: verifying releases a trial credit (not where the mailbox had its own)."""
     link = f"{site_url}{PATH}?token={token}"
+    what = "verify it and receive your trial credit" if trial else "verify it"
     body = (
         "Someone (we hope you) signed up for a suanli account with this address.\n\n"
-        f"Open this link to verify it and receive your trial credit:\n\n    {link}\n\n"
+        f"Open this link to {what}:\n\n    {link}\n\n"
         f"The link works once, for {int(TOKEN_TTL.total_seconds() // 3600)} hours. "
         "If you did not sign up, ignore this message.\n"
     )

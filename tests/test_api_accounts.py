@@ -42,6 +42,7 @@ def test_duplicate_email_is_a_conflict_that_does_not_say_registered(api: Any) ->
         assert r.status_code == 409, r.text
         assert _detail(r).startswith("signup: cannot sign up with these details"), r.text
         assert "registered" not in r.text and "bob" not in r.text.lower()
+        assert "reset link" in _detail(r)  # the address's owner, whoever took it first, has a way back in
 
 
 @pytest.mark.parametrize(

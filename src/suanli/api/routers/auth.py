@@ -34,7 +34,10 @@ from suanli.mail import outbox
 router = APIRouter(route_class=StrictJSONRoute, tags=["accounts"])
 
 
-SIGNUP_REFUSED = "signup: cannot sign up with these details (if you have an account here, log in)"
+SIGNUP_REFUSED = (
+    "signup: cannot sign up with these details (if you have an account here, log in; if its password is "
+    "lost, ask for a reset link: `suanli forgot-password` or the login page's link)"
+)
 
 
 @router.post("/signup", status_code=201)

@@ -51,6 +51,9 @@ def test_sdk_resumes_a_file_checks_it_and_copies_trees(server, tmp_path: Path) -
     (tmp_path / "back.bin.suanli-part").write_bytes(blob[:12345])  # an interrupted download resumes too
     got = c.volume_download("data", "blob.bin", back, same_host=False)
     assert back.read_bytes() == blob and got.resumed_from == 12345
+    (tmp_path / "back.bin.suanli-part").write_bytes(blob)  # all of it arrived before the break: checked, not fetched
+    got = c.volume_download("data", "blob.bin", back, same_host=False)
+    assert back.read_bytes() == blob and got.resumed_from == len(blob)
     (tmp_path / "back.bin.suanli-part").write_bytes(b"garbage!")  # a corrupt partial copy is caught by sha256
     with pytest.raises(ApiError, match="hashes to"):
         c.volume_download("data", "blob.bin", tmp_path / "back.bin", same_host=False)

@@ -275,25 +275,8 @@ class VolumeCopyCalls:
             headers = {"Authorization": f"Bearer {self.token}"}
             if have:
                 headers["Range"] = f"bytes={have}-"
-            with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
-                                   headers=headers, timeout=None) as r:  # fmt: skip
-                if r.is_error:
-                    from suanli.client.client import _error
-
-                    r.read()
-                    raise _error(r)
-                if r.status_code != 206:
-                    h = hashlib.sha256()
-                hashing = _Hasher(h)  # beside the writes: hashlib lets go of the GIL
-                try:
-                    with open(part, "ab" if r.status_code == 206 else "wb") as out:
-                        for chunk in r.iter_raw():  # as read: re-chunking would copy
-                            out.write(chunk)
-                            hashing.add(chunk)
-                            if progress is not None:
-                                progress(len(chunk))
-                finally:
-                    hashing.close()
+            if have < info["size"] or not have:  # all of it here already (a range from the end is 416): hash only
+                h = self._fetch(ref, path, org, headers, part, h, progress)
             want = theirs.result()["sha256"]
         got = h.hexdigest()
         if got != want:
@@ -303,6 +286,31 @@ class VolumeCopyCalls:
             raise ApiError(0, f"{path}: the copy hashes to {got}, the volume's file to {want}; copy again")
         os.replace(part, dest)
         return Copied(path, info["size"], 1, got, have)
+
+    def _fetch(self, ref: str, path: str, org: str | None, headers: dict[str, str], part: Path, h: Any,
+               progress: Progress | None) -> Any:  # fmt: skip
+        """GET the file (from the range in `headers`) onto `part`, hashing it with `h`; the hash of the whole file
+        (a new one where the server sent all of it rather than the range)."""
+        with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
+                               headers=headers, timeout=None) as r:  # fmt: skip
+            if r.is_error:
+                from suanli.client.client import _error
+
+                r.read()
+                raise _error(r)
+            if r.status_code != 206:
+                h = hashlib.sha256()
+            hashing = _Hasher(h)  # beside the writes: hashlib lets go of the GIL
+            try:
+                with open(part, "ab" if r.status_code == 206 else "wb") as out:
+                    for chunk in r.iter_raw():  # as read: re-chunking would copy
+                        out.write(chunk)
+                        hashing.add(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+            finally:
+                hashing.close()
+        return h
 
 
 class _Reader(io.RawIOBase):

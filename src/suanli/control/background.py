@@ -106,8 +106,12 @@ class StorageLoop:
         if not leases.acquire(self.db, self.LEASE, self.owner, now, 4 * STORAGE_SWEEP_S):
             return None
         swept = storage.sweep(self.db, self.store, now)
-        volume_files.measure_mounted(self.db, self.volumes_root, now, home=self.store.home)
-        volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3)
+        for step in (lambda: volume_files.measure_mounted(self.db, self.volumes_root, now, home=self.store.home),
+                     lambda: volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3)):  # fmt: skip
+            try:  # each on its own: billing never waits on a step before it
+                step()
+            except Exception:
+                log.exception("storage sweep: a volume step failed")
         billed = volume_billing.meter(self.db, now, self.grace_minutes)
         if billed.read_only or billed.writable:
             log.info("volumes: %s", billed)

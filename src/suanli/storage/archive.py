@@ -353,4 +353,20 @@ def _parts(name: str) -> list[str]:
         raise ArchiveError(f"{_show(name)}: '..' in its path; the archive's names must stay inside it")
     if any("\0" in p for p in parts):
         raise ArchiveError(f"{_show(name)}: a NUL byte in its name")
+    if not utf8(name):  # a name the filesystem holds but an object store, a URL or JSON cannot
+        raise ArchiveError(f"{_show(name)}: its name is not UTF-8")
     return parts
+
+
+def utf8(name: str) -> bool:
+    """Whether a name (as Python decodes file names: bytes that are not UTF-8 become lone surrogates) is UTF-8."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(name: str) -> str:
+    """A file name as UTF-8 text, bytes that are not UTF-8 escaped as `\\xff` (a workload may write any name)."""
+    return name if utf8(name) else os.fsencode(name).decode("utf-8", "backslashreplace")

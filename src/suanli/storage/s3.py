@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from suanli.storage import volumes as local
+from suanli.storage.archive import utf8
 
 PUSHED = "s3-pushed.json"  # path -> [size, mtime_ns] as last uploaded
 BATCH = 256  # files uploaded at once (s3fs sends them concurrently)
@@ -71,6 +72,8 @@ class S3Backend:
             rel = os.path.relpath(dirpath, data)
             base = "" if rel == "." else rel + "/"
             for name in files:
+                if not utf8(base + name):  # an object key is UTF-8: a workload's other names stay on this host
+                    continue
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
                 except OSError:

@@ -103,6 +103,10 @@ def clean_path(path: object, *, allow_root: bool = True) -> str:
         raise VolumeRuleError(f"must be at most {MAX_PATH} characters")
     if "\0" in path or "\\" in path:
         raise VolumeRuleError("must not contain NUL or backslash characters")
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise VolumeRuleError("must be UTF-8 text") from None
     parts = [p for p in path.split("/") if p not in ("", ".")]
     if ".." in parts:
         raise VolumeRuleError("must not contain '..': a path stays inside its volume")

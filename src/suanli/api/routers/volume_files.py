@@ -33,7 +33,7 @@ from suanli.control.storage import volume_files as files
 from suanli.control.storage import volumes
 from suanli.storage import volume_io as vio
 from suanli.storage import volumes as store
-from suanli.storage.archive import ArchiveError
+from suanli.storage.archive import ArchiveError, shown
 from suanli.storage.fd_channel import loopback_host
 
 router = APIRouter(tags=["volumes"])
@@ -180,7 +180,7 @@ async def get_file(
     headers = {"Accept-Ranges": "bytes"}
     if range is not None:
         m = _RANGE.fullmatch(range.strip())
-        if m is None or int(m.group(1)) > st.st_size or (m.group(2) and int(m.group(2)) < int(m.group(1))):
+        if m is None or int(m.group(1)) >= st.st_size or (m.group(2) and int(m.group(2)) < int(m.group(1))):
             store.os.close(fd)
             return Response(status_code=416, headers={"Content-Range": f"bytes */{st.st_size}"})  # type: ignore[return-value]
         start = int(m.group(1))
@@ -225,7 +225,7 @@ async def ls(
         got = await run_in_threadpool(store.listdir, t.paths.data, rel, limit, after)
     except store.VolumeFileError as e:
         raise _file_error(e) from None
-    return [EntryOut(name=e.name, kind=e.kind, size=e.size, mtime_ns=e.mtime_ns) for e in got]
+    return [EntryOut(name=shown(e.name), kind=e.kind, size=e.size, mtime_ns=e.mtime_ns) for e in got]
 
 
 @router.delete("/volumes/{volume}/files", status_code=204)

@@ -20,6 +20,7 @@ from suanli.control.errors import Invalid
 from suanli.control.storage import volume_billing, volumes
 from suanli.control.storage.volume_billing import hourly_cost
 from suanli.db.volumes import Volume
+from suanli.storage.archive import shown
 from suanli.workloads import volumes as rules
 from suanli.workloads.volumes import MAX_VERSION
 
@@ -184,7 +185,8 @@ def diff(
     lim = volumes.Limits.of(ctx.srv.settings)
     with ctx.db.read() as s:
         d = volumes.diff(s, ctx.who, ref, org, a, b, lim)
-    return DiffOut(added=list(d.added), removed=list(d.removed), changed=list(d.changed))
+    return DiffOut(added=[shown(n) for n in d.added], removed=[shown(n) for n in d.removed],
+                   changed=[shown(n) for n in d.changed])  # fmt: skip
 
 
 # ---- storage in usage statements and quotes -------------------------------------------------------------------------

@@ -8,6 +8,7 @@ read-only then). Paths are checked by `workloads.volumes.clean_path`; the tree i
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,8 @@ from suanli.storage import volumes as store
 from suanli.storage.s3 import S3Backend, S3Config
 from suanli.storage.volume_room import Claim
 from suanli.workloads import volumes as rules
+
+log = logging.getLogger(__name__)
 
 
 class InsufficientStorage(ServiceError):
@@ -213,4 +216,6 @@ def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) 
             backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
         except store.TooDeep:  # a workload nested it too deep to walk: pushed once trimmed
             continue
+        except Exception:  # one volume's trouble (a tree, the bucket) must not stop the others' pushes
+            log.exception("volume %s: push to the bucket failed", v.id)
     return len(rows)

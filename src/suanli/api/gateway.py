@@ -29,7 +29,7 @@ from decimal import Decimal
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
 
-from suanli.api.gateway_input import GatewayError, check_body
+from suanli.api.gateway_input import GatewayError, check_body, usage_cap
 from suanli.api.gateway_relay import BeforeFirstByte, Relay, done, streamed, whole
 from suanli.api.gateway_upstream import Answer, NoAnswer, Pool
 from suanli.control.errors import NotFound, ServiceError
@@ -84,8 +84,8 @@ class GatewayState:
 
     # ---- who and where ----------------------------------------------------------------------------------------
     async def grant(self, auth: str) -> tuple[KeyGrant, Decimal]:
-        """The key's grant and its paying org's balance (as of at most `KEY_TTL_S` ago), from the request's
-        `Authorization` header."""
+        """The key's grant and what its paying org has left for it (`store.key`, as of at most `KEY_TTL_S` ago),
+        from the request's `Authorization` header."""
         scheme, _, secret = auth.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise GatewayError(401, "missing API key: send Authorization: Bearer sk-sl-… (suanli keys create)")
@@ -94,7 +94,7 @@ class GatewayState:
         hit = self.keys.get(secret)
         if hit is None or mono - hit[0] > KEY_TTL_S:
             try:
-                g, balance = await run_in_threadpool(store.key, self.db, secret)
+                g, balance = await run_in_threadpool(store.key, self.db, secret, utcnow())
             except ServiceError:
                 g, balance = None, Decimal(0)
             if len(self.keys) > 10_000:
@@ -217,9 +217,14 @@ async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Res
     """`raw` (the request's body, already bounded) to a ready replica; the answer, or a stream to relay."""
     g, balance = await state.grant(auth)
     doc = check_body(route, raw)
+    cap = usage_cap(route, len(raw), doc)
     r = await state.route(g.endpoint_id)
     if r.priced and g.org_id != r.org_id and balance <= 0:
-        raise GatewayError(402, f"the balance of the org paying for this key is {balance:.2f}; top up first")
+        raise GatewayError(
+            402,
+            f"the org paying for this key has {balance:.2f} left for it (its balance, or its "
+            "maker's monthly spend limit there); top up first, or ask for a higher limit",
+        )
     if doc["model"] != r.name:
         raise GatewayError(404, f"model: no model called {doc['model'][:100]!r} for this key", "model")
     if not runtime(r.runtime).serves(route):
@@ -249,9 +254,9 @@ async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Res
             resp = await _send(state, t, route, body)
             if stream and resp.content_type.startswith("text/event-stream"):
                 handed_off = True
-                return streamed(state, resp, t, r, g)
+                return streamed(state, resp, t, r, g, cap)
             handed_off = True
-            return await whole(state, resp, t, r, g)
+            return await whole(state, resp, t, r, g, cap)
         except BeforeFirstByte as e:
             state.suspect[t.key] = time.monotonic() + SUSPECT_S
             if len(state.suspect) > 10_000:

@@ -4,6 +4,7 @@ errors in OpenAI's shape. Pure: no I/O."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
@@ -31,6 +32,30 @@ class GatewayError(ServiceError):
             headers["WWW-Authenticate"] = "Bearer"
         body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": None}}
         return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+PROMPT_OVERHEAD = 1024  # tokens a chat template or runtime may add to what the body holds
+
+
+@dataclass(frozen=True)
+class UsageCap:
+    """The most tokens one request can honestly have used: what the replica reports is counted up to this. The
+    replica runs its owner's code, and an owner who sells tokens must not bill a buyer (nor mint money) by reporting
+    more than was asked for."""
+
+    prompt: int
+    completion: int
+
+
+def usage_cap(route: str, raw_len: int, doc: dict[str, Any]) -> UsageCap:
+    """A BPE token covers at least one byte of what was sent, beside a template's few (`PROMPT_OVERHEAD`); each of
+    `n` choices (of each prompt) is at most `max_tokens` long (`MAX_TOKENS` where the request sets none)."""
+    if route == "embeddings":
+        return UsageCap(raw_len + PROMPT_OVERHEAD, 0)
+    most = doc.get("max_completion_tokens") or doc.get("max_tokens") or MAX_TOKENS
+    prompts = doc.get("prompt")
+    many = len(prompts) if route == "completions" and isinstance(prompts, list) else 1
+    return UsageCap(raw_len + PROMPT_OVERHEAD, int(doc.get("n") or 1) * many * int(most))
 
 
 def _bad(param: str, why: str) -> GatewayError:

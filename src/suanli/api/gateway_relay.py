@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.responses import Response
 
-from suanli.api.gateway_input import GatewayError
+from suanli.api.gateway_input import GatewayError, UsageCap
 from suanli.api.gateway_upstream import Answer, BrokeOff
 from suanli.control.ids import utcnow
 from suanli.control.serving import gateway as store
@@ -38,7 +38,7 @@ def done(state: GatewayState, t: store.Target, r: store.Route) -> None:
 
 
 async def whole(
-    state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant
+    state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant, cap: UsageCap
 ) -> Response:  # fmt: skip
     """A non-streamed answer: read whole (bounded), its usage counted, passed on as it came."""
     chunks, size = [], 0
@@ -54,7 +54,7 @@ async def whole(
         await resp.aclose()
     content = b"".join(chunks)
     if resp.status_code == 200:
-        _count(state, r, g, _usage_of(content))
+        _count(state, r, g, _usage_of(content), cap)
     return Response(content, status_code=resp.status_code,
                     media_type=resp.content_type or "application/json")  # fmt: skip
 
@@ -66,20 +66,24 @@ def _usage_of(content: bytes) -> dict[str, Any] | None:
     return None
 
 
-def _count(state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, Any] | None) -> None:
+def _count(state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, Any] | None, cap: UsageCap) -> None:
+    """The replica's usage, each count a whole number up to what the request could have used (`UsageCap`)."""
     u = usage or {}
-    prompt, completion = u.get("prompt_tokens"), u.get("completion_tokens")
-    prompt = prompt if isinstance(prompt, int) and not isinstance(prompt, bool) and 0 <= prompt < 1 << 40 else 0
-    if not (isinstance(completion, int) and not isinstance(completion, bool) and 0 <= completion < 1 << 40):
-        completion = 0
-    state.add_usage(r.id, g.key_id, prompt, completion, utcnow())
+    state.add_usage(r.id, g.key_id, _tokens(u.get("prompt_tokens"), cap.prompt),
+                    _tokens(u.get("completion_tokens"), cap.completion), utcnow())  # fmt: skip
 
 
-def streamed(state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant) -> Relay:
+def _tokens(v: Any, most: int) -> int:
+    return min(v, most) if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+
+def streamed(
+    state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant, cap: UsageCap
+) -> Relay:  # fmt: skip
     """SSE, chunk by chunk as the runtime sends it (what arrived together goes on together). The usage event the
     gateway asked for is read in passing (a client that did not ask for it gets it too: a chunk with no choices,
     as OpenAI sends it); a replica that breaks off ends the stream with an error event."""
-    return Relay(state, resp, t, r, g)
+    return Relay(state, resp, t, r, g, cap)
 
 
 class Relay:
@@ -88,8 +92,10 @@ class Relay:
     closed however it ends: done, an error, or the client gone (seen by a watcher of `receive`, which stops the
     relay: the runtime then stops generating)."""
 
-    def __init__(self, state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant):
-        self.state, self.resp, self.t, self.r, self.g = state, resp, t, r, g
+    def __init__(
+        self, state: GatewayState, resp: Answer, t: store.Target, r: store.Route, g: KeyGrant, cap: UsageCap
+    ) -> None:  # fmt: skip
+        self.state, self.resp, self.t, self.r, self.g, self.cap = state, resp, t, r, g, cap
         self.usage: dict[str, Any] | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -106,7 +112,7 @@ class Relay:
             try:
                 await self.resp.aclose()
             finally:
-                _count(self.state, self.r, self.g, self.usage)
+                _count(self.state, self.r, self.g, self.usage, self.cap)
                 done(self.state, self.t, self.r)
         if relay.done() and not relay.cancelled() and relay.exception() is not None:
             raise relay.exception()  # type: ignore[misc]

@@ -26,7 +26,7 @@ from suanli.control.ids import new_id, token_hash
 from suanli.control.serving.token_billing import price_of
 from suanli.control.storage import hub
 from suanli.control.workloads import admission, workloads
-from suanli.db.models import Org, User, Workload
+from suanli.db.models import Membership, Org, User, Workload
 from suanli.db.serving import Endpoint, EndpointEvent, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.db.volumes import Volume, VolumeVersion
 from suanli.serving.runtimes import Replica, runtime
@@ -255,6 +255,7 @@ class KeyGrant:
     key_id: str
     endpoint_id: str
     org_id: str  # pays
+    user_id: str = ""  # made it: their place in the paying org (and their spend limit there) binds the key
 
 
 def create_key(
@@ -315,4 +316,10 @@ def authenticate_key(s: Session, secret: str) -> KeyGrant:
     row = s.scalar(select(EndpointKey).where(EndpointKey.token_hash == token_hash(secret)))
     if row is None or row.revoked_at is not None:
         raise Unauthorized("invalid API key")
-    return KeyGrant(row.id, row.endpoint_id, row.org_id)
+    # A key acts for its maker in the org that pays: one who left it, or may no longer do what making it took
+    # (use the org's endpoint, or spend its money on another's), made a key that no longer works.
+    owner = s.scalar(select(Endpoint.org_id).where(Endpoint.id == row.endpoint_id))
+    role = s.scalar(select(Membership.role).where(Membership.org_id == row.org_id, Membership.user_id == row.user_id))
+    if role is None or ("submit" if row.org_id == owner else "spend") not in memberships.RIGHTS[role]:
+        raise Unauthorized("this key's maker may no longer use it for its organisation; a member makes a new one")
+    return KeyGrant(row.id, row.endpoint_id, row.org_id, row.user_id)

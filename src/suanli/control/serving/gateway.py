@@ -14,12 +14,13 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from suanli.control.accounts import spend_limits
 from suanli.control.errors import NotFound
 from suanli.control.money import ledger
 from suanli.control.serving import endpoints
 from suanli.control.serving.endpoints import KeyGrant
 from suanli.db.engine import Database
-from suanli.db.models import Workload
+from suanli.db.models import Membership, Workload
 from suanli.db.serving import Endpoint, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.serving.runtimes import runtime
 
@@ -51,12 +52,19 @@ class Target:
         return f"{self.workload_id}.{self.attempt}"
 
 
-def key(db: Database, secret: str) -> tuple[KeyGrant, Decimal]:
-    """The key's grant and its paying org's balance (a key of another org is refused on a priced endpoint once
-    that balance is not above zero)."""
+def key(db: Database, secret: str, now: datetime) -> tuple[KeyGrant, Decimal]:
+    """The key's grant and what its paying org has left for it: the org's balance, or less where the key's maker
+    has a monthly spend limit there (a key of another org is refused on a priced endpoint once this is not above
+    zero; its tokens are charged to the maker, as their work is)."""
     with db.read() as s:
         g = endpoints.authenticate_key(s, secret)
-        return g, ledger.org_balance(s, g.org_id)
+        left = ledger.org_balance(s, g.org_id)
+        limit = s.scalar(select(Membership.monthly_spend_limit).where(Membership.org_id == g.org_id,
+                                                                     Membership.user_id == g.user_id))  # fmt: skip
+        if limit is not None:
+            spent = spend_limits.month_to_date(s, g.org_id, now, g.user_id).get(g.user_id, Decimal(0))
+            left = min(left, limit - spent)
+        return g, left
 
 
 def route(db: Database, endpoint_id: str) -> Route:

@@ -1,0 +1,230 @@
+"""Money through the serving gateway, attacks first, on both databases, with a replica the test controls (the
+replica runs its endpoint owner's code, so what it reports is the owner's word): a replica that reports more
+tokens than a request could use is counted only up to what the request asked for, and a payer never gives more
+than it has, so no owner mints money by selling to itself; a usage row that cannot be charged does not stop the
+others; and a key binds its maker: one removed from the paying org has a key that stops working, and one with a
+monthly spend limit spends no more through keys than through work."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+from suanli.api.gateway_input import PROMPT_OVERHEAD
+from suanli.control.caches import FleetCache, PriceCache
+from suanli.control.ids import utcnow
+from suanli.control.money import ledger
+from suanli.control.serving import endpoints as endpoints_service
+from suanli.control.serving import gateway as store
+from suanli.control.serving import token_billing
+from suanli.control.serving.serving import ServingPass
+from suanli.control.storage import hub
+from suanli.db.models import Workload
+from suanli.db.serving import EndpointReplica, EndpointUsage
+from tests.control_plane import Tenant, join, signup
+from tests.test_workloads_api import Platform, make_platform
+
+EP = "/api/v1/endpoints"
+SPEC = {"name": "chat", "kind": "service", "model": "tiny", "resources": {"gpu": "H20", "gpus": 1}, "replicas": 1}
+BIG = 2**40 - 1
+
+
+class Replica:
+    """A replica that answers every request with `answer(body)`: a JSON document, as an OpenAI server would."""
+
+    def __init__(self, answer: Callable[[bytes], dict[str, Any]]) -> None:
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        buf = b""
+        with c:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    got = c.recv(65536)
+                    if not got:
+                        return
+                    buf += got
+                head, _, rest = buf.partition(b"\r\n\r\n")
+                n = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                while len(rest) < n:
+                    rest += c.recv(65536)
+                body, buf = rest[:n], rest[n:]
+                out = json.dumps(self.answer(body)).encode()
+                c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                          % (len(out), out))  # fmt: skip
+
+
+def reports(prompt: int, completion: int) -> Callable[[bytes], dict[str, Any]]:
+    return lambda body: {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+                         "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}  # fmt: skip
+
+
+@pytest.fixture
+def platform(api: TestClient, tmp_path: Path) -> Platform:
+    p = make_platform(api)
+    src = tmp_path / "tiny"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),  # type: ignore[attr-defined]
+            repo_id="acme/tiny")  # fmt: skip
+    return p
+
+
+def deploy_ready(p: Platform, port: int, spec: dict[str, Any], who: Tenant | None = None) -> Any:
+    """An endpoint whose one replica is ready at the test's replica."""
+    r = p.api.post(EP, json={"spec": spec}, headers=(who or p.tenant).headers)
+    assert r.status_code == 201, r.text
+    ep = r.json()
+    ServingPass(endpoints_service.Admitting(5, FleetCache(), PriceCache())).run(p.db, utcnow())
+    with p.db.write() as s, s.begin():
+        for rep in s.scalars(select(EndpointReplica).where(EndpointReplica.endpoint_id == ep["id"])).all():
+            s.execute(update(Workload).where(Workload.id == rep.workload_id).values(state="running", attempt=1))
+            rep.port, rep.address, rep.ready_attempt = port, "127.0.0.1", 1
+    return ep
+
+
+def balance(p: Platform, org: str) -> Decimal:
+    with p.db.read() as s:
+        return ledger.org_balance(s, org)
+
+
+def settle(p: Platform, endpoint_id: str) -> None:
+    """What the gateway counted, reported and charged (as a pass would once its minute has settled)."""
+    asyncio_flush(p)
+    token_billing.charge(p.db, utcnow() + timedelta(seconds=token_billing.SETTLE_S + 61))
+
+
+def asyncio_flush(p: Platform) -> None:
+    import asyncio
+
+    asyncio.run(p.api.app.state.gateway.flush())  # type: ignore[attr-defined]
+
+
+def usage(p: Platform, endpoint_id: str) -> list[EndpointUsage]:
+    with p.db.read() as s:
+        return list(s.scalars(select(EndpointUsage).where(EndpointUsage.endpoint_id == endpoint_id)))
+
+
+def ask(p: Platform, key: str, **doc: Any) -> Any:
+    body = {"model": "chat", "messages": [{"role": "user", "content": "x"}], **doc}
+    return p.api.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"}, json=body)
+
+
+def test_an_owner_selling_to_itself_mints_no_money(platform: Platform) -> None:
+    """The owner's replica reports 2^40 tokens for a request of `max_tokens: 1`, bought with a second org of its
+    own (a fresh signup: ¥10 of trial credit)."""
+    replica = Replica(reports(BIG, BIG))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
+    puppet = signup(platform.api, "puppet@example.com")
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"name": "b"}, headers=puppet.headers).json()["key"]
+    owner0, puppet0 = balance(platform, platform.tenant.org_id), balance(platform, puppet.org_id)
+    r = ask(platform, key, max_tokens=1)
+    assert r.status_code == 200, r.text
+    settle(platform, ep["id"])
+    (row,) = usage(platform, ep["id"])
+    assert row.completion_tokens == 1  # what was asked for, not what was reported
+    assert 0 < row.prompt_tokens <= len(r.request.content) + PROMPT_OVERHEAD
+    assert balance(platform, puppet.org_id) >= 0
+    assert balance(platform, platform.tenant.org_id) - owner0 == puppet0 - balance(platform, puppet.org_id)
+    with platform.db.read() as s:
+        assert all(a == b for a, b in ledger.recompute(s).values())
+    r = ask(platform, key, max_tokens=1, n=3)  # n choices of max_tokens each, at most
+    settle(platform, ep["id"])
+    assert sum(u.completion_tokens for u in usage(platform, ep["id"])) == 1 + 3
+
+
+def test_a_payer_gives_what_it_has_and_its_key_is_then_refused(platform: Platform) -> None:
+    replica = Replica(reports(10, 1_000_000))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})  # ¥1,000 a request
+    buyer = signup(platform.api, "buyer@example.com")
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    owner0 = balance(platform, platform.tenant.org_id)
+    assert ask(platform, key).status_code == 200
+    settle(platform, ep["id"])
+    assert balance(platform, buyer.org_id) == 0 and balance(platform, platform.tenant.org_id) == owner0 + 10
+    platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]  # past the key cache's 5 s
+    r = ask(platform, key)
+    assert r.status_code == 402, r.text
+
+
+def test_a_row_that_cannot_be_charged_does_not_stop_the_others(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    replica = Replica(reports(1, 1))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "2"})
+    other = deploy_ready(platform, replica.port, {**SPEC, "name": "other", "price_per_1m_tokens": "2"})
+    buyer = signup(platform.api, "rows@example.com")
+    platform.topup(buyer.org_id, "100")
+    keys = [platform.api.post(f"{EP}/{e['id']}/keys", json={}, headers=buyer.headers).json()["id"] for e in (ep, other)]
+    old = (utcnow() - timedelta(minutes=10)).replace(second=0, microsecond=0)
+    store.report(platform.db, "w", {}, [(ep["id"], keys[0], old - timedelta(minutes=i), 1, 10**6, 0) for i in range(600)],
+                 utcnow())  # fmt: skip
+    store.report(platform.db, "w", {}, [(other["id"], keys[1], old, 1, 10**6, 0)], utcnow())
+    real = token_billing.part_charge
+
+    def poisoned(charged: int, total: int, price: Decimal) -> Decimal:
+        if price == 2 and total == 10**6 and poisoned.left > 0:  # the first endpoint's rows fail
+            poisoned.left -= 1
+            raise OverflowError("the amount does not fit the money column")
+        return real(charged, total, price)
+
+    poisoned.left = 600  # type: ignore[attr-defined]
+    monkeypatch.setattr(token_billing, "part_charge", poisoned)
+    owner0 = balance(platform, platform.tenant.org_id)
+    for _ in range(3):
+        token_billing.charge(platform.db, utcnow())
+    assert balance(platform, platform.tenant.org_id) == owner0 + 2  # the other endpoint's row is paid
+
+
+def test_a_key_binds_its_maker_in_the_paying_org(platform: Platform) -> None:
+    """A team member with a ¥1 monthly limit makes the team pay for their own endpoint's tokens: the charges count
+    against the limit (the key is refused past it), and once they leave the team their key stops working."""
+    owner = platform.tenant
+    team = platform.api.post("/api/v1/orgs", json={"name": "team"}, headers=owner.headers).json()["id"]
+    platform.topup(team, "1000")
+    member = signup(platform.api, "limited@example.com")
+    join(platform.api, owner, team, member)
+    r = platform.api.patch(f"/api/v1/orgs/{team}/members/{member.user_id}", json={"monthly_spend_limit": "1"},
+                           headers=owner.headers)  # fmt: skip
+    assert r.status_code == 200, r.text
+    platform.topup(member.org_id, "100")
+    replica = Replica(reports(10, 100_000))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "name": "mine", "price_per_1m_tokens": "1000"}, who=member)
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"org": team}, headers=member.headers).json()["key"]
+    body = {"model": "mine", "messages": [{"role": "user", "content": "x"}]}
+    auth = {"Authorization": f"Bearer {key}"}
+    assert platform.api.post("/v1/chat/completions", json=body, headers=auth).status_code == 200
+    settle(platform, ep["id"])
+    with platform.db.read() as s:
+        from suanli.control.accounts import spend_limits
+
+        spent = spend_limits.month_to_date(s, team, utcnow(), member.user_id)
+    assert spent.get(member.user_id, Decimal(0)) > 1  # ¥100 of tokens, counted against the member's limit
+    platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]
+    r = platform.api.post("/v1/chat/completions", json=body, headers=auth)
+    assert r.status_code == 402 and "spend limit" in r.json()["error"]["message"], r.text
+    assert platform.api.delete(f"/api/v1/orgs/{team}/members/{member.user_id}", headers=owner.headers).status_code in (200, 204)  # fmt: skip
+    platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]
+    r = platform.api.post("/v1/chat/completions", json=body, headers=auth)
+    assert r.status_code == 401, r.text

@@ -117,18 +117,23 @@ def test_an_http_copy_under_way_holds_its_bytes_against_a_same_host_file(srv: An
 
 
 def test_held_uploads_are_held_to_the_room_again_when_committed(srv: Any) -> None:
-    """A held upload waits beside the tree, outside what is measured: two of 600 KiB were each taken, and the
-    commits (which checked no room) put 1.2 MiB in a 1 MiB volume."""
+    """A held upload waits beside the tree, outside what is measured: with 300 KiB in the tree, two of 400 KiB
+    were each taken, and the commits (which checked no room) put 1.1 MiB in a 1 MiB volume. (What waits beside the
+    tree stays within the size too: a third is refused as it arrives.)"""
     _, http, _ = srv
+    assert http.put(f"{API}/volumes/v/files", params={"path": "c.bin"}, content=b"c" * (300 * KiB)).status_code == 200
     sums = {}
     for name in ("a.bin", "b.bin"):
-        r = http.put(f"{API}/volumes/v/files", params={"path": name, "hold": "true"}, content=name[0].encode() * PART)
+        r = http.put(f"{API}/volumes/v/files", params={"path": name, "hold": "true"},
+                     content=name[0].encode() * (400 * KiB))  # fmt: skip
         assert r.status_code == 200, r.text
         sums[name] = r.json()["sha256"]
+    r = http.put(f"{API}/volumes/v/files", params={"path": "d.bin", "hold": "true"}, content=b"d" * (400 * KiB))
+    assert r.status_code == 507 and "waiting" in r.json()["detail"], r.text
     assert http.post(f"{API}/volumes/v/commit", params={"path": "a.bin", "sha256": sums["a.bin"]}).status_code == 200
     r = http.post(f"{API}/volumes/v/commit", params={"path": "b.bin", "sha256": sums["b.bin"]})
     assert r.status_code == 507 and "bytes left in the volume" in r.json()["detail"], r.text
-    assert within_size(http) == 1
+    assert within_size(http) == 2
     assert http.delete(f"{API}/volumes/v/files", params={"path": "a.bin"}).status_code == 204
     r = http.post(f"{API}/volumes/v/commit", params={"path": "b.bin", "sha256": sums["b.bin"]})
     assert r.status_code == 200, r.text  # the held upload was kept: committed once there is room

@@ -107,7 +107,8 @@ class StorageLoop:
             return None
         swept = storage.sweep(self.db, self.store, now)
         for step in (lambda: volume_files.measure_mounted(self.db, self.volumes_root, now, home=self.store.home),
-                     lambda: volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3)):  # fmt: skip
+                     lambda: volume_files.push_idle(self.db, self.volumes_root, self.volumes_s3),
+                     lambda: volume_files.expire_partial(self.volumes_root)):  # fmt: skip
             try:  # each on its own: billing never waits on a step before it
                 step()
             except Exception:

@@ -45,6 +45,43 @@ def partial_path(p: Paths, rel: str) -> Path:
     return p.partial / hashlib.sha256(rel.encode()).hexdigest()
 
 
+PARTIAL_TTL_S = 86400.0  # an upload broken off or held this long is dropped by the storage sweep
+
+
+def waiting_bytes(p: Paths, but: Path | None = None) -> int:
+    """What uploads under way, broken off or held take beside the tree (`partial/`; but the file `but`): they count
+    nowhere else, so `Writer` keeps them within the volume's size."""
+    total = 0
+    with contextlib.suppress(OSError), os.scandir(p.partial) as it:
+        for e in it:
+            if e.name.endswith(".sum") or (but is not None and e.name == but.name):
+                continue
+            with contextlib.suppress(OSError):
+                if e.is_file(follow_symlinks=False):
+                    total += footprint(e.stat(follow_symlinks=False).st_size)
+    return total
+
+
+def expire_partial(p: Paths, now: float, ttl: float = PARTIAL_TTL_S) -> int:
+    """Drop what has waited in `partial/` longer than `ttl` (a file, its hash, a tar's scratch directory); how many
+    were dropped. A client resuming later sends the file again."""
+    dropped = 0
+    with contextlib.suppress(OSError), os.scandir(p.partial) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if now - st.st_mtime < ttl:
+                continue
+            if stat.S_ISDIR(st.st_mode):
+                remove_tree(Path(e.path))
+            else:
+                Path(e.path).unlink(missing_ok=True)
+            dropped += 1
+    return dropped
+
+
 def partial_size(p: Paths, rel: str) -> int:
     try:
         return partial_path(p, rel).stat().st_size
@@ -123,6 +160,7 @@ class Writer:
         self.p, self.rel, self.room = p, rel, room
         path = partial_path(p, rel)
         have = partial_size(p, rel)
+        self.waiting = waiting_bytes(p, but=path)  # the other uploads waiting beside the tree
         if offset > have:
             raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
         self.f = open(path, "r+b" if have else "wb")  # noqa: SIM115 - closed by finish/abort
@@ -138,7 +176,13 @@ class Writer:
         self.written = offset
         _held(p, rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
 
+    def _fits(self, total: int) -> None:
+        if self.waiting + footprint(total) > self.room.size:
+            raise OverSize(f"uploads waiting to be committed or resumed hold {self.waiting} bytes of the volume's "
+                           f"{self.room.size}; commit them, or they are dropped a day after their last byte")  # fmt: skip
+
     def write(self, chunk: bytes) -> None:
+        self._fits(self.written + len(chunk))
         self.room.take(footprint(self.written + len(chunk)))
         self.f.write(chunk)
         self.hash.update(chunk)
@@ -148,6 +192,7 @@ class Writer:
         """The chunks gathered (a few MiB), claimed against the room at once (one look at the claims)."""
         if not any(chunks):
             return
+        self._fits(self.written + sum(len(c) for c in chunks))
         self.room.take(footprint(self.written + sum(len(c) for c in chunks)))
         for chunk in chunks:
             self.f.write(chunk)

@@ -8,7 +8,9 @@ read-only then). Paths are checked by `workloads.volumes.clean_path`; the tree i
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -18,6 +20,7 @@ from suanli.control.errors import Invalid, PaymentRequired, ServiceError
 from suanli.control.storage import volumes
 from suanli.db.engine import Database
 from suanli.db.volumes import Volume
+from suanli.storage import volume_io as vio
 from suanli.storage import volumes as store
 from suanli.storage.s3 import S3Backend, S3Config
 from suanli.storage.volume_room import Claim
@@ -137,6 +140,23 @@ def remeasure(db: Database, t: Target, now: datetime) -> store.Usage | None:
 
 def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
     return InsufficientStorage(f"volume {t.name}: {e}; remove files or resize it")
+
+
+def expire_partial(root: Path) -> int:
+    """Drop uploads broken off or held past `vio.PARTIAL_TTL_S`, in every volume of this host; how many."""
+    import time
+
+    dropped = 0
+    now = time.time()
+    with contextlib.suppress(OSError):
+        for org in os.scandir(root):
+            vols = Path(org.path) / "vols"
+            if not org.is_dir(follow_symlinks=False) or not vols.is_dir():
+                continue
+            for v in os.scandir(vols):
+                if v.is_dir(follow_symlinks=False):
+                    dropped += vio.expire_partial(store.paths(root, org.name, v.name), now)
+    return dropped
 
 
 def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, home: Path | None = None) -> int:

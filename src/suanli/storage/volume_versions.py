@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from suanli.storage.archive import remove_tree
-from suanli.storage.volumes import CHUNK, Paths, Usage, _key, fwalk, load_state, measure, save_state
+from suanli.storage.archive import footprint, remove_tree
+from suanli.storage.volumes import CHUNK, OverSize, Paths, Usage, _key, fwalk, load_state, measure, save_state
 
 LINK = "symlink:"  # a manifest entry of a link: [LINK + target, 0]
 DIR = "dir"  # a manifest entry of a directory: [DIR, 0]
@@ -123,6 +123,12 @@ def manifest(p: Paths, number: int) -> dict[str, tuple[str, int]]:
     return {k: (str(v[0]), int(v[1])) for k, v in doc.items()}
 
 
+def blocks_of(m: dict[str, tuple[str, int]]) -> int:
+    """What a version's tree takes once materialised, as `measure` counts a live tree: whole blocks per file, one
+    per directory and link."""
+    return sum(footprint(size if sha != DIR and not sha.startswith(LINK) else 0) for sha, size in m.values())
+
+
 def files_of(m: dict[str, tuple[str, int]]) -> dict[str, tuple[str, int]]:
     """A manifest's files and links (what a diff compares), without its directories."""
     return {k: v for k, v in m.items() if v[0] != DIR}
@@ -166,13 +172,26 @@ def _link(src: Path, dest: Path) -> None:
         os.chmod(dest, 0o444)
 
 
-def materialise(src: Paths, number: int, dest: Paths) -> Usage:
+def materialise(src: Paths, number: int, dest: Paths, limit: int | None = None) -> Usage:
     """Make `dest`'s live tree a writable copy of `src`'s version `number` (restore: dest is src; clone: a new
-    volume of the same org). The old live tree goes once the new one is in place."""
+    volume of the same org); `OverSize` where the version takes more than `limit` bytes. The old live tree goes
+    once the new one is in place. One at a time per volume (under its `restore.lock`), each in a scratch directory
+    of its own: two at once shared one, and left a tree of both versions."""
     entries = manifest(src, number)
-    tmp = dest.root / ".restore.tmp"
-    remove_tree(tmp)
-    tmp.mkdir(parents=True)
+    if limit is not None and (need := blocks_of(entries)) > limit:
+        raise OverSize(f"version {number} takes {need} bytes, more than the volume's {limit}")
+    fd = os.open(dest.root / "restore.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return _materialise(src, entries, dest)
+    finally:
+        os.close(fd)
+
+
+def _materialise(src: Paths, entries: dict[str, tuple[str, int]], dest: Paths) -> Usage:
+    for left in dest.root.glob(".restore*"):  # what a restore killed on its way left (none runs now: the lock)
+        remove_tree(left)
+    tmp = Path(tempfile.mkdtemp(prefix=".restore-", dir=dest.root))
     state: dict[str, list[object]] = {}
     for path, (sha, _) in sorted(entries.items()):
         out = tmp / path
@@ -193,8 +212,8 @@ def materialise(src: Paths, number: int, dest: Paths) -> Usage:
             for name in dirs:
                 os.chown(name, *dest.owner, dir_fd=dfd, follow_symlinks=False)
         os.chown(tmp, *dest.owner)
-    old = dest.root / ".restore.old"
-    remove_tree(old)
+    old = Path(tempfile.mkdtemp(prefix=".restore-old-", dir=dest.root))
+    old.rmdir()  # (a fresh name for the tree it replaces)
     if dest.data.exists():
         os.rename(dest.data, old)
     os.rename(tmp, dest.data)

@@ -276,7 +276,10 @@ def restore(db: Database, who: Principal, ref: str, org: str | None, number: int
             raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance is exhausted")
         _refuse_mounted(s, v, "restore")
         p = paths(lim, v)
-    got = versions_store.materialise(p, number, p)
+    try:
+        got = versions_store.materialise(p, number, p, limit=v.size_bytes)
+    except store.OverSize as e:
+        raise Conflict(f"version: {v.name}@{number}: {e}; resize the volume first") from None
     with db.write() as s, s.begin():
         row = s.get(Volume, v.id, with_for_update=True)
         if row is None:
@@ -291,9 +294,10 @@ def clone(db: Database, who: Principal, ref: str, org: str | None, number: int, 
     """A new volume of the same org and size whose live tree is a copy of version `number` (its blobs shared)."""
     with db.write() as s, s.begin():
         src = get(s, who, ref, org, MANAGE)
-        ver = _version(s, src, number)
-        if ver.bytes > src.size_bytes:
-            raise Conflict(f"version: {src.name}@{number} holds {ver.bytes} bytes, more than the volume's size")
+        _version(s, src, number)
+        need = versions_store.blocks_of(versions_store.manifest(paths(lim, src), number))
+        if need > src.size_bytes:
+            raise Conflict(f"version: {src.name}@{number} takes {need} bytes, more than the volume's size")
         new = create(s, who, name, src.size_bytes, src.org_id, src.backend, lim, now)
         src_paths, new_id_ = paths(lim, src), new.id
     try:

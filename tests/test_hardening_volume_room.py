@@ -156,3 +156,28 @@ def test_a_tenant_cannot_reach_the_room_file_and_a_stranger_cannot_copy_into_the
         other.headers.update(signup(other, "stranger@example.com").headers)
         r = other.put(f"{API}/volumes/v/files", params={"path": "x"}, content=b"a" * PART)
         assert r.status_code == 404, r.text
+
+
+def test_two_uploads_of_one_path_never_share_its_partial_copy(srv: Any) -> None:
+    """Two uploads of one path wrote one partial copy: the first to finish placed the other's bytes under its own
+    checked hash (which `stat?sha256=true` then answered from memory), and the other got a 500. The second is now
+    refused with 409 while the first is under way, and the first lands whole."""
+    import hashlib
+
+    _, http, _ = srv
+    go, out = threading.Event(), []
+    first = paused_upload(http, "same.bin", go, out)
+    try:
+        r = http.put(f"{API}/volumes/v/files", params={"path": "same.bin", "sha256": hashlib.sha256(b"b" * 1000).hexdigest()},
+                     content=b"b" * 1000)  # fmt: skip
+        assert r.status_code == 409 and "under way" in r.json()["detail"], r.text
+    finally:
+        go.set()
+        first.join(60)
+    assert out[0].status_code == 200, out[0].text
+    got = http.get(f"{API}/volumes/v/files", params={"path": "same.bin"}).content
+    assert got == b"a" * PART
+    st = http.get(f"{API}/volumes/v/stat", params={"path": "same.bin", "sha256": "true"}).json()
+    assert st["sha256"] == hashlib.sha256(got).hexdigest()
+    r = http.put(f"{API}/volumes/v/files", params={"path": "same.bin"}, content=b"c" * 10)  # the path is free again
+    assert r.status_code == 200, r.text

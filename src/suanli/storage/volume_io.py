@@ -7,6 +7,7 @@ in the tree is followed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +44,20 @@ SUMS = "sums"  # per path: [inode, size, mtime_ns, ctime_ns, sha256] of a file c
 # ---- writing files in: resumable, checksummed ----------------------------------------------------------------------
 def partial_path(p: Paths, rel: str) -> Path:
     return p.partial / hashlib.sha256(rel.encode()).hexdigest()
+
+
+class Busy(VolumeFileError):
+    """Another upload (or commit) of the same path is under way: they would share its partial copy."""
+
+
+def _lock(f: BinaryIO, rel: str) -> None:
+    """Hold the partial copy's lock for as long as `f` is open (two uploads of one path wrote one file, and the
+    first to finish placed the other's bytes under its own checked hash)."""
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        raise Busy(f"{rel}: another upload of this path is under way; wait for it, or resume it later") from None
 
 
 PARTIAL_TTL_S = 86400.0  # an upload broken off or held this long is dropped by the storage sweep
@@ -103,19 +118,27 @@ def commit(p: Paths, rel: str, sha256: str, room: Claim) -> tuple[str, int, int]
     replaced)."""
     src = partial_path(p, rel)
     try:
-        size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
-        size = int(size_s)
-        have = src.stat().st_size
-    except (OSError, ValueError):
+        f = open(src, "rb")  # noqa: SIM115 - closed below
+    except OSError:
         raise VolumeFileError(f"{rel}: no whole upload is waiting; send it (again) with hold=true") from None
-    if have != size or digest != sha256:
-        src.unlink(missing_ok=True)
+    _lock(f, rel)
+    try:
+        try:
+            size_s, digest = _held(p, rel).read_text(encoding="ascii").split()
+            size = int(size_s)
+            have = os.fstat(f.fileno()).st_size
+        except (OSError, ValueError):
+            raise VolumeFileError(f"{rel}: no whole upload is waiting; send it (again) with hold=true") from None
+        if have != size or digest != sha256:
+            src.unlink(missing_ok=True)
+            _held(p, rel).unlink(missing_ok=True)
+            raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+        room.take(footprint(size))
+        replaced = _place(p, rel, digest)
         _held(p, rel).unlink(missing_ok=True)
-        raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
-    room.take(footprint(size))
-    replaced = _place(p, rel, digest)
-    _held(p, rel).unlink(missing_ok=True)
-    return digest, size, replaced
+        return digest, size, replaced
+    finally:
+        f.close()
 
 
 def _place(p: Paths, rel: str, digest: str | None, src: Path | None = None) -> int:
@@ -164,6 +187,7 @@ class Writer:
         if offset > have:
             raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
         self.f = open(path, "r+b" if have else "wb")  # noqa: SIM115 - closed by finish/abort
+        _lock(self.f, rel)
         self.f.truncate(offset)
         self.f.seek(0)
         self.hash = hashlib.sha256()
@@ -203,16 +227,19 @@ class Writer:
         """(sha256, bytes, bytes it replaced) once the file is whole and in place; with `hold`, the whole file
         stays in its partial copy with its hash beside it until `commit` names the same hash (the client hashes
         while it sends, so it learns its own only at the end)."""
-        self.f.close()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)
-        digest = self.hash.hexdigest()
-        src = partial_path(self.p, self.rel)
-        if sha256 is not None and sha256 != digest:
-            src.unlink(missing_ok=True)
-            raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
-        if hold:
-            _held(self.p, self.rel).write_text(f"{self.written} {digest}", encoding="ascii")
-            return digest, self.written, 0
-        return digest, self.written, _place(self.p, self.rel, digest)
+        self.f.flush()  # no fsync: on return the file is where `cp` leaves one (the page cache, written back as usual)
+        try:  # still locked while it moves into place
+            digest = self.hash.hexdigest()
+            src = partial_path(self.p, self.rel)
+            if sha256 is not None and sha256 != digest:
+                src.unlink(missing_ok=True)
+                raise VolumeFileError(f"sha256: the file received hashes to {digest}, not {sha256}; send it again")
+            if hold:
+                _held(self.p, self.rel).write_text(f"{self.written} {digest}", encoding="ascii")
+                return digest, self.written, 0
+            return digest, self.written, _place(self.p, self.rel, digest)
+        finally:
+            self.f.close()
 
     def abort(self) -> None:
         """Keep what arrived (the client resumes from it)."""

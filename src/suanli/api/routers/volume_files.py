@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from suanli.api.deps import Auth, client_address
 from suanli.api.routers.volumes import OrgQ, Ref
 from suanli.api.schemas import Out
-from suanli.control.errors import Invalid, NotFound
+from suanli.control.errors import Conflict, Invalid, NotFound
 from suanli.control.storage import volume_files as files
 from suanli.control.storage import volumes
 from suanli.storage import volume_io as vio
@@ -93,8 +93,8 @@ def _lim(ctx: Auth) -> volumes.Limits:
     return volumes.Limits.of(ctx.srv.settings)
 
 
-def _file_error(e: store.VolumeFileError) -> Invalid:
-    return Invalid(f"path: {e}")
+def _file_error(e: store.VolumeFileError) -> Invalid | Conflict:
+    return Conflict(f"path: {e}") if isinstance(e, vio.Busy) else Invalid(f"path: {e}")
 
 
 @router.put("/volumes/{volume}/files", openapi_extra={"requestBody": BINARY})
@@ -105,9 +105,12 @@ async def put_file(
 ) -> PutOut:  # fmt: skip
     rel = files.clean(path, allow_root=False)
     t = await run_in_threadpool(files.for_write, ctx.db, ctx.who, ref, org, _lim(ctx), ctx.now)
+    w: vio.Writer | None = None
     try:
         try:
             w = await run_in_threadpool(vio.Writer, t.paths, rel, offset, t.claim)
+        except vio.Busy as e:
+            raise Conflict(f"path: {e}") from None
         except store.VolumeFileError as e:
             raise Invalid(f"offset: {e}") from None
         chunks: list[bytes] = []
@@ -134,6 +137,8 @@ async def put_file(
             await run_in_threadpool(files.wrote, ctx.db, t, ctx.now)
         return PutOut(path=rel, bytes=size, sha256=digest)
     finally:
+        if w is not None:
+            w.abort()  # (closed already when it finished) its partial copy's lock goes however the upload ended
         await run_in_threadpool(files.done, t)  # its claim on the room ends
 
 

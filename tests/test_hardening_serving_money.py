@@ -7,9 +7,12 @@ monthly spend limit spends no more through keys than through work."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
@@ -42,7 +45,7 @@ BIG = 2**40 - 1
 class Replica:
     """A replica that answers every request with `answer(body)`: a JSON document, as an OpenAI server would."""
 
-    def __init__(self, answer: Callable[[bytes], dict[str, Any]]) -> None:
+    def __init__(self, answer: Callable[[bytes], Any]) -> None:
         self.answer = answer
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -70,7 +73,12 @@ class Replica:
                 while len(rest) < n:
                     rest += c.recv(65536)
                 body, buf = rest[:n], rest[n:]
-                out = json.dumps(self.answer(body)).encode()
+                answer = self.answer(body)
+                if callable(answer):  # it writes the answer itself (a stream), then the connection closes
+                    with contextlib.suppress(OSError):
+                        answer(c)
+                    return
+                out = json.dumps(answer).encode()
                 c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                           % (len(out), out))  # fmt: skip
 
@@ -228,3 +236,62 @@ def test_a_key_binds_its_maker_in_the_paying_org(platform: Platform) -> None:
     platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]
     r = platform.api.post("/v1/chat/completions", json=body, headers=auth)
     assert r.status_code == 401, r.text
+
+
+def sse(events: int, usage: dict[str, int]) -> Callable[[socket.socket], None]:
+    """A stream of `events` one-token deltas, then the usage event, as vLLM sends them (20 ms apart)."""
+
+    def write(c: socket.socket) -> None:
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(events):
+            ev = b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": f"t{i} "}}]}).encode() + b"\n\n"
+            c.sendall(b"%x\r\n%s\r\n" % (len(ev), ev))
+            time.sleep(0.02)
+        ev = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
+        c.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+
+    return write
+
+
+async def _leave_after(p: Platform, key: str, doc: dict[str, Any], events: int) -> bytes:
+    """The request through the gateway's ASGI app, the client leaving once `events` events arrived."""
+    app, body, sent, gone, first = p.api.app, json.dumps(doc).encode(), [], asyncio.Event(), [True]
+
+    async def receive() -> dict[str, Any]:
+        if first[0]:
+            first[0] = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(msg: dict[str, Any]) -> None:
+        if msg["type"] == "http.response.body":
+            sent.append(msg.get("body", b""))
+            if b"".join(sent).count(b"data:") >= events:
+                gone.set()
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+             "headers": [(b"authorization", f"Bearer {key}".encode())], "http_version": "1.1"}  # fmt: skip
+    await app.gateway(scope, receive, send)  # type: ignore[attr-defined]
+    state = app.state.gateway  # type: ignore[attr-defined]
+    await state.flush()
+    if state.reporter:
+        state.reporter.cancel()
+    if state.pool:
+        state.pool.close()
+        state.pool = None
+    return b"".join(sent)
+
+
+def test_a_client_that_leaves_a_stream_before_its_usage_still_pays_for_what_it_got(platform: Platform) -> None:
+    """The usage comes in the stream's last event: a client that left before it paid nothing for what it read."""
+    replica = Replica(lambda body: sse(50, {"prompt_tokens": 20, "completion_tokens": 50}))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
+    buyer = signup(platform.api, "leaver@example.com")
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    doc = {"model": "chat", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "hi " * 40}]}
+    got = asyncio.run(_leave_after(platform, key, doc, 30))
+    token_billing.charge(platform.db, utcnow() + timedelta(seconds=token_billing.SETTLE_S + 61))
+    (row,) = usage(platform, ep["id"])
+    assert row.completion_tokens >= got.count(b'"delta"') >= 29 and row.prompt_tokens > 0
+    assert balance(platform, buyer.org_id) < 10  # charged for it

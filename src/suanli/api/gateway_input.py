@@ -45,17 +45,18 @@ class UsageCap:
 
     prompt: int
     completion: int
+    prompt_estimate: int = 0  # counted where a stream ends before its usage: four bytes of the request a token
 
 
 def usage_cap(route: str, raw_len: int, doc: dict[str, Any]) -> UsageCap:
     """A BPE token covers at least one byte of what was sent, beside a template's few (`PROMPT_OVERHEAD`); each of
     `n` choices (of each prompt) is at most `max_tokens` long (`MAX_TOKENS` where the request sets none)."""
     if route == "embeddings":
-        return UsageCap(raw_len + PROMPT_OVERHEAD, 0)
+        return UsageCap(raw_len + PROMPT_OVERHEAD, 0, raw_len // 4)
     most = doc.get("max_completion_tokens") or doc.get("max_tokens") or MAX_TOKENS
     prompts = doc.get("prompt")
     many = len(prompts) if route == "completions" and isinstance(prompts, list) else 1
-    return UsageCap(raw_len + PROMPT_OVERHEAD, int(doc.get("n") or 1) * many * int(most))
+    return UsageCap(raw_len + PROMPT_OVERHEAD, int(doc.get("n") or 1) * many * int(most), raw_len // 4)
 
 
 def _bad(param: str, why: str) -> GatewayError:

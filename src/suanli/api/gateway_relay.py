@@ -11,6 +11,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from suanli.api.gateway_input import GatewayError, UsageCap
@@ -53,8 +54,10 @@ async def whole(
     finally:
         await resp.aclose()
     content = b"".join(chunks)
-    if resp.status_code == 200:
-        _count(state, r, g, _usage_of(content), cap)
+    del chunks
+    if resp.status_code == 200:  # a large answer is parsed off the event loop every request shares
+        usage = _usage_of(content) if size < 1 << 16 else await run_in_threadpool(_usage_of, content)
+        _count(state, r, g, usage, cap)
     return Response(content, status_code=resp.status_code,
                     media_type=resp.content_type or "application/json")  # fmt: skip
 
@@ -97,6 +100,7 @@ class Relay:
     ) -> None:  # fmt: skip
         self.state, self.resp, self.t, self.r, self.g, self.cap = state, resp, t, r, g, cap
         self.usage: dict[str, Any] | None = None
+        self.deltas = 0  # events carrying a choice's delta: the tokens sent, where the usage never came
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.ensure_future(self._relay(send))
@@ -112,24 +116,32 @@ class Relay:
             try:
                 await self.resp.aclose()
             finally:
-                _count(self.state, self.r, self.g, self.usage, self.cap)
+                _count(self.state, self.r, self.g, self.usage or self._estimate(), self.cap)
                 done(self.state, self.t, self.r)
         if relay.done() and not relay.cancelled() and relay.exception() is not None:
             raise relay.exception()  # type: ignore[misc]
 
+    def _estimate(self) -> dict[str, Any]:
+        """The stream ended before its usage event (the client left, or the runtime sends none): a token per delta
+        event sent, and the prompt at four bytes of the request a token."""
+        return {"prompt_tokens": self.cap.prompt_estimate, "completion_tokens": self.deltas}
+
     async def _relay(self, send: Any) -> None:
         await send({"type": "http.response.start", "status": self.resp.status_code, "headers": SSE_HEADERS})
-        shadow = b""  # the events seen, for their usage only: every chunk goes on as it came
+        shadow = bytearray()  # the events seen, for their usage only: every chunk goes on as it came
         try:
             async for chunk in self.resp:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                start = max(len(shadow) - 3, 0)  # only the new bytes are searched: a long event costs linear time
                 shadow += chunk
-                if b"\n\n" in shadow:
-                    *events, shadow = shadow.replace(b"\r\n", b"\n").split(b"\n\n")
+                if shadow.find(b"\n\n", start) >= 0 or shadow.find(b"\r\n\r\n", start) >= 0:
+                    *events, rest = bytes(shadow).replace(b"\r\n", b"\n").split(b"\n\n")
                     for ev in events:
                         self.usage = _event_usage(ev) or self.usage
+                        self.deltas += b'"delta"' in ev
+                    shadow = bytearray(rest)
                 if len(shadow) > SHADOW_BYTES:
-                    shadow = b""
+                    shadow.clear()
         except BrokeOff as e:
             log.info("gateway: replica %s broke off mid-stream: %s", self.t.name, e)
             err = {"error": {"message": f"the replica serving {self.r.name} broke off mid-stream; retry the request",

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -151,3 +152,28 @@ def test_storage_is_its_own_lines_in_usage_and_quoted_exactly(api: TestClient) -
                         ({"size": "1Gi", "hours": "1e3"}, "hours")):  # fmt: skip
         r = api.post(f"{API}/quotes/storage", json=body, headers=t.headers)
         assert r.status_code == 422 and field in r.text, (body, r.text)
+
+
+def test_an_hour_is_paid_at_the_largest_size_it_held(api: TestClient) -> None:
+    """The hour is charged once it ends, at the size the volume has then: a 1 TiB volume shrunk to 1 MiB (or removed)
+    just before paid for 1 MiB (or nothing). A shrink or a removal now charges the hours begun at the size before."""
+    db = api.app.state.server.db  # type: ignore[attr-defined]
+    t = signup(api, "shrinker@example.com")
+    for name in ("big", "gone"):
+        assert api.post(f"{API}/volumes", json={"name": name, "size": "1Ti"}, headers=t.headers).status_code == 201
+    book_hour = (Decimal(1 << 40) * Decimal("0.30") / (Decimal(10**9) * 720)).quantize(Decimal("1e-8"))
+    with db.read() as s:
+        start = s.get(Volume, api.get(f"{API}/volumes/big", headers=t.headers).json()["id"]).billed_until
+    before = _balance(api, t)
+    assert api.patch(f"{API}/volumes/big", json={"size": "1Mi"}, headers=t.headers).status_code == 200
+    assert api.delete(f"{API}/volumes/gone", headers=t.headers).status_code == 204
+    volume_billing.meter(db, start + timedelta(hours=1, minutes=1), grace_minutes=5)
+    charged = before - _balance(api, t)
+    assert charged >= 2 * book_hour, (charged, book_hour)  # each paid its first hour at 1 TiB
+    volume_billing.meter(db, start + timedelta(hours=1, minutes=2), grace_minutes=5)
+    assert before - _balance(api, t) == charged  # and only once
+
+
+def _balance(api: TestClient, who: Any) -> Decimal:
+    with api.app.state.server.db.read() as s:  # type: ignore[attr-defined]
+        return ledger.org_balance(s, who.org_id)

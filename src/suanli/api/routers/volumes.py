@@ -135,7 +135,7 @@ def remove_volume(ref: Ref, ctx: Auth, org: OrgQ = None) -> Response:
     """Remove it with every version (owners and admins); 409 naming the live workloads that mount it."""
     lim = volumes.Limits.of(ctx.srv.settings)
     with ctx.db.write() as s, s.begin():
-        v = volumes.remove(s, ctx.who, ref, org, lim)
+        v = volumes.remove(s, ctx.who, ref, org, lim, ctx.now)
     volumes.destroy_files(lim, v)
     return Response(status_code=204)
 

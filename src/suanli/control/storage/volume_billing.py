@@ -57,29 +57,41 @@ def meter(db: Database, now: datetime, grace_minutes: float) -> VolumeMeterRepor
             v = s.get(Volume, vid, with_for_update=True)
             if v is None:
                 continue
-            _, book = prices.current(s)
-            hours = 0
-            while v.billed_until + HOUR <= now and hours < MAX_HOURS_PER_PASS:
-                amount = hourly_cost(v, book)
-                start = v.billed_until
-                v.billed_until = start + HOUR
-                hours += 1
-                if amount <= ZERO:
-                    continue
-                memo = (f"volume {v.name}: {format_size(v.size_bytes)} allocated + {v.snapshot_bytes} bytes of versions, "
-                        f"1 h from {start:%Y-%m-%d %H:%M}")  # fmt: skip
-                try:
-                    tx = transfer(f"volume:{v.id}:{int(start.timestamp())}", "usage", org_account(v.org_id), REVENUE,
-                                  amount, memo)  # fmt: skip
-                except LedgerError:
-                    continue
-                _, made = ledger.post(s, tx, now, org_id=v.org_id, user_id=v.created_by,
-                                      allow_negative=[org_account(v.org_id)])  # fmt: skip
-                if made:
-                    report.charged += 1
-                    report.amount += amount
+            _charge_hours(s, v, now - HOUR, now, report)
             _money_state(s, v, now, grace_minutes, report)
     return report
+
+
+def charge_begun(s: Session, v: Volume, now: datetime) -> None:
+    """Charge, at the volume's size now, every hour it has begun by `now`, the one under way too: before a shrink
+    or a removal, so an hour is paid at the largest size it held, not the one it ends with (a 1 TiB volume shrunk to
+    1 MiB just before its hour was charged paid for 1 MiB). The caller holds the volume's row."""
+    _charge_hours(s, v, now - timedelta(microseconds=1), now, VolumeMeterReport())
+
+
+def _charge_hours(s: Session, v: Volume, last_start: datetime, now: datetime, report: VolumeMeterReport) -> None:
+    """Charge the hours not charged yet that start at or before `last_start`, at the volume's size now."""
+    _, book = prices.current(s)
+    hours = 0
+    while v.billed_until <= last_start and hours < MAX_HOURS_PER_PASS:
+        amount = hourly_cost(v, book)
+        start = v.billed_until
+        v.billed_until = start + HOUR
+        hours += 1
+        if amount <= ZERO:
+            continue
+        memo = (f"volume {v.name}: {format_size(v.size_bytes)} allocated + {v.snapshot_bytes} bytes of versions, "
+                f"1 h from {start:%Y-%m-%d %H:%M}")  # fmt: skip
+        try:
+            tx = transfer(f"volume:{v.id}:{int(start.timestamp())}", "usage", org_account(v.org_id), REVENUE,
+                          amount, memo)  # fmt: skip
+        except LedgerError:
+            continue
+        _, made = ledger.post(s, tx, now, org_id=v.org_id, user_id=v.created_by,
+                              allow_negative=[org_account(v.org_id)])  # fmt: skip
+        if made:
+            report.charged += 1
+            report.amount += amount
 
 
 def _money_state(s: object, v: Volume, now: datetime, grace_minutes: float, report: VolumeMeterReport) -> None:

@@ -24,6 +24,7 @@ from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
 from suanli.control.settings import Settings
+from suanli.control.storage import volume_billing
 from suanli.db.engine import Database
 from suanli.db.models import Org, Workload
 from suanli.db.volumes import Volume, VolumeVersion
@@ -188,6 +189,8 @@ def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, 
     v.used_bytes, v.files, v.measured_at = used.bytes, used.files, now
     if n < used.bytes:
         raise Conflict(f"size: {v.name} holds {used.bytes} bytes; it cannot shrink below that (remove files first)")
+    if n < v.size_bytes:
+        volume_billing.charge_begun(s, v, now)
     v.size_bytes = n
     if v.state == "full":
         v.state = "ready"
@@ -214,9 +217,10 @@ def _refuse_mounted(s: Session, v: Volume, what: str) -> None:
         raise Conflict(f"volume {v.name} is mounted by {shown}; stop them before you {what} it")
 
 
-def remove(s: Session, who: Principal, ref: str, org: str | None, lim: Limits) -> Volume:
+def remove(s: Session, who: Principal, ref: str, org: str | None, lim: Limits, now: datetime) -> Volume:
     v = get(s, who, ref, org, MANAGE, lock=True)
     _refuse_mounted(s, v, "remove")
+    volume_billing.charge_begun(s, v, now)
     s.execute(delete(VolumeVersion).where(VolumeVersion.volume_id == v.id))
     s.delete(v)
     s.flush()

@@ -295,3 +295,57 @@ def test_a_client_that_leaves_a_stream_before_its_usage_still_pays_for_what_it_g
     (row,) = usage(platform, ep["id"])
     assert row.completion_tokens >= got.count(b'"delta"') >= 29 and row.prompt_tokens > 0
     assert balance(platform, buyer.org_id) < 10  # charged for it
+
+
+def test_requests_whose_clients_left_stop_waiting_and_waiters_share_their_reads(
+    platform: Platform, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Forty requests for an endpoint scaled to zero: each read the ready list itself every 0.25 s for up to the
+    cold start (900 s at most), on the thread pool every API route shares, even after its client had left."""
+    spec = {**SPEC, "replicas": None, "autoscale": {"min_replicas": 0, "max_replicas": 1, "cold_start_s": 3}}
+    assert platform.api.post(EP, json={"spec": spec}, headers=platform.tenant.headers).status_code == 201
+    key = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    reads = [0]
+    real = store.ready
+
+    def counted(db: Any, endpoint_id: str) -> Any:
+        reads[0] += 1
+        return real(db, endpoint_id)
+
+    monkeypatch.setattr(store, "ready", counted)
+    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    app = platform.api.app
+
+    async def one(leaves: bool) -> list[Any]:
+        first, sent = [True], []
+
+        async def receive() -> dict[str, Any]:
+            if first[0]:
+                first[0] = False
+                return {"type": "http.request", "body": body, "more_body": False}
+            if not leaves:
+                await asyncio.sleep(3600)
+            return {"type": "http.disconnect"}
+
+        async def send(msg: dict[str, Any]) -> None:
+            sent.append(msg)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+                 "headers": [(b"authorization", f"Bearer {key}".encode())], "http_version": "1.1"}  # fmt: skip
+        await app.gateway(scope, receive, send)  # type: ignore[attr-defined]
+        return sent
+
+    async def main(leaves: bool) -> tuple[float, list[list[Any]]]:
+        t0 = time.monotonic()
+        out = await asyncio.gather(*(one(leaves) for _ in range(40)))
+        state = app.state.gateway  # type: ignore[attr-defined]
+        if state.reporter:
+            state.reporter.cancel()
+        return time.monotonic() - t0, out
+
+    took, sent = asyncio.run(main(leaves=True))
+    assert took < 2.0 and all(s == [] for s in sent), took  # gone at once, nothing sent to nobody
+    reads[0] = 0
+    took, sent = asyncio.run(main(leaves=False))  # they stay: 503 after the 3 s cold start
+    assert all(s[0]["status"] == 503 for s in sent)
+    assert reads[0] <= 3 / 0.125 + 4, reads[0]  # one read per half poll for all forty, not forty per poll

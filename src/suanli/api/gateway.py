@@ -72,6 +72,7 @@ class GatewayState:
     keys: dict[str, tuple[float, KeyGrant | None, Decimal]] = field(default_factory=dict)
     routes: dict[str, tuple[float, store.Route]] = field(default_factory=dict)
     targets: dict[str, tuple[float, list[store.Target]]] = field(default_factory=dict)
+    reading: dict[str, asyncio.Future[tuple[float, list[store.Target]]]] = field(default_factory=dict)
     outstanding: dict[str, int] = field(default_factory=dict)
     picked: dict[str, int] = field(default_factory=dict)  # replica -> when it was last picked (a counter)
     picks: int = 0
@@ -116,11 +117,25 @@ class GatewayState:
         return hit[1]
 
     async def ready(self, endpoint_id: str, fresh: bool = False) -> list[store.Target]:
+        """The endpoint's ready replicas, read at most `READY_TTL_S` ago (`fresh`: `POLL_S / 2` ago). Requests
+        that want a read while one is under way share it: forty waiting for a cold start made one read each every
+        `POLL_S`, on the thread pool every API route shares."""
         mono = time.monotonic()
         hit = self.targets.get(endpoint_id)
-        if fresh or hit is None or mono - hit[0] > READY_TTL_S:
-            hit = self.targets[endpoint_id] = (mono, await run_in_threadpool(store.ready, self.db, endpoint_id))
+        if hit is None or mono - hit[0] > (POLL_S / 2 if fresh else READY_TTL_S):
+            reading = self.reading.get(endpoint_id)
+            if reading is None:
+                reading = self.reading[endpoint_id] = asyncio.ensure_future(self._read_ready(endpoint_id))
+            hit = await asyncio.shield(reading)
         return [t for t in hit[1] if self.suspect.get(t.key, 0.0) <= mono]
+
+    async def _read_ready(self, endpoint_id: str) -> tuple[float, list[store.Target]]:
+        try:
+            got = await run_in_threadpool(store.ready, self.db, endpoint_id)
+            hit = self.targets[endpoint_id] = (time.monotonic(), got)
+            return hit
+        finally:
+            self.reading.pop(endpoint_id, None)
 
     def pick(self, targets: list[store.Target], tried: set[str]) -> store.Target | None:
         """Least outstanding requests; ties to the one picked least recently."""

@@ -8,7 +8,10 @@ does, in one place: the body bounded (413), every error in OpenAI's shape (a tra
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+from collections.abc import Coroutine
 from typing import Any
 
 from sqlalchemy.exc import OperationalError
@@ -16,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from suanli.api.gateway import BODY_BYTES, ROUTES, GatewayState, forward, models
 from suanli.api.gateway_input import GatewayError
+from suanli.api.gateway_relay import until_disconnect
 from suanli.db.engine import DatabaseUnavailable, transient
 
 log = logging.getLogger("suanli.gateway")
@@ -40,6 +44,8 @@ class Gateway:
         try:
             answer = await self._answer(scope, receive)
             await answer(scope, receive, tracked)
+        except ClientGone:
+            return
         except GatewayError as e:
             if started:
                 raise
@@ -70,7 +76,32 @@ class Gateway:
         if method != "POST":
             raise GatewayError(405, f"{method} is not allowed on /v1/{path}; POST")
         raw = await _body(scope, receive)
-        return await forward(state, auth, raw, path)
+        return await _unless_gone(forward(state, auth, raw, path), receive)
+
+
+class ClientGone(Exception):
+    """The client left while its request waited for a replica or for a whole answer: nobody to answer."""
+
+
+async def _unless_gone(work: Coroutine[Any, Any, Any], receive: Receive) -> Any:
+    """`work`'s result, or ClientGone once the client leaves first: a request whose client left stops waiting for a
+    cold start (and stops reading a whole answer it would never get) rather than hold the gateway up to 900 s. A
+    stream's relay then watches the client itself."""
+    task, gone = asyncio.ensure_future(work), asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        gone.cancel()
+        raise
+    left = not task.done()
+    for t in (gone, task) if left else (gone,):
+        t.cancel()
+        with contextlib.suppress(BaseException):
+            await t
+    if left:
+        raise ClientGone()
+    return task.result()
 
 
 def _header(scope: Scope, name: bytes) -> str:

@@ -104,7 +104,7 @@ class Relay:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.ensure_future(self._relay(send))
-        watch = asyncio.ensure_future(_until_disconnect(receive))
+        watch = asyncio.ensure_future(until_disconnect(receive))
         try:
             await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -155,7 +155,7 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
                (b"x-accel-buffering", b"no")]  # fmt: skip
 
 
-async def _until_disconnect(receive: Any) -> None:
+async def until_disconnect(receive: Any) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
 

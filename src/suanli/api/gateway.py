@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from fastapi.concurrency import run_in_threadpool
 from starlette.responses import JSONResponse, Response
@@ -231,7 +232,9 @@ async def models(state: GatewayState, auth: str) -> Response:
 async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Response | Relay:
     """`raw` (the request's body, already bounded) to a ready replica; the answer, or a stream to relay."""
     g, balance = await state.grant(auth)
-    doc = check_body(route, raw)
+    # A large body is parsed off the event loop every request shares; only the bytes sent on outlive this function's
+    # first lines (the parsed form is up to 25 times larger, and a cold start may hold the request for 900 s).
+    doc = check_body(route, raw) if len(raw) < 1 << 16 else await run_in_threadpool(check_body, route, raw)
     cap = usage_cap(route, len(raw), doc)
     r = await state.route(g.endpoint_id)
     if r.priced and g.org_id != r.org_id and balance <= 0:
@@ -248,7 +251,8 @@ async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Res
     doc["model"] = r.upstream_model
     if stream:
         doc["stream_options"] = {**(doc.get("stream_options") or {}), "include_usage": True}
-    body = json.dumps(doc).encode()
+    body = json.dumps(doc).encode() if len(raw) < 1 << 16 else await run_in_threadpool(_dumps, doc)
+    del doc
     now = utcnow()
     state.touch(r.id, now=now)
     targets = await _wait_ready(state, r)
@@ -283,6 +287,10 @@ async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Res
                 done(state, t, r)
     raise GatewayError(503, f"no replica of {r.name} answered ({last_error or 'none ready'}); retry", None,
                        RETRY_AFTER_S)  # fmt: skip
+
+
+def _dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc).encode()
 
 
 async def _wait_ready(state: GatewayState, r: store.Route) -> list[store.Target]:

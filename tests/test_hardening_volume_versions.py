@@ -101,3 +101,29 @@ def test_two_restores_at_once_leave_one_versions_tree(api: TestClient) -> None:
         tops = sorted(p.name for p in live.iterdir())
         assert tops in (["one"], ["two"]) and sum(1 for p in live.rglob("*") if p.is_file()) == 400, (codes, tops)
     assert set(codes) == {200}, codes
+
+
+def test_each_volume_pays_for_what_its_versions_hold(api: TestClient) -> None:
+    """The org's blob store keeps one copy of each content, and a version paid only for what was new to the store:
+    two volumes with the same 8 MiB, the first removed, and the second's versions held the 8 MiB billed to nobody.
+    A volume's versions now pay for the content they name that its earlier versions did not."""
+    import hashlib
+
+    t = signup(api, "dodge@example.com")
+    content = b"z" * (8 * MiB)
+    for name in ("a", "b"):
+        assert api.post(f"{API}/volumes", json={"name": name, "size": "16Mi"}, headers=t.headers).status_code == 201
+        assert api.put(f"{API}/volumes/{name}/files", params={"path": "data"}, content=content, headers=t.headers).status_code == 200  # fmt: skip
+        v = api.post(f"{API}/volumes/{name}/versions", json={}, headers=t.headers).json()
+        assert v["added_bytes"] == len(content), (name, v)
+    assert api.delete(f"{API}/volumes/a", headers=t.headers).status_code == 204
+    assert api.delete(f"{API}/volumes/b/files", params={"path": "data"}, headers=t.headers).status_code == 204
+    assert api.patch(f"{API}/volumes/b", json={"size": "1Mi"}, headers=t.headers).status_code == 200
+    b = api.get(f"{API}/volumes/b", headers=t.headers).json()
+    sha = hashlib.sha256(content).hexdigest()
+    blob = api.app.state.server.settings.volumes_root / b["org_id"] / "blobs" / sha[:2] / sha  # type: ignore[attr-defined]
+    assert blob.exists()  # kept: b's version names it
+    assert b["size_bytes"] + b["snapshot_bytes"] >= len(content)  # and b pays for it
+    assert api.put(f"{API}/volumes/b/files", params={"path": "again"}, content=b"q", headers=t.headers).status_code == 200  # fmt: skip
+    v2 = api.post(f"{API}/volumes/b/versions", json={}, headers=t.headers).json()
+    assert v2["added_bytes"] == 1  # content its own earlier version holds is not paid twice

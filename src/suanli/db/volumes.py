@@ -24,7 +24,7 @@ class Volume(Base):
     size_bytes: Mapped[int] = mapped_column(BigInteger)  # the limit, and what is billed (allocated)
     used_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the live tree, as last measured
     files: Mapped[int] = mapped_column(Integer, default=0)
-    snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # bytes only its versions hold
+    snapshot_bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # the content its versions hold, each once
     last_version: Mapped[int] = mapped_column(Integer, default=0)
     state: Mapped[str] = mapped_column(String(16), default="ready")  # ready | read-only (unpaid) | full
     created_by: Mapped[str] = mapped_column(ForeignKey("users.id"))

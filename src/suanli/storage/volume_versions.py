@@ -39,7 +39,7 @@ class VersionError(ValueError):
 class Snapshot:
     bytes: int
     files: int  # regular files
-    added_bytes: int  # content the blob store did not hold before
+    added_bytes: int  # content none of the volume's earlier versions named (what this one adds to its bill)
 
 
 def blob(p: Paths, sha: str) -> Path:
@@ -53,9 +53,30 @@ def snapshot(p: Paths, number: int) -> Snapshot:
         return _snapshot(p, number)
 
 
+HELD = "held.json"  # the content (sha256s) this volume's versions name: what they have paid for
+
+
+def _held(p: Paths) -> set[str]:
+    """The content this volume's versions name; read from their manifests once where the record is missing."""
+    try:
+        return set(json.loads((p.root / HELD).read_text(encoding="ascii")))
+    except (OSError, ValueError):
+        pass
+    held: set[str] = set()
+    with contextlib.suppress(OSError):
+        for d in p.versions.iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(VersionError, ValueError):
+                    held.update(
+                        sha for sha, _ in manifest(p, int(d.name)).values() if sha != DIR and not sha.startswith(LINK)
+                    )
+    return held
+
+
 def _snapshot(p: Paths, number: int) -> Snapshot:
     old = load_state(p)
     blobs = str(p.blobs)
+    held = _held(p)
     state: dict[str, list[object]] = {}
     entries: dict[str, list[object]] = {}
     total = added = files = 0
@@ -78,8 +99,10 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
             cached = old.get(path)
             sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
             if sha is None or not os.path.exists(f"{blobs}/{sha[:2]}/{sha}"):  # (a str: pathlib costs more here)
-                sha, new = _store(p, name, dfd)
-                added += new
+                sha, _ = _store(p, name, dfd)
+            if sha not in held:  # this volume's versions pay for content once, whichever volume stored it first
+                held.add(sha)
+                added += st.st_size
             state[path] = [*_key(st), sha]
             entries[path] = [sha, st.st_size]
             total += st.st_size
@@ -91,6 +114,8 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
     (tmp / "manifest.json").write_text(json.dumps(entries, sort_keys=True), encoding="utf-8")
     os.rename(tmp, dest)
     save_state(p, state)
+    (p.root / f".{HELD}.tmp").write_text(json.dumps(sorted(held)), encoding="ascii")
+    os.replace(p.root / f".{HELD}.tmp", p.root / HELD)
     return Snapshot(total, files, added)
 
 

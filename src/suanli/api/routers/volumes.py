@@ -62,7 +62,7 @@ class VolumeOut(Out):
     size_bytes: int = Field(description="the limit: writes past it fail; billed per GB-month")
     used_bytes: int = Field(description="the live tree as last measured (files in whole 4 KiB blocks)")
     files: int
-    snapshot_bytes: int = Field(description="content only its versions hold (billed as well)")
+    snapshot_bytes: int = Field(description="the content its versions hold, each once (billed as well)")
     last_version: int
     state: str = Field(description="ready; read-only (its org's balance is exhausted); full (over its size)")
     created_at: datetime
@@ -77,7 +77,9 @@ class VersionOut(Out):
     message: str
     bytes: int
     files: int
-    added_bytes: int = Field(description="new content this version stored; unchanged files are stored once")
+    added_bytes: int = Field(
+        description="content none of the volume's earlier versions held (what it adds to the bill)"
+    )
     created_at: datetime
 
 

@@ -253,7 +253,9 @@ def sse(events: int, usage: dict[str, int]) -> Callable[[socket.socket], None]:
     return write
 
 
-async def _leave_after(p: Platform, key: str, doc: dict[str, Any], events: int) -> bytes:
+async def _leave_after(
+    p: Platform, key: str, doc: dict[str, Any], events: int, path: str = "/v1/chat/completions"
+) -> bytes:
     """The request through the gateway's ASGI app, the client leaving once `events` events arrived."""
     app, body, sent, gone, first = p.api.app, json.dumps(doc).encode(), [], asyncio.Event(), [True]
 
@@ -270,7 +272,7 @@ async def _leave_after(p: Platform, key: str, doc: dict[str, Any], events: int) 
             if b"".join(sent).count(b"data:") >= events:
                 gone.set()
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
+    scope = {"type": "http", "method": "POST", "path": path, "query_string": b"",
              "headers": [(b"authorization", f"Bearer {key}".encode())], "http_version": "1.1"}  # fmt: skip
     await app.gateway(scope, receive, send)  # type: ignore[attr-defined]
     state = app.state.gateway  # type: ignore[attr-defined]
@@ -378,7 +380,9 @@ def test_a_request_waiting_for_a_cold_start_holds_its_bytes_not_their_parsed_for
             pass
 
         async def measure() -> None:
-            await asyncio.sleep(1.0)  # parsed and waiting by now
+            state = app.state.gateway  # type: ignore[attr-defined]
+            while not any(ld.waiting for ld in state.loads.values()):  # parsed, and waiting for a replica
+                await asyncio.sleep(0.05)
             held.append(tracemalloc.get_traced_memory()[0])
 
         scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "query_string": b"",
@@ -395,3 +399,72 @@ def test_a_request_waiting_for_a_cold_start_holds_its_bytes_not_their_parsed_for
     finally:
         tracemalloc.stop()
     assert held[0] - base < 8 * len(body), (held[0] - base) / len(body)  # the bytes, a copy or two, not 25 times
+
+
+def sse_text(events: int, usage: dict[str, int]) -> Callable[[socket.socket], None]:
+    """`/v1/completions` streams its tokens as `text`, not as a chat `delta`."""
+
+    def write(c: socket.socket) -> None:
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(events):
+            doc = {"object": "text_completion", "choices": [{"index": 0, "text": f"t{i} ", "finish_reason": None}]}
+            ev = b"data: " + json.dumps(doc).encode() + b"\n\n"
+            c.sendall(b"%x\r\n%s\r\n" % (len(ev), ev))
+        time.sleep(0.5)
+        ev = b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
+        c.sendall(b"%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+
+    return write
+
+
+def test_a_completions_stream_left_early_is_counted_by_its_text_events(platform: Platform) -> None:
+    replica = Replica(lambda body: sse_text(100, {"prompt_tokens": 5, "completion_tokens": 100}))
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
+    buyer = signup(platform.api, "texter@example.com")
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    doc = {"model": "chat", "stream": True, "max_tokens": 100, "prompt": "hi"}
+    got = asyncio.run(_leave_after(platform, key, doc, 100, path="/v1/completions"))
+    assert got.count(b'"text"') == 100
+    asyncio_flush(platform)
+    (row,) = usage(platform, ep["id"])
+    assert row.completion_tokens >= 100
+
+
+def test_a_stream_the_replica_broke_off_costs_the_buyer_nothing(platform: Platform) -> None:
+    """The buyer got only an error event saying "retry": the estimate is for a client that left, not this."""
+
+    def broken(c: socket.socket) -> None:
+        c.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+
+    replica = Replica(lambda body: broken)
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
+    r = ask(platform, platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=platform.tenant.headers).json()["key"],
+            stream=True, messages=[{"role": "user", "content": "x" * 40_000}])  # fmt: skip
+    assert b"upstream_disconnected" in r.content
+    asyncio_flush(platform)
+    assert all(u.prompt_tokens == 0 and u.completion_tokens == 0 for u in usage(platform, ep["id"]))
+
+
+def test_a_whole_answer_leaves_the_replicas_load_as_it_found_it(platform: Platform) -> None:
+    """Every non-streamed request was counted in flight and never taken off: the autoscaler saw load that never
+    went (scaling up to the maximum, never to zero), and the least-loaded pick was skewed."""
+    replica = Replica(reports(1, 1))
+    ep = deploy_ready(platform, replica.port, SPEC)
+    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    for _ in range(3):
+        assert ask(platform, key).status_code == 200
+    state = platform.api.app.state.gateway  # type: ignore[attr-defined]
+    assert state.load(ep["id"]).inflight == 0 and set(state.outstanding.values()) <= {0}
+
+
+def test_a_prompt_of_token_ids_is_one_prompt() -> None:
+    from suanli.api.gateway_input import check_body, usage_cap
+
+    one = json.dumps({"model": "m", "prompt": list(range(5000)), "max_tokens": 1}).encode()
+    assert usage_cap("completions", len(one), check_body("completions", one)).completion == 1
+    many = json.dumps({"model": "m", "prompt": ["a", "b", "c"], "max_tokens": 2, "n": 2}).encode()
+    assert usage_cap("completions", len(many), check_body("completions", many)).completion == 12
+    img = {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}
+    doc = {"model": "m", "messages": [{"role": "user", "content": [img, img, {"type": "text", "text": "what?"}]}]}
+    raw = json.dumps(doc).encode()
+    assert usage_cap("chat/completions", len(raw), check_body("chat/completions", raw)).prompt >= 2 * 16_384

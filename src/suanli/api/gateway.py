@@ -268,13 +268,12 @@ async def forward(state: GatewayState, auth: str, raw: bytes, route: str) -> Res
         tried.add(t.workload_id)
         state.outstanding[t.workload_id] = state.outstanding.get(t.workload_id, 0) + 1
         state.touch(r.id, inflight=1)
-        handed_off = False
+        handed_off = False  # a stream's relay ends the request itself; anything else ends here, however it ends
         try:
             resp = await _send(state, t, route, body)
             if stream and resp.content_type.startswith("text/event-stream"):
                 handed_off = True
                 return streamed(state, resp, t, r, g, cap)
-            handed_off = True
             return await whole(state, resp, t, r, g, cap)
         except BeforeFirstByte as e:
             state.suspect[t.key] = time.monotonic() + SUSPECT_S

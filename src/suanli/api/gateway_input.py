@@ -35,6 +35,8 @@ class GatewayError(ServiceError):
 
 
 PROMPT_OVERHEAD = 1024  # tokens a chat template or runtime may add to what the body holds
+MEDIA_TOKENS = 16_384  # tokens one image, audio or video part of a message may stand for (a URL is a few bytes)
+MEDIA = ("image_url", "input_audio", "video_url", "audio_url")  # content parts' types that stand for media
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,22 @@ def usage_cap(route: str, raw_len: int, doc: dict[str, Any]) -> UsageCap:
         return UsageCap(raw_len + PROMPT_OVERHEAD, 0, raw_len // 4)
     most = doc.get("max_completion_tokens") or doc.get("max_tokens") or MAX_TOKENS
     prompts = doc.get("prompt")
-    many = len(prompts) if route == "completions" and isinstance(prompts, list) else 1
-    return UsageCap(raw_len + PROMPT_OVERHEAD, int(doc.get("n") or 1) * many * int(most), raw_len // 4)
+    many = 1  # a list of strings (or of token-id lists) is that many prompts; a list of token ids is one
+    if route == "completions" and isinstance(prompts, list) and prompts and isinstance(prompts[0], (str, list)):
+        many = len(prompts)
+    media = sum(_count_parts(doc.get("messages"), m) for m in MEDIA) if route == "chat/completions" else 0
+    prompt = raw_len + PROMPT_OVERHEAD + media * MEDIA_TOKENS
+    return UsageCap(prompt, int(doc.get("n") or 1) * many * int(most), raw_len // 4)
+
+
+def _count_parts(messages: Any, name: str) -> int:
+    """How many content parts of a type (`image_url`, …) the messages hold."""
+    n = 0
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            n += sum(1 for part in content if isinstance(part, dict) and part.get("type") == name)
+    return n
 
 
 def _bad(param: str, why: str) -> GatewayError:

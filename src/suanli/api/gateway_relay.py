@@ -100,13 +100,15 @@ class Relay:
     ) -> None:  # fmt: skip
         self.state, self.resp, self.t, self.r, self.g, self.cap = state, resp, t, r, g, cap
         self.usage: dict[str, Any] | None = None
-        self.deltas = 0  # events carrying a choice's delta: the tokens sent, where the usage never came
+        self.deltas = 0  # events carrying a choice's delta or text: the tokens sent, where the usage never came
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.ensure_future(self._relay(send))
         watch = asyncio.ensure_future(until_disconnect(receive))
+        left = False
         try:
             await asyncio.wait((relay, watch), return_when=asyncio.FIRST_COMPLETED)
+            left = watch.done() and not relay.done()
         finally:
             for task in (watch, relay):
                 if not task.done():
@@ -116,14 +118,16 @@ class Relay:
             try:
                 await self.resp.aclose()
             finally:
-                _count(self.state, self.r, self.g, self.usage or self._estimate(), self.cap)
+                # No usage event: a client that left pays for what it was sent; a replica that broke off (the
+                # client got an error saying retry) or sends none charges nothing.
+                _count(self.state, self.r, self.g, self.usage or (self._estimate() if left else None), self.cap)
                 done(self.state, self.t, self.r)
         if relay.done() and not relay.cancelled() and relay.exception() is not None:
             raise relay.exception()  # type: ignore[misc]
 
     def _estimate(self) -> dict[str, Any]:
-        """The stream ended before its usage event (the client left, or the runtime sends none): a token per delta
-        event sent, and the prompt at four bytes of the request a token."""
+        """The client left before the usage event: a token per event of a choice's delta or text sent, and the
+        prompt at four bytes of the request a token."""
         return {"prompt_tokens": self.cap.prompt_estimate, "completion_tokens": self.deltas}
 
     async def _relay(self, send: Any) -> None:
@@ -138,7 +142,7 @@ class Relay:
                     *events, rest = bytes(shadow).replace(b"\r\n", b"\n").split(b"\n\n")
                     for ev in events:
                         self.usage = _event_usage(ev) or self.usage
-                        self.deltas += b'"delta"' in ev
+                        self.deltas += (b'"delta"' in ev or b'"text"' in ev) and b'"usage"' not in ev
                     shadow = bytearray(rest)
                 if len(shadow) > SHADOW_BYTES:
                     shadow.clear()

@@ -14,11 +14,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import OperationalError
 
 from suanli.billing.ledger import org_account, transfer
 from suanli.billing.tokens import part_charge
+from suanli.control.errors import PaymentRequired
 from suanli.control.money import ledger
-from suanli.db.engine import Database
+from suanli.db.engine import Database, DatabaseUnavailable, transient
 from suanli.db.serving import Endpoint, EndpointKey, EndpointUsage
 
 SETTLE_S = 60.0
@@ -34,8 +36,9 @@ def price_of(spec: dict) -> Decimal | None:
 
 
 def charge(db: Database, now: datetime) -> int:
-    """Charge what is due; the number of ledger transactions posted. Each row on its own: one that cannot be
-    charged is logged and settled uncharged, never left to stop the rows after it on every pass."""
+    """Charge what is due; the number of ledger transactions posted. Each row on its own: one that can never be
+    charged is logged and settled uncharged, never left to stop the rows after it on every pass; one the database
+    or a concurrent debit of the payer got in the way of is charged next pass."""
     cutoff = now - timedelta(seconds=SETTLE_S)
     u = EndpointUsage
     with db.read() as s:
@@ -48,12 +51,23 @@ def charge(db: Database, now: datetime) -> int:
     for eid, kid, minute in due:
         try:
             posted += _charge_row(db, eid, kid, minute, now)
+        except (OperationalError, DatabaseUnavailable, PaymentRequired) as e:
+            if isinstance(e, PaymentRequired) or transient(e):  # the database or a concurrent debit: next pass
+                log.warning("tokens of endpoint %s, key %s, minute %s: charged next pass (%s)", eid, kid, minute, e)
+                continue
+            _forgive(db, eid, kid, minute)
         except Exception:
-            log.exception("tokens of endpoint %s, key %s, minute %s: not charged; settled without", eid, kid, minute)
-            with db.write() as s, s.begin():
-                s.execute(update(EndpointUsage).where(u.endpoint_id == eid, u.key_id == kid, u.minute == minute)
-                          .values(charged_tokens=u.prompt_tokens + u.completion_tokens))  # fmt: skip
+            _forgive(db, eid, kid, minute)
     return posted
+
+
+def _forgive(db: Database, eid: str, kid: str, minute: datetime) -> None:
+    """A row that cannot ever be charged (an amount that does not fit, a fault) is settled unpaid, logged."""
+    u = EndpointUsage
+    log.exception("tokens of endpoint %s, key %s, minute %s: not charged; settled without", eid, kid, minute)
+    with db.write() as s, s.begin():
+        s.execute(update(EndpointUsage).where(u.endpoint_id == eid, u.key_id == kid, u.minute == minute)
+                  .values(charged_tokens=u.prompt_tokens + u.completion_tokens))  # fmt: skip
 
 
 def _charge_row(db: Database, eid: str, kid: str, minute: datetime, now: datetime) -> int:

@@ -150,3 +150,52 @@ def test_held_and_broken_uploads_hold_at_most_the_volumes_size_and_expire(api: T
     assert _partial_bytes(api, vol) == 0
     assert api.put(f"{API}/volumes/small/files", params={"path": "g", "hold": "true"}, content=b"z" * (900 << 10),
                    headers=t.headers).status_code == 200  # fmt: skip
+
+
+def test_a_second_upload_of_a_path_never_empties_the_first_ones_bytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second upload opened the partial copy for writing, which emptied it, before it found the first one's
+    lock: the first then placed an empty file under the hash of what it received."""
+    import hashlib
+
+    from suanli.storage import volume_io as vio
+    from suanli.storage import volumes as store
+    from suanli.storage.volume_room import Claim
+
+    p = store.paths(tmp_path / "vols", "org_1", "vol_1")
+    store.create(p)
+    data = os.urandom(1 << 20)
+    a = vio.Writer(p, "f.bin", 0, Claim(p, 8 * MiB))
+    a.room.measured(0)
+    a.write_all([data])
+    a.f.flush()
+    monkeypatch.setattr(vio, "partial_size", lambda *_: 0)  # as if its size was read before the first bytes landed
+    claim = Claim(p, 8 * MiB)
+    claim.measured(0)
+    with pytest.raises(vio.Busy):
+        vio.Writer(p, "f.bin", 0, claim)
+    a.finish(hashlib.sha256(data).hexdigest())
+    assert (p.data / "f.bin").read_bytes() == data
+
+
+def test_the_sweep_keeps_what_an_upload_under_way_is_writing(tmp_path: Path) -> None:
+    from suanli.storage import volume_io as vio
+    from suanli.storage import volumes as store
+    from suanli.storage.volume_room import Claim
+
+    p = store.paths(tmp_path / "vols", "org_1", "vol_1")
+    store.create(p)
+    old = time.time() - 2 * 86400
+    scratch = p.partial / "tar-abc"  # a tar being unpacked: its scratch directory is old, its newest file is not
+    (scratch / "t" / "deep").mkdir(parents=True)
+    (scratch / "t" / "deep" / "f").write_bytes(b"x")
+    os.utime(scratch, (old, old))
+    w = vio.Writer(p, "slow.bin", 0, Claim(p, 8 * MiB))  # an upload whose client is slow: it holds the lock
+    w.room.measured(0)
+    w.write_all([b"y" * 10])
+    w.f.flush()
+    os.utime(vio.partial_path(p, "slow.bin"), (old, old))
+    assert vio.expire_partial(p, time.time()) == 0
+    w.abort()
+    assert vio.expire_partial(p, time.time()) == 1  # left alone now and a day old: dropped

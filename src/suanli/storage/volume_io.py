@@ -78,8 +78,9 @@ def waiting_bytes(p: Paths, but: Path | None = None) -> int:
 
 
 def expire_partial(p: Paths, now: float, ttl: float = PARTIAL_TTL_S) -> int:
-    """Drop what has waited in `partial/` longer than `ttl` (a file, its hash, a tar's scratch directory); how many
-    were dropped. A client resuming later sends the file again."""
+    """Drop what has waited in `partial/` longer than `ttl` since its last byte (a file, its hash, a tar's scratch
+    directory: by the newest thing in it); how many were dropped. An upload under way (its lock held) is never
+    dropped. A client resuming later sends the file again."""
     dropped = 0
     with contextlib.suppress(OSError), os.scandir(p.partial) as it:
         for e in it:
@@ -87,14 +88,38 @@ def expire_partial(p: Paths, now: float, ttl: float = PARTIAL_TTL_S) -> int:
                 st = e.stat(follow_symlinks=False)
             except OSError:
                 continue
-            if now - st.st_mtime < ttl:
-                continue
             if stat.S_ISDIR(st.st_mode):
-                remove_tree(Path(e.path))
-            else:
+                if now - _newest(e.path, st.st_mtime) >= ttl:
+                    remove_tree(Path(e.path))
+                    dropped += 1
+            elif now - st.st_mtime >= ttl and not _busy(e.path):
                 Path(e.path).unlink(missing_ok=True)
-            dropped += 1
+                dropped += 1
     return dropped
+
+
+def _newest(top: str, mtime: float) -> float:
+    """The newest modification time in a tree (links not followed)."""
+    for dirpath, dirs, names in os.walk(top):
+        for name in (*dirs, *names):
+            with contextlib.suppress(OSError):
+                mtime = max(mtime, os.lstat(os.path.join(dirpath, name)).st_mtime)
+    return mtime
+
+
+def _busy(path: str) -> bool:
+    """Whether an upload holds this partial copy's lock now."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def partial_size(p: Paths, rel: str) -> int:
@@ -182,12 +207,21 @@ class Writer:
     def __init__(self, p: Paths, rel: str, offset: int, room: Claim) -> None:
         self.p, self.rel, self.room = p, rel, room
         path = partial_path(p, rel)
-        have = partial_size(p, rel)
-        self.waiting = waiting_bytes(p, but=path)  # the other uploads waiting beside the tree
-        if offset > have:
-            raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
-        self.f = open(path, "r+b" if have else "wb")  # noqa: SIM115 - closed by finish/abort
+        # Opened without truncating and locked before anything is read or cut: another upload of the path may
+        # be writing it (it then holds the lock, and this one is Busy without having touched its bytes).
+        self.f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600), "r+b")
         _lock(self.f, rel)
+        try:
+            have = os.fstat(self.f.fileno()).st_size
+            if offset > have:
+                raise VolumeFileError(f"offset {offset} is past the {have} bytes already received; resume from {have}")
+            self.waiting = waiting_bytes(p, but=path)  # the other uploads waiting beside the tree
+            self._open(offset)
+        except BaseException:
+            self.f.close()
+            raise
+
+    def _open(self, offset: int) -> None:
         self.f.truncate(offset)
         self.f.seek(0)
         self.hash = hashlib.sha256()
@@ -198,7 +232,7 @@ class Writer:
             self.hash.update(chunk)
         self.f.seek(offset)
         self.written = offset
-        _held(p, rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
+        _held(self.p, self.rel).unlink(missing_ok=True)  # a held upload written to again is no longer the one it hashed
 
     def _fits(self, total: int) -> None:
         if self.waiting + footprint(total) > self.room.size:

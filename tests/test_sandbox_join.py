@@ -4,6 +4,7 @@ being armed with that signal. Run on this host without a sandbox (`_run` is the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,7 +33,9 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
-def _join(tmp_path: Path, child_delay: float, parent_delay: float) -> tuple[subprocess.Popen[bytes], Path]:
+def _join(
+    tmp_path: Path, child_delay: float, parent_delay: float, hup: object = signal.SIG_DFL
+) -> tuple[subprocess.Popen[bytes], Path]:
     """`_run` of a command that writes its pid and sleeps, with the fork's two sides held for the delays given."""
     pid_file = tmp_path / "pid"
     script = textwrap.dedent(f"""
@@ -44,7 +47,7 @@ def _join(tmp_path: Path, child_delay: float, parent_delay: float) -> tuple[subp
                                                      time.sleep({parent_delay})))
         sys.exit(_run(["sh", "-c", "echo $$ > {pid_file}; exec sleep 60"], dict(os.environ)))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    proc = subprocess.Popen([sys.executable, "-c", script], preexec_fn=lambda: signal.signal(signal.SIGHUP, hup))  # type: ignore[arg-type]
     deadline = time.monotonic() + 20
     while not Path(f"{pid_file}.forked").exists():
         assert time.monotonic() < deadline and proc.poll() is None
@@ -74,7 +77,7 @@ def test_the_command_ends_when_join_ends_before_its_signal_handlers_exist(tmp_pa
     try:
         assert _gone(pid, 5), f"the command {pid} runs on after join ended"
     finally:
-        if not _gone(pid, 0):
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -84,3 +87,17 @@ def test_a_hangup_after_the_handlers_reaches_the_command(tmp_path: Path) -> None
     proc.send_signal(signal.SIGHUP)
     assert proc.wait(10) == -signal.SIGHUP  # join ends as its command did: by the hangup it passed on
     assert _gone(pid, 5)
+
+
+def test_a_command_gets_its_hangup_where_the_server_ignores_hangups(tmp_path: Path) -> None:
+    """A server started under `nohup` ignores SIGHUP, and an ignored signal stays ignored across fork and exec: the
+    session's command ignored its hangup and ran on. It starts with SIGHUP as sshd gives it, the default."""
+    proc, pid_file = _join(tmp_path, child_delay=0.0, parent_delay=0.0, hup=signal.SIG_IGN)
+    pid = _command_pid(pid_file)
+    proc.send_signal(signal.SIGHUP)  # (join itself passes it on; its own disposition is its handler)
+    try:
+        assert _gone(pid, 5), "the command ignored its hangup"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        proc.wait(10)

@@ -153,6 +153,8 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
             _libc_call("prctl", PR_SET_PDEATHSIG, signal.SIGHUP, 0, 0, 0)
             if os.getppid() not in (parent, 0):  # we were orphaned before that (0: a parent outside our PID namespace)
                 os._exit(128 + signal.SIGHUP)
+            for sig in FORWARDED:  # as sshd gives a session: a server started under nohup ignores SIGHUP, and an
+                signal.signal(sig, signal.SIG_DFL)  # ignored signal stays ignored across exec
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
             os.execvpe(argv[0], argv, env)
         except OSError as e:

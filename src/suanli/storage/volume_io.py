@@ -35,6 +35,7 @@ from suanli.storage.volumes import (
     load_state,
     open_dir,
     open_file,
+    paths,
     walk,
 )
 
@@ -95,6 +96,19 @@ def expire_partial(p: Paths, now: float, ttl: float = PARTIAL_TTL_S) -> int:
             elif now - st.st_mtime >= ttl and not _busy(e.path):
                 Path(e.path).unlink(missing_ok=True)
                 dropped += 1
+    return dropped
+
+
+def expire_partial_everywhere(volumes_dir: Path, now: float) -> int:
+    """`expire_partial` in every volume under the server's volumes directory (`<org>/vols/<volume>`)."""
+    dropped = 0
+    with contextlib.suppress(OSError):
+        for org in os.scandir(volumes_dir):
+            vols = Path(org.path) / "vols"
+            if org.is_dir(follow_symlinks=False) and vols.is_dir():
+                for v in os.scandir(vols):
+                    if v.is_dir(follow_symlinks=False):
+                        dropped += expire_partial(paths(volumes_dir, org.name, v.name), now)
     return dropped
 
 

@@ -8,9 +8,8 @@ read-only then). Paths are checked by `workloads.volumes.clean_path`; the tree i
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -144,19 +143,7 @@ def room_error(t: Target, e: store.OverSize) -> InsufficientStorage:
 
 def expire_partial(root: Path) -> int:
     """Drop uploads broken off or held past `vio.PARTIAL_TTL_S`, in every volume of this host; how many."""
-    import time
-
-    dropped = 0
-    now = time.time()
-    with contextlib.suppress(OSError):
-        for org in os.scandir(root):
-            vols = Path(org.path) / "vols"
-            if not org.is_dir(follow_symlinks=False) or not vols.is_dir():
-                continue
-            for v in os.scandir(vols):
-                if v.is_dir(follow_symlinks=False):
-                    dropped += vio.expire_partial(store.paths(root, org.name, v.name), now)
-    return dropped
+    return vio.expire_partial_everywhere(root, time.time())
 
 
 def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, home: Path | None = None) -> int:

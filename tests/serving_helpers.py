@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -94,3 +95,16 @@ def stop_all(http: httpx.Client, tenants: list[Tenant], timeout: float = 60) -> 
         if not active:
             return
         time.sleep(0.3)
+
+
+def platform_with_model(api: Any, tmp_path: Path) -> Any:
+    """`test_workloads_api.make_platform` with the hub model `tiny` (a llama config) that endpoints deploy."""
+    from tests.test_workloads_api import make_platform
+
+    p = make_platform(api)
+    src = tmp_path / "tiny"
+    src.mkdir()
+    (src / "config.json").write_text('{"model_type": "llama"}')
+    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),
+            repo_id="acme/tiny")  # fmt: skip
+    return p

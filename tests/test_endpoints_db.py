@@ -19,11 +19,11 @@ from suanli.control.caches import FleetCache, PriceCache
 from suanli.control.ids import utcnow
 from suanli.control.serving import endpoints as endpoints_service
 from suanli.control.serving.serving import ServingPass
-from suanli.control.storage import hub
 from suanli.db.models import Workload
 from suanli.db.serving import Endpoint, EndpointKey, EndpointLoad
 from tests.control_plane import Tenant, signup
-from tests.test_workloads_api import Platform, make_platform
+from tests.serving_helpers import platform_with_model
+from tests.test_workloads_api import Platform
 
 EP = "/api/v1/endpoints"
 GPU_SPEC = {"name": "chat", "kind": "service", "model": "tiny", "resources": {"gpu": "H20", "gpus": 2}, "replicas": 2}
@@ -31,13 +31,7 @@ GPU_SPEC = {"name": "chat", "kind": "service", "model": "tiny", "resources": {"g
 
 @pytest.fixture
 def platform(api: TestClient, tmp_path: Path) -> Platform:
-    p = make_platform(api)
-    src = tmp_path / "tiny"
-    src.mkdir()
-    (src / "config.json").write_text('{"model_type": "llama"}')
-    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),  # type: ignore[attr-defined]
-            repo_id="acme/tiny")  # fmt: skip
-    return p
+    return platform_with_model(api, tmp_path)
 
 
 def serving(p: Platform) -> ServingPass:

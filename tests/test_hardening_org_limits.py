@@ -13,10 +13,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.control.ids import utcnow
-from suanli.control.storage import hub
 from tests.control_plane import admin_token, bearer, signup
-from tests.test_workloads_api import Platform, make_platform
+from tests.serving_helpers import platform_with_model
+from tests.test_workloads_api import Platform
 
 API = "/api/v1"
 TiB = 1 << 40
@@ -81,13 +80,7 @@ def test_the_shipped_endpoint_bound_is_a_setting() -> None:
 
 @pytest.fixture
 def platform(api: TestClient, tmp_path: Path) -> Platform:
-    p = make_platform(api)
-    src = tmp_path / "tiny"
-    src.mkdir()
-    (src / "config.json").write_text('{"model_type": "llama"}')
-    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),  # type: ignore[attr-defined]
-            repo_id="acme/tiny")  # fmt: skip
-    return p
+    return platform_with_model(api, tmp_path)
 
 
 def test_zero_replica_endpoints_are_bounded_also_when_deployed_at_once(platform: Platform) -> None:

@@ -31,11 +31,11 @@ from suanli.control.serving import endpoints as endpoints_service
 from suanli.control.serving import gateway as store
 from suanli.control.serving import token_billing
 from suanli.control.serving.serving import ServingPass
-from suanli.control.storage import hub
 from suanli.db.models import Workload
 from suanli.db.serving import EndpointReplica, EndpointUsage
 from tests.control_plane import Tenant, join, signup
-from tests.test_workloads_api import Platform, make_platform
+from tests.serving_helpers import platform_with_model
+from tests.test_workloads_api import Platform
 
 EP = "/api/v1/endpoints"
 SPEC = {"name": "chat", "kind": "service", "model": "tiny", "resources": {"gpu": "H20", "gpus": 1}, "replicas": 1}
@@ -90,13 +90,7 @@ def reports(prompt: int, completion: int) -> Callable[[bytes], dict[str, Any]]:
 
 @pytest.fixture
 def platform(api: TestClient, tmp_path: Path) -> Platform:
-    p = make_platform(api)
-    src = tmp_path / "tiny"
-    src.mkdir()
-    (src / "config.json").write_text('{"model_type": "llama"}')
-    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),  # type: ignore[attr-defined]
-            repo_id="acme/tiny")  # fmt: skip
-    return p
+    return platform_with_model(api, tmp_path)
 
 
 def deploy_ready(p: Platform, port: int, spec: dict[str, Any], who: Tenant | None = None) -> Any:

@@ -24,8 +24,9 @@ API = "/api/v1"
 MiB = 1 << 20
 
 
-@pytest.fixture
-def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+@pytest.fixture(name="api")
+def volumes_api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+    """A server whose volumes may be up to 64 MiB, with this host as a cluster."""
     from suanli.api.app import create_app
     from tests.control_plane import settings
 

@@ -8,33 +8,15 @@ from __future__ import annotations
 import io
 import tarfile
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
 from fastapi.testclient import TestClient
 
-from tests.control_plane import admin_token, bearer, signup
+from tests.control_plane import signup
+from tests.test_hardening_volume_names import _live, volumes_api  # noqa: F401  (the fixture api)
 
 API = "/api/v1"
 MiB = 1 << 20
-
-
-@pytest.fixture
-def api(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
-    from suanli.api.app import create_app
-    from tests.control_plane import settings
-
-    with TestClient(create_app(settings(tmp_path / "home", db_url, volume_max_bytes=64 * MiB))) as client:
-        r = client.post(f"{API}/admin/clusters", json={"local": True, "name": "this-host"},
-                        headers=bearer(admin_token(client)))  # fmt: skip
-        assert r.status_code == 201, r.text
-        yield client
-
-
-def _live(api: TestClient, vol: Any) -> Path:
-    return api.app.state.server.settings.volumes_root / vol["org_id"] / "vols" / vol["id"] / "data"  # type: ignore[attr-defined]
 
 
 def _tar(files: dict[str, bytes]) -> bytes:

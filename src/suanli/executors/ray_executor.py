@@ -41,6 +41,7 @@ NODE_ID_LABEL = "ray.io/node-id"
 LOG_CHUNK = 1 << 20  # bytes of one rank's log per actor call
 LOG_CALLS_PER_POLL = 8  # a poll copies at most this many chunks per rank; the rest comes with the next poll
 LOCAL_ADDRS = ("", "127.0.0.1", "localhost")
+NODE_DEATH_WAIT_S = 5.0  # an actor died: how long to look for its node's death in Ray's node table, to name it
 
 log = logging.getLogger(__name__)
 _remote_class: Any = None
@@ -305,6 +306,10 @@ class RayExecutor:
 
     def _lost(self, rank: dict[str, Any], why: str) -> dict[str, Any]:
         dead = self._node_death(rank["host"])
+        deadline = time.monotonic() + NODE_DEATH_WAIT_S
+        while dead is None and time.monotonic() < deadline:  # an actor's death is known before its node's
+            time.sleep(0.5)
+            dead = self._node_death(rank["host"])
         reason = f"node {rank['node']} died: {dead}" if dead else f"rank {rank['node_rank']} on {rank['node']}: {why}"
         return {"state": "lost", "exit_code": None, "reason": reason, "ended_at": None, "drained": True}
 

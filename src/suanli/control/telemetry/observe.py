@@ -20,6 +20,7 @@ from suanli.control.telemetry import telemetry
 from suanli.control.telemetry.telemetry import Latest, Retention
 from suanli.db.engine import Database
 from suanli.db.models import Allocation, Gpu, Node, Workload
+from suanli.sched.types import FULL
 from suanli.telemetry import exposition
 
 TEMP_BANDS = (40, 50, 60, 70, 80, 85, 90, 95)  # °C upper bounds of the summary's temperature histogram
@@ -83,14 +84,14 @@ def workload_metrics(s: Session, w: Workload, since: datetime | None, until: dat
             for g in idx:
                 if (node, int(g)) in gpu_rows:
                     gid, uuid = gpu_rows[(node, int(g))]
-                    held.append((node, int(g), uuid, gid, a_lo, a_hi))
+                    held.append((node, int(g), uuid, gid, a_lo, a_hi, a.milli >= FULL))
     pts = {}
-    for node, g, _, gid, a_lo, a_hi in held:
+    for node, g, _, gid, a_lo, a_hi, whole in held:
         window = [(gid, telemetry.ms(a_lo), telemetry.ms(a_hi))]
-        pts[(node, g, a_lo)] = telemetry.series(s, window, res, workload=w.id).get(gid, [])
+        pts[(node, g, a_lo)] = telemetry.series(s, window, res, workload=w.id, whole=whole).get(gid, [])
     return {"workload": w.id, "name": w.name, "since": lo, "until": hi, "resolution": res,
             "gpus": [{"node": node, "gpu": g, "uuid": uuid, "from": a_lo, "to": a_hi, "points": pts[(node, g, a_lo)]}
-                     for node, g, uuid, _, a_lo, a_hi in held]}  # fmt: skip
+                     for node, g, uuid, _, a_lo, a_hi, _ in held]}  # fmt: skip
 
 
 def gpu_rows(latest: list[Latest], now: datetime) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from suanli.telemetry.samples import GpuSample, Tagged
 MINUTE_MS, HOUR_MS = 60_000, 3_600_000
 ROLLED = {60: "rolled_minute_ms", 3600: "rolled_hour_ms"}  # kv: rollups are complete before this time
 ROLLING = "rolling_minute_gpu"  # kv: GPU rows below this are rolled up for the minute after ROLLED[60] (sliced)
+SHARED = ("", "")  # the holder a GPU two workloads share is tagged with: its readings are the whole GPU's
 GPU_SLICE = 2048  # GPU rows a sliced compaction rolls up per call: 123k samples at 1 Hz
 
 
@@ -58,7 +59,7 @@ class FleetIndex:
     version: tuple[int, int] = (-1, -1)
     gpus: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)  # -> (gpus.id, model)
     node_ids: dict[str, str] = field(default_factory=dict)  # node name -> id
-    holders: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)  # -> (workload, org)
+    holders: dict[tuple[str, int], tuple[str, str]] = field(default_factory=dict)  # -> (workload, org); SHARED
 
     def refresh(self, s: Session) -> FleetIndex:
         fleet = inventory.fleet_version(s)
@@ -75,7 +76,9 @@ class FleetIndex:
         ):
             for node, idx in (placement or {}).items():
                 for g in idx:
-                    holders[(node, int(g))] = (workload, org)
+                    key = (node, int(g))
+                    # A GPU two workloads share (slices): its readings are the whole GPU's, so they name neither.
+                    holders[key] = (workload, org) if holders.get(key, (workload, org))[0] == workload else SHARED
         self.holders, self.version = holders, version
         return self
 
@@ -146,6 +149,12 @@ def _set_kv(s: Session, key: str, value: int) -> None:
                                                                                set_={"value": value}))  # fmt: skip
 
 
+def _one(col: Any) -> Any:
+    """A bucket names a workload only when every reading in it does (one that a shared GPU's or an idle one's
+    readings went into names none): what a tenant's view of a slice may show."""
+    return case((func.min(col) == func.max(col), func.max(col)), else_="")
+
+
 def _roll_raw(s: Session, start: int, end: int, gpus: tuple[int, int] | None = None) -> None:
     """Minute buckets of raw samples (of GPU rows in [lo, hi) when `gpus` is given); an unreadable sample (error
     set) counts in `errors`, not in the readings."""
@@ -162,7 +171,7 @@ def _roll_raw(s: Session, start: int, end: int, gpus: tuple[int, int] | None = N
                agg(func.min, r.temp_c), agg(func.avg, r.temp_c), agg(func.max, r.temp_c),
                agg(func.min, r.power_w), agg(func.avg, r.power_w), agg(func.max, r.power_w),
                agg(func.min, r.mem_used_mib), agg(func.avg, r.mem_used_mib), agg(func.max, r.mem_used_mib),
-               func.max(r.xid), func.sum(case((ok, 0), else_=1)), func.max(r.workload))
+               func.max(r.xid), func.sum(case((ok, 0), else_=1)), _one(r.workload))
         .where(r.t_ms >= start, r.t_ms < end)
         .group_by(r.gpu_id, bucket)
     )  # fmt: skip
@@ -181,7 +190,7 @@ def _roll_minutes(s: Session, start: int, end: int) -> None:
                func.min(r.temp_min), func.sum(r.temp_avg * r.n) / n, func.max(r.temp_max), func.min(r.power_min),
                func.sum(r.power_avg * r.n) / n, func.max(r.power_max), func.min(r.mem_min),
                func.sum(r.mem_avg * r.n) / n, func.max(r.mem_max), func.max(r.xid_max), func.sum(r.errors),
-               func.max(r.workload))
+               _one(r.workload))
         .where(r.res_s == 60, r.t_ms >= start, r.t_ms < end)
         .group_by(r.gpu_id, bucket)
     )  # fmt: skip
@@ -272,11 +281,12 @@ Window = tuple[int, int, int]  # (gpus.id, from ms, to ms)
 
 
 def series(
-    s: Session, windows: Iterable[Window], resolution: str, workload: str | None = None
+    s: Session, windows: Iterable[Window], resolution: str, workload: str | None = None, whole: bool = True
 ) -> dict[int, list[dict[str, Any]]]:
     """Points per GPU row inside each window, oldest first (the newest MAX_POINTS): raw readings, or min/avg/max
     of a bucket. With `workload` (a tenant's view), raw samples are the ones tagged with it and buckets only those
-    wholly inside the window, so nothing another holder of the GPU did shows."""
+    wholly inside the window, so nothing another holder of the GPU did shows; for a slice (not `whole`), which
+    another workload may share, only buckets every reading of which is its own."""
     out: dict[int, list[dict[str, Any]]] = {}
     for gid, lo, hi in windows:
         if resolution == "raw":
@@ -293,6 +303,8 @@ def series(
             q = select(g).where(g.gpu_id == gid, g.res_s == RESOLUTIONS[resolution])
             q = q.where(g.t_ms >= lo, g.t_ms + res_ms <= hi) if workload is not None else q.where(
                 g.t_ms > lo - res_ms, g.t_ms <= hi)  # fmt: skip
+            if workload is not None and not whole:
+                q = q.where(g.workload == workload)
             rows = list(s.execute(q.order_by(g.t_ms.desc()).limit(MAX_POINTS)).scalars())[::-1]
             pts = [{"t": at(x.t_ms), "n": x.n, "util": x.util_avg, "util_min": x.util_min, "util_max": x.util_max,
                     "temp_c": x.temp_avg, "temp_min": x.temp_min, "temp_max": x.temp_max, "power_w": x.power_avg,

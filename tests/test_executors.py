@@ -136,6 +136,18 @@ def test_exit_code_and_output_reach_status_and_log(tmp_path: Path) -> None:
     assert ex.log_path(handle, 5) is None
 
 
+@pytest.mark.parametrize("command", ["echo \ud800", "echo a\x00b"])
+def test_a_command_no_exec_can_take_is_a_failed_start_not_a_lost_rank(tmp_path: Path, command: str) -> None:
+    """A command that cannot become an argv (text no locale encodes, a NUL) fails the job with 127, as a missing
+    program does: before, the rank's supervisor died in spawn without an exit code and the attempt read as a node
+    failure (refunded, retried as the platform's fault). The spec refuses such text at the edge too."""
+    ex = LocalExecutor()
+    handle = ex.launch(make_launch(tmp_path, command), time.time())
+    st = wait_done(ex, handle)
+    assert (st.state, st.exit_code) == ("exited", 127), st
+    assert "cannot start the job" in log_text(ex, handle)
+
+
 def test_gang_fails_together_and_reports_the_first_failure(tmp_path: Path) -> None:
     command = 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 60'
     ranks = (NodeRank("myhost", 0, ()), NodeRank("myhost", 1, ()))

@@ -75,3 +75,46 @@ def test_both_workdir_fields_at_once_are_refused(api: TestClient, tenant: Any) -
     r = api.post(f"{API}/workloads", json={"spec": JOB, "workdir_upload": "wd_x", "workdir_archive": "AAAA"},
                  headers=tenant.headers)  # fmt: skip
     _refused(r, "workdir_upload")
+
+
+LONE = "\\ud800"  # JSON's escape of a lone UTF-16 surrogate: valid JSON, text no path, argv or database can encode
+SURROGATE = [
+    ('{"name": "j", "command": "echo %s"}', "command"),
+    ('{"name": "j", "command": "x", "volumes": [{"name": "v", "path": "/data%s"}]}', "volumes.0.path"),
+    ('{"name": "j", "command": "x", "workdir": "a%s"}', "workdir"),
+    ('{"name": "j", "command": "x", "env": {"K%s": "v"}}', "env"),
+    ('{"name": "j", "command": "x", "env": {"K": "v%s"}}', "env.K"),
+    ('{"name": "j", "command": "x", "resources": {"gpu%s": 1}}', "resources"),
+]
+
+
+@pytest.mark.parametrize(("spec", "field"), SURROGATE)
+def test_a_lone_surrogate_anywhere_in_a_spec_is_refused_naming_its_field(
+    api: TestClient, tenant: Any, spec: str, field: str
+) -> None:
+    """Found by a hostile review: the submission answered 500 after queueing the workload (every read of it a 500
+    after), and its rank's supervisor died before it wrote an exit code, so the attempt read as a node failure."""
+    before = _state(api, tenant)
+    body = '{"spec": %s}' % (spec % LONE)
+    r = api.post(f"{API}/workloads", content=body.encode(), headers={**tenant.headers,
+                                                                      "content-type": "application/json"})  # fmt: skip
+    _refused(r, field)
+    assert "not UTF-8" in r.text or "surrogate" in r.text, r.text
+    assert _state(api, tenant) == before
+
+
+@pytest.mark.parametrize("workdir", ["a" * 256, "src/" + "é" * 128, "x/" + "b" * 300 + "/y"])
+def test_a_workdir_name_longer_than_a_file_name_may_be_is_refused(api: TestClient, tenant: Any, workdir: str) -> None:
+    """255 bytes a name (NAME_MAX): the launch's mkdir failed with "File name too long", a failed start."""
+    r = api.post(f"{API}/workloads", json={"spec": {**JOB, "workdir": workdir}}, headers=tenant.headers)
+    _refused(r, "workdir")
+    assert "255 bytes" in r.text
+
+
+def test_a_lone_surrogate_in_a_yaml_spec_text_is_refused_naming_its_field() -> None:
+    from suanli.workloads.spec import SpecError, parse_spec
+
+    with pytest.raises(SpecError, match="command: is not UTF-8 text"):
+        parse_spec('name: j\ncommand: "echo \\ud800"')  # YAML's escape: the raw character is refused as YAML
+    with pytest.raises(SpecError, match="spec: not valid YAML"):
+        parse_spec("name: j\ncommand: echo \ud800")

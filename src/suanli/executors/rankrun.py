@@ -311,7 +311,8 @@ def supervise(config: dict) -> int:
         limits.sweep(cg)  # leftovers of ranks whose supervisor was SIGKILLed on this host
     try:
         child, info = _spawn(command, _job_env(config["env"], sandbox is not None), sandbox)
-    except OSError as e:  # `_spawn` turns a failure in the child before exec into one too
+    except (OSError, ValueError) as e:  # `_spawn` turns a failure in the child before exec into an OSError; text no
+        # argv takes (a NUL, a lone surrogate) is a ValueError: the job cannot start, which is its own failure
         _say(f"cannot start the job: {e}")
         if cg:
             from suanli.sandbox import limits

@@ -219,6 +219,8 @@ class WorkloadSpec(BaseModel):
             else "an absolute path is not allowed" if v.startswith("/")
             else "'..' is not allowed" if ".." in PurePosixPath(v).parts
             else "it is too long" if len(v) > 4096
+            else "a name in it is longer than 255 bytes" if any(len(n.encode("utf-8", "surrogatepass")) > 255
+                                                                for n in PurePosixPath(v).parts)
             else None
         )  # fmt: skip
         if why:

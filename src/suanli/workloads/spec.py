@@ -145,10 +145,39 @@ def parse_spec(source: str | bytes | Mapping[str, Any]) -> WorkloadSpec:
     if not isinstance(data, Mapping):
         kind = "a list" if isinstance(data, list) else f"a {type(data).__name__}"
         raise SpecError([{"field": "spec", "message": f"must be a mapping (name: …, command: …), not {kind}"}])
+    where = unencodable(data)
+    if where is not None:
+        field, at = where
+        raise SpecError([{"field": field, "message": f"is not UTF-8 text: a lone surrogate at character {at}"}])
     try:
         return WorkloadSpec.model_validate(dict(data))
     except ValidationError as e:
         raise SpecError(spec_errors(e)) from None
+
+
+def unencodable(data: Any) -> tuple[str, int] | None:
+    """The field (dotted, as `spec_errors` names them) and character of the first text in a parsed spec that has no
+    UTF-8 form: JSON's `\\ud800` escape parses to a lone surrogate, which no argv, path or database takes. A key
+    names its parent (`spec` at the top). Iterative: a spec nested 10,000 deep is refused, not a RecursionError."""
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return path or "spec", e.start
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                key = str(k)
+                try:
+                    key.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    return path or "spec", e.start
+                stack.append((f"{path}.{key}" if path else key, x))
+        elif isinstance(v, list | tuple):
+            stack.extend((f"{path}.{i}" if path else str(i), x) for i, x in enumerate(v))
+    return None
 
 
 MAX_ERRORS = 20  # reported per spec: enough to fix a spec by, and bounded for a spec of 10⁵ unknown keys

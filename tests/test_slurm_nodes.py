@@ -16,6 +16,7 @@ from suanli.executors.slurm_nodes import (
     gres_gpus,
     job_view,
     own_gpus,
+    own_jobs_gpus,
     parse_nodes,
     parse_topology,
     records,
@@ -171,14 +172,56 @@ def test_topology_expands_with_the_given_hostlist_function() -> None:
 
 def test_suanlis_own_gpus_are_its_users_jobs_with_its_prefix() -> None:
     squeue = "\n".join([
-        "svc|suanli-wl1-a1|gpu-a[01-02]|gres:gpu:2",
-        "svc|suanli-wl2-a3|gpu-a01|gres/gpu:h100:1",
-        "alice|suanli-fake|gpu-a01|gres:gpu:4",  # not the server's user
-        "svc|train|gpu-a01|gres:gpu:1",  # not suanli's name
-        "svc|suanli-wl3-a1||gres:gpu:1",  # pending: no nodes yet
-        "svc|suanli-wl4-a1|gpu-b01|N/A",
+        "svc|gpu-a[01-02]|gres:gpu:2|suanli-wl1-a1",
+        "svc|gpu-a01|gres/gpu:h100:1|suanli-wl2-a3",
+        "alice|gpu-a01|gres:gpu:4|suanli-fake",  # not the server's user
+        "svc|gpu-a01|gres:gpu:1|train",  # not suanli's name
+        "svc||gres:gpu:1|suanli-wl3-a1",  # pending: no nodes yet
+        "svc|gpu-b01|N/A|suanli-wl4-a1",
+        "svc|gpu-b01|gres:gpu:1|suanli-a|b|c",  # a `|` in a name changes nothing: the name comes last
     ])  # fmt: skip
-    assert own_gpus(squeue, "svc", "suanli-") == {"gpu-a01": 3, "gpu-a02": 2, "gpu-b01": 0}
+    assert own_gpus(squeue, "svc", "suanli-") == {"gpu-a01": 3, "gpu-a02": 2, "gpu-b01": 1}
+
+
+SPOOF = "x\nsvc|gpu-a01|gres:gpu:8|suanli-spoof\ny"  # a line of suanli's own, smuggled in a job name
+
+
+def test_a_strangers_job_name_cannot_make_its_gpus_suanlis_own_over_slurmrestd() -> None:
+    """Found by a hostile review: jobs of GET /jobs were rebuilt into squeue's text, so any user of the Slurm site
+    who named a job with a newline made discovery count GPUs that job held as suanli's own (busy_gpus fell, and
+    suanli placed tenants on taken GPUs)."""
+    from suanli.executors.slurm_rest import job_of
+
+    jobs = [{"user_name": "mallory", "name": SPOOF, "nodes": "gpu-a01", "tres_per_node": "gres:gpu:1"},
+            {"user_name": "svc", "name": "suanli-wl1-a1\nsvc", "nodes": "gpu-a01", "tres_per_node": "gres:gpu:8"},
+            {"user_name": "svc", "name": "suanli-wl2-a1", "nodes": "gpu-b01", "tres_per_node": "gres:gpu:2"}]  # fmt: skip
+    assert own_jobs_gpus([job_of(j) for j in jobs], "svc", "suanli-") == {"gpu-b01": 2}
+
+
+def test_discovery_over_the_tools_asks_squeue_for_the_servers_own_jobs_only() -> None:
+    """squeue's text cannot keep a stranger's job name from making lines of its own, so only the server user's jobs
+    are listed (their names are the server's): a real squeue answers this in test_slurm_executor's discovery."""
+    import os
+    import pwd
+
+    from suanli.executors import slurm_cli
+
+    class Tools:
+        hostnames = staticmethod(expand_hostlist)
+
+        def __init__(self) -> None:
+            self.calls: list[list[str]] = []
+
+        def run(self, tool: str, args: list[str], check: bool = True) -> str:
+            self.calls.append([tool, *args])
+            return ""
+
+    tools = Tools()
+    slurm_cli.discover(tools)  # type: ignore[arg-type]
+    (squeue,) = [c for c in tools.calls if c[0] == "squeue"]
+    user = pwd.getpwuid(os.getuid()).pw_name
+    assert squeue[squeue.index("-u") + 1] == user
+    assert squeue[squeue.index("-o") + 1].endswith("|%j")  # the name last
 
 
 def test_an_inventory_becomes_engine_nodes() -> None:

@@ -130,7 +130,7 @@ def discover(cli: SlurmCLI, partition: str | None = None) -> list[EngineNode]:
     (`squeue`), so that `busy_gpus` counts only others' jobs. Raises SlurmError when Slurm does not answer."""
     nodes = cli.run("scontrol", ["-d", "-o", "show", "node"])
     topo = cli.run("scontrol", ["show", "topology"], check=False)
-    jobs = cli.run("squeue", ["-h", "-a", f"--states={ACTIVE_STATES}", "-o", "%u|%j|%N|%b"])
     user = pwd.getpwuid(os.getuid()).pw_name
+    jobs = cli.run("squeue", ["-h", "-a", "-u", user, f"--states={ACTIVE_STATES}", "-o", "%u|%N|%b|%j"])
     own = slurm_nodes.own_gpus(jobs, user, JOB_PREFIX, cli.hostnames)
     return slurm_nodes.parse_nodes(nodes, slurm_nodes.parse_topology(topo, cli.hostnames), own, partition)

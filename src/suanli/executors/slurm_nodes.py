@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from suanli.executors.base import EngineNode
@@ -171,16 +171,25 @@ def parse_topology(text: str, expand: Expand = expand_hostlist) -> dict[str, dic
     return out
 
 
+Job = tuple[str, str, str, str]  # (user, name, nodes, per-node TRES like `gres:gpu:2` or `gres/gpu:h100:2`)
+
+
 def own_gpus(squeue: str, user: str, prefix: str, expand: Expand = expand_hostlist) -> dict[str, int]:
-    """GPUs per node held by suanli's own jobs, from `squeue -h -o '%u|%j|%N|%b'` lines (user, name, nodes,
-    per-node TRES like `gres:gpu:2` or `gres/gpu:h100:2`): jobs named `prefix…` that run as `user`."""
+    """GPUs per node held by suanli's own jobs, from `squeue -h -u USER -o '%u|%N|%b|%j'` lines (see `own_jobs_gpus`).
+    A job's name is free text (a newline in it makes lines of its own), so squeue must list only `user`'s jobs,
+    whose names the server chose; the name comes last, where a `|` in it changes nothing."""
+    jobs = [(u, j, n, b) for u, n, b, j in (ln.split("|", 3) for ln in squeue.splitlines() if ln.count("|") >= 3)]
+    return own_jobs_gpus(jobs, user, prefix, expand)
+
+
+def own_jobs_gpus(jobs: Iterable[Job], user: str, prefix: str, expand: Expand = expand_hostlist) -> dict[str, int]:
+    """GPUs per node held by suanli's own jobs: those named `prefix…` that run as `user`."""
     out: dict[str, int] = {}
-    for line in squeue.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) != 4 or parts[0] != user or not parts[1].startswith(prefix) or not parts[2]:
+    for who, name, nodes, tres in jobs:
+        if who.strip() != user or not name.startswith(prefix) or "\n" in name or not nodes.strip():
             continue
-        per_node, _ = gres_gpus(",".join(re.sub(r"^gres[:/]", "", x) for x in _split_top(parts[3])))
-        for node in expand(parts[2]):
+        per_node, _ = gres_gpus(",".join(re.sub(r"^gres[:/]", "", x) for x in _split_top(tres.strip())))
+        for node in expand(nodes.strip()):
             out[node] = out.get(node, 0) + per_node
     return out
 

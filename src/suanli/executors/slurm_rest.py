@@ -139,11 +139,12 @@ def _node_record(n: dict[str, Any]) -> dict[str, str]:
             "AvailableFeatures": _text(n.get("features")), "ActiveFeatures": _text(n.get("active_features"))}  # fmt: skip
 
 
-def _own_line(j: dict[str, Any]) -> str:
-    """A job as the `squeue -o '%u|%j|%N|%b'` line `slurm_nodes.own_gpus` reads; its nodes one by one."""
+def job_of(j: dict[str, Any]) -> slurm_nodes.Job:
+    """A job of GET /jobs as `slurm_nodes.own_jobs_gpus` reads it (user, name, nodes one by one, per-node TRES): its
+    fields, never text rebuilt from them (a name is free text: any user of the site may put a newline in it)."""
     nodes = [a.get("nodename", "") for a in (j.get("job_resources") or {}).get("allocated_nodes") or []]
     nodes = [n for n in nodes if n] or slurm_nodes.expand_hostlist(str(j.get("nodes") or ""))
-    return f"{j.get('user_name', '')}|{j.get('name', '')}|{','.join(nodes)}|{j.get('tres_per_node') or ''}"
+    return str(j.get("user_name") or ""), str(j.get("name") or ""), ",".join(nodes), str(j.get("tres_per_node") or "")
 
 
 def _error_words(err: Any) -> str:
@@ -287,8 +288,8 @@ class SlurmREST:
         nodes = self._nodes()
         active = set(ACTIVE_STATES.split(","))
         jobs = [j for j in self._call("GET", "jobs").get("jobs") or [] if isinstance(j, dict)]
-        lines = "\n".join(_own_line(j) for j in jobs if j.get("job_state") in active)
-        own = slurm_nodes.own_gpus(lines, self.user, JOB_PREFIX)
+        own = slurm_nodes.own_jobs_gpus([job_of(j) for j in jobs if j.get("job_state") in active], self.user,
+                                        JOB_PREFIX)  # fmt: skip
         topo = self.cli.run("scontrol", ["show", "topology"], check=False)
         return slurm_nodes.parse_node_records(nodes, slurm_nodes.parse_topology(topo, self.cli.hostnames), own,
                                               partition)  # fmt: skip

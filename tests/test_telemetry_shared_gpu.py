@@ -91,3 +91,44 @@ def test_a_shared_gpus_readings_are_no_tenants_and_a_lone_holders_are_its_own(ap
     own = _points(api, a, ids["a@example.com"], "raw")
     assert own and {p["workload"] for p in own} == {ids["a@example.com"]}
     assert _points(api, b, ids["b@example.com"], "raw") == []
+
+
+def test_a_workload_resized_many_times_shows_one_window_a_gpu_it_kept_and_at_most_the_newest_256(
+    api: TestClient,
+) -> None:
+    """Found by a hostile review: every resize made a new allocation and each of its GPUs a window, each window a
+    query, with no bound (908 windows and 913 SQL statements after 120 resizes; a 5,000-resize job ~10 s a call)."""
+    from suanli.control.telemetry.observe import MAX_WINDOWS
+    from suanli.db.models import Allocation, User
+
+    admin = bearer(admin_token(api))
+    assert (
+        api.post(f"{API}/admin/clusters", json={"preset": "1x8:H100", "name": "c1"}, headers=admin).status_code == 201
+    )
+    t = signup(api, "resizer@example.com")
+    spec = {"name": "el", "command": "train", "resources": {"gpu": "H100-SXM", "gpus": {"min": 1, "max": 8}}}
+    r = api.post(f"{API}/workloads", json={"spec": spec}, headers=t.headers)
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    srv = api.app.state.server  # type: ignore[attr-defined]
+    with srv.db.read() as s:
+        user_id = s.scalar(select(User.id).where(User.email == "resizer@example.com"))
+    t0 = utcnow() - timedelta(minutes=10)
+    n = 600
+    with srv.db.write() as s, s.begin():
+        for i in range(n):  # back to back: GPU 0 held throughout, GPU 7 every other allocation
+            gpus = list(range(8)) if i % 2 else list(range(7))
+            s.add(Allocation(id=f"al_{i:04d}", org_id=t.org_id, user_id=user_id, workload=wid, gpu_model="H100-SXM",
+                             gpus=len(gpus), rate_per_hour=0, placement={"c1.h100-sxm-0000": gpus},
+                             started_at=t0 + timedelta(seconds=i), stopped_at=t0 + timedelta(seconds=i + 1),
+                             settled=True))  # fmt: skip
+    r = api.get(f"{API}/workloads/{wid}/metrics", headers=t.headers, params={"resolution": "raw"})
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    by_gpu: dict[int, list[dict[str, Any]]] = {}
+    for g in doc["gpus"]:
+        by_gpu.setdefault(g["gpu"], []).append(g)
+    assert all(len(by_gpu[g]) == 1 for g in range(7))  # kept through every resize: one window each
+    assert len(doc["gpus"]) == MAX_WINDOWS and doc["windows_left_out"] == 7 + n // 2 - MAX_WINDOWS
+    newest = max(g["to"] for g in doc["gpus"])
+    assert newest.startswith((t0 + timedelta(seconds=n)).isoformat()[:19])  # the newest are the ones shown

@@ -338,6 +338,8 @@ def metrics(
             num(st["power_w_avg"], "{:.0f} W"), reading,
         )  # fmt: skip
     console.print(table)
+    if doc.get("windows_left_out"):
+        console.print(f"{doc['windows_left_out']} older GPU windows left out; narrow the range with --since/--until")
 
 
 # ---- registration -----------------------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ def node_metrics(s: Session, node_ref: str, since: datetime | None, until: datet
                       "points": pts.get(g.id, [])} for g in gpus]}  # fmt: skip
 
 
+MAX_WINDOWS = 256  # GPU windows one answer shows (the newest): a workload resized a thousand times has as many
+
+
 def workload_metrics(s: Session, w: Workload, since: datetime | None, until: datetime | None, resolution: str,
                      now: datetime, keep: Retention) -> dict[str, Any]:  # fmt: skip
     """Only the GPUs the workload held, and only while it held them (every attempt)."""
@@ -75,23 +78,31 @@ def workload_metrics(s: Session, w: Workload, since: datetime | None, until: dat
     rows = s.execute(select(Node.name, Gpu.index, Gpu.id, Gpu.uuid).join(Gpu, Gpu.node_id == Node.id)
                      .where(Node.name.in_(names))).all() if names else []  # fmt: skip
     gpu_rows = {(n, i): (gid, uuid) for n, i, gid, uuid in rows}
-    held = []
-    for a in allocs:
+    spans: dict[tuple[str, int, bool], list[list[datetime]]] = {}
+    for a in allocs:  # oldest first
         a_lo, a_hi = max(lo, a.started_at), min(hi, a.stopped_at or now)
         if a_lo > a_hi:
             continue
         for node, idx in (a.placement or {}).items():
             for g in idx:
                 if (node, int(g)) in gpu_rows:
-                    gid, uuid = gpu_rows[(node, int(g))]
-                    held.append((node, int(g), uuid, gid, a_lo, a_hi, a.milli >= FULL))
+                    held_on = spans.setdefault((node, int(g), a.milli >= FULL), [])
+                    if held_on and a_lo <= held_on[-1][1]:  # a resize kept this GPU: one window, not two
+                        held_on[-1][1] = max(held_on[-1][1], a_hi)
+                    else:
+                        held_on.append([a_lo, a_hi])
+    held = sorted(((node, g, *gpu_rows[(node, g)], a_lo, a_hi, whole) for (node, g, whole), ws in spans.items()
+                   for a_lo, a_hi in ws), key=lambda h: (h[5], h[4], h[0], h[1]))  # fmt: skip
+    left_out = max(0, len(held) - MAX_WINDOWS)  # those that ended last are shown: each window is a query
+    held = sorted(held[left_out:], key=lambda h: (h[4], h[0], h[1]))
     pts = {}
-    for node, g, _, gid, a_lo, a_hi, whole in held:
+    for node, g, gid, _, a_lo, a_hi, whole in held:
         window = [(gid, telemetry.ms(a_lo), telemetry.ms(a_hi))]
         pts[(node, g, a_lo)] = telemetry.series(s, window, res, workload=w.id, whole=whole).get(gid, [])
     return {"workload": w.id, "name": w.name, "since": lo, "until": hi, "resolution": res,
+            "windows_left_out": left_out,
             "gpus": [{"node": node, "gpu": g, "uuid": uuid, "from": a_lo, "to": a_hi, "points": pts[(node, g, a_lo)]}
-                     for node, g, uuid, _, a_lo, a_hi, _ in held]}  # fmt: skip
+                     for node, g, _, uuid, a_lo, a_hi, _ in held]}  # fmt: skip
 
 
 def gpu_rows(latest: list[Latest], now: datetime) -> list[dict[str, Any]]:

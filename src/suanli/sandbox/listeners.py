@@ -80,8 +80,10 @@ def _socket_inodes(pid: int) -> set[int]:
 
 
 def owned_listener(sandbox_file: Path, port: int) -> str | None:
-    """The address to connect to for `port` when a process of the sandbox recorded in `sandbox_file` listens on
-    it (on loopback or any address); None when nobody of that sandbox does."""
+    """The address to connect to for `port` when processes of the sandbox recorded in `sandbox_file` hold every
+    socket listening on it (on loopback or any address); None when nobody of that sandbox does, or when somebody
+    else listens there too: with SO_REUSEPORT (vLLM sets it) another process of the same uid may bind the same port,
+    and the kernel hands it a share of the connections, with the prompts and whatever they carry."""
     try:
         box = json.loads(sandbox_file.read_text())
         roots = {int(p) for p in box.get("bwrap_pids", [])} | {int(box["init_pid"])}
@@ -90,10 +92,12 @@ def owned_listener(sandbox_file: Path, port: int) -> str | None:
     listeners = _listeners(int(box["init_pid"]), port)
     if not listeners:
         return None
+    held: set[int] = set()
     for pid in _descendants(roots):
-        for inode in _socket_inodes(pid) & listeners.keys():
-            return listeners[inode]
-    return None
+        held |= _socket_inodes(pid) & listeners.keys()
+    if held != listeners.keys():
+        return None
+    return listeners[min(held)]
 
 
 def host_listener(port: int) -> str | None:

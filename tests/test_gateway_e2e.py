@@ -352,8 +352,14 @@ def test_a_volume_checkpoint_is_served_read_only(world: World) -> None:
     _deploy(http, who, {"name": "tuned", "kind": "service", "model": "vol:ckpt/checkpoint-1200", "runtime": "vllm",
                         "image": "fakert", "resources": CPU, "replicas": 1})  # fmt: skip
     key, _ = _key(http, who, "tuned")
-    port = wait_ready(http, who, "tuned", 1)["replicas"][0]["port"]
-    (model,) = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+    (replica,) = wait_ready(http, who, "tuned", 1)["replicas"]
+    port = replica["port"]
+    # The runtime answers only requests with its replica's secret (the gateway's), which its owner can read
+    assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 401
+    w = http.get(f"/api/v1/workloads/{replica['workload_id']}", headers=who.headers).json()
+    secret = w["spec"]["env"]["REPLICA_KEY"]
+    auth = {"authorization": f"Bearer {secret}"}
+    (model,) = httpx.get(f"http://127.0.0.1:{port}/v1/models", headers=auth, timeout=10).json()["data"]
     assert (model["root"], model["writable"]) == ("/mnt/model/checkpoint-1200", False)  # the mounted path, read-only
     out = _client(world, key).completions.create(model="tuned", prompt="x", max_tokens=3)
     assert out.usage is not None and out.usage.completion_tokens == 3

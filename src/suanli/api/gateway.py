@@ -312,6 +312,6 @@ async def _wait_ready(state: GatewayState, r: store.Route) -> list[store.Target]
 
 async def _send(state: GatewayState, t: store.Target, route: str, body: bytes) -> Answer:
     try:
-        return await state.http().post(t.address, t.port, f"/v1/{route}", body)
+        return await state.http().post(t.address, t.port, f"/v1/{route}", body, t.secret)
     except NoAnswer as e:
         raise BeforeFirstByte(str(e)) from None

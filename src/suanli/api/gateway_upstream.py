@@ -185,11 +185,13 @@ class Pool:
         self.idle: dict[tuple[str, int], list[_Conn]] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
 
-    async def post(self, host: str, port: int, path: str, body: bytes) -> Answer:
-        """POST `body` (JSON); the answer once its headers came. `NoAnswer` if they did not."""
+    async def post(self, host: str, port: int, path: str, body: bytes, secret: str = "") -> Answer:
+        """POST `body` (JSON), with the replica's `secret` as a bearer token when it has one; the answer once its
+        headers came. `NoAnswer` if they did not."""
         authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        auth = f"authorization: Bearer {secret}\r\n" if secret else ""
         head = (f"POST {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-type: application/json\r\naccept: */*\r\n"
-                f"content-length: {len(body)}\r\n\r\n").encode("latin-1")  # fmt: skip
+                f"{auth}content-length: {len(body)}\r\n\r\n").encode("latin-1")  # fmt: skip
         conn = self._kept((host, port))
         if conn is not None:
             try:

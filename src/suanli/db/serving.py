@@ -45,6 +45,8 @@ class EndpointReplica(Base):
     ready_attempt: Mapped[int | None] = mapped_column(Integer, nullable=True)
     ready_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     created_at: Mapped[datetime]
+    # what its runtime requires of every request but its probe (`serving/replica_guard.py`); the gateway sends it
+    secret: Mapped[str] = mapped_column(String(64), default="", server_default="")
 
 
 class EndpointKey(Base):

@@ -11,17 +11,21 @@ import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+from suanli.serving import replica_guard
+
 
 @dataclass(frozen=True)
 class Replica:
     """What a runtime needs to know about the replica it runs: the model (its repository id, loaded from the hub's
-    cache offline), the name it is served as (the endpoint's), its port on the sandbox's loopback, its GPUs."""
+    cache offline), the name it is served as (the endpoint's), its port on the sandbox's loopback, its GPUs, and the
+    secret every request but the probe must carry (`replica_guard`; none: unguarded, as before secrets existed)."""
 
     repo_id: str
     served_name: str
     port: int
     gpus: int
     max_model_len: int | None = None
+    key: str = ""
 
 
 class Runtime(ABC):
@@ -31,11 +35,19 @@ class Runtime(ABC):
     probe_path = "/v1/models"  # GET; a 200 means the model is loaded and requests are served
 
     @abstractmethod
+    def argv(self, r: Replica) -> list[str]:
+        """The runtime's own command line for one replica."""
+
     def command(self, r: Replica) -> str:
-        """The runtime's command line for one replica."""
+        """What the replica runs: the runtime's command line, under the guard when the replica has a secret."""
+        argv = self.argv(r)
+        return "exec " + shlex.join(replica_guard.command(argv) if r.key else argv)
+
+    def own_env(self, r: Replica) -> dict[str, str]:
+        return {}
 
     def env(self, r: Replica) -> dict[str, str]:
-        return {}
+        return {**self.own_env(r), **(replica_guard.env(r.key, self.probe_path) if r.key else {})}
 
     def upstream_model(self, r: Replica) -> str:
         """What the request's `model` becomes on its way to the replica (clients name the endpoint)."""
@@ -53,14 +65,14 @@ class Vllm(Runtime):
     name = "vllm"
     probe_path = "/health"
 
-    def command(self, r: Replica) -> str:
+    def argv(self, r: Replica) -> list[str]:
         argv = ["vllm", "serve", r.repo_id, "--host", "127.0.0.1", "--port", str(r.port),
                 "--served-model-name", r.served_name, "--tensor-parallel-size", str(max(1, r.gpus))]  # fmt: skip
         if r.max_model_len is not None:
             argv += ["--max-model-len", str(r.max_model_len)]
-        return "exec " + shlex.join(argv)
+        return argv
 
-    def env(self, r: Replica) -> dict[str, str]:
+    def own_env(self, r: Replica) -> dict[str, str]:
         return {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
 
@@ -71,13 +83,12 @@ class Transformers(Runtime):
     name = "transformers"
     probe_path = "/health"
 
-    def command(self, r: Replica) -> str:
+    def argv(self, r: Replica) -> list[str]:
         device = "auto" if r.gpus > 0 else "cpu"
-        argv = ["transformers", "serve", r.repo_id, "--host", "127.0.0.1", "--port", str(r.port),
+        return ["transformers", "serve", r.repo_id, "--host", "127.0.0.1", "--port", str(r.port),
                 "--device", device, "--log-level", "warning"]  # fmt: skip
-        return "exec " + shlex.join(argv)
 
-    def env(self, r: Replica) -> dict[str, str]:
+    def own_env(self, r: Replica) -> dict[str, str]:
         return {"HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
 
     def upstream_model(self, r: Replica) -> str:

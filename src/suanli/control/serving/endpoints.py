@@ -67,10 +67,12 @@ def principal_of(s: Session, user_id: str) -> Principal:
     return Principal(u.id, u.email, u.is_admin, u.personal_org_id, "")
 
 
-def replica_workload(e: Endpoint, spec: EndpointSpec, index: int, port: int) -> tuple[Replica, WorkloadSpec]:
-    """The runtime's view of a replica and its workload spec."""
+def replica_workload(
+    e: Endpoint, spec: EndpointSpec, index: int, port: int, key: str = ""
+) -> tuple[Replica, WorkloadSpec]:
+    """The runtime's view of a replica and its workload spec (`key`: the secret its runtime requires)."""
     rt = runtime(spec.runtime_name())
-    r = Replica(e.repo_id, spec.name, port, spec.gpus(), spec.max_model_len)
+    r = Replica(e.repo_id, spec.name, port, spec.gpus(), spec.max_model_len, key)
     return r, replica_spec(spec, index, rt.command(r), port, rt.env(r))
 
 

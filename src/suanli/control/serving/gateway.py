@@ -45,6 +45,7 @@ class Target:
     address: str
     port: int
     attempt: int = 0
+    secret: str = ""  # what its runtime requires of every request (`serving/replica_guard.py`)
 
     @property
     def key(self) -> str:
@@ -86,7 +87,7 @@ def ready(db: Database, endpoint_id: str) -> list[Target]:
     with db.read() as s:
         rows = s.execute(
             select(EndpointReplica.workload_id, Workload.name, EndpointReplica.address, EndpointReplica.port,
-                   Workload.attempt)
+                   Workload.attempt, EndpointReplica.secret)
             .join(Workload, Workload.id == EndpointReplica.workload_id)
             .where(EndpointReplica.endpoint_id == endpoint_id, Workload.state == "running",
                    Workload.stop_requested.is_(None), EndpointReplica.ready_attempt == Workload.attempt)

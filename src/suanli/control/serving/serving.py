@@ -10,6 +10,7 @@ on the shared host network a port number alone would reach whoever listens there
 from __future__ import annotations
 
 import logging
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -207,14 +208,16 @@ class ServingPass:
             # the first index whose name is free; a long endpoint name truncates them all alike (names may repeat)
             index = next((i for i in range(len(used) + 1) if f"{e.name}-r{i}"[:63].rstrip("-") not in used), len(used))
             port = free_port(taken)
-            _, wspec = endpoints.replica_workload(e, spec, index, port)
+            secret = secrets.token_urlsafe(32)  # 43 characters
+            _, wspec = endpoints.replica_workload(e, spec, index, port, secret)
             try:
                 with s.begin_nested():
                     row = admission.admit(s, endpoints.principal_of(s, e.user_id), wspec, now,  # type: ignore[arg-type]
                                           hold_minutes=self.admitting.hold_minutes, fleet=self.admitting.fleet,
                                           prices=self.admitting.prices, org_id=e.org_id)  # fmt: skip
                     admission.enqueue_many(s, [row])
-                    s.add(EndpointReplica(workload_id=row["id"], endpoint_id=e.id, port=port, created_at=now))
+                    s.add(EndpointReplica(workload_id=row["id"], endpoint_id=e.id, port=port, created_at=now,
+                                          secret=secret))  # fmt: skip
             except ServiceError as err:
                 mono = time.monotonic()
                 if mono - self.refused_at.get(e.id, -REFUSAL_EVERY_S) >= REFUSAL_EVERY_S:

@@ -92,7 +92,7 @@ def test_replicas_are_workloads_kept_at_the_count(platform: Platform) -> None:
     assert len(reps) == 2 and {w.org_id for w in reps} == {platform.tenant.org_id}
     for w in reps:
         assert w.kind == "job" and w.spec["models"] == ["tiny"] and w.spec["resources"]["topology"] == "nvlink"
-        assert w.spec["command"].startswith("exec python3 -c ")  # the runtime under its replica's guard
+        assert w.spec["command"].startswith('exec "$(dirname "$(command -v vllm)")/python3" -c ')  # under its guard
         assert " vllm serve acme/tiny --host 127.0.0.1 --port " in w.spec["command"]
         assert w.spec["ports"] == [int(w.spec["command"].split("--port ")[1].split()[0])]
         assert len(w.spec["env"]["REPLICA_KEY"]) == 43 and w.spec["env"]["REPLICA_OPEN_PATH"] == "/health"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,9 +53,18 @@ def served(tmp_path: Path) -> Iterator[tuple[int, str]]:
     (site / "fakeserve-0.1.dist-info" / "entry_points.txt").write_text(
         "[console_scripts]\nfakeserve = fakeserve_app:main\n"
     )
+    bin_dir = tmp_path / "bin"  # a console script and its interpreter beside it, as pip installs them in a venv
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')  # this venv's, with uvicorn
+    (bin_dir / "python3").chmod(0o755)
+    (bin_dir / "fakeserve").write_text(
+        f"#!{sys.executable}\nimport sys\nfrom fakeserve_app import main\nsys.exit(main())\n"
+    )
+    (bin_dir / "fakeserve").chmod(0o755)
     port, key = _free_port(), "k" * 43
-    env = {**os.environ, "PYTHONPATH": str(site), **replica_guard.env(key, "/health")}
-    proc = subprocess.Popen(replica_guard.command(["fakeserve", str(port)]), env=env)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(site),
+           **replica_guard.env(key, "/health")}  # fmt: skip
+    proc = subprocess.Popen(["/bin/sh", "-c", replica_guard.command(["fakeserve", str(port)])], env=env)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -90,8 +100,23 @@ def test_a_replica_with_a_secret_runs_its_runtime_under_the_guard_and_one_withou
         bare = Replica("org/model", "chat", 40000, 1)
         keyed = Replica("org/model", "chat", 40000, 1, key="s" * 43)
         assert rt.command(bare).startswith(f"exec {name} serve ")
-        assert rt.command(keyed).startswith("exec python3 -c ") and f" {name} serve org/model " in rt.command(keyed)
+        assert rt.command(keyed).startswith(f'exec "$(dirname "$(command -v {name})")/python3" -c ')
+        assert rt.command(keyed).endswith(f" {name} serve org/model --host 127.0.0.1 --port 40000 " + (
+            "--served-model-name chat --tensor-parallel-size 1" if name == "vllm" else
+            "--device auto --log-level warning"))  # fmt: skip
         assert "s" * 43 not in rt.command(keyed)  # the secret travels in the environment, never in argv
         assert rt.env(keyed)[replica_guard.KEY_ENV] == "s" * 43
         assert rt.env(keyed)[replica_guard.OPEN_ENV] == rt.probe_path
         assert replica_guard.KEY_ENV not in rt.env(bare)
+
+
+def test_a_runtime_with_no_python_beside_it_does_not_start(tmp_path: Path) -> None:
+    """The guard runs in the runtime's own interpreter or not at all: never the runtime unguarded."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "fakeserve").write_text("#!/bin/sh\necho served\n")
+    (bin_dir / "fakeserve").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **replica_guard.env("k" * 43, "/health")}
+    out = subprocess.run(["/bin/sh", "-c", replica_guard.command(["fakeserve"])], env=env, capture_output=True,
+                         text=True, timeout=30)  # fmt: skip
+    assert out.returncode != 0 and "served" not in out.stdout

@@ -3,7 +3,7 @@
 A sandbox shares the host's network (docs/isolation.md), so any job on the node could reach a runtime listening on
 loopback and be served without a key, a charge or a cap. vLLM's own `--api-key` guards `/v1` routes only (its
 `/invocations` serves completions too), and `transformers serve` has none. So the runtime's command runs under this
-guard: `python3 -c SOURCE vllm serve ...`. It wraps the ASGI app the runtime hands to uvicorn (both runtimes serve
+guard: `exec <the python beside vllm> -c SOURCE vllm serve ...`. It wraps the ASGI app the runtime hands to uvicorn (both runtimes serve
 through `uvicorn.Config`) in a check of `Authorization: Bearer <REPLICA_KEY>` on every HTTP and WebSocket request
 but `REPLICA_OPEN_PATH` (the probe), then runs the runtime's console script in-process. It imports nothing of suanli:
 the replica's environment (an image, a published prefix) need not have suanli installed, only the runtime. A command
@@ -12,6 +12,8 @@ environment for it to check.
 """
 
 from __future__ import annotations
+
+import shlex
 
 KEY_ENV = "REPLICA_KEY"
 OPEN_ENV = "REPLICA_OPEN_PATH"
@@ -55,9 +57,12 @@ sys.exit(found[0].load()())
 """.strip()
 
 
-def command(argv: list[str]) -> list[str]:
-    """The runtime's argv under the guard."""
-    return ["python3", "-c", SOURCE, *argv]
+def command(argv: list[str]) -> str:
+    """The shell command that runs the runtime's argv under the guard, in the Python beside the runtime's executable
+    (a console script's own interpreter: `python3` first on the PATH may be another one, without the runtime, and the
+    guard would then find no console script to wrap). No such Python: the command fails, the replica never starts."""
+    here = f'"$(dirname "$(command -v {shlex.quote(argv[0])})")/python3"'
+    return f"exec {here} -c {shlex.quote(SOURCE)} {shlex.join(argv)}"
 
 
 def env(key: str, open_path: str) -> dict[str, str]:

@@ -41,7 +41,7 @@ class Runtime(ABC):
     def command(self, r: Replica) -> str:
         """What the replica runs: the runtime's command line, under the guard when the replica has a secret."""
         argv = self.argv(r)
-        return "exec " + shlex.join(replica_guard.command(argv) if r.key else argv)
+        return replica_guard.command(argv) if r.key else "exec " + shlex.join(argv)
 
     def own_env(self, r: Replica) -> dict[str, str]:
         return {}

@@ -115,6 +115,44 @@ def test_operator_number_fields_answer_4xx_never_500(api: Any, ops: Console, val
     assert 400 <= r.status_code < 500, (value, r.status_code, r.text[:300])
 
 
+@pytest.mark.parametrize("value", ["\u00b2", "\u2460", "\u0661"])
+@pytest.mark.parametrize(("path", "form"), [("/run", {"name": "probe", "kind": "job", "command": "true"}),
+                                            ("/workloads/wl_0123456789abcdef/scale", {}),
+                                            ("/offers/quote", {"model": "llama3.1-8b", "tokens": "1e9"})])  # fmt: skip
+def test_tenant_gpu_counts_in_digits_int_cannot_read_answer_4xx_never_500(
+    api: Any, path: str, form: dict[str, str], value: str
+) -> None:
+    """Found by a hostile review: "²" and "①" pass `str.isdigit`, and `int()` then raised: a 500 on three forms."""
+    c = Console(api)
+    c.signup("digits@example.com")
+    csrf = csrf_of(c.get("/run").text)
+    r = api.post(path, data={"csrf": csrf, "gpus": value, **form}, follow_redirects=False)
+    assert 400 <= r.status_code < 500, (path, value, r.status_code, r.text[:200])
+
+
+HOSTILE_NEXT = ["/i/wl_0123456789abcdef/auth?ticket=AAAAAAAAAAAAAAAAAAAAAAAA", "/i/wl_0123456789abcdef/lab/",
+                "/workloads/../i/wl_0123456789abcdef/auth?ticket=A", "/workloads/%2e%2e/i/wl_0/auth",
+                "/workloads/%2E%2E/%2E%2E/i/x", "/api/v1/me", "/\t/evil.example", "/\n/evil.example", "/verify?token=x",
+                "/metrics", "//evil.example", "https://evil.example/"]  # fmt: skip
+
+
+@pytest.mark.parametrize("target", HOSTILE_NEXT)
+def test_signing_in_or_switching_language_leads_only_to_console_pages(api: Any, target: str) -> None:
+    """Found by a hostile review: `next` took any path of the site, the instance proxy's too, so a link to our own
+    sign-in page signed the victim's browser in to an attacker's instance ticket by a same-origin redirect (which
+    the ticket route's refusal of other sites' links cannot see), on the console's origin."""
+    c = Console(api)
+    c.signup("next@example.com")
+    c.post("/logout")
+    r = c.post("/login", {"email": "next@example.com", "password": "tenant-password", "next": target},
+               csrf_from="/login")  # fmt: skip
+    assert (r.status_code, r.headers["location"]) == (303, "/"), target
+    r = c.post("/lang", {"lang": "en", "next": target}, csrf_from="/keys")
+    assert (r.status_code, r.headers["location"]) == (303, "/"), target
+    for page in ("/workloads/wl_0123456789abcdef", "/ops/codes?page=2", "/"):  # the console's own pages stay
+        assert c.post("/lang", {"lang": "en", "next": page}, csrf_from="/keys").headers["location"] == page
+
+
 def test_ids_from_the_url_cannot_walk_to_another_operator_route(api: Any, ops: Console, monkeypatch: Any) -> None:
     """`/ops/codes/%2E%2E/void` must reach the API as one segment `%2E%2E`, never as `..` (which a client
     normalises into `/admin/void`)."""
@@ -170,6 +208,34 @@ def https(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator
 
     with TestClient(create_app(settings(tmp_path / "home", db_url)), base_url="https://console.example") as client:
         yield client
+
+
+@pytest.fixture
+def behind_tls_proxy(db_url: str, tmp_path: Path, cheap_password_hashing: None) -> Iterator[TestClient]:
+    """`public_url: https://…`, TLS ended by a proxy uvicorn does not trust: requests reach the app as plain http."""
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    app = create_app(settings(tmp_path / "home", db_url, public_url="https://console.example"))
+    with TestClient(app, base_url="http://console.example") as client:
+        yield client
+
+
+def test_behind_a_tls_proxy_the_cookies_are_secure_host_cookies_still(behind_tls_proxy: TestClient) -> None:
+    """Found by a hostile review: Secure and the `__Host-` names followed the request's scheme alone, so behind a
+    TLS proxy not in FORWARDED_ALLOW_IPS the session cookie went out without Secure, under its bare name."""
+    from starlette.requests import Request
+
+    from suanli.web import session
+
+    r = behind_tls_proxy.get("/signup")  # the anonymous page sets the CSRF cookie
+    cookies = [v for k, v in r.headers.multi_items() if k == "set-cookie"]
+    assert cookies and all(v.startswith("__Host-") and "secure" in v.lower() for v in cookies), cookies
+    # and the session cookie by the same rule (this client speaks http: it would not send a Secure cookie back)
+    request = Request({"type": "http", "scheme": "http", "path": "/", "headers": [], "app": behind_tls_proxy.app,
+                       "server": ("console.example", 80)})  # fmt: skip
+    assert session.cookie_name(request, session.SESSION_COOKIE) == "__Host-" + session.SESSION_COOKIE
+    assert session.cookie_args(request)["secure"] is True
 
 
 def test_over_https_no_sibling_host_can_plant_a_session_or_csrf_cookie(https: TestClient) -> None:

@@ -58,8 +58,18 @@ def csrf_of_session(token: str) -> str:
     return hmac.new(token.encode(), b"suanli-console-csrf", hashlib.sha256).hexdigest()[:40]
 
 
+def over_https(request: Request) -> bool:
+    """The browser is on HTTPS: the request came so, or the server's `public_url` says its users are (TLS ended by a
+    proxy uvicorn does not trust, FORWARDED_ALLOW_IPS, reaches us as plain http; its cookies must still be Secure)."""
+    if request.url.scheme == "https":
+        return True
+    server = getattr(request.app.state, "server", None)
+    public = getattr(getattr(server, "settings", None), "public_url", None) or ""
+    return public.startswith("https://")
+
+
 def cookie_args(request: Request) -> dict[str, Any]:
-    return {"httponly": True, "samesite": "lax", "secure": request.url.scheme == "https", "path": "/"}
+    return {"httponly": True, "samesite": "lax", "secure": over_https(request), "path": "/"}
 
 
 def cookie_name(request: Request, base: str) -> str:
@@ -68,7 +78,7 @@ def cookie_name(request: Request, base: str) -> str:
     otherwise plant `suanli_session=<its own token>` for the parent domain, and the victim would then act in the
     attacker's account (redeem a top-up code into it) or be logged in as the attacker (a planted CSRF cookie).
     Plain HTTP cannot carry the prefix (browsers require Secure), so there the names stay bare."""
-    return "__Host-" + base if request.url.scheme == "https" else base
+    return "__Host-" + base if over_https(request) else base
 
 
 def read_cookie(request: Request, base: str) -> str | None:

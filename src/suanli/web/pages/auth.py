@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Annotated
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
@@ -17,12 +17,27 @@ Anon = Annotated[Page, Depends(session.anonymous)]
 Tenant = Annotated[Page, Depends(session.tenant)]
 
 
+# Where a sign-in or a language switch may lead: the console's own pages. Not the instance proxy (`/i/...`): a
+# same-origin redirect from our sign-in form to an attacker's instance ticket got past the ticket route's refusal of
+# links from other sites, signing the victim's browser in to the attacker's instance on the console's origin.
+NEXT_PAGES = frozenset({"", "endpoints", "hub", "instances", "keys", "offers", "ops", "run", "team", "volumes",
+                        "wallet", "workloads"})  # fmt: skip
+
+
 def _safe_next(target: str | None) -> str:
-    """Only a path on this site (no scheme, no host, not `//evil`): an open redirect would lend our name to phishing."""
+    """Only a console page of this site (no scheme, no host, not `//evil`, no dot segment a browser would resolve,
+    no control character a browser would drop): an open redirect would lend our name to phishing."""
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return "/"
+    if any(ord(c) < 0x21 or ord(c) == 0x7F for c in target):
+        return "/"
     parts = urlsplit(target)
-    return "/" if parts.scheme or parts.netloc else target
+    if parts.scheme or parts.netloc:
+        return "/"
+    segments = [unquote(x) for x in parts.path.split("/")[1:]]
+    if any(x in (".", "..") for x in segments) or segments[0] not in NEXT_PAGES:
+        return "/"
+    return target
 
 
 async def _start_session(page: Page, login_token: str, target: str) -> Response:

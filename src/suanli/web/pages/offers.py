@@ -13,6 +13,7 @@ from fastapi.responses import Response
 from suanli.perf import MODEL_PRESETS
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.forms import as_int
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -58,7 +59,7 @@ async def quote(request: Request, page: Tenant) -> Response:
                             "tokens": _number(form["tokens"]), "gpu": form["gpu"] or "any",
                             "billing_mode": form["billing_mode"] or "on-demand"}  # fmt: skip
     if form["gpus"]:
-        body["gpus"] = int(form["gpus"]) if form["gpus"].isdigit() else form["gpus"]
+        body["gpus"] = as_int(form["gpus"])
     try:
         rows = (await page.api("POST", "/quotes", json=body)).json()
     except ApiError as e:

@@ -10,8 +10,9 @@ from fastapi.responses import RedirectResponse, Response
 
 from suanli.web import once, session
 from suanli.web.apicall import ApiError
+from suanli.web.forms import as_int
 from suanli.web.pages.account_forms import seg
-from suanli.web.pages.ops_common import Operator, as_int, error_page, errors
+from suanli.web.pages.ops_common import Operator, error_page, errors
 from suanli.web.session import Page
 
 router = APIRouter()

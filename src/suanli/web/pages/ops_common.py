@@ -14,7 +14,6 @@ from suanli.web.render import ENV
 from suanli.web.session import Page
 
 Operator = Annotated[Page, Depends(session.operator)]
-INT_RE = re.compile(r"-?[0-9]{1,18}")
 FIELD_RE = re.compile(r"^([a-z_][a-z0-9_.]*): (.+)$", re.S)
 
 
@@ -25,13 +24,6 @@ def errors(e: ApiError, default: str) -> dict[str, str]:
         return e.fields()
     m = FIELD_RE.match(e.detail)
     return {m.group(1): m.group(2)} if m else {default: e.detail}
-
-
-def as_int(value: str | None) -> int | str | None:
-    """A form's whole number as JSON's number (the API parses strictly); anything else goes as typed, so the API
-    names the field in its message."""
-    text = (value or "").strip()
-    return int(text) if INT_RE.fullmatch(text) else value  # ASCII digits only: "²" and "--5" pass str.isdigit
 
 
 def error_page(page: Page, status: int, message: str) -> HTMLResponse:

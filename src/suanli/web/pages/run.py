@@ -15,6 +15,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.forms import as_int
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -70,8 +71,7 @@ def spec_of_form(page: Page, data: dict[str, str]) -> tuple[dict[str, Any], dict
     if data.get("command", "").strip():
         spec["command"] = data["command"].strip()
     gpus_text = data.get("gpus", "").strip()
-    gpus: int | str = int(gpus_text) if gpus_text.isdigit() and len(gpus_text) < 12 else gpus_text
-    resources: dict[str, Any] = {"gpus": gpus if gpus_text else 0}
+    resources: dict[str, Any] = {"gpus": as_int(gpus_text) if gpus_text else 0}
     if data.get("gpu") and resources["gpus"] != 0:
         resources["gpu"] = data["gpu"]
     spec["resources"] = resources

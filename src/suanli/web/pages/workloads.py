@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from suanli.web import session
 from suanli.web.apicall import ApiError
+from suanli.web.forms import as_int
 from suanli.web.session import Page
 
 router = APIRouter()
@@ -151,9 +152,8 @@ async def scale(request: Request, page: Tenant, ref: str) -> Response:
     """Resize to the GPU count typed in; a bad count is the API's message, shown next to the field."""
     data = await session.form(request, page)
     raw = data.get("gpus", "").strip()[:32]
-    gpus: int | str = int(raw) if raw.isdigit() else raw  # not a number: the API says what it must be
-    try:
-        await page.api("POST", ref_path(ref) + "/scale", json={"gpus": gpus})
+    try:  # not a number: the API says what it must be
+        await page.api("POST", ref_path(ref) + "/scale", json={"gpus": as_int(raw)})
     except ApiError as e:
         w = await _one(page, ref)
         if isinstance(w, Response):

@@ -123,6 +123,7 @@ def smtp_server(
 
 
 SITE = "https://gpu.example.com"  # the public_url of `mail_api`: where its links point
+BROWSER = "https://testserver"  # users are on HTTPS (`public_url`), so the test client is too: the cookies are Secure
 
 
 @pytest.fixture(name="inbox")
@@ -135,5 +136,7 @@ def inbox_fixture() -> Iterator[Inbox]:
 @pytest.fixture(name="mail_api")
 def mail_api_fixture(db_url: str, tmp_path: Path, cheap_password_hashing: None, inbox: Inbox) -> Iterator[TestClient]:
     """The app of a server that mails `inbox` (so a signup's trial credit waits for the link)."""
-    with TestClient(create_app(settings(tmp_path / "home", db_url, smtp_url=inbox.url, public_url=SITE))) as client:
+    with TestClient(
+        create_app(settings(tmp_path / "home", db_url, smtp_url=inbox.url, public_url=SITE)), base_url=BROWSER
+    ) as client:
         yield client

@@ -26,7 +26,7 @@ from suanli.mail import Mail, MailError, outbox
 from suanli.mail.smtp import SmtpMailer
 from tests.concurrency import at_once
 from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, Tenant, bearer, settings, signup
-from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture, smtp_server  # noqa: F401  (the fixtures inbox and mail_api)
+from tests.mail_helpers import BROWSER, SITE, Inbox, inbox_fixture, mail_api_fixture, smtp_server  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console
 
 API = "/api/v1"
@@ -266,7 +266,7 @@ def test_the_wallets_resend_needs_the_csrf_field_and_a_login(mail_api: TestClien
     inbox.wait(1)
     r = mail_api.post("/wallet/verify-resend", data={}, follow_redirects=False)  # the session cookie, no CSRF field
     assert r.status_code == 403, r.text
-    stranger = Console(TestClient(mail_api.app))  # no session at all
+    stranger = Console(TestClient(mail_api.app, base_url=BROWSER))  # no session at all
     r = stranger.post("/wallet/verify-resend", csrf_from="/login")
     assert r.status_code in (303, 401, 403) and "verify-note" not in r.text, r.text
     time.sleep(0.3)

@@ -26,7 +26,7 @@ from suanli.db.access import PasswordReset
 from suanli.db.models import ProxySession, Workload
 from tests.concurrency import at_once
 from tests.control_plane import Tenant, bearer, settings, signup
-from tests.mail_helpers import SITE, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
+from tests.mail_helpers import BROWSER, SITE, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 
 API = "/api/v1"
 RESET_LINK = re.compile(r"https?://\S+/reset\?token=([A-Za-z0-9_-]+)")
@@ -424,7 +424,9 @@ def test_a_token_another_process_still_trusts_makes_no_credential_after_a_reset(
     thief's token, revoked by the owner's reset on the first, must not make an SSH key, a token or an endpoint key
     that outlives the reset."""
     who = signup(mail_api, "two-workers@example.com")
-    with TestClient(create_app(settings(tmp_path / "home2", db_url, smtp_url=inbox.url, public_url=SITE))) as other:
+    with TestClient(
+        create_app(settings(tmp_path / "home2", db_url, smtp_url=inbox.url, public_url=SITE)), base_url=BROWSER
+    ) as other:
         assert other.get(f"{API}/me", headers=who.headers).status_code == 200  # now cached there
         assert mail_api.post(f"{API}/password/forgot", json={"email": who.email}).status_code == 202
         (token,) = _reset_tokens(inbox, 1)

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from suanli.control.accounts import links
 from tests.control_plane import bearer
-from tests.mail_helpers import Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
+from tests.mail_helpers import BROWSER, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
@@ -78,7 +78,7 @@ def test_the_keys_page_changes_the_password_and_keeps_this_browser(mail_api: Tes
 def test_forgot_and_the_mailed_link_set_a_new_password_once(mail_api: TestClient, inbox: Inbox) -> None:
     c = Console(mail_api)
     c.signup("lost@example.com")
-    anon = Console(TestClient(mail_api.app))
+    anon = Console(TestClient(mail_api.app, base_url=BROWSER))
     assert 'href="/forgot"' in anon.get("/login", headers=EN).text
     for email in ("lost@example.com", "nobody@example.com"):
         r = anon.post("/forgot", {"email": email}, csrf_from="/forgot", headers=EN)
@@ -131,7 +131,7 @@ def test_oversized_and_odd_values_on_the_console_forms_are_refused_not_500(mail_
         r = c.post("/keys/password", form, csrf_from="/keys", headers=EN)
         assert r.status_code in (400, 422) and "password" in r.text, r.text[:300]
     assert _login_status(mail_api, "odd-web@example.com", "tenant-password") == 200
-    anon = Console(TestClient(mail_api.app))
+    anon = Console(TestClient(mail_api.app, base_url=BROWSER))
     for email in ("x" * 5000 + "@example.com", "a@b.c\r\nBcc: thief@example.com", ""):
         r = anon.post("/forgot", {"email": email}, csrf_from="/forgot", headers=EN)
         assert r.status_code in (400, 422) and 'id="forgot-error"' in r.text, r.text[:300]

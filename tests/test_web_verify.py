@@ -13,14 +13,14 @@ from fastapi.testclient import TestClient
 
 from suanli.control.accounts import links, verification
 from tests.control_plane import bearer
-from tests.mail_helpers import Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
+from tests.mail_helpers import BROWSER, Inbox, inbox_fixture, mail_api_fixture  # noqa: F401  (the fixtures inbox and mail_api)
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
 
 
 def _balance(api: Any, who: Console) -> str:
-    token = api.cookies.get("suanli_session")
+    token = api.cookies.get("__Host-suanli_session")  # users are on HTTPS (public_url)
     me = api.get("/api/v1/me", headers=bearer(token)).json()
     r = api.get(f"/api/v1/orgs/{me['user']['personal_org_id']}/balance", headers=bearer(token))
     return str(r.json()["balance"])
@@ -33,7 +33,9 @@ def test_the_link_page_changes_nothing_until_its_button_is_pressed(mail_api: Tes
     assert 'id="verify-email"' in wallet and "Verify your e-mail to receive the trial credit" in wallet
     inbox.wait(1)
     token = inbox.token()
-    scanner = Console(TestClient(mail_api.app))  # no session: a mail scanner, or the user on another device
+    scanner = Console(
+        TestClient(mail_api.app, base_url=BROWSER)
+    )  # no session: a mail scanner, or the user on another device
     for _ in range(3):
         page = scanner.get(f"/verify?token={token}", headers=EN)
         assert page.status_code == 200 and f'value="{token}"' in page.text and 'action="/verify"' in page.text

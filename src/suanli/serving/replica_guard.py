@@ -6,7 +6,9 @@ loopback and be served without a key, a charge or a cap. vLLM's own `--api-key` 
 guard: `exec <the python beside vllm> -c SOURCE vllm serve ...`. It wraps the ASGI app the runtime hands to uvicorn (both runtimes serve
 through `uvicorn.Config`) in a check of `Authorization: Bearer <REPLICA_KEY>` on every HTTP and WebSocket request
 but `REPLICA_OPEN_PATH` (the probe), then runs the runtime's console script in-process. It imports nothing of suanli:
-the replica's environment (an image, a published prefix) need not have suanli installed, only the runtime. A command
+the replica's environment (an image, a published prefix) need not have suanli installed, only the runtime. API
+servers a runtime spawns in new processes (vLLM's `--api-server-count` above 1, which suanli never asks for) are
+out of its reach; for vLLM the secret is also its own `VLLM_API_KEY`, which guards their `/v1` routes. A command
 that is no console script of that Python (the tests' fake runtime) is exec'd as it is, the key left in its
 environment for it to check.
 """
@@ -25,10 +27,12 @@ argv = sys.argv[1:]
 found = [e for e in entry_points(group="console_scripts") if e.name == argv[0]]
 if not found:
     os.execvp(argv[0], argv)
-key = ("Bearer " + os.environ.pop("REPLICA_KEY", "")).encode()
+secret = os.environ.pop("REPLICA_KEY", "")
 open_path = os.environ.pop("REPLICA_OPEN_PATH", "/health")
-if key == b"Bearer ":
+if not secret:
     sys.exit("replica guard: no REPLICA_KEY")
+key = ("Bearer " + secret).encode()
+os.environ["VLLM_API_KEY"] = secret  # a second lock: vLLM checks it on /v1 in API servers it spawns, out of reach
 import uvicorn
 DENY = b'{"error": {"message": "this replica answers its gateway only", "type": "unauthorized"}}'
 class Guard:

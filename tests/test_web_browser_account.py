@@ -36,6 +36,8 @@ def _code(server: Any, amount: str) -> str:
 def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: Path) -> None:
     ctx = browser.new_context(locale="en-US", accept_downloads=True)
     page = ctx.new_page()
+    refused: list[str] = []  # what the pages' Content-Security-Policy stopped (no inline script may run)
+    page.on("console", lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None)
     page.goto(server.url + "/signup")
     page.fill("#email", "account@example.com")
     page.fill("#password", "account-password")
@@ -73,6 +75,15 @@ def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: P
     screenshot(page, "keys")
     page.goto(server.url + "/keys")
     assert "laptop cli" in page.inner_text("#tokens") and secret not in page.content()  # shown once
+    revoke = page.locator("#tokens tr", has_text="laptop cli").locator("button.danger")
+    page.once("dialog", lambda d: d.dismiss())  # asked first (console.js: data-confirm), and "no" submits nothing
+    revoke.click()
+    with httpx.Client(base_url=server.url + "/api/v1", timeout=30) as http:
+        assert http.get("/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
+        page.once("dialog", lambda d: d.accept())
+        with page.expect_navigation():
+            revoke.click()
+        assert http.get("/me", headers={"Authorization": f"Bearer {secret}"}).status_code == 401
 
     page.goto(server.url + "/volumes")
     page.fill("#vol-name", "datasets")
@@ -100,4 +111,5 @@ def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: P
     page.goto(server.url + "/endpoints")
     assert page.locator("#endpoints").count() == 1
     screenshot(page, "endpoints")
+    assert refused == []
     ctx.close()

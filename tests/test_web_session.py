@@ -139,6 +139,7 @@ def test_pages_cannot_be_framed_and_an_api_refusal_is_its_own_status_not_a_500(a
         r = c.get(path)
         assert r.headers["X-Frame-Options"] == "DENY", path
         assert "frame-ancestors 'none'" in r.headers["Content-Security-Policy"], path
+        assert "script-src 'self'" in r.headers["Content-Security-Policy"], path
         assert r.headers["X-Content-Type-Options"] == "nosniff", path
     c.c.cookies.set("suanli_org", "org-of-somebody-else")  # not one of the user's: the personal org is used
     assert c.get("/").status_code == 200
@@ -158,3 +159,17 @@ def test_every_menu_entry_is_a_page_that_answers(api: Any) -> None:
     admin.login(ADMIN_EMAIL, ADMIN_PASSWORD)
     for href, _, _ in nav.TENANT + nav.OPERATOR:
         assert admin.get(href).status_code == 200, href
+
+
+def test_no_template_has_an_inline_script_or_handler() -> None:
+    """The pages' CSP (`script-src 'self'`) runs no inline script: a page that had one would quietly lose it (a
+    behaviour a page needs is an attribute console.js acts on: data-confirm, data-print, data-autosubmit)."""
+    import re
+
+    from suanli.web.render import TEMPLATES
+
+    for path in TEMPLATES.rglob("*.html"):
+        text = path.read_text()
+        assert not re.search(r"\son[a-z]+\s*=", text), path
+        for tag in re.findall(r"<script\b[^>]*>", text):
+            assert "src=" in tag or 'type="application/json"' in tag, (path, tag)

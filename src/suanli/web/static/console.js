@@ -1,4 +1,6 @@
-// suanli console: times into the browser's zone, and the CSRF token on every htmx request.
+// suanli console: times into the browser's zone, the CSRF token on every htmx request, and the few behaviours a
+// page's markup asks for by attribute (the pages' Content-Security-Policy allows no inline script or handler):
+// data-confirm (ask before the button submits), data-print, data-autosubmit (a select submits its form).
 (function () {
   function localTimes(root) {
     var fmt = new Intl.DateTimeFormat(document.documentElement.lang === "zh" ? "zh-CN" : "en-GB",
@@ -13,6 +15,14 @@
   document.addEventListener("htmx:configRequest", function (e) {
     var meta = document.querySelector('meta[name="csrf-token"]');
     if (meta) { e.detail.headers["X-CSRF-Token"] = meta.content; }
+  });
+  document.addEventListener("click", function (e) {
+    var ask = e.target.closest && e.target.closest("[data-confirm]");
+    if (ask && !window.confirm(ask.getAttribute("data-confirm"))) { e.preventDefault(); return; }
+    if (e.target.closest && e.target.closest("[data-print]")) { window.print(); }
+  });
+  document.addEventListener("change", function (e) {
+    if (e.target.matches && e.target.matches("select[data-autosubmit]") && e.target.form) { e.target.form.submit(); }
   });
   window.suanli = { localTimes: localTimes };
 })();

@@ -63,6 +63,7 @@ def spec(volumes: object) -> dict[str, object]:
         ({"name": "d", "path": "/d"}, "volumes"),
         ([{"name": "d", "path": "/proc/x"}], "volumes.0.path"),
         ([{"name": "d", "path": "/workspace/d"}], "volumes.0.path"),
+        ([{"name": "d", "path": "/hub"}], "volumes.0.path"),  # where the hub's models and datasets are mounted
         ([{"name": "d", "path": "/"}], "volumes.0.path"),
         ([{"name": "d", "path": "/a/../etc"}], "volumes.0.path"),
         ([{"name": "d", "path": "/d:ro"}], "volumes.0.path"),

@@ -24,8 +24,32 @@ MAX_DEPTH = 64
 MAX_MOUNTS = 16
 BACKENDS = ("local", "s3")
 # Where a volume may not be mounted: the sandbox's own system directories, its workdir, and its private tmpfs.
-RESERVED_TOP = frozenset({"proc", "dev", "sys", "usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32",
-                          "opt", "run", "tmp", "var", "workspace", "root", "boot", "home", "srv", "snap"})  # fmt: skip
+RESERVED_TOP = frozenset(
+    {
+        "proc",
+        "dev",
+        "sys",
+        "usr",
+        "etc",
+        "bin",
+        "sbin",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "opt",
+        "run",
+        "tmp",
+        "var",
+        "workspace",
+        "root",
+        "boot",
+        "home",
+        "srv",
+        "snap",
+        "hub",
+    }
+)  # fmt: skip  (hub: where the hub's models and datasets are mounted)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
           "tb": 10**12, "p": 10**15, "pb": 10**15, "ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
           "gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40, "pi": 1 << 50, "pib": 1 << 50}  # fmt: skip

@@ -102,9 +102,9 @@ def cancel_invitation(org_id: str, invitation_id: str, ctx: Auth) -> InvitationO
 @router.get("/invitations")
 @in_thread
 def my_invitations(ctx: Auth) -> list[InvitationOut]:
-    """Pending invitations to the caller's email."""
+    """Pending invitations to the caller's email (where this server sends mail: once the caller verified it)."""
     with ctx.db.read() as s:
-        return [_invitation(v) for v in memberships.mine(s, ctx.who, ctx.now)]
+        return [_invitation(v) for v in memberships.mine(s, ctx.who, ctx.now, proof=ctx.srv.mailer is not None)]
 
 
 @router.post("/invitations/{invitation_id}/accept")
@@ -112,7 +112,7 @@ def my_invitations(ctx: Auth) -> list[InvitationOut]:
 def accept(invitation_id: str, ctx: Auth) -> OrgOut:
     """Join the organisation with the invitation's role; returns it."""
     with ctx.db.write() as s, s.begin():
-        m = memberships.accept(s, ctx.who, invitation_id, ctx.now)
+        m = memberships.accept(s, ctx.who, invitation_id, ctx.now, proof=ctx.srv.mailer is not None)
         org = memberships.access(s, ctx.who, m.org_id).org
         return OrgOut.model_validate(org).model_copy(update={"role": m.role})
 
@@ -121,6 +121,6 @@ def accept(invitation_id: str, ctx: Auth) -> OrgOut:
 @in_thread
 def decline(invitation_id: str, ctx: Auth) -> InvitationOut:
     with ctx.db.write() as s, s.begin():
-        row = memberships.decline(s, ctx.who, invitation_id, ctx.now)
+        row = memberships.decline(s, ctx.who, invitation_id, ctx.now, proof=ctx.srv.mailer is not None)
         org, inviter = s.get(Org, row.org_id), s.get(User, row.invited_by)
         return _invitation(InvitationView(row, org.name if org else "", inviter.email if inviter else ""))

@@ -16,7 +16,7 @@ from decimal import Decimal
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from suanli.control.accounts import spend_limits
+from suanli.control.accounts import spend_limits, verification
 from suanli.control.accounts.accounts import EMAIL, Principal, normalise_email
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import new_id, new_secret, token_hash, utcnow
@@ -273,8 +273,11 @@ def _pending(s: Session, where: object, now: datetime) -> list[InvitationView]:
     return [InvitationView(inv, name, by) for inv, name, by in rows]
 
 
-def mine(s: Session, who: Principal, now: datetime) -> list[InvitationView]:
-    """Pending invitations to the caller's email."""
+def mine(s: Session, who: Principal, now: datetime, proof: bool = False) -> list[InvitationView]:
+    """Pending invitations to the caller's email; none while `proof` is asked (the server sends mail, so it can
+    tell a proven address from a claimed one) and the caller has not verified it."""
+    if proof and not verification.is_verified(s, who.user_id):
+        return []
     return _pending(s, Invitation.email == who.email, now)
 
 
@@ -284,10 +287,14 @@ def org_invitations(s: Session, who: Principal, org_id: str, now: datetime) -> l
     return _pending(s, Invitation.org_id == org_id, now)
 
 
-def _addressed_to(s: Session, who: Principal, invitation_id: str, now: datetime) -> Invitation:
+def _addressed_to(s: Session, who: Principal, invitation_id: str, now: datetime, proof: bool) -> Invitation:
+    """The invitation, made out to the caller's address, which the caller has proven where the server can ask for
+    proof: else whoever signed up first with a colleague's address joined the team in their place, as any role."""
     row = s.get(Invitation, invitation_id, with_for_update=True)
     if row is None or row.email != who.email:
         raise NotFound(f"invitation {invitation_id} not found")
+    if proof and not verification.is_verified(s, who.user_id):
+        raise Forbidden("email: verify your address (the link mailed to it) to answer invitations made out to it")
     if row.state != "pending":
         raise Conflict(f"invitation {invitation_id} was {row.state}")
     if row.expires_at <= now:
@@ -306,12 +313,12 @@ def join(s: Session, user_id: str, row: Invitation, now: datetime) -> Membership
     return m
 
 
-def accept(s: Session, who: Principal, invitation_id: str, now: datetime) -> Membership:
-    return join(s, who.user_id, _addressed_to(s, who, invitation_id, now), now)
+def accept(s: Session, who: Principal, invitation_id: str, now: datetime, proof: bool = False) -> Membership:
+    return join(s, who.user_id, _addressed_to(s, who, invitation_id, now, proof), now)
 
 
-def decline(s: Session, who: Principal, invitation_id: str, now: datetime) -> Invitation:
-    row = _addressed_to(s, who, invitation_id, now)
+def decline(s: Session, who: Principal, invitation_id: str, now: datetime, proof: bool = False) -> Invitation:
+    row = _addressed_to(s, who, invitation_id, now, proof)
     row.state, row.decided_at = "declined", now
     return row
 

@@ -185,12 +185,19 @@ def events(s: Session, endpoint_id: str) -> list[EndpointEvent]:
     return list(reversed(s.scalars(q.limit(EVENTS_SHOWN)).all()))
 
 
+def _rights_over(who: Principal, maker: str, right: str) -> tuple[str, ...]:
+    """What acting on what another member made takes, as for their workloads (`memberships.check_work`): `others`
+    too. An endpoint's replicas run as its deployer and are charged to them (their spend limit too), and its keys
+    act for their makers: a plain member scaled a colleague's endpoint up on the colleague's money, or removed it."""
+    return (right,) if maker == who.user_id else (right, "others")
+
+
 def scale(s: Session, who: Principal, ref: str, count: int, now: datetime) -> Endpoint:
     """A fixed count: min = max = desired = count (0 stops every replica; requests then wait for none)."""
     if not 0 <= count <= MAX_REPLICAS:
         raise Invalid(f"replicas: must be 0..{MAX_REPLICAS} (got {count})")
     e = get(s, who, ref, lock=True)
-    memberships.require(s, who, e.org_id, "submit")
+    memberships.require(s, who, e.org_id, *_rights_over(who, e.user_id, "submit"))
     before = e.desired
     e.min_replicas = e.max_replicas = e.desired = count
     e.max_replicas = max(1, count)
@@ -215,7 +222,7 @@ def stop_replica(s: Session, w: Workload, why: str, now: datetime) -> None:
 def remove(s: Session, who: Principal, ref: str, now: datetime) -> Endpoint:
     """Stop every replica and delete the endpoint with its keys (its replicas stay as finished workloads)."""
     e = get(s, who, ref, lock=True)
-    memberships.require(s, who, e.org_id, "submit")
+    memberships.require(s, who, e.org_id, *_rights_over(who, e.user_id, "submit"))
     for _, w in replicas(s, e.id):
         stop_replica(s, w, f"endpoint {e.name} removed by {who.email}", now)
     for table in (EndpointKey, EndpointLoad, EndpointEvent, EndpointReplica):
@@ -305,7 +312,8 @@ def revoke_key(s: Session, who: Principal, key_id: str, now: datetime) -> Endpoi
     mine = _visible(s, who)
     if row is None or (row.org_id not in mine and (e is None or e.org_id not in mine)):
         raise NotFound(f"key {key_id} not found")
-    memberships.require(s, who, row.org_id if row.org_id in mine else e.org_id, "submit")  # type: ignore[union-attr]
+    where = row.org_id if row.org_id in mine else e.org_id  # type: ignore[union-attr]
+    memberships.require(s, who, where, *_rights_over(who, row.user_id, "submit"))
     if row.revoked_at is None:
         row.revoked_at = now
     return row

@@ -7,6 +7,7 @@ enforced here, not in the routers: `org_for` returns an org only to its members 
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ _hasher = PasswordHasher()
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}$")
 MIN_PASSWORD = 8
 MAX_PASSWORD = 1024
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -352,11 +355,17 @@ def set_quota(s: Session, ref: str, limits: dict[str, int | None]) -> Org:
     return row
 
 
-def ensure_admin(s: Session, email: str, password: str, now: datetime) -> User:
-    """The first admin from the environment: created once, promoted if the user already exists."""
+def ensure_admin(s: Session, email: str, password: str, now: datetime) -> User | None:
+    """The first admin from the environment: created once. A user who registered the address before is promoted only
+    when the configured password is theirs: else whoever signed up first with an address the operator configures
+    later (a second operator, a new address) became an operator, on their own password. None: not promoted (logged;
+    `suanli admin set-password` or another address settles it)."""
     existing = s.scalar(select(User).where(User.email == email.strip().lower()))
     if existing is not None:
-        existing.is_admin = True
-        return existing
+        if existing.is_admin or verify_password(existing.password_hash, password):
+            existing.is_admin = True
+            return existing
+        log.error("admin_email %s is a user's whose password is not admin_password: not made an operator", email)
+        return None
     u, _ = create_user(s, email, password, now, admin=True)
     return u

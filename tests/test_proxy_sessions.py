@@ -48,8 +48,12 @@ def world(db: Any) -> dict[str, Any]:
         _workload(s, "wl_stopped", team.id, alice.id, state="stopped")
         _workload(s, "wl_virtual", team.id, alice.id, executor="virtual")
         _workload(s, "wl_job", team.id, alice.id, kind="job", ports=(7000,))
-    return {"alice": _principal(alice), "bob": _principal(bob), "ops": _principal(ops, admin=True),
-            "mallory": _principal(mallory), "team": team.id, "now": now}  # fmt: skip
+        # each with a token of their own, as a request has (a proxy session ends with the token that opened it)
+        who = {}
+        for name, u in (("alice", alice), ("bob", bob), ("ops", ops), ("mallory", mallory)):
+            tok, _ = accounts.issue_token(s, u, "test", now)
+            who[name] = Principal(u.id, u.email, name == "ops", u.personal_org_id, tok.id)
+    return {**who, "team": team.id, "now": now}
 
 
 def _ticket(db: Any, who: Principal, ref: str, port: int | None = None, now: Any = None) -> str:

@@ -117,6 +117,8 @@ class ProxySession(Base):
     created_at: Mapped[datetime]
     expires_at: Mapped[datetime] = mapped_column(index=True)
     used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
+    # the API token that asked for it: the session ends when that token is revoked or expires (None: made before)
+    token_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class ConsoleSecret(Base):

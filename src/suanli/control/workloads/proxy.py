@@ -34,7 +34,7 @@ from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import new_secret, token_hash
 from suanli.control.workloads import workloads
-from suanli.db.models import Membership, ProxySession, Workload
+from suanli.db.models import ApiToken, Membership, ProxySession, Workload
 from suanli.executors import executor
 from suanli.executors.base import NotRunning
 from suanli.storage import workdirs
@@ -150,7 +150,7 @@ def open_ticket(
     s.execute(delete(ProxySession).where(ProxySession.expires_at < now))
     ticket, expires = new_secret(), now + timedelta(seconds=TICKET_S)
     s.add(ProxySession(id=token_hash(ticket), kind="ticket", user_id=who.user_id, workload_id=w.id, target=target,
-                       created_at=now, expires_at=expires))  # fmt: skip
+                       created_at=now, expires_at=expires, token_id=who.token_id))  # fmt: skip
     return w, ticket, target, expires
 
 
@@ -170,8 +170,11 @@ def redeem(s: Session, workload_id: str, ticket: str, now: datetime) -> tuple[st
     assert row is not None
     secret = new_secret()
     ends = now + timedelta(seconds=SESSION_S)
+    token = s.get(ApiToken, row.token_id) if row.token_id else None
+    if token is not None and token.expires_at is not None:
+        ends = min(ends, token.expires_at)  # a session outlives no token that asked for it
     s.add(ProxySession(id=token_hash(secret), kind="session", user_id=row.user_id, workload_id=workload_id,
-                       target=row.target, created_at=now, expires_at=ends))  # fmt: skip
+                       target=row.target, created_at=now, expires_at=ends, token_id=row.token_id))  # fmt: skip
     return secret, row.target, ends
 
 
@@ -192,6 +195,10 @@ def session(s: Session, workload_id: str, secret: str, now: datetime) -> Grant:
         raise Forbidden("not signed in to this instance; open it with `suanli jupyter NAME` or `suanli open NAME PORT`")
     if _role(s, row.user_id, w.org_id) not in memberships.ENTER:
         raise Forbidden("you are no longer a member of this instance's org (or only a viewer)")
+    if row.token_id is not None:
+        token = s.get(ApiToken, row.token_id)
+        if token is None or token.revoked_at is not None or (token.expires_at is not None and token.expires_at < now):
+            raise Forbidden("the token that opened this session was revoked or expired; open the instance again")
     return Grant(row.user_id, workload_id, row.expires_at)
 
 

@@ -101,7 +101,7 @@ def create_volume(body: VolumeIn, ctx: Auth) -> VolumeOut:
     lim = volumes.Limits.of(ctx.srv.settings)
     with ctx.db.write() as s, s.begin():
         v = volumes.create(s, ctx.who, body.name, body.size, body.org, body.backend, lim, ctx.now)
-    return _out(v)
+        return _out(v, book=ctx.srv.prices.current(s)[1])  # what it costs: a new volume is not free
 
 
 @router.get("/volumes")
@@ -128,7 +128,7 @@ def resize_volume(ref: Ref, body: ResizeIn, ctx: Auth, org: OrgQ = None) -> Volu
     lim = volumes.Limits.of(ctx.srv.settings)
     with ctx.db.write() as s, s.begin():
         v = volumes.resize(s, ctx.who, ref, org, body.size, lim, ctx.now)
-    return _out(v)
+        return _out(v, volumes.mounted_by(s, v), ctx.srv.prices.current(s)[1])
 
 
 @router.delete("/volumes/{volume}", status_code=204)

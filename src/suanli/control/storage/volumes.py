@@ -138,6 +138,7 @@ def create(s: Session, who: Principal, name: str, size: object, org: str | None,
     if count >= lim.per_org:
         raise Conflict(f"name: the organisation has {count} volumes, the most it may have (volumes_per_org)")
     _may_allocate(s, org_id, nbytes, lim)
+    _within_spend_limit(s, who, org_id, nbytes, now)
     if s.scalar(select(Volume.id).where(Volume.org_id == org_id, Volume.name == name)) is not None:
         raise Conflict(f"name: a volume called {name} exists already in this organisation")
     v = Volume(id=new_id("vol"), org_id=org_id, name=name, backend=backend, size_bytes=nbytes, used_bytes=0, files=0,
@@ -179,12 +180,25 @@ def _may_allocate(s: Session, org_id: str, nbytes: int, lim: Limits, volume_id: 
                        f"(volume_bytes_per_org; {rules.format_size(others)} allocated now)")  # fmt: skip
 
 
+def _within_spend_limit(s: Session, who: Principal, org_id: str, added: int, now: datetime) -> None:
+    """A member with a monthly spend limit allocates only what an hour of it leaves within the limit (403 naming
+    `monthly_spend_limit`): storage is charged to whoever made the volume, by the hour, for as long as it stays.
+    Before, a member with a limit of 0 made a 1 TiB volume and spent the org's money on it every hour."""
+    from suanli.control.accounts import spend_limits
+    from suanli.control.money import prices
+
+    a = memberships.access(s, who, org_id)
+    if a.spend_limit is not None:
+        spend_limits.check_spend(s, who, a, now, price=prices.current(s)[1].storage_cost(added))
+
+
 def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, lim: Limits, now: datetime) -> Volume:
     v = get(s, who, ref, org, ("submit", "spend"), lock=True)
     n = _size(size, lim)
     if n > v.size_bytes:
         s.get(Org, v.org_id, with_for_update=True)
         _may_allocate(s, v.org_id, n, lim, v.id)
+        _within_spend_limit(s, who, v.org_id, n - v.size_bytes, now)
     used = store.measure(paths(lim, v).data)
     v.used_bytes, v.files, v.measured_at = used.bytes, used.files, now
     if n < used.bytes:

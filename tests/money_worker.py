@@ -94,7 +94,7 @@ def audit(s: Session, window_s: int, ids: Collection[str] | None = None) -> list
         total, keys = charged.get(a.id, (ZERO, []))
         credits = [k for k in keys if k.startswith(CREDIT)]
         keys = [k for k in keys if not k.startswith(CREDIT)]
-        if credits and (credits != [f"{CREDIT}{a.id}"] or not a.settled):
+        if credits and (any(not k.startswith(f"{CREDIT}{a.id}:") for k in credits) or not a.settled):
             problems.append(f"{a.id}: credits {credits} (settled: {a.settled})")
         if a.charged != total:
             problems.append(f"{a.id}: charged column {a.charged} != ledger {total}")

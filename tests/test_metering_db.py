@@ -135,7 +135,7 @@ def test_a_stop_recorded_behind_the_meter_is_billed_to_its_end_and_the_excess_gi
     assert total == row.charged == cost_of(rate, 4)
     with db.read() as s:
         (credit,) = s.scalars(select(LedgerTransaction).where(LedgerTransaction.kind == "refund"))
-        assert credit.key == f"usage-credit:{alloc}" and credit.allocation_id == alloc
+        assert credit.key == f"usage-credit:{alloc}:4" and credit.allocation_id == alloc  # one per correction
         assert credit.memo == "late: ran 4 s, 10 s were charged before its end was known: 6 s given back"
         assert ledger.net_for_org(credit, tenant[0]) == cost_of(rate, 6)
         assert ledger.org_balance(s, tenant[0]) == -cost_of(rate, 4)

@@ -99,7 +99,7 @@ def test_every_transaction_in_order_with_its_memo_workload_and_running_balance(w
     assert [Decimal(u["amount"]) for u in usage] == [-cost_of(rate, 60)] * 3
     assert [u["memo"] for u in usage] == [f"{world.workload}: 0-60 s", f"{world.workload}: 60-120 s",
                                           f"{world.workload}: 120-180 s"]  # fmt: skip
-    assert given_back["key"] == f"usage-credit:{world.alloc}" and "30 s given back" in given_back["memo"]
+    assert given_back["key"] == f"usage-credit:{world.alloc}:150" and "30 s given back" in given_back["memo"]
     assert Decimal(given_back["amount"]) == cost_of(rate, 30)  # net: 150 s of a 150.4 s run
     for r in (*usage, given_back):
         assert (r["workload"], r["workload_name"], r["allocation"]) == (world.workload, "train", world.alloc)

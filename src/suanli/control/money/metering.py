@@ -299,17 +299,20 @@ def meter_allocation(
 def settle_credit(s: Session, a: Allocation, billed: int, now: datetime, report: MeterReport) -> Decimal:
     """Give back what was charged beyond `cost_of(rate, billed)`: windows posted past the end of a run while its end
     was not yet known (its server was down, the loop waited for a dead leader's lease, or a pass's clock read later
-    than the stop). One `refund` per allocation (key `usage-credit:<allocation>`), its memo naming the seconds."""
+    than the stop). One `refund` per correction (key `usage-credit:<allocation>:<seconds billed>`, its memo naming
+    the seconds): an end corrected twice (settled, then an earlier end learned from the executor) is given back
+    twice, each what it owes; one key per allocation refused the second (409), failing its pass every time."""
     over = exact(a.charged - cost_of(a.rate_per_hour, billed))
     if over <= ZERO:
         return ZERO
     paid = a.metered_until_s
     memo = (f"{a.workload or a.id}: ran {billed} s, {paid} s were charged before its end was known: "
             f"{paid - billed} s given back")  # fmt: skip
-    tx = transfer(f"usage-credit:{a.id}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
+    tx = transfer(f"usage-credit:{a.id}:{billed}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
     _, created = ledger.post(s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id)
-    if created:
-        report.credited += over
+    if not created:  # this very correction was given back before
+        return ZERO
+    report.credited += over
     a.charged = exact(a.charged - over)
     return over
 

@@ -180,14 +180,29 @@ def set_member(
         raise Forbidden(f"organisation {org_id}: you cannot change your own role or spend limit; ask an owner")
     if role is not None and m.role == "owner" and role != "owner":
         _keep_an_owner(s, org_id)
+    new_limit = m.monthly_spend_limit if limit is UNSET else spend_limits.check_limit(limit)  # type: ignore[arg-type]
+    if not a.can("owners"):
+        if limit is not UNSET and "admin" in (m.role, role):
+            raise Forbidden(f"monthly_spend_limit: an admin's spend limit is an owner's to set in {org_id}")
+        if limit is not UNSET or role == "admin":
+            _within_own(a, new_limit)
     if role is not None and role != m.role:
         _drop_invitations(s, org_id, user_id, role, now or utcnow())
     if role is not None:
         m.role = role
-    if limit is not UNSET:
-        m.monthly_spend_limit = spend_limits.check_limit(limit)  # type: ignore[arg-type]
+    m.monthly_spend_limit = new_limit
     s.flush()
     return m
+
+
+def _within_own(a: Access, limit: Decimal | None) -> None:
+    """A manager with a spend limit gives nobody more than it (nor no limit): else a limited admin invited a second
+    account of theirs as an unlimited admin, which lifted the first one's limit, and the owner's limit held nothing."""
+    if a.spend_limit is not None and (limit is None or limit > a.spend_limit):
+        raise Forbidden(
+            f"monthly_spend_limit: your own limit in {a.org.id} is {a.spend_limit}; you may give others "
+            "at most that (ask an owner for more, or for none)"
+        )
 
 
 def remove_member(s: Session, who: Principal, org_id: str, user_id: str, now: datetime | None = None) -> None:
@@ -220,6 +235,8 @@ def invite(
     if not EMAIL.match(email):
         raise Invalid(f"email: {email!r} is not an email address")
     limit = spend_limits.check_limit(limit)
+    if not a.can("owners"):
+        _within_own(a, limit)
     # Members are listed to those who may invite, so saying so reveals nothing new.
     member = select(Membership.user_id).join(User, User.id == Membership.user_id)
     if s.scalar(member.where(Membership.org_id == org_id, User.email == email)) is not None:

@@ -71,6 +71,13 @@ def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path, g
             assert first.usage is not None and first.usage.completion_tokens == 4
             ep = wait_ready(http, tenant, "tiny", 1)
             assert ep["replicas"][0]["ready"] and ep["runtime"] == "transformers"
+            # the runtime itself answers only its gateway (`serving/replica_guard.py`): its probe, and nothing else
+            # without the replica's secret, whichever route
+            direct = f"http://127.0.0.1:{ep['replicas'][0]['port']}"
+            assert httpx.get(f"{direct}/health", timeout=10).status_code == 200
+            for route in ("/v1/models", "/v1/completions", "/v1/chat/completions"):
+                r = httpx.post(f"{direct}{route}", json={"model": "acme/tiny-llama", "prompt": "x"}, timeout=10)
+                assert r.status_code == 401, (route, r.status_code, r.text[:200])
             # a stream of SSE events: its text is the three words asked for (the tiny model never picks a special
             # token, whose text would be empty: see make_model) and it says why it ended. How many events carry them
             # is the runtime's choice: transformers serve sends tokens that are ready together as one event ('the the

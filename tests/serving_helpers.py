@@ -27,6 +27,7 @@ def fake_environment(root: Path) -> Path:
     for name in ("vllm", "transformers"):
         shutil.copy(FAKE, bin_dir / name)
         os.chmod(bin_dir / name, 0o755)
+        (bin_dir / f"{name}.checks-replica-key").write_text("")  # it checks REPLICA_KEY itself (no console script)
     (bin_dir / "python3").symlink_to("/usr/bin/python3")  # the replica guard runs in the Python beside the runtime
     for d in (root, bin_dir):
         os.chmod(d, 0o755)

@@ -110,6 +110,28 @@ def test_a_replica_with_a_secret_runs_its_runtime_under_the_guard_and_one_withou
         assert replica_guard.KEY_ENV not in rt.env(bare)
 
 
+def test_a_runtime_that_is_no_console_script_starts_only_when_it_says_it_checks_the_secret(tmp_path: Path) -> None:
+    """A shell wrapper cannot be guarded: it does not start (never unguarded), unless a file beside it says it
+    checks REPLICA_KEY itself."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    (bin_dir / "wrapped").write_text('#!/bin/sh\necho served "$REPLICA_KEY"\n')
+    (bin_dir / "wrapped").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", **replica_guard.env("k" * 43, "/health")}
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["/bin/sh", "-c", replica_guard.command(["wrapped"])], env=env, capture_output=True,
+                              text=True, timeout=30)  # fmt: skip
+
+    out = run()
+    assert out.returncode != 0 and "served" not in out.stdout and "cannot be guarded" in out.stderr
+    (bin_dir / "wrapped.checks-replica-key").write_text("")
+    out = run()
+    assert out.returncode == 0 and out.stdout.strip() == "served " + "k" * 43  # it gets the secret to check
+
+
 def test_a_runtime_with_no_python_beside_it_does_not_start(tmp_path: Path) -> None:
     """The guard runs in the runtime's own interpreter or not at all: never the runtime unguarded."""
     bin_dir = tmp_path / "bin"

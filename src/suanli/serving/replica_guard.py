@@ -3,14 +3,15 @@
 A sandbox shares the host's network (docs/isolation.md), so any job on the node could reach a runtime listening on
 loopback and be served without a key, a charge or a cap. vLLM's own `--api-key` guards `/v1` routes only (its
 `/invocations` serves completions too), and `transformers serve` has none. So the runtime's command runs under this
-guard: `exec <the python beside vllm> -c SOURCE vllm serve ...`. It wraps the ASGI app the runtime hands to uvicorn (both runtimes serve
-through `uvicorn.Config`) in a check of `Authorization: Bearer <REPLICA_KEY>` on every HTTP and WebSocket request
-but `REPLICA_OPEN_PATH` (the probe), then runs the runtime's console script in-process. It imports nothing of suanli:
-the replica's environment (an image, a published prefix) need not have suanli installed, only the runtime. API
-servers a runtime spawns in new processes (vLLM's `--api-server-count` above 1, which suanli never asks for) are
-out of its reach; for vLLM the secret is also its own `VLLM_API_KEY`, which guards their `/v1` routes. A command
-that is no console script of that Python (the tests' fake runtime) is exec'd as it is, the key left in its
-environment for it to check.
+guard: `exec <the python beside vllm> -c SOURCE vllm serve ...`. It wraps the ASGI app the runtime hands to uvicorn
+(both runtimes serve through `uvicorn.Config`) in a check of `Authorization: Bearer <REPLICA_KEY>` on every HTTP and
+WebSocket request but `REPLICA_OPEN_PATH` (the probe), then runs the runtime's console script in-process.
+
+It imports nothing of suanli: the replica's environment (an image, a published prefix) needs only the runtime. A
+runtime that is no console script of that Python (a shell wrapper) does not start, unless a file
+`<executable>.checks-replica-key` beside it says it checks the secret itself (the tests' fake runtime does). API
+servers a runtime spawns in new processes (vLLM's `--api-server-count` above 1, which suanli never asks for) are out
+of its reach; for vLLM the secret is also its own `VLLM_API_KEY`, which guards their `/v1` routes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ from importlib.metadata import entry_points
 argv = sys.argv[1:]
 found = [e for e in entry_points(group="console_scripts") if e.name == argv[0]]
 if not found:
-    os.execvp(argv[0], argv)
+    import shutil
+    exe = shutil.which(argv[0])
+    if exe and os.path.exists(exe + ".checks-replica-key"):
+        os.execvp(argv[0], argv)
+    sys.exit(f"replica guard: {argv[0]} is no console script of {sys.executable}, so it cannot be guarded: not started")
 secret = os.environ.pop("REPLICA_KEY", "")
 open_path = os.environ.pop("REPLICA_OPEN_PATH", "/health")
 if not secret:

@@ -14,7 +14,7 @@ import httpx
 from suanli.control.ids import utcnow
 from suanli.control.storage import hub
 from suanli.db.engine import Database
-from tests.control_plane import Tenant
+from tests.control_plane import Tenant, signup
 
 FAKE = Path(__file__).parent / "fixtures" / "fake_openai_runtime.py"
 FAST = {"SUANLI_SCHEDULE_INTERVAL_S": "0.2", "SUANLI_METER_INTERVAL_S": "0.5", "SUANLI_STOP_GRACE_S": "2"}
@@ -110,3 +110,15 @@ def platform_with_model(api: Any, tmp_path: Path) -> Any:
     hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),
             repo_id="acme/tiny")  # fmt: skip
     return p
+
+
+def funded_tenants(http: httpx.Client, operator: dict[str, str], *emails: str, amount: str = "100") -> list[Tenant]:
+    """Tenants signed up on a live server, each topped up by the operator."""
+    out = []
+    for email in emails:
+        who = signup(http, email)
+        r = http.post(f"/api/v1/admin/orgs/{who.org_id}/transactions", json={"kind": "topup", "amount": amount},
+                      headers=operator)  # fmt: skip
+        assert r.status_code == 201, r.text
+        out.append(who)
+    return out

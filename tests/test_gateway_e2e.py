@@ -20,12 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.control_plane import LiveServer, Tenant, admin_token, bearer, live_server, signup
+from tests.control_plane import LiveServer, Tenant, admin_token, bearer, live_server
 from tests.serving_helpers import (
     FAST,
     add_hub_model,
     describe,
     fake_environment,
+    funded_tenants,
     minimal_model,
     runtime_pid,
     stop_all,
@@ -71,11 +72,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         adm = bearer(admin_token(http))
         assert http.post("/api/v1/admin/clusters", json={"local": True, "name": "this-host"}, headers=adm).status_code == 201  # fmt: skip
         add_hub_model(db_url, srv.home, "tiny", "acme/tiny", minimal_model(tmp / "model"))
-        tenant, mallory = signup(http, "tenant@example.com"), signup(http, "mallory@example.com")
-        for who in (tenant, mallory):
-            r = http.post(f"/api/v1/admin/orgs/{who.org_id}/transactions", json={"kind": "topup", "amount": "100"},
-                          headers=adm)  # fmt: skip
-            assert r.status_code == 201, r.text
+        tenant, mallory = funded_tenants(http, adm, "tenant@example.com", "mallory@example.com")
         _deploy(http, tenant, {"name": "chat", "kind": "service", "model": "tiny", "runtime": "vllm", "image": "fakert",
                                "resources": CPU, "replicas": 2, "env": {"FAKE_TOKEN_DELAY_S": "0.02"}})  # fmt: skip
         key, _ = _key(http, tenant, "chat")

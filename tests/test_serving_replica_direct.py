@@ -15,8 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.control_plane import admin_token, bearer, live_server, signup
-from tests.serving_helpers import FAST, add_hub_model, fake_environment, minimal_model, stop_all, wait_ready
+from tests.control_plane import admin_token, bearer, live_server
+from tests.serving_helpers import (
+    FAST,
+    add_hub_model,
+    fake_environment,
+    funded_tenants,
+    minimal_model,
+    stop_all,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None and not os.environ.get("SUANLI_REQUIRE_BWRAP"),
                                 reason="bubblewrap is not installed")  # fmt: skip
@@ -73,11 +81,7 @@ def test_another_orgs_job_is_refused_by_a_replica_it_finds_on_the_node(tmp_path:
         assert http.post("/api/v1/admin/clusters", json={"local": True, "name": "this-host"},
                          headers=adm).status_code == 201  # fmt: skip
         add_hub_model(db_url, srv.home, "tiny", "acme/tiny", minimal_model(tmp_path / "model"))
-        tenant, mallory = signup(http, "tenant@example.com"), signup(http, "mallory@example.com")
-        for who in (tenant, mallory):
-            r = http.post(f"/api/v1/admin/orgs/{who.org_id}/transactions", json={"kind": "topup", "amount": "100"},
-                          headers=adm)  # fmt: skip
-            assert r.status_code == 201, r.text
+        tenant, mallory = funded_tenants(http, adm, "tenant@example.com", "mallory@example.com")
         try:
             # the tenant's private endpoint (no price: no other org may even get a key for it)
             r = http.post("/api/v1/endpoints", headers=tenant.headers, json={"spec": {

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from suanli.control.ids import utcnow
-from suanli.control.storage import hub
 from tests.control_plane import signup
-from tests.test_workloads_api import Platform, make_platform
+from tests.serving_helpers import platform_with_model
+from tests.test_workloads_api import Platform
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
@@ -24,13 +24,7 @@ SPEC = {"name": "chat", "kind": "service", "model": "tiny", "resources": {"gpu":
 
 @pytest.fixture
 def platform(api: Any, tmp_path: Path) -> Platform:
-    p = make_platform(api)
-    src = tmp_path / "tiny"
-    src.mkdir()
-    (src / "config.json").write_text('{"model_type": "llama"}')
-    hub.add(p.db, hub.store_of(None, api.app.state.server.settings.home), "model", "tiny", str(src), utcnow(),
-            repo_id="acme/tiny")  # fmt: skip
-    return p
+    return platform_with_model(api, tmp_path)
 
 
 def _owner(p: Platform) -> tuple[Console, dict[str, Any]]:

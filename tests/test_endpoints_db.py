@@ -289,3 +289,15 @@ def test_a_buyer_out_of_money_is_refused_with_402(platform: Platform) -> None:
     r = platform.api.post("/v1/completions", json={"model": "chat", "prompt": "x"},
                           headers={"Authorization": f"Bearer {key['key']}"})  # fmt: skip
     assert r.status_code == 402 and "top up" in r.json()["error"]["message"]
+
+
+def test_an_owner_cannot_set_their_replicas_secret_or_open_path_through_the_endpoints_env(platform: Platform) -> None:
+    """The replica's secret and the one path it answers without it are the platform's: an endpoint's `env` naming
+    them (to know the secret, or to open a model route to anyone on the node) is overridden, not obeyed."""
+    spec = {**GPU_SPEC, "name": "sly", "replicas": 1,
+            "env": {"REPLICA_KEY": "chosen", "REPLICA_OPEN_PATH": "/v1/completions", "VLLM_API_KEY": "chosen"}}  # fmt: skip
+    ep = deploy(platform, spec)
+    serving(platform).run(platform.db, utcnow())
+    (w,) = replicas(platform, ep["id"])
+    assert w.spec["env"]["REPLICA_KEY"] not in ("chosen", "") and len(w.spec["env"]["REPLICA_KEY"]) == 43
+    assert w.spec["env"]["REPLICA_OPEN_PATH"] == "/health"

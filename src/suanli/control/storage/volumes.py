@@ -19,10 +19,11 @@ from pathlib import Path
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from suanli.control.accounts import memberships
+from suanli.control.accounts import memberships, spend_limits
 from suanli.control.accounts.accounts import Principal
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
+from suanli.control.money import prices
 from suanli.control.settings import Settings
 from suanli.control.storage import volume_billing
 from suanli.db.engine import Database
@@ -184,9 +185,6 @@ def _within_spend_limit(s: Session, who: Principal, org_id: str, added: int, now
     """A member with a monthly spend limit allocates only what an hour of it leaves within the limit (403 naming
     `monthly_spend_limit`): storage is charged to whoever made the volume, by the hour, for as long as it stays.
     Before, a member with a limit of 0 made a 1 TiB volume and spent the org's money on it every hour."""
-    from suanli.control.accounts import spend_limits
-    from suanli.control.money import prices
-
     a = memberships.access(s, who, org_id)
     if a.spend_limit is not None:
         spend_limits.check_spend(s, who, a, now, price=prices.current(s)[1].storage_cost(added))

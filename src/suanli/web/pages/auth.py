@@ -8,7 +8,7 @@ from urllib.parse import unquote, urlsplit
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse, Response
 
-from suanli.web import apicall, i18n, session
+from suanli.web import apicall, i18n, nav, session
 from suanli.web.apicall import ApiError
 from suanli.web.session import Page
 
@@ -17,11 +17,10 @@ Anon = Annotated[Page, Depends(session.anonymous)]
 Tenant = Annotated[Page, Depends(session.tenant)]
 
 
-# Where a sign-in or a language switch may lead: the console's own pages. Not the instance proxy (`/i/...`): a
-# same-origin redirect from our sign-in form to an attacker's instance ticket got past the ticket route's refusal of
-# links from other sites, signing the victim's browser in to the attacker's instance on the console's origin.
-NEXT_PAGES = frozenset({"", "endpoints", "hub", "instances", "keys", "offers", "ops", "run", "team", "volumes",
-                        "wallet", "workloads"})  # fmt: skip
+# Where a sign-in or a language switch may lead: the menu's pages (their first path segment), not the instance proxy
+# (`/i/...`): a same-origin redirect from our sign-in form to an attacker's instance ticket got past the ticket
+# route's refusal of links from other sites, signing the victim's browser in to the attacker's instance.
+NEXT_PAGES = frozenset(href.split("/")[1] for href, _, _ in (*nav.TENANT, *nav.OPERATOR))
 
 
 def _safe_next(target: str | None) -> str:

@@ -164,7 +164,7 @@ def test_a_second_upload_of_a_path_never_empties_the_first_ones_bytes(
     from suanli.storage import volumes as store
     from suanli.storage.volume_room import Claim
 
-    p = store.paths(tmp_path / "vols", "org_1", "vol_1")
+    p = store.paths(tmp_path / "vols", "org_1", "vol_1", 1 << 28)
     store.create(p)
     data = os.urandom(1 << 20)
     a = vio.Writer(p, "f.bin", 0, Claim(p, 8 * MiB))
@@ -185,7 +185,7 @@ def test_the_sweep_keeps_what_an_upload_under_way_is_writing(tmp_path: Path) -> 
     from suanli.storage import volumes as store
     from suanli.storage.volume_room import Claim
 
-    p = store.paths(tmp_path / "vols", "org_1", "vol_1")
+    p = store.paths(tmp_path / "vols", "org_1", "vol_1", 1 << 28)
     store.create(p)
     old = time.time() - 2 * 86400
     scratch = p.partial / "tar-abc"  # a tar being unpacked: its scratch directory is old, its newest file is not

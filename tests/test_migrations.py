@@ -147,3 +147,36 @@ def test_trial_mailboxes_are_filled_from_the_trials_granted_before(empty_db_url:
         assert got == {trials.mailbox_key("me@gmail.com"): "u2", trials.mailbox_key("you@example.com"): "u3"}
     finally:
         db.dispose()
+
+
+def test_orgs_keep_the_sandbox_uid_their_id_gave_and_twins_are_parted(empty_db_url: str) -> None:
+    """0028 records each org's sandbox uid: the one its id hashed to before (its files are owned by it), except the
+    newer of two orgs that hashed alike, which gets a free one (its next launch hands its trees to it)."""
+    import zlib
+
+    from sqlalchemy import text
+
+    from suanli.sandbox.bwrap import SANDBOX_UID_BASE, SANDBOX_UID_SPAN
+
+    def legacy(org_id: str) -> int:
+        return SANDBOX_UID_BASE + zlib.crc32(org_id.encode()) % SANDBOX_UID_SPAN
+
+    orgs = (("org_00000000000b1000", "2026-01-02 00:00:00"), ("org_000000000008f18c", "2026-01-01 00:00:00"),
+            ("org_lonely", "2026-01-03 00:00:00"))  # fmt: skip
+    db = Database(empty_db_url)
+    try:
+        migrate(db.engine, "0027")
+        with db.engine.begin() as c:
+            for org_id, made in orgs:
+                c.execute(text("INSERT INTO orgs (id, name, personal, created_at) VALUES (:o, :o, true, :t)"),
+                          {"o": org_id, "t": made})  # fmt: skip
+        migrate(db.engine)
+        with db.engine.connect() as c:
+            got = dict(c.execute(text("SELECT id, sandbox_uid FROM orgs")).all())
+        assert legacy("org_00000000000b1000") == legacy("org_000000000008f18c")
+        assert got["org_000000000008f18c"] == legacy("org_000000000008f18c")  # the older twin keeps it
+        assert got["org_lonely"] == legacy("org_lonely")
+        newer = got["org_00000000000b1000"]
+        assert newer != got["org_000000000008f18c"] and SANDBOX_UID_BASE <= newer < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
+    finally:
+        db.dispose()

@@ -149,12 +149,12 @@ def test_a_missing_bwrap_refuses_tenant_work_naming_the_package(monkeypatch: pyt
     monkeypatch.setattr(bwrap_mod.shutil, "which", lambda _name: None)
     spec = parse_spec({"name": "t", "command": "true", "resources": {"gpus": 0}})
     with pytest.raises(SandboxError, match="apt install bubblewrap"):
-        SandboxPolicy().request(spec, "org-1", is_admin=False)
+        SandboxPolicy().request(spec, 1 << 28, is_admin=False)
     with pytest.raises(SandboxError):  # the operator's own too, unless they opted out
-        SandboxPolicy().request(spec, "org-1", is_admin=True)
-    assert SandboxPolicy(mode="off").request(spec, "org-1", is_admin=True) is None
+        SandboxPolicy().request(spec, 1 << 28, is_admin=True)
+    assert SandboxPolicy(mode="off").request(spec, 1 << 28, is_admin=True) is None
     with pytest.raises(SandboxError):  # sandbox: off never covers tenants
-        SandboxPolicy(mode="off").request(spec, "org-2", is_admin=False)
+        SandboxPolicy(mode="off").request(spec, (1 << 28) + 1, is_admin=False)
     with pytest.raises(SandboxError):
         bwrap_args(SandboxSpec(workdir="/tmp"))
 
@@ -166,7 +166,7 @@ def test_image_binds_a_published_environment(tmp_path: Path) -> None:
     (env / "bin" / "hello-tool").chmod(0o755)
     policy = SandboxPolicy(environments={"tools": str(env)})
     spec = parse_spec({"name": "t", "command": "hello-tool", "image": "tools", "resources": {"gpus": 0}})
-    req = policy.request(spec, "org-1", is_admin=False)
+    req = policy.request(spec, 1 << 28, is_admin=False)
     assert req is not None and req.environment == str(env)
     with pytest.raises(Invalid, match="image"):
         policy.check_image(parse_spec({"name": "t", "command": "x", "image": "other"}))
@@ -222,7 +222,7 @@ def test_an_oci_image_loaded_in_podman_is_an_environment(tmp_path: Path) -> None
     try:
         policy = SandboxPolicy(environments={"tiny": f"oci:{image}"})
         spec = parse_spec({"name": "t", "command": "x", "image": "tiny", "resources": {"gpus": 0}})
-        req = policy.request(spec, "org-1", is_admin=False)
+        req = policy.request(spec, 1 << 28, is_admin=False)
         assert req is not None and req.environment == f"oci:{image}"
         st, log = run(tmp_path, "read line < /etc/os-release; echo $line; echo x > /workspace/w && echo wrote",
                       environment=req.environment)  # fmt: skip

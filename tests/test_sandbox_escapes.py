@@ -65,6 +65,7 @@ for pid in os.listdir("/proc"):
         except OSError:
             pass
 out["procs"] = procs
+out["uid"] = os.getuid()
 open("own.txt", "w").write("mine")
 out["own"] = [open("own.txt").read(), open("input.txt").read()]
 host, port = os.environ["SERVER"].split(":")
@@ -139,7 +140,8 @@ def attack(srv: LiveServer, api: Api) -> dict[str, Any]:
     line = next(x for x in text.splitlines() if x.startswith("RESULT "))
     victim_now = api.http.get(f"/api/v1/workloads/{vid}", headers=victim.headers).json()
     return {"result": json.loads(line[7:]), "targets": targets, "victim": victim_now, "srv": srv, "job": job,
-            "victim_pid": victim_pid, "victim_headers": victim.headers}  # fmt: skip
+            "victim_pid": victim_pid, "victim_headers": victim.headers, "victim_org": victim.org_id, "attacker_org": api.tenant.org_id,
+            "victim_disk_uid": disk.stat().st_uid}  # fmt: skip
 
 
 @pytest.mark.parametrize("target", ["db", "credentials", "password", "server-log", "victim-disk", "victim-log"])
@@ -168,6 +170,17 @@ def test_it_sees_only_its_own_processes_and_cannot_signal_others(attack: dict[st
     assert attack["srv"].proc.poll() is None
     os.kill(attack["victim_pid"], 0)  # the victim's process is still alive
     assert attack["victim"]["state"] == "running"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a server not run as root runs every sandbox as its own user")
+def test_each_org_runs_as_the_uid_recorded_for_it_and_no_other(attack: dict[str, Any]) -> None:
+    import sqlite3
+
+    with sqlite3.connect(f"file:{attack['srv'].home.parent / 'suanli.db'}?mode=ro", uri=True) as c:
+        uids = dict(c.execute("SELECT id, sandbox_uid FROM orgs").fetchall())
+    assert attack["victim_disk_uid"] == uids[attack["victim_org"]]
+    assert attack["result"]["uid"] == uids[attack["attacker_org"]] != attack["victim_disk_uid"]
+    assert len(set(uids.values())) == len(uids)
 
 
 def test_there_is_no_way_back_to_root(attack: dict[str, Any]) -> None:

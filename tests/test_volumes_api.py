@@ -220,7 +220,7 @@ def test_a_file_resumes_and_its_checksum_is_checked(api: TestClient) -> None:
     from suanli.storage import volumes as store
 
     vol = api.get(f"{API}/volumes/data", headers=t.headers).json()
-    p = store.paths(root(api), vol["org_id"], vol["id"])
+    p = store.paths(root(api), vol["org_id"], vol["id"], None)
     vio.partial_path(p, "f.bin").write_bytes(data[:100_000])
     r = api.get(f"{API}/volumes/data/partial", params={"path": "f.bin"}, headers=t.headers)
     assert r.json()["offset"] == 100_000

@@ -90,7 +90,7 @@ def test_a_volume_a_workload_filled_past_its_size_is_full_until_emptied(api: Tes
     job = {"name": "filler", "command": "sleep 60", "resources": {"gpus": 0},
            "volumes": [{"name": "data", "path": "/data"}]}  # fmt: skip
     assert api.post(f"{API}/workloads", json={"spec": job}, headers=t.headers).status_code == 201
-    data = store.paths(root, vol["org_id"], vol["id"]).data
+    data = store.paths(root, vol["org_id"], vol["id"], None).data
     (data / "big").write_bytes(b"x" * (2 * MiB))  # what the job wrote inside its sandbox
     from suanli.control.ids import utcnow
 

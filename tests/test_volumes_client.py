@@ -42,7 +42,7 @@ def test_sdk_resumes_a_file_checks_it_and_copies_trees(server, tmp_path: Path) -
     from suanli.storage import volume_io as vio
     from suanli.storage import volumes as store
 
-    part = vio.partial_path(store.paths(srv.home / "volumes", vol.org_id, vol.id), "blob.bin")
+    part = vio.partial_path(store.paths(srv.home / "volumes", vol.org_id, vol.id, None), "blob.bin")
     part.write_bytes(blob[: 1 << 20])
     seen: list[int] = []
     out = c.volume_upload("data", src, "blob.bin", progress=seen.append, same_host=False)  # HTTP, as from afar

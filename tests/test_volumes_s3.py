@@ -41,7 +41,7 @@ def config(endpoint: str, tmp_path: Path) -> S3Config:
 
 def test_push_and_pull_keep_the_bucket_and_the_working_copy_in_step(config: S3Config, tmp_path: Path) -> None:
     b = S3Backend(config)
-    p = store.paths(tmp_path / "a", "org_1", "vol_1")
+    p = store.paths(tmp_path / "a", "org_1", "vol_1", 1 << 28)
     store.create(p)
     (p.data / "d").mkdir()
     (p.data / "d" / "x.bin").write_bytes(os.urandom(300_000))
@@ -52,7 +52,7 @@ def test_push_and_pull_keep_the_bucket_and_the_working_copy_in_step(config: S3Co
     assert b.push(p, "org_1", "vol_1").uploaded == 0  # unchanged: nothing sent again
     assert sorted(b._objects(b.remote("org_1", "vol_1"))) == ["d/x.bin", "y.txt"]
     # Another server (a fresh working copy) pulls the bucket's copy.
-    q = store.paths(tmp_path / "b", "org_1", "vol_1")
+    q = store.paths(tmp_path / "b", "org_1", "vol_1", 1 << 28)
     store.create(q)
     assert b.pull(q, "org_1", "vol_1").downloaded == 2
     assert (q.data / "d" / "x.bin").read_bytes() == (p.data / "d" / "x.bin").read_bytes()

@@ -55,6 +55,9 @@ class Org(Base):
     quota_cpus: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most host CPU cores held at once
     quota_memory_gib: Mapped[int | None] = mapped_column(Integer, nullable=True)  # most host memory held, GiB
     created_at: Mapped[datetime]
+    # The uid (and gid) a root server runs its sandboxes as, no other org's (control.accounts.sandbox_uids). Set
+    # for every org; nullable in the schema only because 0028 added it to a table that had rows.
+    sandbox_uid: Mapped[int | None] = mapped_column(Integer, nullable=True, index=True, unique=True)
 
 
 class User(Base):

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint, select
+from sqlalchemy.orm import Mapped, column_property, mapped_column
 
 from suanli.db.columns import UTCDateTime
-from suanli.db.models import Base
+from suanli.db.models import Base, Org
 
 
 class Volume(Base):
@@ -32,6 +32,11 @@ class Volume(Base):
     measured_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)
     billed_until: Mapped[datetime]  # metered in whole hours up to here
     unpaid_since: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # balance exhausted since
+    # Not a column: its org's sandbox uid, read with the row (the live tree's owner on a root server). An org's uid
+    # never changes, so a flush of the row (a removal included) keeps the value read.
+    org_uid: Mapped[int | None] = column_property(
+        select(Org.sandbox_uid).where(Org.id == org_id).correlate_except(Org).scalar_subquery(), expire_on_flush=False
+    )
 
 
 class VolumeVersion(Base):

@@ -77,15 +77,6 @@ def require_bwrap() -> str:
     return path
 
 
-def sandbox_ids(org_id: str) -> tuple[int, int]:
-    """The uid and gid a root server runs an org's sandboxes as: outside every login and system range, stable
-    per org (a restarted server finds the same owner on an instance's disk)."""
-    import zlib
-
-    uid = SANDBOX_UID_BASE + zlib.crc32(org_id.encode()) % SANDBOX_UID_SPAN
-    return uid, uid
-
-
 def _system_args() -> list[str]:
     args: list[str] = []
     for link in MERGED_USR_LINKS:

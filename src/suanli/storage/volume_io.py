@@ -108,7 +108,7 @@ def expire_partial_everywhere(volumes_dir: Path, now: float) -> int:
             if org.is_dir(follow_symlinks=False) and vols.is_dir():
                 for v in os.scandir(vols):
                     if v.is_dir(follow_symlinks=False):
-                        dropped += expire_partial(paths(volumes_dir, org.name, v.name), now)
+                        dropped += expire_partial(paths(volumes_dir, org.name, v.name, None), now)  # removes only
     return dropped
 
 

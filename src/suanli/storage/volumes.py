@@ -28,7 +28,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from suanli.sandbox.bwrap import sandbox_ids
 from suanli.storage.archive import footprint, remove_tree
 
 CHUNK = 1 << 20
@@ -78,8 +77,10 @@ class Paths:
         return self.versions / str(n)
 
 
-def paths(volumes_dir: Path, org_id: str, volume_id: str) -> Paths:
-    owner = sandbox_ids(org_id) if os.geteuid() == 0 else None
+def paths(volumes_dir: Path, org_id: str, volume_id: str, uid: int | None) -> Paths:
+    """A volume's directories; `uid`: its org's sandbox uid, which owns the live tree when the server is root (None:
+    the server's own user keeps it, and a sandbox cannot write it)."""
+    owner = (uid, uid) if uid is not None and os.geteuid() == 0 else None
     return Paths(volumes_dir / org_id / "vols" / volume_id, volumes_dir / org_id / "blobs", owner)
 
 

@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from suanli.billing.ledger import PROMOTIONS, org_account, transfer
+from suanli.control.accounts import sandbox_uids
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound, Unauthorized
 from suanli.control.ids import TOKEN_PREFIX, new_id, new_token, token_hash
 from suanli.control.money import ledger
@@ -112,6 +113,7 @@ def create_user(
     if s.scalar(select(User.id).where(User.email == email)):
         raise EmailTaken(f"email: {email} is already registered")
     org = Org(id=new_id("org"), name=email, personal=True, created_at=now)
+    sandbox_uids.assign(s, org)
     user = User(
         id=new_id("usr"),
         email=email,
@@ -303,6 +305,7 @@ def create_org(s: Session, who: Principal, name: str, now: datetime, most: int =
     if s.scalar(select(Org.id).where(Org.name == name)):  # team names only: an email is never a team's name
         raise Conflict("name: taken by another organisation; choose another")
     org = Org(id=new_id("org"), name=name, personal=False, created_at=now)
+    sandbox_uids.assign(s, org)
     s.add(org)
     s.flush()
     s.add(Membership(org_id=org.id, user_id=who.user_id, role="owner"))

@@ -132,7 +132,7 @@ def _check_checkpoint(s: Session, org_id: str, vm: VolumeModel, root: Path | Non
         raise Invalid(f"model: volume {name} has no version {version}")
     if root is None:
         return
-    p = volume_store.paths(root, v.org_id, v.id)
+    p = volume_store.paths(root, v.org_id, v.id, v.org_uid)
     base = (versions_store.tree(p, int(version)) if version else p.data).resolve()
     where = (base / vm.path).resolve()
     if not (where == base or base in where.parents) or not where.is_dir():

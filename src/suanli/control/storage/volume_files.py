@@ -170,7 +170,7 @@ def measure_mounted(db: Database, root: Path, now: datetime, budget: int = 200, 
                 if (v.org_id, v.name) in wanted][:budget]  # fmt: skip
     for v in rows:
         try:
-            used: store.Usage | None = store.measure(store.paths(root, v.org_id, v.id).data)
+            used: store.Usage | None = store.measure(volumes.paths(root, v).data)
         except store.TooDeep:  # what it holds cannot be counted: treated as more than its size
             used = None
         with db.write() as s, s.begin():
@@ -220,7 +220,7 @@ def push_idle(db: Database, root: Path, s3: S3Config | None, budget: int = 100) 
     backend = S3Backend(s3)
     for v in rows:
         try:
-            backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+            backend.push(volumes.paths(root, v), v.org_id, v.id)
         except store.TooDeep:  # a workload nested it too deep to walk: pushed once trimmed
             continue
         except Exception:  # one volume's trouble (a tree, the bucket) must not stop the others' pushes

@@ -66,11 +66,11 @@ def s3_of(s3: S3Config | None, v: Volume) -> S3Backend | None:
 def push(s3: S3Config | None, root: Path, v: Volume) -> None:
     backend = s3_of(s3, v)
     if backend is not None:
-        backend.push(store.paths(root, v.org_id, v.id), v.org_id, v.id)
+        backend.push(paths(root, v), v.org_id, v.id)
 
 
 def paths(lim: Limits | Path, v: Volume) -> store.Paths:
-    return store.paths(lim.root if isinstance(lim, Limits) else lim, v.org_id, v.id)
+    return store.paths(lim.root if isinstance(lim, Limits) else lim, v.org_id, v.id, v.org_uid)
 
 
 def _invalid(field: str, e: rules.VolumeRuleError) -> Invalid:
@@ -376,7 +376,7 @@ def host_mounts(s: Session, root: Path, org_id: str, mounts: tuple[rules.VolumeM
         v = s.scalar(select(Volume).where(Volume.org_id == org_id, Volume.name == ref.name))
         if v is None:
             raise store.VolumeFileError(f"volume {ref.name} no longer exists")
-        p = store.paths(root, org_id, v.id)
+        p = paths(root, v)
         if ref.version is not None:
             out.append(HostMount(str(versions_store.tree(p, ref.version)), m.path, False))
             continue

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.orm import Session
 
+from suanli.control.accounts import sandbox_uids
 from suanli.control.scheduling.clock import seconds
 from suanli.control.storage import hub, volumes
 from suanli.control.workloads import proxy
@@ -43,7 +44,7 @@ class Launches:
         home: Path
         volumes_root: Path | None
         volumes_s3: S3Config | None
-        pulls: dict[str, list[tuple[str, str]]]
+        pulls: dict[str, list[tuple[str, str, int | None]]]
         grace_s: float
         sandboxes: SandboxPolicy
 
@@ -94,7 +95,7 @@ class Launches:
     def _volume_mounts(self, s: Session, w: Workload, spec: WorkloadSpec) -> list[tuple[str, str, bool]]:
         root = self.volumes_root or self.home / "volumes"
         names = {m.ref.name for m in spec.volumes}
-        self.pulls[w.id] = [(v.org_id, v.id) for v in s.scalars(select(Volume).where(
+        self.pulls[w.id] = [(v.org_id, v.id, v.org_uid) for v in s.scalars(select(Volume).where(
             Volume.org_id == w.org_id, Volume.name.in_(names), Volume.backend == "s3"))]  # fmt: skip
         return _volume_mounts_of(s, w, spec, root, datetime.now(UTC))
 
@@ -107,8 +108,8 @@ class Launches:
             raise SandboxError("a volume it mounts is on S3, and this server has no S3 backend (volume_s3_bucket)")
         backend = S3Backend(self.volumes_s3)
         root = self.volumes_root or self.home / "volumes"
-        for org_id, vid in wanted:
-            backend.pull(vstore.paths(root, org_id, vid), org_id, vid)
+        for org_id, vid, uid in wanted:
+            backend.pull(vstore.paths(root, org_id, vid, uid), org_id, vid)
 
     def _launch_of(self, s: Session, w: Workload, duration_s: float | None = None) -> Launch:
         spec = WorkloadSpec.model_validate(w.spec)
@@ -134,7 +135,8 @@ class Launches:
         sandbox = None
         if w.executor != "virtual":
             user = s.get(User, w.user_id)
-            sandbox = self.sandboxes.request(spec, w.org_id, bool(user is not None and user.is_admin))
+            admin = bool(user is not None and user.is_admin)
+            sandbox = self.sandboxes.request(spec, sandbox_uids.of(s, w.org_id), admin)
             if sandbox is not None and placement:
                 sizes = s.execute(select(Node.cpu_count, Node.memory_mib, Node.gpu_count)
                                   .where(Node.name.in_(list(placement)))).all()  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 from suanli.control.errors import Invalid
 from suanli.control.settings import Settings
 from suanli.executors.base import SandboxRequest
-from suanli.sandbox.bwrap import bwrap_path, require_bwrap, sandbox_ids
+from suanli.sandbox.bwrap import bwrap_path, require_bwrap
 from suanli.workloads.spec import WorkloadSpec
 
 SYSTEM_PREFIXES = ("/usr/", "/opt/")  # already in every sandbox (read-only)
@@ -76,8 +76,9 @@ class SandboxPolicy:
             return env, tuple(p for p in prefixes if p != env)
         return self.default_environment, ()
 
-    def request(self, spec: WorkloadSpec, org_id: str, is_admin: bool) -> SandboxRequest | None:
-        """The sandbox of the workload's node-ranks; None: unsandboxed.
+    def request(self, spec: WorkloadSpec, uid: int, is_admin: bool) -> SandboxRequest | None:
+        """The sandbox of the workload's node-ranks, run (by a root server) as `uid`, its org's
+        (`control.accounts.sandbox_uids`); None: unsandboxed.
 
         Raises SandboxError when tenant work would have to run unsandboxed (no bubblewrap on this node)."""
         if not self.sandboxed(is_admin):
@@ -86,10 +87,9 @@ class SandboxPolicy:
         cpu, mem = spec.host_request()  # the workload's; each rank gets its share per GPU (`host_request(n)`)
         ask = spec.gpu_count()
         env, extra = self._prefixes(spec)
-        uid, gid = sandbox_ids(org_id)
         return SandboxRequest(
             cpu_milli=cpu, memory_mib=mem, gpus_asked=ask, network=spec.network, environment=env,
-            mounts=tuple((p, p, False) for p in extra), uid=uid, gid=gid, dev_root=self.gpu_dev_root,
+            mounts=tuple((p, p, False) for p in extra), uid=uid, gid=uid, dev_root=self.gpu_dev_root,
             cgroup_parent=self.cgroup_parent,
         )  # fmt: skip
 

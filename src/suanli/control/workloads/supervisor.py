@@ -53,7 +53,9 @@ class Supervisor(Launches):
     grace_s: float = 10.0
     volumes_root: Path | None = None  # `volumes_dir` (None: volumes/ in `home`)
     volumes_s3: S3Config | None = None  # the S3 volume backend, where the operator set one up
-    pulls: dict[str, list[tuple[str, str]]] = field(default_factory=dict)  # workload -> s3 volumes to pull first
+    pulls: dict[str, list[tuple[str, str, int | None]]] = field(
+        default_factory=dict
+    )  # workload -> s3 volumes to pull first
     balance_grace_minutes: float = 5.0
     interval_s: float = 0.5  # how often the loop runs a pass (`schedule_interval_s`): a stop for money is asked early
     executors: dict[str, Executor] = field(default_factory=dict)

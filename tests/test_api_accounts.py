@@ -106,7 +106,7 @@ def test_token_expiry_must_be_in_the_future_and_bounded(api: Any, days: object) 
 
 def test_revoked_token_gets_401_and_others_keep_working(api: Any) -> None:
     t = signup(api, "hank@example.com")
-    new = api.post(f"{API}/tokens", json={"name": "laptop"}, headers=t.headers).json()
+    new = api.post(f"{API}/tokens", json={"name": "laptop", "expires_in_days": 7}, headers=t.headers).json()
     assert api.get(f"{API}/me", headers=bearer(new["token"])).status_code == 200
     r = api.delete(f"{API}/tokens/{new['id']}", headers=t.headers)
     assert r.status_code == 200, r.text
@@ -120,7 +120,7 @@ def test_revoked_token_gets_401_and_others_keep_working(api: Any) -> None:
 
 def test_logout_revokes_only_the_current_token(api: Any) -> None:
     t = signup(api, "ivan@example.com")
-    other = api.post(f"{API}/tokens", json={"name": "other"}, headers=t.headers).json()
+    other = api.post(f"{API}/tokens", json={"name": "other", "expires_in_days": 7}, headers=t.headers).json()
     assert api.post(f"{API}/logout", headers=t.headers).status_code == 204
     assert api.get(f"{API}/me", headers=t.headers).status_code == 401
     assert api.post(f"{API}/logout", headers=t.headers).status_code == 401

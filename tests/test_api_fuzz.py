@@ -65,7 +65,7 @@ def _roles(api: Any) -> list[Role]:
     assert batch.status_code == 201, batch.text
     roles = []
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
-        spare = api.post(f"{API}/tokens", json={"name": "spare"}, headers=headers).json()["id"]
+        spare = api.post(f"{API}/tokens", json={"name": "spare", "expires_in_days": 7}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
                "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
                "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry",
@@ -94,7 +94,9 @@ def _fuzz(
 ) -> None:
     pinned = {p: role.ids[p] for p in _path_params(op.path)} if mode is GenerationMode.POSITIVE else None
     fresh_token: Callable[[], dict[str, str]] = lambda: bearer(  # noqa: E731 — /logout must not end the run
-        api.post(f"{API}/tokens", json={"name": "to-log-out"}, headers=role.headers).json()["token"]
+        api.post(f"{API}/tokens", json={"name": "to-log-out", "expires_in_days": 7}, headers=role.headers).json()[
+            "token"
+        ]
     )
 
     @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],

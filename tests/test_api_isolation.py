@@ -68,7 +68,7 @@ PROBE_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIInjAvsHnPEnhIT3CLfoR5qjDsvDKUq
 VICTIM_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIPYgWGKugdE1qhZINwqTdx8vVRu8YjxWU0L7RLCUqHML victim"
 # A valid body per request model: a 422 would hide whether the caller was authorised.
 SAMPLES: dict[str, dict[str, Any]] = {
-    "TokenIn": {"name": "probe"},
+    "TokenIn": {"name": "probe", "expires_in_days": 7},
     "InvitationIn": {"email": "mallory@example.com", "role": "owner"},
     "MemberPatch": {"monthly_spend_limit": "100"},
     "InviteCodeIn": {"uses": 5},
@@ -211,7 +211,7 @@ def world(api: Any) -> World:
     team_invitation = r.json()["id"]
     r = api.post(f"{API}/admin/orgs/{team}/transactions", json={"amount": "100", "key": "seed"}, headers=adm)
     assert r.status_code == 201, r.text
-    token_id = api.post(f"{API}/tokens", json={"name": "ci"}, headers=victim.headers).json()["id"]
+    token_id = api.post(f"{API}/tokens", json={"name": "ci", "expires_in_days": 7}, headers=victim.headers).json()["id"]
     db = api.app.state.server.db
     with db.write() as s, s.begin():
         alloc = metering.open_allocation(
@@ -332,7 +332,9 @@ def test_a_foreign_tenant_can_neither_read_nor_change_anything(api: Any, world: 
     w = world
     before = _snapshot(api, w)
     assert before[f"{w.team}/balance"]["held_per_hour"] == "68.00", "the victim's allocation is open"
-    logout_token = api.post(f"{API}/tokens", json={"name": "to-log-out"}, headers=w.attacker.headers).json()["token"]
+    logout_token = api.post(
+        f"{API}/tokens", json={"name": "to-log-out", "expires_in_days": 7}, headers=w.attacker.headers
+    ).json()["token"]
     routes = api_routes(api.app)
     walked: set[tuple[str, str]] = set()
     problems: list[str] = []

@@ -77,7 +77,7 @@ def _second_session(api: TestClient, who: Tenant, password: str = "tenant-passwo
     """Another login of the user and an API token of theirs: what a thief would hold."""
     r = api.post(f"{API}/login", json={"email": who.email, "password": password})
     assert r.status_code == 200, r.text
-    t = api.post(f"{API}/tokens", json={"name": "ci"}, headers=who.headers)
+    t = api.post(f"{API}/tokens", json={"name": "ci", "expires_in_days": 7}, headers=who.headers)
     assert t.status_code == 201, t.text
     return r.json()["token"], t.json()["token"]
 

@@ -79,3 +79,23 @@ def test_admin_set_password_on_the_database_directly(db_url: str, tmp_path: Path
                 assert e.status == 401
             else:
                 raise AssertionError("the old password still logs in")
+
+
+def test_cli_token_outliving_the_login_needs_the_password(db_url: str, tmp_path: Path) -> None:
+    """`suanli tokens create` from a 30-day login: a week's token as before; one that never expires only with the
+    password (`--password-stdin`, or a prompt on a terminal); without it, one line saying what is needed."""
+    gil = tmp_path / "gil"
+    with live_server(tmp_path / "srv", db_url) as srv:
+        url = srv.url
+        suanli(["signup", "--email", "gil@example.com", "--password-stdin"], gil, url, stdin="gil-password-1\n")
+        p = suanli(["tokens", "create", "week", "--expires-in-days", "7", "--json"], gil, url)
+        assert json.loads(p.stdout)["expires_at"] is not None
+        p = suanli(["tokens", "create", "forever"], gil, url, stdin="", code=2)
+        assert "password" in p.stderr and "--password-stdin" in p.stderr, p.stderr
+        p = suanli(["tokens", "create", "forever", "--password-stdin"], gil, url, stdin="not-it\n", code=2)
+        assert "wrong password" in p.stderr, p.stderr
+        p = suanli(["tokens", "create", "forever", "--password-stdin", "--json"], gil, url, stdin="gil-password-1\n")
+        made = json.loads(p.stdout)
+        assert made["expires_at"] is None
+        with Client(url, made["token"]) as c:
+            assert c.me().user.email == "gil@example.com"

@@ -52,7 +52,12 @@ def test_workers_starting_together_bootstrap_once_and_share_state(db_url: str, t
             web = Console(fresh)
             web.signup("console@example.com")
             for n in range(6):
-                assert web.post("/keys/tokens", {"name": f"w{n}"}, csrf_from="/keys").status_code == 303
+                assert (
+                    web.post(
+                        "/keys/tokens", {"name": f"w{n}", "password": "tenant-password"}, csrf_from="/keys"
+                    ).status_code
+                    == 303
+                )
                 page = web.get("/keys").text
                 shown = re.search(r'id="token-secret">([^<]+)<', page)
                 assert shown and 'id="once-lost"' not in page, (n, page[-800:])

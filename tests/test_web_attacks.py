@@ -77,7 +77,7 @@ def test_tenant_strings_are_escaped_on_every_page_they_reach(api: Any) -> None:
     c = Console(api)
     c.signup("xss@example.com")
     csrf = csrf_of(c.get("/keys").text)
-    posts = [("/keys/tokens", {"name": XSS[:60], "expires_in_days": "1"}),
+    posts = [("/keys/tokens", {"name": XSS[:60], "expires_in_days": "1", "password": "tenant-password"}),
              ("/keys/tokens", {"name": XSS, "expires_in_days": XSS}),
              ("/keys/ssh", {"public_key": XSS, "name": XSS}),
              ("/volumes", {"name": XSS, "size": XSS}),

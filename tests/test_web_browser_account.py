@@ -63,6 +63,7 @@ def test_redeem_a_code_token_once_and_csv(server: Any, browser: Any, tmp_path: P
 
     page.goto(server.url + "/keys")
     page.fill("#token-name", "laptop cli")
+    page.fill("#token-password", "account-password")
     page.click("#token-form button[type=submit]")
     secret = page.inner_text("#token-secret")
     assert len(secret) > 20

@@ -32,7 +32,8 @@ def _console(api: Any, email: str) -> Console:
 
 def test_a_new_token_is_shown_once_and_works_and_revoking_ends_it(api: Any) -> None:
     c = _console(api, "tok@example.com")
-    r = c.post("/keys/tokens", {"name": "ci runner", "expires_in_days": "30"}, csrf_from="/keys", headers=EN)
+    form = {"name": "ci runner", "expires_in_days": "30", "password": "tenant-password"}
+    r = c.post("/keys/tokens", form, csrf_from="/keys", headers=EN)
     assert r.status_code == 303 and r.headers["location"] == "/keys"  # a reload cannot post it again
     r = c.get("/keys", headers=EN)
     assert 'id="new-token"' in r.text
@@ -59,6 +60,18 @@ def test_bad_token_input_is_shown_at_the_field(api: Any, form: dict[str, str], f
     assert 'id="token-form"' in r.text
 
 
+@pytest.mark.parametrize("password", ["", "not-it"])
+def test_a_key_outliving_the_session_needs_the_password_shown_at_its_field(api: Any, password: str) -> None:
+    """The console's session lasts a day: a stolen cookie must not make a key that outlives it."""
+    c = _console(api, "pw@example.com")
+    form = {"name": "ci runner", "expires_in_days": "30", "password": password}
+    r = c.post("/keys/tokens", form, csrf_from="/keys", headers=EN)
+    assert r.status_code in (403, 422) and 'id="token-password-error"' in r.text, r.text
+    assert 'id="new-token"' not in r.text and "not-it" not in r.text  # the password is not put back in the page
+    token = api.cookies.get("suanli_session")
+    assert "ci runner" not in [t["name"] for t in api.get("/api/v1/tokens", headers=bearer(token)).json()]
+
+
 def test_ssh_keys_are_added_with_messages_at_the_field_and_removed(api: Any, pub: str) -> None:
     c = _console(api, "ssh@example.com")
     for bad in ("ssh-ed25519 AAAA", "not a key at all", pub + pub):
@@ -76,7 +89,7 @@ def test_ssh_keys_are_added_with_messages_at_the_field_and_removed(api: Any, pub
 
 def test_another_users_token_and_key_cannot_be_touched(api: Any, pub: str) -> None:
     victim = signup(api, "victim-keys@example.com")
-    made = api.post("/api/v1/tokens", json={"name": "victim's"}, headers=victim.headers).json()
+    made = api.post("/api/v1/tokens", json={"name": "victim's", "expires_in_days": 7}, headers=victim.headers).json()
     key = api.post("/api/v1/keys", json={"public_key": pub}, headers=victim.headers).json()
     c = _console(api, "attacker-keys@example.com")
     page = c.get("/keys").text

@@ -24,6 +24,7 @@ from tests.test_workloads_api import Platform
 from tests.web_helpers import Console, sqlite_db_url  # noqa: F401  (sqlite_db_url: the db_url fixture)
 
 EN = {"Accept-Language": "en"}
+PW = "tenant-password"  # `Console.signup`'s: a console key outlives the day-long session (POST /tokens asks it)
 
 
 def _console(api: Any, email: str) -> Console:
@@ -65,7 +66,7 @@ def _tokens(c: Console) -> list[str]:
 
 def test_a_new_token_is_shown_once_after_a_redirect(api: Any) -> None:
     owner, other = _console(api, "prg-tok@example.com"), _console(api, "prg-thief@example.com")
-    secret = _shown_once(owner, other, "/keys/tokens", {"name": "ci", "expires_in_days": "30"}, "/keys",
+    secret = _shown_once(owner, other, "/keys/tokens", {"name": "ci", "expires_in_days": "30", "password": PW}, "/keys",
                          r'id="token-secret">([^<]+)<')  # fmt: skip
     assert api.get("/api/v1/me", headers=bearer(secret)).status_code == 200
     assert sorted(_tokens(owner)) == ["ci", "web console"]  # the reloads made no second token
@@ -114,14 +115,14 @@ def ops_headers(c: Console) -> dict[str, str]:
 
 def test_a_failed_form_still_shows_its_fields_and_sets_no_once_cookie(api: Any) -> None:
     c = _console(api, "prg-bad@example.com")
-    r = c.post("/keys/tokens", {"name": "", "expires_in_days": "3"}, csrf_from="/keys")
+    r = c.post("/keys/tokens", {"name": "", "expires_in_days": "3", "password": PW}, csrf_from="/keys")
     assert r.status_code == 422 and 'class="field-error"' in r.text and 'id="token-form"' in r.text
     assert ONCE_COOKIE not in (r.headers.get("set-cookie") or "")
 
 
 def test_htmx_is_sent_on_with_hx_redirect(api: Any) -> None:
     c = _console(api, "prg-htmx@example.com")
-    r = c.post("/keys/tokens", {"name": "hx"}, csrf_from="/keys", headers={"HX-Request": "true"})
+    r = c.post("/keys/tokens", {"name": "hx", "password": PW}, csrf_from="/keys", headers={"HX-Request": "true"})
     assert r.status_code == 204 and r.headers["HX-Redirect"] == "/keys"
     assert 'id="token-secret">' in c.get("/keys").text
 
@@ -135,7 +136,10 @@ def test_two_tabs_making_secrets_before_either_page_shows_each_get_theirs(api: A
     invited = c.post("/team/invitations", {"email": "tab@example.com", "role": "member"}, csrf_from="/")
     assert invited.status_code == 303, invited.text[-600:]
     for name in ("tab one", "tab two"):
-        assert c.post("/keys/tokens", {"name": name, "expires_in_days": "30"}, csrf_from="/").status_code == 303
+        assert (
+            c.post("/keys/tokens", {"name": name, "expires_in_days": "30", "password": PW}, csrf_from="/").status_code
+            == 303
+        )
     secret = r'id="token-secret">([^<]+)<'
     shown = []
     for _ in range(2):
@@ -161,7 +165,7 @@ def test_a_restart_between_post_and_get_still_shows_the_secret(api: Any, db_url:
     from tests.control_plane import settings
 
     c = _console(api, "prg-restart@example.com")
-    assert c.post("/keys/tokens", {"name": "kept"}, csrf_from="/keys").status_code == 303
+    assert c.post("/keys/tokens", {"name": "kept", "password": PW}, csrf_from="/keys").status_code == 303
     with TestClient(create_app(settings(tmp_path / "home", db_url))) as restarted:
         again = Console(restarted)
         for name, value in c.c.cookies.items():
@@ -172,7 +176,7 @@ def test_a_restart_between_post_and_get_still_shows_the_secret(api: Any, db_url:
 
 def test_an_expired_secret_is_said_lost_once(api: Any) -> None:
     c = _console(api, "prg-expired@example.com")
-    assert c.post("/keys/tokens", {"name": "gone"}, csrf_from="/keys").status_code == 303
+    assert c.post("/keys/tokens", {"name": "gone", "password": PW}, csrf_from="/keys").status_code == 303
     db = api.app.state.server.db
     with db.write() as s, s.begin():
         s.execute(update(ConsoleSecret).values(expires_at=utcnow() - timedelta(seconds=1)))
@@ -185,7 +189,7 @@ def test_the_database_holds_no_readable_secret_and_the_key_alone_shows_nothing(a
     """Attack: a copy of the database taken while a secret waits. Its row holds neither the secret nor the key that
     opens it (only the key's hash), and is bound to the session that made it."""
     c = _console(api, "prg-dump@example.com")
-    assert c.post("/keys/tokens", {"name": "dump"}, csrf_from="/keys").status_code == 303
+    assert c.post("/keys/tokens", {"name": "dump", "password": PW}, csrf_from="/keys").status_code == 303
     key = c.c.cookies.get(ONCE_COOKIE)
     db = api.app.state.server.db
     with db.read() as s:
@@ -213,7 +217,7 @@ def test_another_session_presenting_a_cookie_of_several_ids_takes_none_of_them(a
     nothing: the owner still sees both secrets, one per visit."""
     owner, thief = _console(api, "prg-many@example.com"), _console(api, "prg-many-thief@example.com")
     for name in ("one", "two"):
-        assert owner.post("/keys/tokens", {"name": name}, csrf_from="/").status_code == 303
+        assert owner.post("/keys/tokens", {"name": name, "password": PW}, csrf_from="/").status_code == 303
     ids = owner.c.cookies.get(ONCE_COOKIE)
     assert ids and len(ids.split(".")) == 2
     thief.c.cookies.set(ONCE_COOKIE, f"junk!.{'x' * 200}.{ids}")
@@ -232,7 +236,10 @@ def test_a_secret_made_in_one_server_process_is_shown_by_another(api: Any, db_ur
     from tests.control_plane import settings
 
     c = _console(api, "prg-workers@example.com")
-    assert c.post("/keys/tokens", {"name": "w2", "expires_in_days": "30"}, csrf_from="/keys").status_code == 303
+    assert (
+        c.post("/keys/tokens", {"name": "w2", "expires_in_days": "30", "password": PW}, csrf_from="/keys").status_code
+        == 303
+    )
     with TestClient(create_app(settings(tmp_path / "home", db_url))) as other_process:
         other = Console(other_process)
         for name, value in c.c.cookies.items():
@@ -265,11 +272,11 @@ def test_a_secret_the_database_cannot_hold_is_shown_in_the_answer_not_lost(
 
     c = _console(api, "prg-outage@example.com")
     monkeypatch.setattr(console_secrets, "hold", fails(1))
-    assert c.post("/keys/tokens", {"name": "retried"}, csrf_from="/keys").status_code == 303
+    assert c.post("/keys/tokens", {"name": "retried", "password": PW}, csrf_from="/keys").status_code == 303
     assert len(calls) == 2 and 'id="token-secret"' in c.get("/keys", headers=EN).text
     calls.clear()
     monkeypatch.setattr(console_secrets, "hold", fails(99))
-    r = c.post("/keys/tokens", {"name": "shown-now"}, csrf_from="/keys", headers=EN)
+    r = c.post("/keys/tokens", {"name": "shown-now", "password": PW}, csrf_from="/keys", headers=EN)
     assert r.status_code == 200 and len(calls) == len(once.HOLD_WAITS_S), r.text[-600:]
     m = re.search(r'id="token-secret">([^<]+)<', r.text)
     assert m and api.get("/api/v1/me", headers=bearer(m.group(1))).status_code == 200
@@ -291,7 +298,7 @@ def test_a_hold_that_fails_for_good_reason_is_not_retried(api: Any, monkeypatch:
     c = _console(api, "prg-bug@example.com")
     monkeypatch.setattr(console_secrets, "hold", broken)
     with pytest.raises(ValueError):
-        c.post("/keys/tokens", {"name": "bug"}, csrf_from="/keys")
+        c.post("/keys/tokens", {"name": "bug", "password": PW}, csrf_from="/keys")
     assert len(calls) == 1
 
 

@@ -68,6 +68,22 @@ def test_the_session_is_its_own_one_day_token_and_the_login_token_is_revoked(api
     assert live[0]["expires_at"] is not None
 
 
+def test_a_login_token_of_one_day_still_opens_a_console_session(db_url: str, tmp_path: Any) -> None:
+    """The console trades the login token for its own day-long one, which would outlive a one-day login token by
+    the moments between them: the console proves the password it was just given."""
+    from fastapi.testclient import TestClient
+
+    from suanli.api.app import create_app
+    from tests.control_plane import settings
+
+    with TestClient(create_app(settings(tmp_path / "home", db_url, login_token_days=1))) as client:
+        c = Console(client)
+        c.signup("day@example.com")
+        c.post("/logout")
+        c.login("day@example.com", "tenant-password")
+        assert c.get("/").status_code == 200
+
+
 def test_login_never_redirects_off_site(api: Any) -> None:
     c = Console(api)
     c.signup("nx@example.com")

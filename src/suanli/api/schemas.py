@@ -201,6 +201,8 @@ class PasswordResetAskOut(Out):
 class TokenIn(In):
     name: str = Field(min_length=1, max_length=128)
     expires_in_days: int | None = Field(None, ge=1, le=3650)
+    # The caller's password: needed when the new token would outlive the one making it (`routers.auth`).
+    password: str | None = Field(None, min_length=1, max_length=1024)
 
 
 class TokenOut(Out):

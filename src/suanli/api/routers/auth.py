@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 
-from suanli.api.deps import Auth, Server, Srv, client_address, in_thread
+from suanli.api import reauth
+from suanli.api.deps import Auth, Caller, Server, Srv, client_address, in_thread
 from suanli.api.schemas import (
     Credentials,
     MeOut,
@@ -26,7 +27,7 @@ from suanli.api.schemas import (
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control.accounts import accounts, memberships, signups, throttle, trials, verification
-from suanli.control.errors import Conflict, Unauthorized
+from suanli.control.errors import Conflict, Forbidden, Unauthorized
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger, prices
 from suanli.mail import outbox
@@ -186,13 +187,34 @@ def list_tokens(ctx: Auth) -> list[TokenOut]:
 
 
 @router.post("/tokens", status_code=201)
-@in_thread
-def create_token(body: TokenIn, ctx: Auth) -> NewTokenOut:
+async def create_token(body: TokenIn, request: Request, ctx: Auth) -> NewTokenOut:
+    """A new token. One that would expire later than the token making it (or never, while that one expires) needs
+    the account's `password`: without it 403, a wrong one 422, both naming `password`; wrong ones are counted like
+    failed logins (429). So a stolen day-long console session is not a way to a key that never expires."""
     expires = ctx.now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
+    attempt = None
+    if accounts.outlives(expires, ctx.who.token_expires_at):
+        await run_in_threadpool(_check_live, ctx)  # a token revoked meanwhile: 401, before any password is tried
+        if body.password is None:
+            until = f"{ctx.who.token_expires_at:%Y-%m-%d %H:%M} UTC"
+            raise Forbidden(f"password: a token that outlives this one (it expires {until}) needs your password; "
+                            "give it, or ask for fewer expires_in_days")  # fmt: skip
+        attempt = await reauth.confirm(ctx.srv, ctx.who.email, request, body.password, "password")
+    return await run_in_threadpool(_issue, ctx, body.name, expires, attempt)
+
+
+def _check_live(ctx: Caller) -> None:
+    with ctx.db.write() as s, s.begin():
+        accounts.check_live(s, ctx.who)
+
+
+def _issue(ctx: Caller, name: str, expires: datetime | None, attempt: throttle.LoginAttempt | None) -> NewTokenOut:
     with ctx.db.write() as s, s.begin():
         accounts.check_live(s, ctx.who)
         user = accounts.user(s, ctx.who)
-        tok, plain = accounts.issue_token(s, user, body.name, ctx.now, expires)
+        tok, plain = accounts.issue_token(s, user, name, ctx.now, expires)
+        if attempt is not None:
+            throttle.login_succeeded(s, attempt, ctx.now)
     return NewTokenOut(**TokenOut.model_validate(tok).model_dump(), token=plain)
 
 

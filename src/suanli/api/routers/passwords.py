@@ -8,6 +8,7 @@ import logging
 from fastapi import APIRouter, BackgroundTasks, Request
 from fastapi.concurrency import run_in_threadpool
 
+from suanli.api import reauth
 from suanli.api.deps import Auth, Server, Srv, client_address
 from suanli.api.schemas import (
     PasswordChangeIn,
@@ -48,18 +49,13 @@ async def change_password(body: PasswordChangeIn, request: Request, ctx: Auth) -
     srv, email = ctx.srv, ctx.who.email
     slot = srv.passwords.reserve()
     try:
-        attempt, stored = await run_in_threadpool(_begin, srv, email, client_address(request))
+        attempt, stored = await run_in_threadpool(reauth.begin, srv, email, client_address(request))
         hashed = await slot.run(_check_then_hash, stored, body.current_password, body.new_password)
     finally:
         slot.release()
     if hashed is None or stored is None:
         raise Invalid("current_password: wrong password")
     return await run_in_threadpool(_finish_change, srv, ctx.who, attempt, stored, hashed)
-
-
-def _begin(srv: Server, email: str, address: str) -> tuple[throttle.LoginAttempt, str | None]:
-    with srv.db.write() as s, s.begin():
-        return throttle.begin_login(s, email, address, utcnow()), accounts.password_hash_of(s, email)
 
 
 def _finish_change(srv: Server, who: accounts.Principal, attempt: throttle.LoginAttempt, stored: str,

@@ -161,6 +161,13 @@ def issue_token(
     return row, plain
 
 
+def outlives(expires_at: datetime | None, caller_expires_at: datetime | None) -> bool:
+    """Whether a new token expiring at `expires_at` (None: never) would outlive the caller's."""
+    if caller_expires_at is None:
+        return False
+    return expires_at is None or expires_at > caller_expires_at
+
+
 def password_hash_of(s: Session, email: str) -> str | None:
     """The stored hash of the user with this (normalised) email, or None: `verify_password` then says no."""
     return s.scalar(select(User.password_hash).where(User.email == email))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any
 from urllib.parse import unquote, urlsplit
 
 from fastapi import APIRouter, Depends, Request
@@ -39,13 +40,17 @@ def _safe_next(target: str | None) -> str:
     return target
 
 
-async def _start_session(page: Page, login_token: str, target: str) -> Response:
+async def _start_session(page: Page, login: dict[str, Any], password: str, target: str) -> Response:
     """Trade the login token for a one-day console token, revoke the login token and the session this browser
-    had before (signing in again, or as someone else, leaves no older token alive), set the cookie."""
-    replaced, page.token = page.token, login_token
-    made = (
-        await page.api("POST", "/tokens", json={"name": "web console", "expires_in_days": session.SESSION_DAYS})
-    ).json()
+    had before (signing in again, or as someone else, leaves no older token alive), set the cookie. Where the login
+    token expires within the day (`login_token_days` 1), the console token would outlive it: the password just
+    given goes with the request, as `POST /tokens` asks."""
+    replaced, page.token = page.token, str(login["token"])
+    body: dict[str, Any] = {"name": "web console", "expires_in_days": session.SESSION_DAYS}
+    ends = login.get("expires_at")
+    if ends and datetime.fromisoformat(ends) <= datetime.now(UTC) + timedelta(days=session.SESSION_DAYS, hours=1):
+        body["password"] = password
+    made = (await page.api("POST", "/tokens", json=body)).json()
     await page.api("POST", "/logout")
     if replaced:  # whatever it was (expired, someone else's): it stops working now
         await apicall.call(page.request, replaced, "POST", "/logout")
@@ -68,7 +73,7 @@ async def login(request: Request, page: Anon) -> Response:
         r = await page.api("POST", "/login", json={"email": email, "password": data.get("password", "")})
     except ApiError as e:
         return page.render("login.html", status=e.status, next=_safe_next(target), error=e.detail, email=email)
-    return await _start_session(page, r.json()["token"], target)
+    return await _start_session(page, r.json(), data.get("password", ""), target)
 
 
 @router.get("/signup")
@@ -86,7 +91,7 @@ async def signup(request: Request, page: Anon) -> Response:
         r = await page.api("POST", "/signup", json=body)
     except ApiError as e:
         return page.render("signup.html", status=e.status, error=e.detail, fields=e.fields(), email=body["email"])
-    return await _start_session(page, r.json()["token"], "/")
+    return await _start_session(page, r.json(), body["password"], "/")
 
 
 @router.post("/logout")

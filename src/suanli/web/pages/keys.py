@@ -49,10 +49,15 @@ async def create_token(request: Request, page: Tenant) -> Response:
     redirect, so a reload or the back button never posts the form again."""
     data = await session.form(request, page)
     body = {"name": data.get("name", "").strip(), "expires_in_days": integer_or_text(data.get("expires_in_days"))}
+    if data.get("password"):  # a console session lasts a day: every key made here outlives it (`POST /tokens`)
+        body["password"] = data["password"]
     try:
         made = (await page.api("POST", "/tokens", json=body)).json()
     except ApiError as e:
-        return await _view(page, token_form=data, **_failed(e, "token", "name", ("name", "expires_in_days")))
+        form = {k: v for k, v in data.items() if k != "password"}  # never sent back into the page
+        return await _view(
+            page, token_form=form, **_failed(e, "token", "name", ("name", "expires_in_days", "password"))
+        )
     return await once.redirect(page, "/keys", made, lambda: _view(page, new_token=made))
 
 

@@ -61,3 +61,9 @@ def test_a_database_conflict_does_not_show_constraint_names() -> None:
         assert text == "name: already taken; choose another", text
     text = _conflict_message(IntegrityError("INSERT", {}, Exception('violates foreign key constraint "fk_x_y_z"')))
     assert "fk_" not in text and "constraint" not in text and "INSERT" not in text, text
+    for raw in (  # a value the server picks (two orgs made at once drew one sandbox uid): nothing to choose again
+        'duplicate key value violates unique constraint "ix_orgs_sandbox_uid"\nDETAIL:  Key (sandbox_uid)=(1) exists.',
+        "UNIQUE constraint failed: orgs.sandbox_uid",
+    ):
+        text = _conflict_message(IntegrityError("INSERT INTO orgs ...", {}, Exception(raw)))
+        assert text == "conflicts with existing data; try again", text

@@ -161,8 +161,10 @@ def test_orgs_keep_the_sandbox_uid_their_id_gave_and_twins_are_parted(empty_db_u
     def legacy(org_id: str) -> int:
         return SANDBOX_UID_BASE + zlib.crc32(org_id.encode()) % SANDBOX_UID_SPAN
 
+    # The twins hash alike; org_0000000000b97796 (newer, no twin) hashes to the twins' uid + 1, the first free one
+    # after theirs: it keeps it, its files are owned by it.
     orgs = (("org_00000000000b1000", "2026-01-02 00:00:00"), ("org_000000000008f18c", "2026-01-01 00:00:00"),
-            ("org_lonely", "2026-01-03 00:00:00"))  # fmt: skip
+            ("org_lonely", "2026-01-03 00:00:00"), ("org_0000000000b97796", "2026-01-04 00:00:00"))  # fmt: skip
     db = Database(empty_db_url)
     try:
         migrate(db.engine, "0027")
@@ -176,7 +178,10 @@ def test_orgs_keep_the_sandbox_uid_their_id_gave_and_twins_are_parted(empty_db_u
         assert legacy("org_00000000000b1000") == legacy("org_000000000008f18c")
         assert got["org_000000000008f18c"] == legacy("org_000000000008f18c")  # the older twin keeps it
         assert got["org_lonely"] == legacy("org_lonely")
+        assert legacy("org_0000000000b97796") == legacy("org_000000000008f18c") + 1
+        assert got["org_0000000000b97796"] == legacy("org_0000000000b97796")
         newer = got["org_00000000000b1000"]
-        assert newer != got["org_000000000008f18c"] and SANDBOX_UID_BASE <= newer < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
+        assert newer not in {legacy(o) for o, _ in orgs}  # no org's own: not the twin's, not the third's
+        assert SANDBOX_UID_BASE <= newer < SANDBOX_UID_BASE + SANDBOX_UID_SPAN
     finally:
         db.dispose()

@@ -189,6 +189,9 @@ def _constraint_columns() -> dict[str, str]:
     return out
 
 
+_NOT_CHOSEN = frozenset({"sandbox_uid"})  # unique values the server picks: a race there is retried, not re-chosen
+
+
 def _conflict_message(exc: IntegrityError) -> str:
     """The field that clashed, in words; never the database's constraint or index names, nor its SQL."""
     text = str(exc.orig)
@@ -196,6 +199,8 @@ def _conflict_message(exc: IntegrityError) -> str:
     column = m.group(1) if m else None
     if column is None and (m := _PG_NAMED.search(text)) and "unique" in text:
         column = _constraint_columns().get(m.group(1))
+    if column in _NOT_CHOSEN:
+        column = None
     return f"{column}: already taken; choose another" if column else "conflicts with existing data; try again"
 
 

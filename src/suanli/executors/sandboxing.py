@@ -30,9 +30,10 @@ def _own(path: Path, uid: int, gid: int) -> None:
         return
     if st.st_uid == uid and st.st_gid == gid:
         return
-    for root, dirs, files in os.walk(path):
+    # By descriptor, never through a path a running sandbox could swap for a link meanwhile (its old uid's, say).
+    for _, dirs, files, dfd in os.fwalk(path, follow_symlinks=False):
         for name in (*dirs, *files):
-            os.lchown(os.path.join(root, name), uid, gid)
+            os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
     os.lchown(path, uid, gid)
 
 

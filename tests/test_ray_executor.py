@@ -323,3 +323,35 @@ def test_a_node_dying_mid_run_loses_the_attempt(ex: Any, ray_cluster: RayCluster
         ray_cluster.restart_node("node-2")
     nodes = {n.name: n for n in ex.nodes()}
     assert nodes["node-2"].alive and nodes["node-2"].host != old_id  # same name, new id: the dead one is gone
+
+
+def test_a_workdir_the_server_accepted_reaches_the_node_whole(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """The server takes workdirs up to the operator's `workdir_max_bytes`/`_files` (and uploads up to
+    `max_upload_bytes`); the Ray executor packed them again under a fixed 64 MiB of .tar.gz and the node unpacked
+    them under the default 256 MiB, so with those settings raised, 70 MiB that does not compress, or 270 MiB in
+    all, failed every launch. Now both ends use the server's limits."""
+    from suanli.executors.ray_executor import RayExecutor
+    from suanli.storage.archive import Limits
+
+    limits = Limits(512 << 20, 1000)
+    ex = RayExecutor(ray_cluster.address, node_root=str(ray_cluster.temp_dir / "nodes"), ready_timeout_s=60,
+                     workdir_limits=limits)  # fmt: skip
+    launch = make_launch(tmp_path, "wc -c < noise.bin; wc -c < zeros.bin", ranks_on(ray_cluster, ("node-1", (0,))))
+    (launch.workdir / "noise.bin").write_bytes(os.urandom(70 << 20))
+    with open(launch.workdir / "zeros.bin", "wb") as f:
+        f.truncate(200 << 20)  # with the noise, more than the 256 MiB a node unpacked by default
+    handle = ex.launch(launch, time.time())
+    st = wait_done(ex, handle, timeout=120)
+    assert st.state == "exited" and st.exit_code == 0, (st, logs(ex, handle))
+    assert logs(ex, handle)[0].split() == [str(70 << 20), str(200 << 20)]
+
+
+def test_the_ray_executor_gets_the_servers_workdir_limits(tmp_path: Path) -> None:
+    from suanli.control.scheduling import engines
+    from suanli.control.settings import load
+    from suanli.storage.archive import Limits
+
+    env = {"SUANLI_RAY_ADDRESS": "127.0.0.1:6379", "SUANLI_WORKDIR_MAX_BYTES": str(1 << 30),
+           "SUANLI_WORKDIR_MAX_FILES": "250000"}  # fmt: skip
+    (engine,) = engines.configured(load(environ=env, flags={"home": tmp_path}))
+    assert engine.executor.workdir_limits == Limits(1 << 30, 250_000)

@@ -21,6 +21,7 @@ from typing import Any
 from suanli.executors.base import Launch
 from suanli.executors.local import LocalExecutor, prepare_rank, spawn
 from suanli.executors.proctree import proc_stat
+from suanli.storage.archive import Limits
 
 # A job inherits its supervisor's environment when unsandboxed, and a Ray worker's is the node's (the raylet's) plus
 # what Ray adds for a worker: OMP_NUM_THREADS=<the actor's CPUs> (1 would throttle the job), PYTHONBREAKPOINT, its
@@ -88,8 +89,9 @@ class RankRunner:
         self._root: Path | None = None
         self._log: Path | None = None
 
-    def start(self, launch: Launch, index: int, root: str, workdir_tar: bytes) -> dict[str, Any]:
-        """Unpack the workdir under `root`, start rank `launch.ranks[index]` through rankrun; where it runs."""
+    def start(self, launch: Launch, index: int, root: str, workdir_tar: bytes, limits: Limits) -> dict[str, Any]:
+        """Unpack the workdir under `root` (within the server's `limits`, which it was accepted under), start rank
+        `launch.ranks[index]` through rankrun; where it runs."""
         from suanli.storage.workdirs import unpack
 
         if self._handle is not None:
@@ -98,7 +100,7 @@ class RankRunner:
         base = Path(root) / launch.workload_id / f"a{launch.attempt}" / f"r{rank.node_rank}"
         shutil.rmtree(base, ignore_errors=True)  # a leftover of a run with the same names: never a live one
         (base / "logs").mkdir(parents=True)
-        unpack(workdir_tar, base / "workdir")
+        unpack(workdir_tar, base / "workdir", limits)
         keep = set(launch.env) | set(launch.extra_env)
         fixes: dict[str, Any] = env_fixes(dict(os.environ), _parent_environ(), keep)
         here = replace(launch, workdir=base / "workdir", log_dir=base / "logs", env={**fixes, **launch.env})

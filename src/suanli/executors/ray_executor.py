@@ -34,6 +34,7 @@ from suanli.executors.ray_gang import (
     status_of,
 )
 from suanli.executors.ray_nodes import engine_nodes, own_gpus
+from suanli.storage.archive import DEFAULT_LIMITS, Limits, packed_bound
 
 FINAL_FILE = "ray-final"  # the attempt's final Status, once every rank ended: later polls return it
 CLEANED_FILE = "ray-cleaned"  # actors killed and placement group removed
@@ -74,7 +75,7 @@ class RayExecutor:
         call_timeout_s: float = 5.0,
         cpus_per_rank: float = 1.0,
         auth_token: str | None = None,
-        workdir_limit: int | None = None,
+        workdir_limits: Limits = DEFAULT_LIMITS,
         gcs_outage_s: float = 7 * 86400.0,
     ) -> None:
         self.address = address
@@ -84,7 +85,7 @@ class RayExecutor:
         self.call_timeout_s = call_timeout_s
         self.cpus_per_rank = cpus_per_rank
         self.auth_token = auth_token
-        self.workdir_limit = workdir_limit
+        self.workdir_limits = workdir_limits  # the server's (`workdir_max_bytes`, `_files`): packed and unpacked
         self.gcs_outage_s = gcs_outage_s
         self._actors: dict[str, Any] = {}
 
@@ -183,7 +184,7 @@ class RayExecutor:
         log_dir.mkdir(parents=True, exist_ok=True)
         for stale in (STOP_FILE, FAILURE_FILE, FINAL_FILE, CLEANED_FILE):
             (log_dir / stale).unlink(missing_ok=True)
-        tar = pack_workdir(launch.workdir, self.workdir_limit)
+        tar = pack_workdir(launch.workdir, packed_bound(self.workdir_limits))
         pg_name = group_name(launch.workload_id, launch.attempt)
         bundles = [bundle_for(launch, r, self.cpus_per_rank) for r in launch.ranks]
         # Detached: it must outlive this driver (a server restart). Pinned by label selector, never a node Ray picks.
@@ -222,7 +223,7 @@ class RayExecutor:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
                 ).remote()  # fmt: skip
                 self._actors[handle["ranks"][i]["actor"]] = actor
-                refs.append(actor.start.remote(launch, i, self.node_root, tar_ref))
+                refs.append(actor.start.remote(launch, i, self.node_root, tar_ref, self.workdir_limits))
             left = max(1.0, deadline - time.monotonic())
             try:
                 started = ray.get(refs, timeout=left)

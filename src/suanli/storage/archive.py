@@ -64,6 +64,12 @@ class Unpacked:
 DEFAULT_LIMITS = Limits(256 << 20, 100_000)
 
 
+def packed_bound(limits: Limits) -> int:
+    """The most bytes a .tar.gz of a tree within `limits` can take: its bytes, a 512-byte header and up to 511
+    bytes of padding an entry, the end blocks, and gzip's few bytes of framing for what does not compress."""
+    return limits.bytes + limits.bytes // 1000 + 1024 * limits.entries + (1 << 20)
+
+
 def footprint(size: int) -> int:
     """Bytes of disk an entry of `size` bytes is counted for: whole 4 KiB blocks, at least one."""
     return max(1, -(-size // BLOCK)) * BLOCK

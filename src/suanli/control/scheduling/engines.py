@@ -189,11 +189,13 @@ class Engine:
 def configured(settings: Settings) -> list[Engine]:
     """The engines the settings name (`ray_address`, `slurm`), with their executors; none by default."""
     from suanli.executors import executor
+    from suanli.storage.archive import Limits
 
     out = []
     if settings.ray_address:
         out.append(Engine("ray", settings.ray_cluster,
-                          executor("ray", address=settings.ray_address, namespace=settings.ray_namespace)))  # fmt: skip
+                          executor("ray", address=settings.ray_address, namespace=settings.ray_namespace,
+                                   workdir_limits=Limits(settings.workdir_max_bytes, settings.workdir_max_files))))  # fmt: skip
     if settings.slurm:
         out.append(Engine("slurm", settings.slurm_cluster,
                           executor("slurm", slurm_conf=settings.slurm_conf, partition=settings.slurm_partition,

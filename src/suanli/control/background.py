@@ -177,7 +177,11 @@ class WorkloadLoop:
             self._last_tick, self.live = None, LiveWaste()  # time as a follower is not this leader's to count
             return
         self.engines.tick(self.db, now, time.monotonic())  # nodes that joined or died, before placing on them
-        sched = self.scheduling.run(self.db, now)
+        try:
+            sched = self.scheduling.run(self.db, now)
+        except Exception:  # whatever broke placing, running work is still supervised: stopped, timed out, ended
+            log.exception("scheduling pass failed; supervising the running work regardless")
+            sched = PassReport()
         sup = self.supervisor.run(self.db, utcnow())
         self.serving.run(self.db, utcnow())  # endpoints: replicas probed, autoscaled, kept at their count
         if sup.requeued:  # work was lost, maybe with its node: learn which nodes are gone before placing it again

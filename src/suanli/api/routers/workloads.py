@@ -115,13 +115,21 @@ class LogOut(Out):
     done: bool
 
 
+def _asked_gpus(w: Workload) -> int:
+    """The GPUs its spec asks for; 0 for a spec stored before a check it would fail now (shown, never a 500)."""
+    try:
+        return workloads.spec_of(w).gpu_count()
+    except ValueError:
+        return 0
+
+
 def _out(
     w: Workload, allocs: list[Allocation], now: datetime, currency: str, events: list[WorkloadEvent] | None = None
 ) -> WorkloadOut:
     current = next((a for a in allocs if a.id == w.allocation_id), None)
     spec = w.spec
     res = spec.get("resources", {})
-    gpus = current.gpus if current is not None else workloads.spec_of(w).gpu_count()
+    gpus = current.gpus if current is not None else _asked_gpus(w)
     alloc = None
     if current is not None:
         alloc = AllocationOut(

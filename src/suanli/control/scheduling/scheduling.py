@@ -30,6 +30,7 @@ from suanli.control.scheduling.plan_holds import PlanHolds
 from suanli.control.scheduling.snapshot import ClusterView, Snapshot
 from suanli.control.scheduling.waste import LiveWaste, live_waste
 from suanli.control.workloads import resizing
+from suanli.control.workloads.workloads import transition
 from suanli.db.engine import Database
 from suanli.db.models import KeyValue, Workload
 from suanli.sched import Request, Scheduler, SchedulerConfig
@@ -123,8 +124,16 @@ class SchedulingPass:
             self._est_version = {k: v for k, v in self._est_version.items() if k in live}
             self._rank = {k[0]: self._rank[k[0]] for k in live if k[0] in self._rank}
             self._parsed = {k[0]: self._parsed[k[0]] for k in live if k[0] in self._parsed}
-        queue = [self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id, r.attained_gpu_s)
-                 for r in queue_rows]  # fmt: skip
+        queue, unreadable = [], {}
+        for r in queue_rows:
+            try:
+                queue.append(self._request(r.id, r.attempt, r.submitted_at, r.queued_at, specs, r.org_id,
+                                           r.attained_gpu_s))  # fmt: skip
+            except ValueError as e:  # pydantic's ValidationError too: one workload's spec, never the whole pass
+                unreadable[r.id] = f"its stored spec no longer reads back: {' '.join(str(e).split())[:500]}"
+        if unreadable:
+            self._fail(db, now, unreadable)
+            queue_rows = [r for r in queue_rows if r.id not in unreadable]
         queue = self._by_priority(queue)
         # What each org runs and has queued counts against its balance: the work it cannot pay for waits unseen by the
         # cycle, which then never hands GPUs to work admission would refuse while others' work waits (`committed`).
@@ -189,6 +198,14 @@ class SchedulingPass:
         self._persist(db, now, placements, preempts, resizes, waits, pending, report, plans_seen)
         report.total_s = time.perf_counter() - t0
         return report
+
+    @staticmethod
+    def _fail(db: Database, now: datetime, why: dict[str, str]) -> None:
+        """Pending work whose spec cannot be read fails, with the reason, alone."""
+        with db.write() as s, s.begin():
+            q = select(Workload).where(Workload.id.in_(list(why)), Workload.state == "pending").with_for_update()
+            for w in s.scalars(q):
+                transition(s, w, "failed", why[w.id], now)
 
     def _request(self, wid: str, attempt: int, submitted_at: datetime, queued_at: datetime,
                  specs: dict[str, dict[str, Any]], org_id: str, attained: float) -> Request:  # fmt: skip

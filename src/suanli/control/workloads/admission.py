@@ -15,9 +15,11 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import BigInteger, Integer, String, column, insert, select, text
 from sqlalchemy.orm import Session
 
+from suanli import catalog
 from suanli.billing.ledger import org_account
 from suanli.billing.money import ZERO, exact
 from suanli.billing.prices import PriceBook
@@ -71,6 +73,11 @@ def candidates(
     if not models:
         on_offer = ", ".join(sorted(registered)) or "none"
         raise Invalid(f"resources.gpu: no registered node has {' or '.join(preference)}; GPUs on offer: {on_offer}")
+    if spec.resources.slice is not None:  # only models that offer the MIG profile (the spec checks named ones)
+        models = [m for m in models if spec.resources.slice in catalog.gpu(m).mig_profiles]
+        if not models:
+            raise Invalid(f"resources.slice: no registered GPU offers MIG profile {spec.resources.slice}; GPUs on "
+                          f"offer: {', '.join(sorted(registered))}")  # fmt: skip
     biggest = max(registered[m][0] for m in models)
     if want > biggest:
         raise Invalid(f"resources.gpus: needs {want} GPUs; the most of {' or '.join(models)} in one cluster is "
@@ -273,6 +280,7 @@ def admit(
     if spec.gpu_count() > 0 and (ceiling or precision.narrows(spec, list(on_offer))):
         doc["resources"]["gpu"] = [c.gpu_model for c in found]  # the models within the ceiling, the plan or the
         # precision (its tensor cores: the scheduler places `gpu: any` work on any model otherwise)
+        _still_valid(doc)
     return dict(
         id=new_id("wl"), org_id=org_id, user_id=who.user_id, name=spec.name, kind=spec.kind,
         spec=doc, state="pending", reason="submitted", pending_reason="waiting for the next scheduling cycle",
@@ -280,6 +288,17 @@ def admit(
         stop_requested=None, has_workdir=workdir is not None, attained_gpu_s=0.0, created_at=now,
         submitted_at=now, queued_at=now, started_at=None, finished_at=None, deadline_at=None, ends_at=None, predicted_s=None,
     )  # fmt: skip
+
+
+def _still_valid(doc: dict[str, Any]) -> None:
+    """What is stored must read back: a spec the scheduling pass cannot parse is one workload's failure there, and
+    must not be stored at all (a 422 naming the field)."""
+    try:
+        WorkloadSpec.model_validate(doc)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ())) or "resources"
+        raise Invalid(f"{where}: {first.get('msg', 'invalid')}") from None
 
 
 @dataclass(frozen=True)

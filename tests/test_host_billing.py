@@ -171,7 +171,8 @@ def test_core_and_memory_quotas_refuse_by_name_at_submission_and_at_placement(ma
     waiting = states[second["id"]]
     assert waiting["state"] == "pending"
     assert waiting["pending"]["reason"] == (
-        "cannot start yet: quota: tenant@example.com may hold 3 CPU cores at once; it holds 2, asks 2"
+        "waiting for quota: tenant@example.com may hold 3 CPU cores at once; it holds 2, asks 2 (counting its work "
+        "queued ahead)"
     )
     o = market.call("PUT", f"/admin/orgs/{org}/quota", {"gpus": 4}, admin=True)
     assert (o["quota_gpus"], o["quota_cpus"]) == (4, 3)

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy import bindparam, select, update
 
 from suanli.control.money import committed, plans
-from suanli.control.scheduling import inventory, placing
+from suanli.control.scheduling import inventory, placing, quota_walk
 from suanli.control.scheduling.clock import seconds
 from suanli.control.scheduling.history import ServerHistory
 from suanli.control.scheduling.plan_holds import PlanHolds
@@ -115,6 +115,7 @@ class SchedulingPass:
             unknown = [r.id for r in queue_rows if (r.id, r.attempt, seconds(r.queued_at)) not in self.requests]
             specs = placing.specs_of(s, unknown)
             self.money.read(s, {r.org_id for r in queue_rows}, {(r.org_id, r.user_id) for r in queue_rows}, now)
+            limits = quota_walk.read(s, {r.org_id for r in queue_rows}, now)
             states = self.snapshot.update(s, views, self.requests, self.history, self.resizer)
             self._seen = version
             asks = self.resizer.pin(self.snapshot.states, self.snapshot.held, resizing.asked(s))
@@ -140,6 +141,9 @@ class SchedulingPass:
         models = frozenset(m for v in views if v.topology is not None for m in v.models)
         users = {r.id: r.user_id for r in queue_rows}
         queue, broke = self.money.split(queue, self._parsed, models, self.hold_minutes, users)
+        # Likewise its quotas and plans: work placement would refuse never takes GPUs, nor evicts others', in the cycle.
+        queue, capped = quota_walk.within(queue, self._parsed, limits)
+        broke = {**broke, **capped}
         placements: list[placing.Placement] = []
         preempts: list[tuple[str, str, str]] = []
         resizes: list[resizing.ResizeItem] = []

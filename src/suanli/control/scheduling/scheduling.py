@@ -230,7 +230,9 @@ class SchedulingPass:
     def _by_priority(self, queue: list[Request]) -> list[Request]:
         """A spec's `priority` orders an org's own pending work: within each org, its workloads trade places in the
         queue (the org keeps the submit times it holds), high before normal before low, so one org's priorities
-        never move it ahead of another org's work."""
+        never move it ahead of another org's work. Work moves forward only into the place of work asking no more
+        GPUs than it does: an old gang that cannot start (a whole cluster's) is no place in the queue its org can
+        hand to small work, which would then start ahead of other orgs' earlier work."""
         by_org: dict[str, list[Request]] = defaultdict(list)
         for r in queue:
             by_org[r.tenant].append(r)
@@ -238,9 +240,12 @@ class SchedulingPass:
         for reqs in by_org.values():
             if len({self._rank.get(r.id, 1) for r in reqs}) < 2:
                 continue  # one priority: nothing to reorder
-            slots = sorted(r.submit_time for r in reqs)
+            holders = sorted(reqs, key=lambda r: (r.submit_time, r.id))
             ordered = sorted(reqs, key=lambda r: (-self._rank.get(r.id, 1), r.submit_time, r.id))
-            for slot, r in zip(slots, ordered, strict=True):
+            for holder, r in zip(holders, ordered, strict=True):
+                slot = holder.submit_time
+                if slot < r.submit_time and holder.gpus > r.gpus:
+                    continue  # stays where it is
                 if r.submit_time != slot:  # the place in the queue moves; how long it has waited does not
                     swap[r.id] = replace(r, submit_time=slot, queued_since=r.waiting_since)
         return [swap.get(r.id, r) for r in queue] if swap else queue

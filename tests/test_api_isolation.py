@@ -94,7 +94,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "WorkloadIn": {"spec": {"name": "probe", "kind": "instance", "resources": {"gpus": 0}}},
     "SamplesIn": {"samples": [{"node": "probe", "gpu": 0, "t": 1e9, "xid": 79}]},
     "FaultIn": {"gpu": 0, "kind": "off_bus"},
-    "SshKeyIn": {"public_key": PROBE_KEY},
+    "SshKeyIn": {"public_key": PROBE_KEY, "password": PASSWORD},
     "StartIn": {"no_gpu": True},
     "ScaleIn": {"gpus": 2},
     "ProxyIn": {},
@@ -112,7 +112,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
             "resources": {"gpu": "H20", "gpus": 1},
         }
     },
-    "KeyIn": {"name": "probe"},
+    "KeyIn": {"name": "probe", "password": PASSWORD},
     "BatchIn": {"amount": "1000", "count": 1},
     "VoidIn": {},
 }
@@ -222,7 +222,9 @@ def world(api: Any) -> World:
     spec = {"name": "victim-box", "kind": "instance", "resources": {"gpus": 0}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": team}, headers=victim.headers)
     assert r.status_code == 201, r.text
-    key = api.post(f"{API}/keys", json={"public_key": VICTIM_KEY}, headers=victim.headers)
+    key = api.post(
+        f"{API}/keys", json={"password": "tenant-password", "public_key": VICTIM_KEY}, headers=victim.headers
+    )
     assert key.status_code == 201, key.text
     attacker = signup(api, "mallory@example.com", PASSWORD)
     attacker_team = api.post(f"{API}/orgs", json={"name": "mallory-team"}, headers=attacker.headers).json()["id"]
@@ -245,7 +247,11 @@ def world(api: Any) -> World:
                "resources": {"gpu": "H20", "gpus": 1}}  # fmt: skip
     ep = api.post(f"{API}/endpoints", json={"spec": ep_spec, "org": team}, headers=victim.headers)
     assert ep.status_code == 201, ep.text
-    ek = api.post(f"{API}/endpoints/{ep.json()['id']}/keys", json={"name": "victim"}, headers=victim.headers)
+    ek = api.post(
+        f"{API}/endpoints/{ep.json()['id']}/keys",
+        json={"password": "tenant-password", "name": "victim"},
+        headers=victim.headers,
+    )
     assert ek.status_code == 201, ek.text
     tc = api.post(f"{API}/admin/topup-codes", json={"amount": "5", "count": 1}, headers=adm)
     assert tc.status_code == 201, tc.text

@@ -134,7 +134,7 @@ def test_names_and_endpoints_never_cross_tenants(platform: Platform) -> None:
     mallory = signup(platform.api, "mallory@example.com")
     platform.topup(mallory.org_id, "5000")
     for how, path, body in [("get", f"{EP}/{ep['id']}", None), ("post", f"{EP}/{ep['id']}/scale", {"replicas": 3}),
-                            ("post", f"{EP}/{ep['id']}/keys", {"name": "x"}), ("get", f"{EP}/{ep['id']}/keys", None),
+                            ("post", f"{EP}/{ep['id']}/keys", {"name": "x", "password": "tenant-password"}), ("get", f"{EP}/{ep['id']}/keys", None),
                             ("delete", f"{EP}/{ep['id']}", None)]:  # fmt: skip
         r = getattr(platform.api, how)(path, headers=mallory.headers, **({"json": body} if body else {}))
         assert r.status_code == 404, (path, r.text)
@@ -146,7 +146,9 @@ def test_names_and_endpoints_never_cross_tenants(platform: Platform) -> None:
 
 def test_keys_hashed_at_rest_revocable_and_scoped(platform: Platform) -> None:
     ep = deploy(platform, {**GPU_SPEC, "replicas": 0})
-    r = platform.api.post(f"{EP}/chat/keys", json={"name": "ci"}, headers=platform.tenant.headers)
+    r = platform.api.post(
+        f"{EP}/chat/keys", json={"password": "tenant-password", "name": "ci"}, headers=platform.tenant.headers
+    )
     assert r.status_code == 201
     key, key_id = r.json()["key"], r.json()["id"]
     assert key.startswith("sk-sl-") and len(key) > 40
@@ -170,7 +172,9 @@ def test_keys_hashed_at_rest_revocable_and_scoped(platform: Platform) -> None:
 def test_gateway_errors_in_openai_shape(platform: Platform) -> None:
     deploy(platform, {**GPU_SPEC, "replicas": None, "autoscale": {"min_replicas": 0, "max_replicas": 1,
                                                                   "cold_start_s": 1}})  # fmt: skip
-    key = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers
+    ).json()["key"]
     h = {"Authorization": f"Bearer {key}"}
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
     for bad in ({}, {"Authorization": "Bearer sk-sl-nope"}, {"Authorization": "Basic x"}, platform.tenant.headers):
@@ -213,7 +217,7 @@ def test_autoscaler_decisions_are_events(platform: Platform) -> None:
 def test_remove_stops_replicas_and_deletes_keys(platform: Platform) -> None:
     ep = deploy(platform, GPU_SPEC)
     serving(platform).run(platform.db, utcnow())
-    platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers)
+    platform.api.post(f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers)
     assert platform.api.delete(f"{EP}/chat", headers=platform.tenant.headers).status_code == 200
     with platform.db.read() as s:
         assert s.scalars(select(EndpointKey).where(EndpointKey.endpoint_id == ep["id"])).all() == []
@@ -242,15 +246,28 @@ def test_another_orgs_key_pays_the_owner_per_token_exactly_once(platform: Platfo
     deploy(platform, {**GPU_SPEC, "name": "free", "replicas": 0})
     free_id = platform.api.get(f"{EP}/free", headers=platform.tenant.headers).json()["id"]
     mallory = signup(platform.api, "mallory@example.com")
-    r = platform.api.post(f"{EP}/chat/keys", json={}, headers=mallory.headers)
+    r = platform.api.post(f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=mallory.headers)
     assert r.status_code == 404  # by name: her own orgs' endpoints only
-    assert platform.api.post(f"{EP}/{free_id}/keys", json={}, headers=mallory.headers).status_code == 404
-    r = platform.api.post(f"{EP}/{priced['id']}/keys", json={"org": platform.tenant.org_id}, headers=mallory.headers)
+    assert (
+        platform.api.post(
+            f"{EP}/{free_id}/keys", json={"password": "tenant-password"}, headers=mallory.headers
+        ).status_code
+        == 404
+    )
+    r = platform.api.post(
+        f"{EP}/{priced['id']}/keys",
+        json={"password": "tenant-password", "org": platform.tenant.org_id},
+        headers=mallory.headers,
+    )
     assert r.status_code == 404  # she cannot make the owner pay
-    r = platform.api.post(f"{EP}/{priced['id']}/keys", json={"name": "buyer"}, headers=mallory.headers)
+    r = platform.api.post(
+        f"{EP}/{priced['id']}/keys", json={"password": "tenant-password", "name": "buyer"}, headers=mallory.headers
+    )
     assert r.status_code == 201 and r.json()["org_id"] == mallory.org_id
     theirs = r.json()["id"]
-    own = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["id"]
+    own = platform.api.post(
+        f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers
+    ).json()["id"]
     old = (utcnow() - timedelta(minutes=5)).replace(second=0, microsecond=0)
     _usage(platform, priced["id"], theirs, old, 123_457, 654_321)
     _usage(platform, priced["id"], own, old, 10**6, 10**6)  # the owner's own key: its GPUs are its price
@@ -282,7 +299,9 @@ def test_a_buyer_out_of_money_is_refused_with_402(platform: Platform) -> None:
 
     priced = deploy(platform, {**GPU_SPEC, "replicas": 0, "price_per_1m_tokens": "1000"})
     mallory = signup(platform.api, "mallory@example.com")
-    key = platform.api.post(f"{EP}/{priced['id']}/keys", json={}, headers=mallory.headers).json()
+    key = platform.api.post(
+        f"{EP}/{priced['id']}/keys", json={"password": "tenant-password"}, headers=mallory.headers
+    ).json()
     _usage(platform, priced["id"], key["id"], utcnow() - timedelta(minutes=5), 10**6, 10**6)  # ¥2,000 of tokens
     token_billing.charge(platform.db, utcnow())
     assert _balance(platform, mallory.org_id) == 0  # charged what she had, never past it: money moves, it is not made

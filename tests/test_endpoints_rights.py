@@ -55,7 +55,9 @@ def test_a_member_scales_only_their_own_endpoint_and_an_owner_any(api: Any, team
 
 def test_a_member_cannot_remove_another_members_endpoint_or_revoke_their_key(api: Any, team: Any) -> None:
     owner, alice, _org, ep = team
-    key = api.post(f"{API}/endpoints/{ep}/keys", json={"name": "prod"}, headers=owner.headers)
+    key = api.post(
+        f"{API}/endpoints/{ep}/keys", json={"password": "tenant-password", "name": "prod"}, headers=owner.headers
+    )
     assert key.status_code == 201, key.text
     r = api.delete(f"{API}/endpoints/{ep}", headers=alice.headers)
     assert r.status_code == 403, (r.status_code, r.text)

@@ -57,7 +57,9 @@ def _deploy(http: httpx.Client, who: Tenant, spec: dict) -> dict:
 
 
 def _key(http: httpx.Client, who: Tenant, ref: str) -> tuple[str, str]:
-    r = http.post(f"/api/v1/endpoints/{ref}/keys", json={"name": "test"}, headers=who.headers)
+    r = http.post(
+        f"/api/v1/endpoints/{ref}/keys", json={"password": "tenant-password", "name": "test"}, headers=who.headers
+    )
     assert r.status_code == 201, r.text
     return r.json()["key"], r.json()["id"]
 
@@ -191,7 +193,11 @@ def test_errors_are_4xx_in_openai_shape(world: World) -> None:
 def test_keys_are_per_endpoint_revocable_and_not_cross_tenant(world: World) -> None:
     http = world.http
     ep = describe(http, world.tenant, "chat")
-    r = http.post(f"/api/v1/endpoints/{ep['id']}/keys", json={"name": "x"}, headers=world.mallory.headers)
+    r = http.post(
+        f"/api/v1/endpoints/{ep['id']}/keys",
+        json={"password": "tenant-password", "name": "x"},
+        headers=world.mallory.headers,
+    )
     assert r.status_code == 404  # another org's endpoint does not exist
     assert http.get(f"/api/v1/endpoints/{ep['id']}", headers=world.mallory.headers).status_code == 404
     key, key_id = _key(http, world.tenant, "chat")
@@ -293,11 +299,11 @@ def test_scale_and_remove(world: World) -> None:
     assert http.get("/api/v1/endpoints/lazy", headers=world.tenant.headers).status_code == 404
 
 
-def _cli(world: World, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+def _cli(world: World, *args: str, code: int = 0, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SUANLI_SERVER": world.srv.url, "SUANLI_TOKEN": world.tenant.token, "COLUMNS": "200",
            "SUANLI_HOME": str(world.srv.home / "cli")}  # fmt: skip
     r = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], env=env, capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+                       timeout=120, input=stdin)  # fmt: skip
     assert r.returncode == code, (args, r.returncode, r.stdout, r.stderr)
     return r
 
@@ -311,7 +317,9 @@ def test_cli_deploy_run_keys_usage_scale_rm(world: World, tmp_path: Path) -> Non
     spec.write_text("name: viacli\nkind: service\nmodel: tiny\nruntime: vllm\nimage: fakert\nreplicas: 1\n"
                     "resources: {gpus: 0, cpus: 0.25, memory: 256Mi}\n")  # fmt: skip
     assert "deployed" in _cli(world, "run", str(spec)).stdout
-    key = _cli(world, "keys", "create", "--endpoint", "viacli", "--json")
+    without = _cli(world, "keys", "create", "--endpoint", "viacli", code=2, stdin="")  # a key outlives the login
+    assert "password" in without.stderr and "--password-stdin" in without.stderr, without.stderr
+    key = _cli(world, "keys", "create", "--endpoint", "viacli", "--json", "--password-stdin", stdin="tenant-password\n")
     secret, key_id = json.loads(key.stdout)["key"], json.loads(key.stdout)["id"]
     wait_ready(world.http, world.tenant, "viacli", 1)
     c = _client(world, secret)

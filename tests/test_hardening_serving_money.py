@@ -139,7 +139,9 @@ def test_an_owner_selling_to_itself_mints_no_money(platform: Platform) -> None:
     replica = Replica(reports(BIG, BIG))
     ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
     puppet = signup(platform.api, "puppet@example.com")
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"name": "b"}, headers=puppet.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password", "name": "b"}, headers=puppet.headers
+    ).json()["key"]
     owner0, puppet0 = balance(platform, platform.tenant.org_id), balance(platform, puppet.org_id)
     r = ask(platform, key, max_tokens=1)
     assert r.status_code == 200, r.text
@@ -160,7 +162,9 @@ def test_a_payer_gives_what_it_has_and_its_key_is_then_refused(platform: Platfor
     replica = Replica(reports(10, 1_000_000))
     ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})  # ¥1,000 a request
     buyer = signup(platform.api, "buyer@example.com")
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password"}, headers=buyer.headers
+    ).json()["key"]
     owner0 = balance(platform, platform.tenant.org_id)
     assert ask(platform, key).status_code == 200
     settle(platform, ep["id"])
@@ -178,7 +182,12 @@ def test_a_row_that_cannot_be_charged_does_not_stop_the_others(
     other = deploy_ready(platform, replica.port, {**SPEC, "name": "other", "price_per_1m_tokens": "2"})
     buyer = signup(platform.api, "rows@example.com")
     platform.topup(buyer.org_id, "100")
-    keys = [platform.api.post(f"{EP}/{e['id']}/keys", json={}, headers=buyer.headers).json()["id"] for e in (ep, other)]
+    keys = [
+        platform.api.post(f"{EP}/{e['id']}/keys", json={"password": "tenant-password"}, headers=buyer.headers).json()[
+            "id"
+        ]
+        for e in (ep, other)
+    ]
     old = (utcnow() - timedelta(minutes=10)).replace(second=0, microsecond=0)
     store.report(platform.db, "w", {}, [(ep["id"], keys[0], old - timedelta(minutes=i), 1, 10**6, 0) for i in range(600)],
                  utcnow())  # fmt: skip
@@ -213,7 +222,9 @@ def test_a_key_binds_its_maker_in_the_paying_org(platform: Platform) -> None:
     platform.topup(member.org_id, "100")
     replica = Replica(reports(10, 100_000))
     ep = deploy_ready(platform, replica.port, {**SPEC, "name": "mine", "price_per_1m_tokens": "1000"}, who=member)
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"org": team}, headers=member.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password", "org": team}, headers=member.headers
+    ).json()["key"]
     body = {"model": "mine", "messages": [{"role": "user", "content": "x"}]}
     auth = {"Authorization": f"Bearer {key}"}
     assert platform.api.post("/v1/chat/completions", json=body, headers=auth).status_code == 200
@@ -284,7 +295,9 @@ def test_a_client_that_leaves_a_stream_before_its_usage_still_pays_for_what_it_g
     replica = Replica(lambda body: sse(50, {"prompt_tokens": 20, "completion_tokens": 50}))
     ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
     buyer = signup(platform.api, "leaver@example.com")
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password"}, headers=buyer.headers
+    ).json()["key"]
     doc = {"model": "chat", "stream": True, "max_tokens": 50, "messages": [{"role": "user", "content": "hi " * 40}]}
     got = asyncio.run(_leave_after(platform, key, doc, 30))
     token_billing.charge(platform.db, utcnow() + timedelta(seconds=token_billing.SETTLE_S + 61))
@@ -300,7 +313,9 @@ def test_requests_whose_clients_left_stop_waiting_and_waiters_share_their_reads(
     cold start (900 s at most), on the thread pool every API route shares, even after its client had left."""
     spec = {**SPEC, "replicas": None, "autoscale": {"min_replicas": 0, "max_replicas": 1, "cold_start_s": 3}}
     assert platform.api.post(EP, json={"spec": spec}, headers=platform.tenant.headers).status_code == 201
-    key = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers
+    ).json()["key"]
     reads = [0]
     real = store.ready
 
@@ -354,7 +369,9 @@ def test_a_request_waiting_for_a_cold_start_holds_its_bytes_not_their_parsed_for
 
     spec = {**SPEC, "replicas": None, "autoscale": {"min_replicas": 0, "max_replicas": 1, "cold_start_s": 2}}
     assert platform.api.post(EP, json={"spec": spec}, headers=platform.tenant.headers).status_code == 201
-    key = platform.api.post(f"{EP}/chat/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/chat/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers
+    ).json()["key"]
     head = b'{"model": "chat", "messages": [{"role": "user", "content": "hi"}], "x": ['
     body = head + b"[]," * ((4 << 20) // 3 - 100) + b"[]]}"
     app = platform.api.app
@@ -415,7 +432,9 @@ def test_a_completions_stream_left_early_is_counted_by_its_text_events(platform:
     replica = Replica(lambda body: sse_text(100, {"prompt_tokens": 5, "completion_tokens": 100}))
     ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
     buyer = signup(platform.api, "texter@example.com")
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=buyer.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password"}, headers=buyer.headers
+    ).json()["key"]
     doc = {"model": "chat", "stream": True, "max_tokens": 100, "prompt": "hi"}
     got = asyncio.run(_leave_after(platform, key, doc, 100, path="/v1/completions"))
     assert got.count(b'"text"') == 100
@@ -432,7 +451,7 @@ def test_a_stream_the_replica_broke_off_costs_the_buyer_nothing(platform: Platfo
 
     replica = Replica(lambda body: broken)
     ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})
-    r = ask(platform, platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=platform.tenant.headers).json()["key"],
+    r = ask(platform, platform.api.post(f"{EP}/{ep['id']}/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers).json()["key"],
             stream=True, messages=[{"role": "user", "content": "x" * 40_000}])  # fmt: skip
     assert b"upstream_disconnected" in r.content
     asyncio_flush(platform)
@@ -444,7 +463,9 @@ def test_a_whole_answer_leaves_the_replicas_load_as_it_found_it(platform: Platfo
     went (scaling up to the maximum, never to zero), and the least-loaded pick was skewed."""
     replica = Replica(reports(1, 1))
     ep = deploy_ready(platform, replica.port, SPEC)
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={}, headers=platform.tenant.headers).json()["key"]
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password"}, headers=platform.tenant.headers
+    ).json()["key"]
     for _ in range(3):
         assert ask(platform, key).status_code == 200
     state = platform.api.app.state.gateway  # type: ignore[attr-defined]

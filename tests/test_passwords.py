@@ -310,7 +310,12 @@ def test_a_reset_removes_what_a_squatter_left_and_a_change_ends_proxy_sessions(m
     JupyterLab; the address's owner takes the account back by mail: the key and the cookie go with the old
     password. A change (the owner knows the password and sees their keys on the same page) keeps the keys."""
     squatter = signup(mail_api, "owner@example.com")
-    assert mail_api.post(f"{API}/keys", json={"public_key": KEY}, headers=squatter.headers).status_code == 201
+    assert (
+        mail_api.post(
+            f"{API}/keys", json={"password": "tenant-password", "public_key": KEY}, headers=squatter.headers
+        ).status_code
+        == 201
+    )
     cookie = _proxy_session(mail_api, squatter, 1)
     assert _change(mail_api, squatter.token, "tenant-password", "squatter-password-2").status_code == 200
     assert not _has_proxy_session(mail_api, cookie)  # a change ends proxy sessions
@@ -432,7 +437,12 @@ def test_a_token_another_process_still_trusts_makes_no_credential_after_a_reset(
         (token,) = _reset_tokens(inbox, 1)
         r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "owner-password-1"})
         assert r.status_code == 200, r.text
-        assert other.post(f"{API}/keys", json={"public_key": KEY}, headers=who.headers).status_code == 401
+        assert (
+            other.post(
+                f"{API}/keys", json={"password": "tenant-password", "public_key": KEY}, headers=who.headers
+            ).status_code
+            == 401
+        )
         assert other.post(f"{API}/tokens", json={"name": "back"}, headers=who.headers).status_code == 401
     owner = mail_api.post(f"{API}/login", json={"email": who.email, "password": "owner-password-1"}).json()["token"]
     assert mail_api.get(f"{API}/keys", headers=bearer(owner)).json() == []

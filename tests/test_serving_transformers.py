@@ -59,7 +59,9 @@ def test_transformers_serve_replica_from_deploy_to_first_token(tmp_path: Path, g
                 "name": "tiny", "kind": "service", "model": "tiny-llama", "runtime": "transformers",
                 "resources": {"gpus": gpus} if gpus else {"gpus": 0, "cpus": 1, "memory": "4Gi"}}})  # fmt: skip
             assert r.status_code == 201, r.text
-            key = http.post("/api/v1/endpoints/tiny/keys", json={}, headers=tenant.headers).json()["key"]
+            key = http.post(
+                "/api/v1/endpoints/tiny/keys", json={"password": "tenant-password"}, headers=tenant.headers
+            ).json()["key"]
             c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key=key, max_retries=0, timeout=300)
             # the first request waits (a bounded cold start) until the runtime answers its probe
             first = c.completions.create(model="tiny", prompt="hello world", max_tokens=4)

@@ -45,12 +45,12 @@ class World:
         return self.srv.home / "workloads" / self.box / "disk"
 
 
-def cli(world: World, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+def cli(world: World, *args: str, code: int = 0, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUANLI_")}
     env.update(SUANLI_HOME=str(world.srv.home.parent / "cli"), SUANLI_SERVER=world.srv.url,
                SUANLI_TOKEN=world.tenant.token, COLUMNS="200")  # fmt: skip
     p = subprocess.run([sys.executable, "-m", "suanli.cli.main", *args], capture_output=True, text=True, env=env,
-                       timeout=60)  # fmt: skip
+                       timeout=60, input=stdin)  # fmt: skip
     assert p.returncode == code, (args, p.returncode, p.stdout, p.stderr)
     return p
 
@@ -70,7 +70,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
                       headers=adm)  # fmt: skip
         assert r.status_code == 201, r.text
         key, mallory_key = keygen(tmp / "id_ed25519"), keygen(tmp / "mallory")
-        r = http.post("/api/v1/keys", json={"public_key": Path(f"{mallory_key}.pub").read_text()},
+        r = http.post("/api/v1/keys", json={"password": "tenant-password", "public_key": Path(f"{mallory_key}.pub").read_text()},
                       headers=mallory.headers)  # fmt: skip
         assert r.status_code == 201, r.text
         command = f"echo made-by-the-instance > hello.txt; exec python3 -m http.server {web_port} --bind 127.0.0.1"
@@ -78,7 +78,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         r = http.post("/api/v1/workloads", json={"spec": spec}, headers=tenant.headers)
         assert r.status_code == 201, r.text
         w = World(srv, http, tenant, ssh_port, web_port, key, mallory_key, r.json()["id"])
-        added = cli(w, "keys", "add", f"{key}.pub", "--name", "laptop", "--json")  # the tenant's key, by the CLI
+        added = cli(
+            w, "keys", "add", f"{key}.pub", "--name", "laptop", "--json", "--password-stdin", stdin="tenant-password\n"
+        )  # the tenant's key, by the CLI (a key outlives its login)
         assert '"name": "laptop"' in added.stdout
         deadline = time.monotonic() + 60
         while (state := http.get(f"/api/v1/workloads/{w.box}", headers=tenant.headers).json())["state"] != "running":
@@ -181,7 +183,7 @@ def test_a_shell_ends_when_the_key_it_came_in_by_is_removed(world: World, tmp_pa
     """Not only new sessions: an open connection is closed once its key is gone (the gateway re-reads open
     connections' grants every 10 s), and what its shell ran inside the sandbox is hung up."""
     spare = keygen(tmp_path / "spare")
-    r = world.http.post("/api/v1/keys", json={"public_key": Path(f"{spare}.pub").read_text(), "name": "spare"},
+    r = world.http.post("/api/v1/keys", json={"password": "tenant-password", "public_key": Path(f"{spare}.pub").read_text(), "name": "spare"},
                         headers=world.tenant.headers)  # fmt: skip
     assert r.status_code == 201, r.text
     tick = world.disk / "tick"

@@ -56,16 +56,25 @@ def test_any_text_is_a_key_or_a_bad_key_never_a_crash(text: str) -> None:
 
 def test_keys_are_added_listed_and_removed_per_user(api: Any, keys: dict[str, str]) -> None:
     me, other = signup(api, "me@example.com"), signup(api, "other@example.com")
-    r = api.post(f"{API}/keys", json={"public_key": keys["ed25519"]}, headers=me.headers)
+    r = api.post(f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=me.headers)
     assert r.status_code == 201, r.text
     first = r.json()
     assert first["name"] == "ed" and first["algorithm"] == "ssh-ed25519" and first["id"].startswith("key_")
-    r = api.post(f"{API}/keys", json={"public_key": keys["rsa"], "name": "laptop"}, headers=me.headers)
+    r = api.post(
+        f"{API}/keys",
+        json={"password": "tenant-password", "public_key": keys["rsa"], "name": "laptop"},
+        headers=me.headers,
+    )
     assert r.status_code == 201 and r.json()["name"] == "laptop"
     # the same key twice: 409 naming the key it already is; another user may add it too (it is theirs as well)
-    r = api.post(f"{API}/keys", json={"public_key": keys["ed25519"]}, headers=me.headers)
+    r = api.post(f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=me.headers)
     assert r.status_code == 409 and first["id"] in r.json()["detail"]
-    assert api.post(f"{API}/keys", json={"public_key": keys["ed25519"]}, headers=other.headers).status_code == 201
+    assert (
+        api.post(
+            f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=other.headers
+        ).status_code
+        == 201
+    )
     listed = api.get(f"{API}/keys", headers=me.headers).json()
     assert [k["name"] for k in listed] == ["ed", "laptop"]
     # another user's key does not exist for me
@@ -101,7 +110,7 @@ def test_every_mistake_is_a_4xx_naming_the_field(
     stand_in = {"RSA1024": keys["rsa1024"], "PRIVATE": keys["private"], "ED25519": keys["ed25519"]}
     if body.get("public_key") in stand_in:
         body = {**body, "public_key": stand_in[body["public_key"]]}
-    r = api.post(f"{API}/keys", json=body, headers=me.headers)
+    r = api.post(f"{API}/keys", json={**body, "password": "tenant-password"}, headers=me.headers)
     assert r.status_code == status and field in r.json()["detail"], r.text
     assert api.get(f"{API}/keys", headers=me.headers).json() == []
 
@@ -111,7 +120,7 @@ def test_a_user_holds_at_most_so_many_keys(api: Any, tmp_path: Path) -> None:
 
     me = signup(api, "me@example.com")
     first = keygen(tmp_path / "k0")
-    assert api.post(f"{API}/keys", json={"public_key": Path(f"{first}.pub").read_text()}, headers=me.headers).status_code == 201  # fmt: skip
+    assert api.post(f"{API}/keys", json={"password": "tenant-password", "public_key": Path(f"{first}.pub").read_text()}, headers=me.headers).status_code == 201  # fmt: skip
     db = api.app.state.server.db  # the other 49 straight into the table: ssh-keygen 49 times is slow
     from suanli.control.accounts.accounts import Principal
     from suanli.control.ids import utcnow
@@ -121,7 +130,9 @@ def test_a_user_holds_at_most_so_many_keys(api: Any, tmp_path: Path) -> None:
     with db.write() as s, s.begin():
         for text in texts:
             ssh_keys.add(s, who, text, None, utcnow())
-    r = api.post(f"{API}/keys", json={"public_key": _ed25519_text(999)}, headers=me.headers)
+    r = api.post(
+        f"{API}/keys", json={"password": "tenant-password", "public_key": _ed25519_text(999)}, headers=me.headers
+    )
     assert r.status_code == 409 and "at most 50 keys" in r.json()["detail"] and "public_key" in r.json()["detail"]
 
 
@@ -141,7 +152,7 @@ def test_the_sdk_and_the_gateway_info(api: Any, keys: dict[str, str], tmp_path: 
     c.login("me@example.com", "tenant-password")
     pub = tmp_path / "id.pub"
     pub.write_text(keys["ecdsa"])
-    k = c.ssh_key_add(pub)
+    k = c.ssh_key_add(pub, password="tenant-password")
     assert k.algorithm == "ecdsa-sha2-nistp256" and [x.id for x in c.ssh_keys()] == [k.id]
     assert c.ssh_key_remove(k.fingerprint).id == k.id and c.ssh_keys() == []
     info = c.ssh_info()

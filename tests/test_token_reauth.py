@@ -76,3 +76,30 @@ def test_a_malformed_password_is_refused_naming_it(api: Any, password: object) -
         assert r.status_code == 403 and r.json()["detail"].startswith("password:"), r.text
     else:
         assert r.status_code == 422 and r.json()["detail"].startswith("password"), r.text
+
+
+def test_a_password_changed_while_the_old_one_is_checked_makes_no_token(api: Any, monkeypatch: Any) -> None:
+    """A hostile review's race: a thief holding the victim's console session and the old password asks for a token
+    that never expires; the victim changes the password (keeping that session) while the old one is checked. The
+    hash it matched is no longer the account's when the token would be written: 409, no token."""
+    from suanli.control.accounts import accounts, password_resets
+    from suanli.control.ids import utcnow
+
+    victim = signup(api, "raced@example.com")
+    session = _short(api, victim.headers)
+    srv = api.app.state.server
+    real = accounts.verify_password
+
+    def check_then_victim_changes(stored: str | None, password: str) -> bool:
+        ok = real(stored, password)
+        with srv.db.write() as s, s.begin():
+            password_resets.set_password(s, victim.user_id, accounts.hash_password("victims-new-pw"), utcnow(),
+                                         keep_token_id=session["id"])  # fmt: skip
+        return ok
+
+    monkeypatch.setattr(accounts, "verify_password", check_then_victim_changes)
+    r = api.post(f"{API}/tokens", json={"name": "forever", "password": PASSWORD}, headers=bearer(session["token"]))
+    monkeypatch.setattr(accounts, "verify_password", real)
+    assert r.status_code == 409 and r.json()["detail"].startswith("password:"), r.text
+    names = [t["name"] for t in api.get(f"{API}/tokens", headers=bearer(session["token"])).json()]
+    assert "forever" not in names

@@ -41,7 +41,9 @@ def test_list_and_page_show_state_usage_and_what_other_orgs_paid(platform: Platf
 
     c, ep = _owner(platform)
     buyer = signup(platform.api, "buyer@example.com")
-    key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"name": "buyer-key"}, headers=buyer.headers).json()
+    key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password", "name": "buyer-key"}, headers=buyer.headers
+    ).json()
     minute = (utcnow() - timedelta(minutes=5)).replace(second=0, microsecond=0)  # settled: charged now
     store.report(platform.db, "w", {}, [(ep["id"], key["id"], minute, 3, 300_000, 100_000)], utcnow())
     assert token_billing.charge(platform.db, utcnow()) == 1  # the buyer's org pays: what the page shows as paid
@@ -54,7 +56,8 @@ def test_list_and_page_show_state_usage_and_what_other_orgs_paid(platform: Platf
 
 def test_a_key_is_shown_once_and_revoked_and_scale_checks_the_field(platform: Platform) -> None:
     c, ep = _owner(platform)
-    r = c.post(f"/endpoints/{ep['id']}/keys", {"name": "app"}, csrf_from="/endpoints", headers=EN)
+    r = c.post(f"/endpoints/{ep['id']}/keys", {"name": "app", "password": "tenant-password"}, csrf_from="/endpoints",
+               headers=EN)  # fmt: skip
     assert r.status_code == 303 and r.headers["location"] == f"/endpoints/{ep['id']}"
     r = c.get(f"/endpoints/{ep['id']}", headers=EN)
     assert 'id="new-key"' in r.text
@@ -77,7 +80,9 @@ def test_another_orgs_endpoint_is_refused_and_never_shown(platform: Platform) ->
     assert "chat" not in c.get("/endpoints").text
     assert c.get(f"/endpoints/{ep['id']}").status_code == 404
     assert c.post(f"/endpoints/{ep['id']}/scale", {"replicas": "5"}, csrf_from="/endpoints").status_code == 404
-    owner_key = platform.api.post(f"{EP}/{ep['id']}/keys", json={"name": "own"}, headers=platform.tenant.headers)
+    owner_key = platform.api.post(
+        f"{EP}/{ep['id']}/keys", json={"password": "tenant-password", "name": "own"}, headers=platform.tenant.headers
+    )
     r = c.post(f"/endpoints/{ep['id']}/keys/{owner_key.json()['id']}/revoke", csrf_from="/endpoints")
     assert r.status_code == 404
     got = platform.api.get(f"{EP}/{ep['id']}", headers=platform.tenant.headers).json()

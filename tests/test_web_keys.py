@@ -75,12 +75,13 @@ def test_a_key_outliving_the_session_needs_the_password_shown_at_its_field(api: 
 def test_ssh_keys_are_added_with_messages_at_the_field_and_removed(api: Any, pub: str) -> None:
     c = _console(api, "ssh@example.com")
     for bad in ("ssh-ed25519 AAAA", "not a key at all", pub + pub):
-        r = c.post("/keys/ssh", {"public_key": bad}, csrf_from="/keys")
+        r = c.post("/keys/ssh", {"public_key": bad, "password": "tenant-password"}, csrf_from="/keys")
         assert 400 <= r.status_code < 500 and 'id="public-key-error"' in r.text, bad
-    assert c.post("/keys/ssh", {"public_key": pub, "name": "my-work-box"}, csrf_from="/keys").status_code == 303
+    form = {"public_key": pub, "name": "my-work-box", "password": "tenant-password"}
+    assert c.post("/keys/ssh", form, csrf_from="/keys").status_code == 303
     page = c.get("/keys").text
     assert "my-work-box" in page and "SHA256:" in page
-    again = c.post("/keys/ssh", {"public_key": pub}, csrf_from="/keys")
+    again = c.post("/keys/ssh", {"public_key": pub, "password": "tenant-password"}, csrf_from="/keys")
     assert again.status_code == 409 and 'id="public-key-error"' in again.text
     kid = api.get("/api/v1/keys", headers=bearer(api.cookies.get("suanli_session"))).json()[0]["id"]
     assert c.post(f"/keys/ssh/{kid}/remove", csrf_from="/keys").status_code == 303
@@ -90,7 +91,9 @@ def test_ssh_keys_are_added_with_messages_at_the_field_and_removed(api: Any, pub
 def test_another_users_token_and_key_cannot_be_touched(api: Any, pub: str) -> None:
     victim = signup(api, "victim-keys@example.com")
     made = api.post("/api/v1/tokens", json={"name": "victim's", "expires_in_days": 7}, headers=victim.headers).json()
-    key = api.post("/api/v1/keys", json={"public_key": pub}, headers=victim.headers).json()
+    key = api.post(
+        "/api/v1/keys", json={"password": "tenant-password", "public_key": pub}, headers=victim.headers
+    ).json()
     c = _console(api, "attacker-keys@example.com")
     page = c.get("/keys").text
     assert "victim&#39;s" not in page and key["fingerprint"] not in page

@@ -84,7 +84,7 @@ def test_an_endpoint_key_is_shown_once_after_a_redirect(platform: Platform) -> N
     owner, ep = _owner(platform)
     other = _console(platform.api, "prg-ep-thief@example.com")
     where = f"/endpoints/{ep['id']}"
-    _shown_once(owner, other, f"{where}/keys", {"name": "app"}, where, r'id="key-secret">([^<]+)<')
+    _shown_once(owner, other, f"{where}/keys", {"name": "app", "password": PW}, where, r'id="key-secret">([^<]+)<')
     assert len(platform.api.get(f"{EP}/{ep['id']}/keys", headers=platform.tenant.headers).json()) == 1
 
 
@@ -330,5 +330,5 @@ def test_an_endpoint_key_the_database_cannot_hold_is_shown_in_the_answer(
 ) -> None:
     owner, ep = _owner(platform)
     _held_by_no_one(monkeypatch)
-    r = owner.post(f"/endpoints/{ep['id']}/keys", {"name": "app"}, csrf_from=f"/endpoints/{ep['id']}")
+    r = owner.post(f"/endpoints/{ep['id']}/keys", {"name": "app", "password": PW}, csrf_from=f"/endpoints/{ep['id']}")
     assert r.status_code == 200 and re.search(r'id="key-secret">([^<]+)<', r.text), r.text[-600:]

@@ -222,6 +222,8 @@ class SshKeyIn(In):
     model_config = ConfigDict(extra="forbid", str_max_length=8192)
     public_key: str = Field(min_length=1, max_length=8192, description="one OpenSSH public key (the .pub file)")
     name: str | None = Field(None, min_length=1, max_length=128, description="default: the key's comment")
+    # The caller's password: an SSH key never expires, so a caller whose token does gives it (`api.reauth`).
+    password: str | None = Field(None, min_length=1, max_length=1024)
 
 
 class SshKeyOut(Out):

@@ -7,8 +7,7 @@ server, which token, and the exit codes).
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 from urllib.parse import parse_qs, urlsplit
 
 import typer
@@ -25,9 +24,6 @@ from suanli.cli.common import (
     human_duration,
 )
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, org_id, unit_price, when
-
-if TYPE_CHECKING:
-    from suanli.client import Client, NewToken
 
 EmailOpt = Annotated[str, typer.Option("--email", help="Account email address.")]
 OrgOpt = Annotated[
@@ -315,28 +311,13 @@ def tokens_create(
     """A new API token; it is printed once and stored on the server only as a hash. One that would outlive this
     login (or never expire) needs your password: from stdin (--password-stdin), else asked on a terminal."""
     check_positive(expires_in_days, "--expires-in-days")
-    password = cred.read_password(True, confirm=False) if password_stdin else None
     with cred.api(server) as c:
-        t = _create_token(c, name, expires_in_days, password)
+        t = cred.with_password(lambda pw: c.tokens_create(name, expires_in_days, pw), password_stdin)
     if json_out:
         emit_json(jsonable(t))
         return
     typer.echo(t.token)
     typer.echo(f"token {t.id} ({t.name}); expires {when(t.expires_at) if t.expires_at else 'never'}", err=True)
-
-
-def _create_token(c: Client, name: str, days: int | None, password: str | None) -> NewToken:
-    """The token; where the server asks the password and none was piped, it is asked on a terminal (once)."""
-    from suanli.client import ApiError
-
-    try:
-        return c.tokens_create(name, days, password)
-    except ApiError as e:
-        if e.status != 403 or not e.message.startswith("password:") or password is not None:
-            raise
-        if not sys.stdin.isatty():
-            fail(f"{e.message} (pipe it with --password-stdin)")
-        return c.tokens_create(name, days, cred.read_password(False, confirm=False))
 
 
 @tokens_app.command("list")

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
@@ -151,6 +151,25 @@ def read_password(stdin: bool, *, confirm: bool, prompt: str = "Password", flag:
             fail(f'{flag}: stdin is empty; pipe the password, e.g. printf %s "$PW" | suanli …')
         return password.removesuffix("\r")
     return str(typer.prompt(prompt, hide_input=True, confirmation_prompt=confirm))
+
+
+T = TypeVar("T")
+
+
+def with_password(make: Callable[[str | None], T], password_stdin: bool) -> T:
+    """`make(password)`: the password from stdin when asked (--password-stdin); else none, and where the server
+    wants it (403 naming `password`: what is made would outlive this login), asked for on a terminal, once."""
+    from suanli.client import ApiError
+
+    password = read_password(True, confirm=False) if password_stdin else None
+    try:
+        return make(password)
+    except ApiError as e:
+        if e.status != 403 or not e.message.startswith("password:") or password is not None:
+            raise
+        if not sys.stdin.isatty():
+            fail(f"{e.message} (pipe it with --password-stdin)")
+        return make(read_password(False, confirm=False))
 
 
 # ---- parsing and formatting -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail, user_errors
-from suanli.cli.credentials import ServerOpt, jsonable, org_id, when
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, org_id, when
 from suanli.cli.ssh import keys_app
 
 app = typer.Typer(no_args_is_help=True, help="Endpoints: hub models served with the OpenAI API at SERVER/v1.")
@@ -168,12 +168,15 @@ def keys(ref: RefArg, server: ServerOpt = None, json_out: JsonOpt = False) -> No
 def keys_create(
     endpoint: Annotated[str, typer.Option("--endpoint", metavar="NAME", help="The endpoint the key opens.")],
     name: Annotated[str, typer.Option("--name", help="A name to recognise it by.")] = "default",
+    password_stdin: PasswordStdinOpt = False,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """An API key for an endpoint (shown once; only its SHA-256 is kept): `Authorization: Bearer KEY` at SERVER/v1."""
+    """An API key for an endpoint (shown once; only its SHA-256 is kept): `Authorization: Bearer KEY` at SERVER/v1.
+    A key never expires, so unless you are logged in with a token that never does, it needs your password: from
+    stdin (--password-stdin), else asked."""
     with cred.api(server) as c, user_errors():
-        k = c.endpoint_key_create(endpoint, name)
+        k = cred.with_password(lambda pw: c.endpoint_key_create(endpoint, name, pw), password_stdin)
     if json_out:
         emit_json(jsonable(k))
         return

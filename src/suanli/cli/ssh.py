@@ -15,7 +15,7 @@ from rich.table import Table
 
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
-from suanli.cli.credentials import ServerOpt, jsonable, when
+from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, when
 
 keys_app = typer.Typer(
     no_args_is_help=True,
@@ -31,10 +31,12 @@ def keys_add(
     name: Annotated[
         str | None, typer.Option("--name", help="A name to recognise it by (default: its comment).")
     ] = None,
+    password_stdin: PasswordStdinOpt = False,
     server: ServerOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Add an SSH public key (ed25519, ECDSA, or RSA of 2048 bits or more)."""
+    """Add an SSH public key (ed25519, ECDSA, or RSA of 2048 bits or more). A key never expires, so unless you are
+    logged in with a token that never does, it needs your password: from stdin (--password-stdin), else asked."""
     if not file.name.endswith(".pub") and (file.with_name(file.name + ".pub")).exists():
         fail(f"{file} looks like a private key; give {file}.pub")
     try:
@@ -44,7 +46,7 @@ def keys_add(
     if "PRIVATE KEY" in text:  # refused here, so a private key never leaves this machine
         fail(f"{file} is a private key; give the public one ({file}.pub)")
     with cred.api(server) as c:
-        k = c.ssh_key_add(text, name)
+        k = cred.with_password(lambda pw: c.ssh_key_add(text, name, pw), password_stdin)
     if json_out:
         emit_json(jsonable(k))
         return

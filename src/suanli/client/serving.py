@@ -155,9 +155,11 @@ class ServingCalls:
     def endpoint_remove(self, ref: str) -> Endpoint:
         return load(Endpoint, self.call("DELETE", f"/endpoints/{_ref(ref)}"))
 
-    def endpoint_key_create(self, ref: str, name: str = "default") -> EndpointKey:
-        """A key for the endpoint; `key` holds it this once."""
-        return load(EndpointKey, self._post(f"/endpoints/{_ref(ref)}/keys", {"name": name}))
+    def endpoint_key_create(self, ref: str, name: str = "default", password: str | None = None) -> EndpointKey:
+        """A key for the endpoint; `key` holds it this once. A key never expires: a client whose token does gives
+        the account's `password` (refused without it: 403)."""
+        body = {"name": name} if password is None else {"name": name, "password": password}
+        return load(EndpointKey, self._post(f"/endpoints/{_ref(ref)}/keys", body))
 
     def endpoint_keys(self, ref: str) -> list[EndpointKey]:
         return [load(EndpointKey, k) for k in self._get(f"/endpoints/{_ref(ref)}/keys")]

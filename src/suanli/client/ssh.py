@@ -32,10 +32,14 @@ class SshCalls:
         """Your SSH public keys."""
         return [load(SshKey, k) for k in self._get("/keys")]
 
-    def ssh_key_add(self, public_key: str | Path, name: str | None = None) -> SshKey:
-        """Add a public key: its OpenSSH text, or the path of a `.pub` file. `name` defaults to its comment."""
+    def ssh_key_add(self, public_key: str | Path, name: str | None = None, password: str | None = None) -> SshKey:
+        """Add a public key: its OpenSSH text, or the path of a `.pub` file. `name` defaults to its comment. A key
+        never expires: a client whose token does gives the account's `password` (refused without it: 403)."""
         text = public_key.read_text(encoding="utf-8") if isinstance(public_key, Path) else public_key
-        return load(SshKey, self._post("/keys", {"public_key": text, "name": name}))
+        body: dict[str, str | None] = {"public_key": text, "name": name}
+        if password is not None:
+            body["password"] = password
+        return load(SshKey, self._post("/keys", body))
 
     def ssh_key_remove(self, key: str) -> SshKey:
         """Remove one of your keys, by id or by fingerprint (`SHA256:…`, which may hold a '/': found by listing)."""

@@ -27,7 +27,7 @@ from suanli.api.schemas import (
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.billing.money import shown
 from suanli.control.accounts import accounts, memberships, signups, throttle, trials, verification
-from suanli.control.errors import Conflict, Forbidden, Unauthorized
+from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import utcnow
 from suanli.control.money import ledger, prices
 from suanli.mail import outbox
@@ -192,29 +192,18 @@ async def create_token(body: TokenIn, request: Request, ctx: Auth) -> NewTokenOu
     the account's `password`: without it 403, a wrong one 422, both naming `password`; wrong ones are counted like
     failed logins (429). So a stolen day-long console session is not a way to a key that never expires."""
     expires = ctx.now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
-    attempt = None
-    if accounts.outlives(expires, ctx.who.token_expires_at):
-        await run_in_threadpool(_check_live, ctx)  # a token revoked meanwhile: 401, before any password is tried
-        if body.password is None:
-            until = f"{ctx.who.token_expires_at:%Y-%m-%d %H:%M} UTC"
-            raise Forbidden(f"password: a token that outlives this one (it expires {until}) needs your password; "
-                            "give it, or ask for fewer expires_in_days")  # fmt: skip
-        attempt = await reauth.confirm(ctx.srv, ctx.who.email, request, body.password, "password")
-    return await run_in_threadpool(_issue, ctx, body.name, expires, attempt)
+    needed = accounts.outlives(expires, ctx.who.token_expires_at)
+    proof = await reauth.gate(ctx, request, body.password, "a token expiring later (ask for fewer expires_in_days)",
+                              needed=needed)  # fmt: skip
+    return await run_in_threadpool(_issue, ctx, body.name, expires, proof)
 
 
-def _check_live(ctx: Caller) -> None:
+def _issue(ctx: Caller, name: str, expires: datetime | None, proof: reauth.Proof | None) -> NewTokenOut:
     with ctx.db.write() as s, s.begin():
         accounts.check_live(s, ctx.who)
-
-
-def _issue(ctx: Caller, name: str, expires: datetime | None, attempt: throttle.LoginAttempt | None) -> NewTokenOut:
-    with ctx.db.write() as s, s.begin():
-        accounts.check_live(s, ctx.who)
+        reauth.settle(s, ctx, proof, ctx.now)
         user = accounts.user(s, ctx.who)
         tok, plain = accounts.issue_token(s, user, name, ctx.now, expires)
-        if attempt is not None:
-            throttle.login_succeeded(s, attempt, ctx.now)
     return NewTokenOut(**TokenOut.model_validate(tok).model_dump(), token=plain)
 
 

@@ -6,11 +6,13 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 from pydantic import ConfigDict, Field, StrictInt, field_validator, model_validator
 from sqlalchemy.orm import Session
 
-from suanli.api.deps import Auth, in_thread
+from suanli.api import reauth
+from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import In, Out, money
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.accounts import accounts
@@ -43,6 +45,8 @@ class ScaleIn(In):
 class KeyIn(In):
     name: str = Field("default", min_length=1, max_length=128)
     org: str | None = Field(None, max_length=64, description="the org that pays for what the key uses")
+    # The caller's password: a key never expires, so a caller whose token does gives it (`api.reauth`).
+    password: str | None = Field(None, min_length=1, max_length=1024)
 
 
 class ReplicaOut(Out):
@@ -163,12 +167,20 @@ def remove(ref: str, ctx: Auth) -> EndpointOut:
 
 
 @router.post("/endpoints/{ref}/keys", status_code=201)
-@in_thread
-def create_key(ref: str, body: KeyIn, ctx: Auth) -> KeyOut:
+async def create_key(ref: str, body: KeyIn, request: Request, ctx: Auth) -> KeyOut:
     """An API key for the endpoint (shown once; only its SHA-256 is kept). Another org's endpoint with a price, by
-    id: the key's org (`org`, default your personal one) pays the owner per 1M tokens."""
+    id: the key's org (`org`, default your personal one) pays the owner per 1M tokens. A key never expires: a
+    caller whose token does gives the account's `password` (403 without it, 422 wrong, both naming it)."""
+    proof = await reauth.gate(
+        ctx, request, body.password, "an endpoint key", needed=ctx.who.token_expires_at is not None
+    )
+    return await run_in_threadpool(_create_key, ctx, ref, body, proof)
+
+
+def _create_key(ctx: Caller, ref: str, body: KeyIn, proof: reauth.Proof | None) -> KeyOut:
     with ctx.db.write() as s, s.begin():
         accounts.check_live(s, ctx.who)
+        reauth.settle(s, ctx, proof, ctx.now)
         row, secret = endpoints.create_key(s, ctx.who, ref, body.name, ctx.now, body.org)
         s.flush()
         return KeyOut.model_validate(row).model_copy(update={"key": secret})

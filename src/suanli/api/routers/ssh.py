@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
 
-from suanli.api.deps import Auth, in_thread
+from suanli.api import reauth
+from suanli.api.deps import Auth, Caller, in_thread
 from suanli.api.schemas import SshInfoOut, SshKeyIn, SshKeyOut
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.accounts import accounts, ssh_keys
@@ -21,11 +23,18 @@ def list_keys(ctx: Auth) -> list[SshKeyOut]:
 
 
 @router.post("/keys", status_code=201)
-@in_thread
-def add_key(body: SshKeyIn, ctx: Auth) -> SshKeyOut:
-    """Add a public key: it then logs in to every instance of every org the caller is a member of."""
+async def add_key(body: SshKeyIn, request: Request, ctx: Auth) -> SshKeyOut:
+    """Add a public key: it then logs in to every instance of every org the caller is a member of. A key never
+    expires: a caller whose token does gives the account's `password` (403 without it, 422 wrong, both naming it),
+    so a stolen console session or login is no way to a shell that outlives it."""
+    proof = await reauth.gate(ctx, request, body.password, "an SSH key", needed=ctx.who.token_expires_at is not None)
+    return await run_in_threadpool(_add_key, ctx, body, proof)
+
+
+def _add_key(ctx: Caller, body: SshKeyIn, proof: reauth.Proof | None) -> SshKeyOut:
     with ctx.db.write() as s, s.begin():
         accounts.check_live(s, ctx.who)
+        reauth.settle(s, ctx, proof, ctx.now)
         return SshKeyOut.model_validate(ssh_keys.add(s, ctx.who, body.public_key, body.name, ctx.now))
 
 

@@ -168,6 +168,12 @@ def outlives(expires_at: datetime | None, caller_expires_at: datetime | None) ->
     return expires_at is None or expires_at > caller_expires_at
 
 
+def password_still(s: Session, user_id: str, checked: str) -> bool:
+    """Whether `checked` is still the user's password hash, read FOR SHARE (a new password being set commits first)."""
+    q = select(User.id).where(User.id == user_id, User.password_hash == checked).with_for_update(read=True)
+    return s.scalar(q) is not None
+
+
 def password_hash_of(s: Session, email: str) -> str | None:
     """The stored hash of the user with this (normalised) email, or None: `verify_password` then says no."""
     return s.scalar(select(User.password_hash).where(User.email == email))

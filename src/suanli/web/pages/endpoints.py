@@ -92,10 +92,12 @@ async def create_key(ref: str, request: Request, page: Tenant) -> Response:
     to."""
     data = await session.form(request, page)
     body = {"name": data.get("name", "").strip() or "default", "org": page.org["id"]}
+    if data.get("password"):  # a key never expires; the console's session does (`POST /endpoints/{ref}/keys`)
+        body["password"] = data["password"]
     try:
         made = (await page.api("POST", f"/endpoints/{seg(ref)}/keys", json=body)).json()
     except ApiError as e:
-        return await _again(page, ref, e, "key", ("name", "org"), "name")
+        return await _again(page, ref, e, "key", ("name", "org", "password"), "name")
     return await once.redirect(page, f"/endpoints/{seg(ref)}", made, lambda: _view(page, ref, new_key=made))
 
 

@@ -75,10 +75,13 @@ async def revoke_token(token_id: str, request: Request, page: Tenant) -> Respons
 async def add_ssh_key(request: Request, page: Tenant) -> Response:
     data = await session.form(request, page)
     body = {"public_key": data.get("public_key", "").strip(), "name": data.get("name", "").strip() or None}
+    if data.get("password"):  # a key never expires; the console's session does (`POST /keys`)
+        body["password"] = data["password"]
     try:
         await page.api("POST", "/keys", json=body)
     except ApiError as e:
-        return await _view(page, key_form=data, **_failed(e, "ssh", "public_key", ("public_key", "name")))
+        form = {k: v for k, v in data.items() if k != "password"}  # never sent back into the page
+        return await _view(page, key_form=form, **_failed(e, "ssh", "public_key", ("public_key", "name", "password")))
     return done("/keys")
 
 

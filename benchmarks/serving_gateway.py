@@ -120,7 +120,9 @@ def main() -> None:
                     "name": "bench", "kind": "service", "model": "tiny", "runtime": "vllm", "image": "fakert",
                     "resources": cpu, "replicas": 1, "env": {"FAKE_TOKEN_DELAY_S": str(args.token_delay)}}},
                 ).raise_for_status()  # fmt: skip
-                key = http.post("/api/v1/endpoints/bench/keys", json={}, headers=who.headers).json()["key"]
+                key = http.post(
+                    "/api/v1/endpoints/bench/keys", json={"password": "tenant-password"}, headers=who.headers
+                ).json()["key"]
                 port = wait_ready(http, who, "bench", 1)["replicas"][0]["port"]
                 direct = (f"http://127.0.0.1:{port}/v1/completions", {}, "bench")
                 gateway = (f"{srv.url}/v1/completions", bearer(key), "bench")
@@ -160,7 +162,9 @@ def main() -> None:
                     "name": "cold", "kind": "service", "model": "tiny", "runtime": "vllm", "image": "fakert",
                     "resources": cpu, "autoscale": {"min_replicas": 0, "max_replicas": 1, "idle_s": 5}}},
                 ).raise_for_status()  # fmt: skip
-                ckey = http.post("/api/v1/endpoints/cold/keys", json={}, headers=who.headers).json()["key"]
+                ckey = http.post(
+                    "/api/v1/endpoints/cold/keys", json={"password": "tenant-password"}, headers=who.headers
+                ).json()["key"]
                 colds = []
                 for _ in range(3):
                     while describe(http, who, "cold")["replicas"]:
@@ -187,7 +191,9 @@ def cold_transformers(http: httpx.Client, who, db_url: str, home: Path, tmp: Pat
     http.post("/api/v1/endpoints", headers=who.headers, json={"spec": {
         "name": "real", "kind": "service", "model": "tiny-llama", "runtime": "transformers",
         "resources": {"gpus": 0, "cpus": 1, "memory": "4Gi"}}}).raise_for_status()  # fmt: skip
-    key = http.post("/api/v1/endpoints/real/keys", json={}, headers=who.headers).json()["key"]
+    key = http.post("/api/v1/endpoints/real/keys", json={"password": "tenant-password"}, headers=who.headers).json()[
+        "key"
+    ]
     r = httpx.post(f"{url}/v1/completions", headers=bearer(key), timeout=600,
                    json={"model": "real", "prompt": "hello", "max_tokens": 1})  # fmt: skip
     r.raise_for_status()

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, tmp: Path) -> None:
         t = signup(http, "bench@example.com")
         http.post(f"/api/v1/admin/orgs/{t.org_id}/transactions", json={"kind": "topup", "amount": "100"},
                   headers=adm).raise_for_status()  # fmt: skip
-        http.post("/api/v1/keys", json={"public_key": Path(f"{key}.pub").read_text()}, headers=t.headers).raise_for_status()  # fmt: skip
+        http.post("/api/v1/keys", json={"public_key": Path(f"{key}.pub").read_text(), "password": "tenant-password"}, headers=t.headers).raise_for_status()  # fmt: skip
         spec = {"name": "my-box", "kind": "instance", "command": "sleep infinity", "resources": {"gpus": 0}}
         box = http.post("/api/v1/workloads", json={"spec": spec}, headers=t.headers).json()["id"]
         deadline = time.monotonic() + 60

@@ -66,19 +66,21 @@ def test_keys_are_added_listed_and_removed_per_user(api: Any, keys: dict[str, st
         headers=me.headers,
     )
     assert r.status_code == 201 and r.json()["name"] == "laptop"
-    # the same key twice: 409 naming the key it already is; another user may add it too (it is theirs as well)
+    # the same key twice: 409 naming the key it already is; another user may not add it (a key is one account's)
     r = api.post(f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=me.headers)
     assert r.status_code == 409 and first["id"] in r.json()["detail"]
-    assert (
-        api.post(
-            f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=other.headers
-        ).status_code
-        == 201
+    r = api.post(
+        f"{API}/keys", json={"password": "tenant-password", "public_key": keys["ed25519"]}, headers=other.headers
     )
+    assert r.status_code == 409 and "another account" in r.json()["detail"] and first["id"] not in r.text
     listed = api.get(f"{API}/keys", headers=me.headers).json()
     assert [k["name"] for k in listed] == ["ed", "laptop"]
     # another user's key does not exist for me
-    theirs = api.get(f"{API}/keys", headers=other.headers).json()[0]["id"]
+    r = api.post(
+        f"{API}/keys", json={"password": "tenant-password", "public_key": _ed25519_text(77)}, headers=other.headers
+    )
+    assert r.status_code == 201, r.text
+    theirs = r.json()["id"]
     assert api.delete(f"{API}/keys/{theirs}", headers=me.headers).status_code == 404
     assert api.delete(f"{API}/keys/{first['id']}", headers=me.headers).status_code == 200
     assert [k["name"] for k in api.get(f"{API}/keys", headers=me.headers).json()] == ["laptop"]

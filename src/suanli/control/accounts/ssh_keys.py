@@ -36,6 +36,11 @@ def add(s: Session, who: Principal, public_key: str, name: str | None, now: date
     same = s.scalar(select(SshKey).where(SshKey.user_id == user.id, SshKey.fingerprint == key.fingerprint))
     if same is not None:
         raise Conflict(f"public_key: this key is already added as {same.id} ({same.name})")
+    # A public key is public (github.com/USER.keys): held by two accounts, a login with it could be steered into
+    # the other's instance. It belongs to one account.
+    if s.scalar(select(SshKey.id).where(SshKey.fingerprint == key.fingerprint).limit(1)) is not None:
+        raise Conflict("public_key: this key belongs to another account; make a key of your own (ssh-keygen -t "
+                       "ed25519)")  # fmt: skip
     row = SshKey(id=new_id("key"), user_id=user.id, name=name, algorithm=key.algorithm, public_key=key.openssh,
                  fingerprint=key.fingerprint, created_at=now)  # fmt: skip
     s.add(row)

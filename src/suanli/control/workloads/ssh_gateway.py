@@ -100,9 +100,12 @@ class DbAccess(Access):
                                              .order_by(Membership.user_id)):  # fmt: skip
                 member_of.setdefault(org_id, user_id)
             w = s.get(Workload, ref)
-            if w is None and member_of:
+            if w is None and member_of and len(emails) == 1:  # a name, and a key of one account only
                 q = select(Workload).where(Workload.name == ref, Workload.org_id.in_(member_of))
-                w = s.scalar(q.order_by(Workload.created_at.desc()).limit(1))
+                named = list(s.scalars(q.order_by(Workload.created_at.desc()).limit(50)))
+                if len({x.org_id for x in named}) > 1:
+                    return None  # that name in two of the user's orgs: the id says which, a guess would not
+                w = named[0] if named else None
             if w is None or w.org_id not in member_of:
                 return None
             user_id = member_of[w.org_id]

@@ -79,6 +79,8 @@ class Access(Protocol):
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 512  # the whole gateway
+    max_waiting_per_address: int = 8  # connections of one address not yet logged in (OpenSSH's MaxStartups, per source)
+    max_auth_tries: int = 6  # keys one connection may offer (OpenSSH's MaxAuthTries): each is a lookup
     max_connections_per_user: int = 32
     max_sessions_per_connection: int = 10  # shells, commands and SFTP at once
     max_forwards_per_connection: int = 64  # open port-forward channels at once
@@ -92,6 +94,7 @@ class Gateway:
     def __init__(self, access: Access, limits: Limits | None = None) -> None:
         self.access, self.limits = access, limits or Limits()
         self.connections = 0
+        self.waiting: dict[str, int] = {}  # address -> its connections not yet logged in
         self.per_user: dict[str, int] = {}
         self.setsid = shutil.which("setsid")
         self.shell = "/bin/bash" if shutil.which("bash") else "/bin/sh"  # the sandbox's /usr is this host's
@@ -139,19 +142,39 @@ class _Connection(asyncssh.SSHServer):
         self.lost = False  # the connection ended: a forward still being decided must not connect after all
         self.forwards = 0
         self._checked: dict[tuple[str, str], Grant | None] = {}  # the client asks twice per key (query, signed)
+        self.address: str | None = None  # while it waits to log in: its address, counted in `Gateway.waiting`
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self.conn = conn
         self.gw.connections += 1
         self.gw.open.add(self)
-        if self.gw.connections > self.gw.limits.max_connections:
+        peer = conn.get_extra_info("peername")
+        self.address = str(peer[0]) if peer else "?"
+        self.gw.waiting[self.address] = self.gw.waiting.get(self.address, 0) + 1
+        if self.gw.waiting[self.address] > self.gw.limits.max_waiting_per_address:
+            log.warning("ssh: refusing a connection from %s: %d waiting to log in", self.address,
+                        self.gw.waiting[self.address] - 1)  # fmt: skip
+            conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, "too many connections from your address waiting to "
+                            "log in; try later")  # fmt: skip
+        elif self.gw.connections > self.gw.limits.max_connections:
             log.warning("ssh: refusing a connection: %d open", self.gw.connections - 1)
             conn.disconnect(asyncssh.DISC_TOO_MANY_CONNECTIONS, "too many connections to the gateway; try later")
+
+    def _logged_in_or_gone(self) -> None:
+        if self.address is None:
+            return
+        left = self.gw.waiting.get(self.address, 1) - 1
+        if left > 0:
+            self.gw.waiting[self.address] = left
+        else:
+            self.gw.waiting.pop(self.address, None)
+        self.address = None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self.gw.connections -= 1
         self.gw.open.discard(self)
+        self._logged_in_or_gone()
         if self.counted_user is not None:
             left = self.gw.per_user.get(self.counted_user, 1) - 1
             if left > 0:
@@ -168,6 +191,10 @@ class _Connection(asyncssh.SSHServer):
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         public = " ".join(key.export_public_key("openssh").decode("ascii").split()[:2])
         fp = fingerprint_of(key)
+        if (username, fp) not in self._checked and len(self._checked) >= self.gw.limits.max_auth_tries:
+            assert self.conn is not None
+            self.conn.disconnect(asyncssh.DISC_NO_MORE_AUTH_METHODS_AVAILABLE, "too many keys offered")
+            return False
         if (username, fp) not in self._checked:
             try:
                 self._checked[(username, fp)] = await self.gw.access.authorize(username, fp, public)
@@ -185,6 +212,7 @@ class _Connection(asyncssh.SSHServer):
 
     def auth_completed(self) -> None:
         assert self.grant is not None
+        self._logged_in_or_gone()
         self.counted_user = self.grant.user_id
         self.gw.per_user[self.counted_user] = self.gw.per_user.get(self.counted_user, 0) + 1
         log.info("ssh: %s entered %s (%s)", self.grant.email, self.grant.name, self.grant.workload_id)

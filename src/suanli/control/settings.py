@@ -55,6 +55,8 @@ class Settings(BaseModel):
     volumes_per_org: int = Field(100, ge=0, le=100_000, description="most volumes one org may have")
     volume_bytes_per_org: int = Field(10 << 40, ge=1 << 20, le=1 << 60,
                                       description="most bytes one org's volumes may have allocated, all together")  # fmt: skip
+    volume_snapshot_bytes_per_org: int = Field(10 << 40, ge=0, le=1 << 60,
+                                               description="most bytes one org's versions may hold, all together")  # fmt: skip
     endpoints_per_org: int = Field(20, ge=0, le=10_000, description="most endpoints one org may have")
     teams_per_user: int = Field(20, ge=0, le=10_000, description="most team organisations one user may own")
     volume_max_files: int = Field(1_000_000, ge=1, description="most files and directories one `cp` of a tree unpacks")

@@ -47,11 +47,13 @@ class Limits:
     max_files: int
     s3: S3Config | None = None  # the S3 backend, where the operator set one up
     bytes_per_org: int = 10 << 40  # all of an org's volumes' sizes together
+    snapshot_bytes_per_org: int = 10 << 40  # all of an org's versions' content together
 
     @classmethod
     def of(cls, settings: Settings) -> Limits:
         return cls(settings.volumes_root, settings.volume_max_bytes, settings.volumes_per_org,
-                   settings.volume_max_files, settings.volume_s3(), settings.volume_bytes_per_org)  # fmt: skip
+                   settings.volume_max_files, settings.volume_s3(), settings.volume_bytes_per_org,
+                   settings.volume_snapshot_bytes_per_org)  # fmt: skip
 
 
 def s3_of(s3: S3Config | None, v: Volume) -> S3Backend | None:
@@ -256,6 +258,7 @@ def snapshot(db: Database, who: Principal, ref: str, org: str | None, message: s
         raise Invalid(f"message: at most {MAX_MESSAGE} characters, no NUL")
     with db.write() as s, s.begin():
         v = get(s, who, ref, org, MANAGE, lock=True)
+        _may_snapshot(s, v, lim)
         v.last_version += 1
         number, vid, p = v.last_version, v.id, paths(lim, v)
     got = versions_store.snapshot(p, number)
@@ -267,6 +270,28 @@ def snapshot(db: Database, who: Principal, ref: str, org: str | None, message: s
         if v2 is not None:
             v2.snapshot_bytes += got.added_bytes
     return row
+
+
+def _may_snapshot(s: Session, v: Volume, lim: Limits) -> None:
+    """Versions hold disk too: a snapshot is taken while the volume's org pays (balance above zero, the volume not
+    read-only) and while its versions, with at most the live tree's bytes more, stay within
+    `snapshot_bytes_per_org` (the org's row locked: snapshots are counted one at a time)."""
+    from suanli.control.money import ledger
+
+    if v.state == "read-only":
+        raise PaymentRequired(f"volume {v.name} is read-only: its organisation's balance ran out; top up first")
+    s.get(Org, v.org_id, with_for_update=True)
+    balance = ledger.org_balance(s, v.org_id)
+    if balance <= 0:
+        raise PaymentRequired(f"org: the organisation's balance is {balance}; versions are billed by the hour: "
+                              "top up first")  # fmt: skip
+    held = int(s.scalar(select(func.coalesce(func.sum(Volume.snapshot_bytes), 0)).where(Volume.org_id == v.org_id))
+               or 0)  # fmt: skip
+    if held + v.used_bytes > lim.snapshot_bytes_per_org:
+        raise Conflict(f"version: the organisation's versions hold {rules.format_size(held)}, and this one may add "
+                       f"up to {rules.format_size(v.used_bytes)}: more than the "
+                       f"{rules.format_size(lim.snapshot_bytes_per_org)} they may hold (volume_snapshot_bytes_per_org); "
+                       "remove a volume whose versions you no longer need")  # fmt: skip
 
 
 def versions(s: Session, who: Principal, ref: str, org: str | None) -> tuple[Volume, list[VolumeVersion]]:

@@ -9,8 +9,11 @@ read-only (unpaid) volume still took snapshots. Both databases.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -67,3 +70,31 @@ def test_a_read_only_volume_takes_no_snapshot(api: TestClient) -> None:
         s.get(Volume, vol["id"]).state = "read-only"
     r = api.post(f"{API}/volumes/data/versions", json={"message": "x"}, headers=t.headers)
     assert r.status_code == 402, r.text
+
+
+def test_a_volume_removed_during_its_snapshot_leaves_nothing_on_disk(api: TestClient, monkeypatch: Any) -> None:
+    """A hostile review: the snapshot went on writing its manifest into the removed volume's directory (made again),
+    and the blob store kept what it named for ever, billed to nobody. The removal now waits for the snapshot and
+    takes all of it; the snapshot answers that the volume is gone."""
+    from suanli.storage import volume_versions as vv
+
+    t = signup(api, "c@example.com")
+    vol = api.post(f"{API}/volumes", json={"name": "data", "size": "8Mi"}, headers=t.headers).json()
+    api.put(f"{API}/volumes/data/files", params={"path": "f"}, content=os.urandom(6 * MiB), headers=t.headers)
+    real_store, out = vv._store, {}
+
+    def store_then_remove(p: Any, name: str, dfd: int) -> Any:
+        got = real_store(p, name, dfd)  # the file is in the blob store; now its owner removes the volume
+        out["th"] = threading.Thread(target=lambda: out.setdefault("rm", api.delete(f"{API}/volumes/data",
+                                                                                   headers=t.headers)))  # fmt: skip
+        out["th"].start()
+        time.sleep(1.0)  # the removal has begun (its row goes at once; its files wait for this snapshot)
+        return got
+
+    monkeypatch.setattr(vv, "_store", store_then_remove)
+    r = api.post(f"{API}/volumes/data/versions", json={"message": "x"}, headers=t.headers)
+    out["th"].join(30)
+    assert out["rm"].status_code == 204
+    assert r.status_code == 404 and "removed" in r.json()["detail"], r.text
+    org = api.app.state.server.settings.volumes_root / vol["org_id"]  # type: ignore[attr-defined]
+    assert _blobs(api, vol["org_id"]) == 0 and not (org / "vols" / vol["id"]).exists()

@@ -110,7 +110,8 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
     dest = p.version(number)
     tmp = p.versions / f".{number}.tmp"
     remove_tree(tmp)
-    tmp.mkdir(parents=True)
+    p.versions.mkdir(exist_ok=True)  # not its parents: a volume removed meanwhile is not made again
+    tmp.mkdir()
     (tmp / "manifest.json").write_text(json.dumps(entries, sort_keys=True), encoding="utf-8")
     os.rename(tmp, dest)
     save_state(p, state)
@@ -208,7 +209,8 @@ def materialise(src: Paths, number: int, dest: Paths, limit: int | None = None) 
     fd = os.open(dest.root / "restore.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        return _materialise(src, entries, dest)
+        with _locked(dest, exclusive=False):  # a removal of the volume (`destroy`) waits, then takes all of it
+            return _materialise(src, entries, dest)
     finally:
         os.close(fd)
 
@@ -289,6 +291,8 @@ def _gc(p: Paths) -> int:
 
 
 def destroy(p: Paths) -> None:
-    """Remove the volume and every version, then the blobs nothing else names."""
-    remove_tree(p.root)
-    gc(p)
+    """Remove the volume and every version, then the blobs nothing else names: after any snapshot of the org under
+    way (it holds the store's lock shared), so none writes a manifest into the removed tree."""
+    with _locked(p, exclusive=True):
+        remove_tree(p.root)
+        _gc(p)

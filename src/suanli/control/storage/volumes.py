@@ -261,14 +261,18 @@ def snapshot(db: Database, who: Principal, ref: str, org: str | None, message: s
         _may_snapshot(s, v, lim)
         v.last_version += 1
         number, vid, p = v.last_version, v.id, paths(lim, v)
-    got = versions_store.snapshot(p, number)
+    try:
+        got = versions_store.snapshot(p, number)
+    except FileNotFoundError:  # its tree went with a removal under way
+        raise NotFound(f"volume {ref} was removed meanwhile") from None
     with db.write() as s, s.begin():
+        v2 = s.get(Volume, vid, with_for_update=True)
+        if v2 is None:  # removed while the snapshot ran: its files go with the removal, which waited for it
+            raise NotFound(f"volume {ref} was removed meanwhile")
         row = VolumeVersion(volume_id=vid, number=number, message=message, bytes=got.bytes, files=got.files,
                             added_bytes=got.added_bytes, created_by=who.user_id, created_at=now)  # fmt: skip
         s.add(row)
-        v2 = s.get(Volume, vid, with_for_update=True)
-        if v2 is not None:
-            v2.snapshot_bytes += got.added_bytes
+        v2.snapshot_bytes += got.added_bytes
     return row
 
 

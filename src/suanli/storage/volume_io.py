@@ -303,14 +303,15 @@ def put_tree(
     hashing = _Hashing(source)
     tmp = Path(tempfile.mkdtemp(prefix="tar-", dir=p.partial))
     try:
-        left = room.left()
+        waiting = waiting_bytes(p, but=tmp)  # held and broken-off uploads beside the tree count as `Writer` counts them
+        left = max(room.left() - waiting, 0)
         try:
             got = unpack(hashing, tmp / "t", Limits(left, max_files), gzip=False)
         except TooLarge as e:
             if e.what == "bytes":
                 raise OverSize(f"the tree unpacks to more than the {left} bytes left in the volume") from None
             raise
-        room.take(got.bytes, "the tree unpacks to")  # what other copies wrote meanwhile counts too
+        room.take(got.bytes + waiting, "the tree unpacks to")  # what other copies wrote meanwhile counts too
         hashing.drain()
         digest = hashing.hash.hexdigest()
         if sha256 is not None and digest != sha256:

@@ -22,7 +22,7 @@ from tests.test_ssh_access import KEY, _authorize, _principal, _workload, world 
 def test_a_key_another_account_holds_is_refused(db: Any, world: dict[str, Any]) -> None:  # noqa: F811
     with db.write() as s, s.begin():
         mallory = s.query(User).filter_by(email="mallory@example.com").one()
-        with pytest.raises(Conflict, match="public_key: .*another account"):
+        with pytest.raises(Conflict, match=r"public_key: .*another account"):
             ssh_keys.add(s, _principal(mallory), KEY, "bob's key, copied", utcnow())
 
 

@@ -29,22 +29,24 @@ def _wait_all_running(p: Platform, who: Tenant, ids: list[str]) -> None:
     raise AssertionError(st)
 
 
+def _plan_in_use(p: Platform, gpus: int) -> dict[str, Any]:
+    """A plan of `gpus` H20s for the tenant, all of them held by its running instance; the spec of more such work."""
+    r = p.api.post(f"/api/v1/orgs/{p.tenant.org_id}/plans", headers=p.tenant.headers,
+                   json={"plan": "hourly", "gpu": "H20", "gpus": gpus})  # fmt: skip
+    assert r.status_code == 201, r.text
+    spec = {"kind": "instance", "billing": f"plan:{r.json()['id']}", "resources": {"gpu": "H20", "gpus": gpus}}
+    first = p.submit({"name": "first", **spec})
+    p.until(first["id"], lambda w: w["state"] == "running")
+    return spec
+
+
 def _running(p: Platform, who: Tenant) -> list[dict[str, Any]]:
     return [w for w in p.api.get(WL, headers=who.headers).json() if w["state"] in ("scheduled", "starting", "running")]
 
 
 def test_plan_work_over_its_plan_preempts_other_tenants_on_demand_work(platform: Platform) -> None:
     p = platform
-    r = p.api.post(
-        f"/api/v1/orgs/{p.tenant.org_id}/plans",
-        headers=p.tenant.headers,
-        json={"plan": "hourly", "gpu": "H20", "gpus": 8},
-    )
-    assert r.status_code == 201, r.text
-    plan = r.json()["id"]
-    spec = {"kind": "instance", "billing": f"plan:{plan}", "resources": {"gpu": "H20", "gpus": 8}}
-    first = p.submit({"name": "first", **spec})
-    p.until(first["id"], lambda w: w["state"] == "running")
+    spec = _plan_in_use(p, 8)
     victim = signup(p.api, "victim@example.com")
     p.topup(victim.org_id, "5000")
     boxes = [
@@ -119,16 +121,7 @@ def test_a_one_gpu_plan_keeps_the_whole_cluster_from_everyone_else(platform: Pla
     """Plan work costs nothing at the affordability walk (rate 0) and outranks every other class: queued past its
     plan's size it is placed on every free GPU each pass and refused after, while another org's work waits."""
     p = platform
-    r = p.api.post(
-        f"/api/v1/orgs/{p.tenant.org_id}/plans",
-        headers=p.tenant.headers,
-        json={"plan": "hourly", "gpu": "H20", "gpus": 1},
-    )
-    assert r.status_code == 201, r.text
-    plan = r.json()["id"]
-    spec = {"kind": "instance", "billing": f"plan:{plan}", "resources": {"gpu": "H20", "gpus": 1}}
-    first = p.submit({"name": "first", **spec})
-    p.until(first["id"], lambda w: w["state"] == "running")
+    spec = _plan_in_use(p, 1)
     for i in range(130):
         p.submit({"name": f"extra{i}", **spec})
     victim = signup(p.api, "victim@example.com")

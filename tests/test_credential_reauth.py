@@ -68,3 +68,22 @@ def test_a_malformed_password_is_a_4xx_naming_it(api: Any, password: object) -> 
     me = signup(api, "odd@example.com")
     r = api.post(f"{API}/keys", json={"public_key": KEY, "password": password}, headers=me.headers)
     assert r.status_code == 422 and "password" in r.text, r.text
+
+
+def test_endpoint_keys_refuse_a_malformed_password_and_a_foreign_tenants_password_opens_nothing(
+    platform: Any,  # noqa: F811
+) -> None:
+    """A malformed `password` is a 422 naming it; a foreign ¥10 sign-up with its own right password still finds no
+    free endpoint of another org (404), and an expiring token without one learns nothing about the endpoint (403
+    before any lookup, whichever endpoint it names)."""
+    api = platform.api
+    ep = deploy_ready(platform, Replica(reports(10, 1_000)).port, SPEC)  # no price: the owner's org only
+    stranger = signup(api, "stranger@example.com")
+    for bad in ("", "x" * 1025, 7, ["a"]):
+        r = api.post(f"{EP}/{ep['id']}/keys", json={"password": bad}, headers=stranger.headers)
+        assert r.status_code == 422 and "password" in r.text, r.text
+    r = api.post(f"{EP}/{ep['id']}/keys", json={"password": PW}, headers=stranger.headers)
+    assert r.status_code == 404, r.text
+    for ref in (ep["id"], "ep_doesnotexist"):
+        r = api.post(f"{EP}/{ref}/keys", json={}, headers=stranger.headers)
+        assert r.status_code == 403 and r.json()["detail"].startswith("password:"), r.text

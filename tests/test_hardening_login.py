@@ -40,6 +40,7 @@ class Clock:
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     c = Clock()
     monkeypatch.setattr("suanli.api.routers.auth.utcnow", c)
+    monkeypatch.setattr("suanli.api.reauth.utcnow", c)  # where a login's attempt is counted (`reauth.begin`)
     return c
 
 

@@ -28,7 +28,7 @@ class Proof:
 
 
 def begin(srv: Server, email: str, address: str) -> tuple[throttle.LoginAttempt, str | None]:
-    """Count the attempt (or refuse it, 429) and read the stored hash."""
+    """Count the attempt (or refuse it, 429) and read the stored hash: a login's first step too."""
     with srv.db.write() as s, s.begin():
         return throttle.begin_login(s, email, address, utcnow()), accounts.password_hash_of(s, email)
 
@@ -51,7 +51,9 @@ def _check_live(ctx: Caller) -> None:
         accounts.check_live(s, ctx.who)
 
 
-async def gate(ctx: Caller, request: Request, password: str | None, what: str, *, needed: bool) -> Proof | None:
+async def gate(
+    ctx: Caller, request: Request, password: str | None, what: str, *, needed: bool, hint: str = ""
+) -> Proof | None:
     """None when the act needs no password (`needed` false: what it makes does not outlive the caller's token);
     else the password's proof: a token revoked meanwhile 401 first, no password 403 naming `password`."""
     if not needed:
@@ -60,7 +62,7 @@ async def gate(ctx: Caller, request: Request, password: str | None, what: str, *
     if password is None:
         until = f"{ctx.who.token_expires_at:%Y-%m-%d %H:%M} UTC" if ctx.who.token_expires_at else "never"
         raise Forbidden(f"password: {what} outlives the token making it (it expires {until}) and needs your "
-                        "password")  # fmt: skip
+                        f"password{hint}")  # fmt: skip
     return await confirm(ctx.srv, ctx.who.email, request, password, "password")
 
 

@@ -136,18 +136,13 @@ async def login(body: Credentials, request: Request, srv: Srv) -> SessionOut:
     email = accounts.normalise_email(body.email)
     slot = srv.passwords.reserve()
     try:
-        attempt, stored = await run_in_threadpool(_begin_login, srv, email, client_address(request))
+        attempt, stored = await run_in_threadpool(reauth.begin, srv, email, client_address(request))
         ok = await slot.run(accounts.verify_password, stored, body.password)
     finally:
         slot.release()
     if not ok or stored is None:
         raise Unauthorized("wrong email or password")
     return await run_in_threadpool(_finish_login, srv, email, attempt, stored)
-
-
-def _begin_login(srv: Server, email: str, address: str) -> tuple[throttle.LoginAttempt, str | None]:
-    with srv.db.write() as s, s.begin():
-        return throttle.begin_login(s, email, address, utcnow()), accounts.password_hash_of(s, email)
 
 
 def _finish_login(srv: Server, email: str, attempt: throttle.LoginAttempt, checked: str) -> SessionOut:
@@ -193,8 +188,8 @@ async def create_token(body: TokenIn, request: Request, ctx: Auth) -> NewTokenOu
     failed logins (429). So a stolen day-long console session is not a way to a key that never expires."""
     expires = ctx.now + timedelta(days=body.expires_in_days) if body.expires_in_days else None
     needed = accounts.outlives(expires, ctx.who.token_expires_at)
-    proof = await reauth.gate(ctx, request, body.password, "a token expiring later (ask for fewer expires_in_days)",
-                              needed=needed)  # fmt: skip
+    proof = await reauth.gate(ctx, request, body.password, "a token expiring later than this one", needed=needed,
+                              hint="; or ask for fewer expires_in_days")  # fmt: skip
     return await run_in_threadpool(_issue, ctx, body.name, expires, proof)
 
 

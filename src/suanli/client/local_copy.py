@@ -13,13 +13,13 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from suanli.client.tree_writer import Refused, TreeWriter
 from suanli.storage import fd_channel as ch
 
 BATCH = 200  # files a batch of a tree carries
@@ -192,55 +192,34 @@ def put_tree(c: Channel, ref: str, org: str | None, path: str, src: Path, progre
 
 
 def get_tree(c: Channel, ref: str, org: str | None, path: str, dest: Path, progress: Progress | None) -> dict[str, Any]:
-    """Into the directory `dest`: directories made, links that stay inside it made (others skipped, as tarfile's
-    "data" filter decides), files created as this user and filled by the server."""
-    dest.mkdir(parents=True, exist_ok=True)
-    top = str(dest.resolve())
+    """Into the directory `dest`: directories made, links that stay inside it made (others skipped), files created
+    as this user and filled by the server; never through a link (`client/tree_writer.py`)."""
     s = _ask(c, {"op": "get-tree", "volume": ref, "org": org, "path": path}, [])
-    with s:
+    with s, TreeWriter(dest) as tree:
         while True:
             msg = _next(s)
             if msg.get("op") == "end":
                 return _reply(s)
             if msg.get("op") != "batch":
                 return _answer(msg)
-            for d in msg.get("dirs", []):
-                os.makedirs(_inside(top, d), exist_ok=True)
-            for name, target in msg.get("links", []):
-                _link(top, name, target)
-            fds: list[int] = []
-            total = 0
             try:
-                for name, size, mode in msg.get("files", []):
-                    where = _inside(top, name)
-                    os.makedirs(os.path.dirname(where), exist_ok=True)
-                    fds.append(os.open(where, _WRITE, (int(mode) & 0o755) | 0o600))
-                    total += int(size)
-                if fds:
-                    ch.send(s, {"op": "fds"}, fds)
-            finally:
-                ch.close_all(fds)
+                for d in msg.get("dirs", []):
+                    tree.mkdir(d)
+                for name, target in msg.get("links", []):
+                    tree.link(name, str(target))
+                fds: list[int] = []
+                total = 0
+                try:
+                    for name, size, mode in msg.get("files", []):
+                        fds.append(tree.create(name, int(mode)))
+                        total += int(size)
+                    if fds:
+                        ch.send(s, {"op": "fds"}, fds)
+                finally:
+                    ch.close_all(fds)
+            except Refused as e:
+                from suanli.client import ApiError
+
+                raise ApiError(0, f"{e}; the copy stopped there") from None
             if progress is not None and total:
                 progress(total)
-
-
-def _inside(top: str, rel: object) -> str:
-    if not isinstance(rel, str) or rel.startswith("/") or ".." in rel.split("/") or "\0" in rel:
-        from suanli.client import ApiError
-
-        raise ApiError(0, f"the server named a path outside the copy: {str(rel)[:200]!r}")
-    return os.path.join(top, rel)
-
-
-def _link(top: str, name: str, target: str) -> None:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = tarfile.SYMTYPE, target
-    try:
-        tarfile.data_filter(info, top)
-    except tarfile.FilterError:
-        return  # absolute, or out of the copy
-    where = _inside(top, name)
-    os.makedirs(os.path.dirname(where), exist_ok=True)
-    if os.path.lexists(where):
-        os.unlink(where)
-    os.symlink(target, where)

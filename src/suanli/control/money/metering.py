@@ -200,7 +200,10 @@ def stop_earlier(s: Session, allocation_id: str, end: datetime, now: datetime) -
     a.stopped_at = max(end, a.started_at)
     if a.settled:
         billed = billable_seconds((a.stopped_at - a.started_at).total_seconds(), True)
-        settle_credit(s, a, billed, now, MeterReport())
+        if a.billing_mode == usage.USAGE:  # charged by activity, not at its full rate
+            usage.credit_past_end(s, a, billed, now)
+        else:
+            settle_credit(s, a, billed, now, MeterReport())
         a.metered_until_s = billed
 
 
@@ -255,6 +258,7 @@ def meter_allocation(
         done = usage.meter_allocation(s, a, now, window_s, usage_policy)
         report.posted, report.repeated = report.posted + done.posted, report.repeated + done.repeated
         report.amount += done.amount
+        report.credited += done.credited
         report.settled += done.settled
         a.lock_owner, a.lock_expires_at = None, None
         return

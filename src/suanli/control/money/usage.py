@@ -22,7 +22,17 @@ from sqlalchemy.orm import Session
 from suanli.billing.ledger import REVENUE, org_account, transfer
 from suanli.billing.metering import billable_seconds, cost_of
 from suanli.billing.money import ZERO, exact
-from suanli.billing.usage import FULL, Reading, UsageRates, activity, permille, visible, window_cost, windows_due
+from suanli.billing.usage import (
+    FULL,
+    Reading,
+    UsageRates,
+    activity,
+    permille,
+    usage_cost,
+    visible,
+    window_cost,
+    windows_due,
+)
 from suanli.control.money import ledger
 from suanli.control.settings import Settings
 from suanli.db.models import Allocation, Gpu, Node
@@ -51,6 +61,7 @@ class UsagePass:
     repeated: int = 0
     amount: Decimal = ZERO
     settled: bool = False
+    credited: Decimal = ZERO  # given back for windows charged past the run's end
 
 
 def epoch_ms(t: datetime) -> int:
@@ -128,9 +139,36 @@ def meter_allocation(s: Session, a: Allocation, now: datetime, window_s: int, po
             a.activity_permille_s += act
             a.metered_until_s = w.end_s
     if seen_stopped:
+        out.credited = credit_past_end(s, a, billed, now)
         a.metered_until_s = max(a.metered_until_s, billed)
         a.settled = out.settled = True
     return out
+
+
+def credit_past_end(s: Session, a: Allocation, billed: int, now: datetime) -> Decimal:
+    """Give back what windows charged past a usage run's end cost, its end learned only after they were charged
+    (its server was down, the loop waited out a dead leader's lease, the executor reported an earlier end): the run
+    then owes U(billed, A) for its `billed` seconds. A is taken as all the activity charged, up to fully active for
+    those seconds: the readings of the seconds past the end may be gone (raw readings are kept hours, not for
+    ever), and a reading that is missing must never lower a bill, so no more is given back than is owed (exact for
+    a run fully active or idle throughout). One `refund` per correction, keyed `usage-credit:<allocation>:<seconds
+    billed>` as per-second metering's (`metering.settle_credit`), so an end corrected twice is given back twice."""
+    paid = a.metered_until_s
+    if paid <= billed:
+        return ZERO
+    kept = min(a.activity_permille_s, FULL * a.gpus * billed)
+    over = exact(a.charged - usage_cost(rates_of(a), billed, kept))
+    a.activity_permille_s, a.metered_until_s = kept, billed
+    if over <= ZERO:
+        return ZERO
+    memo = (f"{a.workload or a.id}: ran {billed} s, {paid} s were charged before its end was known: "
+            f"{paid - billed} s given back")  # fmt: skip
+    tx = transfer(f"usage-credit:{a.id}:{billed}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
+    _, created = ledger.post(s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id)
+    if not created:  # this very correction was given back before
+        return ZERO
+    a.charged = exact(a.charged - over)
+    return over
 
 
 def settle_now(s: Session, a: Allocation, now: datetime, window_s: int, policy: UsagePolicy = UsagePolicy()) -> Decimal:

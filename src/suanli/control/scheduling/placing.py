@@ -1,6 +1,6 @@
 """Persisting what a scheduling pass decided: preemptions, and placements a chunk at a time, each placement's
-admission (balance, quota, plan, the member's spend limit) checked again under its org's row lock. A refused
-placement writes nothing and stays pending with the reason.
+admission (balance, quota, plan, the member's spend limit, the spec's price ceiling) checked again under its
+org's row lock. A refused placement writes nothing and stays pending with the reason.
 """
 
 from __future__ import annotations
@@ -141,8 +141,12 @@ def place_chunk(
             except ServiceError as e:
                 refusal = refusal or e.message
                 continue
-            over = member.admit(alloc["rate_per_hour"], hold_minutes) if member and alloc["rate_per_hour"] else None
-            if over is not None:  # a submission saw none of the member's queued work: the limit holds here
+            # The spec's price ceiling, checked at submission at its minimum and the prices then: here at the size
+            # it is placed at (elastic work grown into idle GPUs) and the prices in force (raised while it waited).
+            over = price_refusal(spec, alloc)
+            if over is None and member and alloc["rate_per_hour"]:
+                over = member.admit(alloc["rate_per_hour"], hold_minutes)
+            if over is not None:  # (a submission saw none of the member's queued work: its limit holds here)
                 unadmit(loads[r.org_id], alloc)
                 alloc, refusal = None, refusal or over
                 continue
@@ -196,6 +200,21 @@ def member_spending(
     if key not in cache:
         cache[key] = None if load.org.personal else spend_limits.spending(s, load.org.id, user_id, now)
     return cache[key]
+
+
+def price_refusal(spec: WorkloadSpec, row: dict[str, Any]) -> str | None:
+    """Why an allocation row (`metering.admitted_row`) costs more an hour than the spec's `max_price_per_hour`, or
+    None. Held at every placement and every grow, as at submission (`admission.candidates`): a plan's prepaid GPUs
+    cost nothing, its host CPU and memory what the book says."""
+    ceiling, rate = spec.max_price_per_hour, row["rate_per_hour"]
+    if ceiling is None or rate <= ceiling:
+        return None
+    host = host_text(row["cpu_milli"], row["memory_mib"]) if row["cpu_milli"] or row["memory_mib"] else ""
+    if row["gpus"] and row["gpu_model"]:
+        what = f"{row['gpus']} x {row['gpu_model']}" + (f" with {host}" if host else "")
+    else:
+        what = host or "it"
+    return f"max_price_per_hour: {what} cost {rate:.2f}/h, above the ceiling {ceiling}"
 
 
 def unadmit(load: metering.OrgLoad, row: dict[str, Any]) -> None:

@@ -65,10 +65,32 @@ def scale(s: Session, who: Principal, ref: str, gpus: int, now: datetime) -> Wor
     nodes = spec.resources.nodes
     if nodes and gpus % nodes:
         raise Invalid(f"gpus: must be divisible by resources.nodes ({nodes}); got {gpus}")
+    over = _over_ceiling(s, w, spec, gpus)
+    if over is not None:
+        raise Conflict(over)
     w.scale_to = gpus
     workloads.event(s, w, f"scale to {gpus} GPUs asked by {who.email}", now)
     inventory.bump_version(s)  # the scheduling pass looks again at once
     return w
+
+
+def _over_ceiling(s: Session, w: Workload, spec: WorkloadSpec, gpus: int) -> str | None:
+    """Why growing to `gpus` GPUs would cost more than the spec's `max_price_per_hour` at the prices in force, or
+    None: its allocation's GPU model and billing, its host CPU and memory as one node-rank (the least a placement
+    holds). The pass checks the placement it finds again (`carry_out`)."""
+    a = s.get(Allocation, w.allocation_id) if spec.max_price_per_hour is not None and w.allocation_id else None
+    if a is None or a.gpu_model is None or gpus <= a.gpus:
+        return None
+    _, book = prices.current(s)
+    cpu, mem = spec.host_held([gpus])
+    plan = a.billing_mode.startswith("plan")
+    try:
+        rate = ZERO if plan else book.rate(a.gpu_model, gpus, a.billing_mode, a.milli)  # type: ignore[arg-type]
+    except (KeyError, ValueError):
+        return None  # no longer priced: the pass refuses it, saying so
+    host = book.host_rate(cpu, mem, "spot" if a.billing_mode == "spot" else "on-demand")
+    row = {"gpus": gpus, "gpu_model": a.gpu_model, "cpu_milli": cpu, "memory_mib": mem, "rate_per_hour": rate + host}
+    return placing.price_refusal(spec, row)
 
 
 def pinned(req: Request, gpus: int) -> Request:
@@ -157,9 +179,10 @@ def carry_out(
     lengths: Callable[[WorkloadSpec, Cluster, Sequence[int]], float | None],
 ) -> tuple[int, dict[str, str]]:  # fmt: skip
     """Close each resized workload's allocation and open the new one at the same instant, in the caller's transaction.
-    A grow is admitted like a placement (balance hold, quotas, a plan's GPUs), counting the allocation it replaces
-    as gone: the policy's grows as far as is admitted, an owner's all or nothing; a shrink always is (it needs
-    less). Returns how many were carried out and, by workload, why a grow was refused. Work that changed since the snapshot (ended, placed elsewhere, a virtual run already over) is left."""
+    A grow is admitted like a placement (balance hold, quotas, a plan's GPUs, the spec's price ceiling), counting the
+    allocation it replaces as gone: the policy's grows as far as is admitted, an owner's all or nothing; a shrink
+    always is (it needs less). Returns how many were carried out and, by workload, why a grow was refused. Work that
+    changed since the snapshot (ended, placed elsewhere, a virtual run already over) is left."""
     _, book = prices.current(s)
     loads: dict[str, metering.OrgLoad] = {}
     plan_use: dict[str, int] = {}
@@ -207,6 +230,11 @@ def carry_out(
                     allocation_id=f"{w.id}.{w.attempt + 1}", rate=ZERO if plan else None, load=load, book=book,
                     cpu_milli=cpu, memory_mib=mem, check=grow,
                 )  # fmt: skip
+                ceiling = placing.price_refusal(spec, row) if grow else None  # a shrink is never refused
+                if ceiling is not None:  # grown at the prices in force, as far as the spec's ceiling
+                    placing.unadmit(load, row)
+                    row = None
+                    raise Conflict(ceiling)
                 member = placing.member_spending(s, spending, load, w.user_id, now) if grow else None
                 more = row["rate_per_hour"] - old.rate_per_hour
                 over = member.admit(more, hold_minutes) if member is not None and more > 0 else None

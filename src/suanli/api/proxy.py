@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import socket
 import stat
 import time
@@ -43,6 +44,7 @@ CONNECT_TIMEOUT_S = 5.0
 READ_TIMEOUT_S = 300.0  # long polls and slow notebooks; kernels talk over WebSockets
 WS_MAX_MESSAGE = 16 << 20  # one message; with a queue of one, a WebSocket pins at most ~2 of these
 MAX_WS_PER_USER = 64  # open WebSockets of one user through one server process
+_AUTHORITY = re.compile(r"(?:[A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::([0-9]{1,5}))?")  # a Host header
 
 
 class NotReady(ServiceError):
@@ -221,9 +223,11 @@ async def forward_http(
         raise NotReady(f"{up.name} did not answer in time") from None
     except httpx.TransportError as e:  # it hung up, or spoke something that is not HTTP
         raise BadGateway(f"{up.name} broke off: {type(e).__name__}") from None
+    except (httpx.HTTPError, httpx.InvalidURL) as e:  # an answer httpx cannot take (a Location it cannot parse)
+        raise BadGateway(f"{up.name} answered what cannot be relayed: {type(e).__name__}") from None
     try:
         raw = downstream_headers(resp.headers, prefix, scope, request.headers.get("host", ""), up.socket is None)
-    except ServiceError:
+    except BaseException:  # whatever refused it, its connection goes back: kept, it would hold a descriptor for ever
         await resp.aclose()
         raise
     out = StreamingResponse(_relay(resp), status_code=resp.status_code, background=BackgroundTask(resp.aclose))
@@ -241,22 +245,41 @@ async def _relay(resp: httpx.Response) -> AsyncIterator[bytes]:
 
 
 # ---- WebSockets ---------------------------------------------------------------------------------------------------
+def _authority(host: str) -> bool:
+    """A Host header fit to put in a URI: a name or bracketed IPv6 address, and a port that exists."""
+    m = _AUTHORITY.fullmatch(host)
+    return m is not None and (m.group(1) is None or int(m.group(1)) <= 65535)
+
+
 async def forward_ws(
     state: ProxyState, ws: WebSocket, up: proxy.Upstream, raw_path: bytes, prefix: str, grant: proxy.Grant,
     secret: str,
 ) -> None:  # fmt: skip
     """Connect upstream first (offering the browser's subprotocols), then accept the browser with the one chosen,
     and copy messages both ways until either side closes, or the session ends (its user left the org, it
-    expired, the instance stopped): re-checked as often as HTTP requests are."""
-    from websockets.asyncio.client import connect
-    from websockets.exceptions import ConnectionClosed, InvalidHandshake
-
-    if cross_site(ws.headers, "WEBSOCKET"):
+    expired, the instance stopped): re-checked as often as HTTP requests are. One user holds at most
+    `MAX_WS_PER_USER` through one process, counted from before the first await."""
+    host = ws.headers.get("host", "localhost")
+    if cross_site(ws.headers, "WEBSOCKET") or not _authority(host):  # the host goes into the upstream URI
         await ws.close(code=1008)
         return
     if state.open_ws.get(grant.user_id, 0) >= MAX_WS_PER_USER:
         await ws.close(code=1013)
         return
+    state.open_ws[grant.user_id] = state.open_ws.get(grant.user_id, 0) + 1  # counted before the first await: opens
+    try:  # at once count too
+        await _bridge(state, ws, up, raw_path, prefix, grant, secret, host)
+    finally:
+        state.open_ws[grant.user_id] -= 1
+
+
+async def _bridge(
+    state: ProxyState, ws: WebSocket, up: proxy.Upstream, raw_path: bytes, prefix: str, grant: proxy.Grant,
+    secret: str, host: str,
+) -> None:  # fmt: skip
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
     try:
         sock = await state.raw_socket(up)
     except ServiceError:
@@ -266,20 +289,18 @@ async def forward_ws(
     headers.pop("host", None)
     headers.pop("origin", None)
     offered = [p.strip() for p in ws.headers.get("sec-websocket-protocol", "").split(",") if p.strip()]
-    host = ws.headers.get("host", "localhost")
     uri = f"ws://{host}{raw_target(raw_path, ws.scope.get('query_string', b'')).decode('latin-1')}"
     try:
         upstream = await connect(uri, sock=sock, additional_headers=headers, origin=ws.headers.get("origin"),  # type: ignore[arg-type]
                                  subprotocols=offered or None, max_size=WS_MAX_MESSAGE, max_queue=1,  # type: ignore[arg-type]
                                  compression=None, open_timeout=CONNECT_TIMEOUT_S, user_agent_header=None,
                                  ping_interval=None)  # fmt: skip
-    except (OSError, InvalidHandshake, TimeoutError) as e:
+    except Exception as e:  # refused, timed out, or a handshake or URI it would not take: the socket is ours to close
         log.info("proxy: websocket to %s refused: %s", up.name, e)
         sock.close()
         await ws.close(code=1011)
         return
     await ws.accept(subprotocol=upstream.subprotocol)
-    state.open_ws[grant.user_id] = state.open_ws.get(grant.user_id, 0) + 1
 
     async def down() -> None:
         async for msg in upstream:
@@ -313,7 +334,6 @@ async def forward_ws(
     except (ConnectionClosed, OSError):
         pass
     finally:
-        state.open_ws[grant.user_id] -= 1
         for t in tasks:
             t.cancel()
         for t in tasks:

@@ -110,20 +110,33 @@ def downstream_headers(headers: httpx.Headers, prefix: str, scope: str, host: st
     the instance: no service worker scope wider than its script's, cookies confined (`_cookie`), no redirect off
     this server."""
     out = []
-    for k, v in headers.multi_items():
-        lk = k.lower()
+    for k, raw in headers.raw:  # the bytes as sent: a value in UTF-8 passes as it came, as any proxy passes it
+        lk = k.decode("latin-1").lower()
         if lk in HOP_BY_HOP or lk == "service-worker-allowed":
             continue
+        v = raw.decode("latin-1")
         if lk == "set-cookie":
             confined = _cookie(v, scope)
             if confined is None:
                 continue
             v = confined
         if lk == "location":
-            target = urlsplit(v)
-            if v.startswith("//") or (target.netloc and target.netloc.lower() != host.lower()):
+            if not _stays_here(v, host):
                 raise BadGateway("the service redirected off this server")
             if rewrite_location and v.startswith("/"):
                 v = prefix + v  # a service at / that redirects to /x means /i/<id>/port/N/x
         out.append((lk.encode("latin-1"), v.encode("latin-1")))
     return out
+
+
+def _stays_here(location: str, host: str) -> bool:
+    """Whether a redirect stays on this server, read as a browser reads it: a browser takes `\\` for `/` and drops
+    control characters and spaces, and `https:/x` or `https:x` to another host is `https://x`. So: no backslash or
+    control character or space at all; a path that does not begin `//`; or a URL written whole (`scheme://`) to this
+    very host."""
+    if any(c == "\\" or ord(c) <= 0x20 or ord(c) == 0x7F for c in location):
+        return False
+    target = urlsplit(location)
+    if target.scheme or ":" in location.split("/", 1)[0]:
+        return location.startswith(f"{target.scheme}://") and target.netloc.lower() == host.lower() != ""
+    return not location.startswith("//")

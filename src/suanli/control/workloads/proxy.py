@@ -21,6 +21,7 @@ import os
 import re
 import stat
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from suanli.control.accounts import memberships
 from suanli.control.accounts.accounts import Principal
-from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
+from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound, Unavailable
 from suanli.control.ids import new_secret, token_hash
 from suanli.control.workloads import workloads
 from suanli.db.models import ApiToken, Membership, ProxySession, Workload
@@ -57,7 +58,14 @@ JUPYTER_COMMAND = (
     '--ServerApp.sock_mode=0600 --ServerApp.base_url="/i/$SUANLI_WORKLOAD_ID/lab/" --ServerApp.root_dir="$PWD" '
     "--ServerApp.allow_remote_access=True"
 )
-JUPYTER_BACKGROUND = f'{JUPYTER_COMMAND} >"$SUANLI_PROXY_DIR/{JUPYTER_LOG}" 2>&1 </dev/null &'
+# The background job lets go of what its starter passed (the server's stderr pipe, on demand) in a step of its own
+# before it opens the log: the log is in the tenant's directory and may be a FIFO whose open blocks for good, and
+# dash opens every target of one command's redirections before it moves any descriptor.
+JUPYTER_BACKGROUND = (
+    f'(exec </dev/null >/dev/null 2>&1; exec {JUPYTER_COMMAND} >"$SUANLI_PROXY_DIR/{JUPYTER_LOG}" 2>&1) &'
+)
+STARTS_AT_ONCE = 2  # on-demand starts one server process runs at once: each holds a route thread up to 40 s
+_starting = threading.BoundedSemaphore(STARTS_AT_ONCE)
 
 
 def proxy_dir(home: Path, workload_id: str) -> Path:
@@ -286,11 +294,18 @@ def ensure_jupyter(home: Path, w: Workload) -> bool:
         os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         return False
+    if not _starting.acquire(blocking=False):  # whatever a start waits on, the route threads left are for others
+        marker.unlink(missing_ok=True)
+        raise Unavailable(
+            "JupyterLab is being started in other instances on this server; try again in a few seconds", 5
+        )
     try:
         _start_jupyter(w)
     except BaseException:
         marker.unlink(missing_ok=True)
         raise
+    finally:
+        _starting.release()
     return True
 
 

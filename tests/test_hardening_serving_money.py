@@ -83,8 +83,11 @@ class Replica:
                           % (len(out), out))  # fmt: skip
 
 
-def reports(prompt: int, completion: int) -> Callable[[bytes], dict[str, Any]]:
-    return lambda body: {"choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}],
+def reports(prompt: int, completion: int, content: str | None = None) -> Callable[[bytes], dict[str, Any]]:
+    """An answer whose usage says `prompt` and `completion` tokens; its text holds that many (a byte a token, up to
+    2 MB) unless `content` says otherwise."""
+    text = "x" * min(completion, 2_000_000) if content is None else content
+    return lambda body: {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}],
                          "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}  # fmt: skip
 
 
@@ -233,7 +236,7 @@ def test_a_key_binds_its_maker_in_the_paying_org(platform: Platform) -> None:
         from suanli.control.accounts import spend_limits
 
         spent = spend_limits.month_to_date(s, team, utcnow(), member.user_id)
-    assert spent.get(member.user_id, Decimal(0)) > 1  # ¥100 of tokens, counted against the member's limit
+    assert spent.get(member.user_id, Decimal(0)) == 1  # ¥100 of tokens, charged up to the member's limit of ¥1
     platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]
     r = platform.api.post("/v1/chat/completions", json=body, headers=auth)
     assert r.status_code == 402 and "spend limit" in r.json()["error"]["message"], r.text

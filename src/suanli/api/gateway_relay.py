@@ -56,24 +56,56 @@ async def whole(
     content = b"".join(chunks)
     del chunks
     if resp.status_code == 200:  # a large answer is parsed off the event loop every request shares
-        usage = _usage_of(content) if size < 1 << 16 else await run_in_threadpool(_usage_of, content)
-        _count(state, r, g, usage, cap)
+        usage, answered = _usage_of(content) if size < 1 << 16 else await run_in_threadpool(_usage_of, content)
+        _count(state, r, g, usage, cap, answered)
     return Response(content, status_code=resp.status_code,
                     media_type=resp.content_type or "application/json")  # fmt: skip
 
 
-def _usage_of(content: bytes) -> dict[str, Any] | None:
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        u = json.loads(content).get("usage")
-        return u if isinstance(u, dict) else None
-    return None
+def _usage_of(content: bytes) -> tuple[dict[str, Any] | None, int]:
+    """The answer's usage, and the most completion tokens its text can hold (`answered_tokens`)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
+        doc = json.loads(content)
+        u = doc.get("usage")
+        return (u if isinstance(u, dict) else None), answered_tokens(doc.get("choices"), delta=False)
+    return None, 0
 
 
-def _count(state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, Any] | None, cap: UsageCap) -> None:
-    """The replica's usage, each count a whole number up to what the request could have used (`UsageCap`)."""
+TOKENS_PER_CHOICE = 4  # tokens a choice may use that decode to nothing (its end of sequence, a role marker)
+
+
+def answered_tokens(choices: Any, delta: bool) -> int:
+    """The most completion tokens `choices` (an answer's, or one stream event's) can stand for: a token decodes to
+    at least one byte of what it answered (the text, a reasoning text, a tool call's name and arguments), beside a
+    few per choice that decode to nothing. The replica runs its owner's code and reports its own usage; a count
+    above what it answered is what a priced endpoint's owner would bill its buyers for nothing."""
+    if not isinstance(choices, list):
+        return 0
+    n = 0
+    for c in choices:
+        if not isinstance(c, dict):
+            continue
+        msg = c.get("delta" if delta else "message")
+        parts = [c.get("text")]
+        if isinstance(msg, dict):
+            parts += [msg.get("content"), msg.get("reasoning_content"), msg.get("reasoning"), msg.get("refusal")]
+            for call in msg.get("tool_calls") or () if isinstance(msg.get("tool_calls"), list) else ():
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    parts += [fn.get("name"), fn.get("arguments")]
+        n += sum(len(p.encode("utf-8", "replace")) for p in parts if isinstance(p, str))
+        n += 0 if delta else TOKENS_PER_CHOICE
+    return n
+
+
+def _count(
+    state: GatewayState, r: store.Route, g: KeyGrant, usage: dict[str, Any] | None, cap: UsageCap, answered: int
+) -> None:
+    """The replica's usage, each count a whole number up to what the request could have used (`UsageCap`), and its
+    completion tokens up to what the answer holds (`answered_tokens`)."""
     u = usage or {}
     state.add_usage(r.id, g.key_id, _tokens(u.get("prompt_tokens"), cap.prompt),
-                    _tokens(u.get("completion_tokens"), cap.completion), utcnow())  # fmt: skip
+                    _tokens(u.get("completion_tokens"), min(cap.completion, answered)), utcnow())  # fmt: skip
 
 
 def _tokens(v: Any, most: int) -> int:
@@ -101,6 +133,8 @@ class Relay:
         self.state, self.resp, self.t, self.r, self.g, self.cap = state, resp, t, r, g, cap
         self.usage: dict[str, Any] | None = None
         self.deltas = 0  # events carrying a choice's delta or text: the tokens sent, where the usage never came
+        self.answered = 0  # the most completion tokens the events' text can hold (`answered_tokens`)
+        self.choices: set[int] = set()  # the choices seen: each may end with tokens that decode to nothing
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         relay = asyncio.ensure_future(self._relay(send))
@@ -120,7 +154,9 @@ class Relay:
             finally:
                 # No usage event: a client that left pays for what it was sent; a replica that broke off (the
                 # client got an error saying retry) or sends none charges nothing.
-                _count(self.state, self.r, self.g, self.usage or (self._estimate() if left else None), self.cap)
+                answered = self.answered + TOKENS_PER_CHOICE * max(1, len(self.choices))
+                _count(self.state, self.r, self.g, self.usage or (self._estimate() if left else None), self.cap,
+                       answered)  # fmt: skip
                 done(self.state, self.t, self.r)
         if relay.done() and not relay.cancelled() and relay.exception() is not None:
             raise relay.exception()  # type: ignore[misc]
@@ -141,8 +177,7 @@ class Relay:
                 if shadow.find(b"\n\n", start) >= 0 or shadow.find(b"\r\n\r\n", start) >= 0:
                     *events, rest = bytes(shadow).replace(b"\r\n", b"\n").split(b"\n\n")
                     for ev in events:
-                        self.usage = _event_usage(ev) or self.usage
-                        self.deltas += (b'"delta"' in ev or b'"text"' in ev) and b'"usage"' not in ev
+                        self._read(ev)
                     shadow = bytearray(rest)
                 if len(shadow) > SHADOW_BYTES:
                     shadow.clear()
@@ -154,6 +189,23 @@ class Relay:
                         "more_body": True})  # fmt: skip
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    def _read(self, ev: bytes) -> None:
+        """One event of the stream: its usage, or the text its choices carry."""
+        doc = _event_doc(ev)
+        if doc is None:
+            return
+        u = doc.get("usage")
+        if isinstance(u, dict):
+            self.usage = u
+        choices = doc.get("choices")
+        if isinstance(choices, list) and choices:
+            self.deltas += not isinstance(u, dict)
+            self.answered += answered_tokens(choices, delta=True)
+            if len(self.choices) < 64:
+                self.choices.update(
+                    c["index"] for c in choices if isinstance(c, dict) and isinstance(c.get("index"), int)
+                )
+
 
 SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
                (b"x-accel-buffering", b"no")]  # fmt: skip
@@ -164,13 +216,12 @@ async def until_disconnect(receive: Any) -> None:
         pass
 
 
-def _event_usage(ev: bytes) -> dict[str, Any] | None:
-    if b'"usage"' not in ev:
+def _event_doc(ev: bytes) -> dict[str, Any] | None:
+    """The JSON object an SSE event's `data:` lines carry (None for `[DONE]`, a comment, or what is not JSON)."""
+    data = b"\n".join(line[5:].strip() for line in ev.split(b"\n") if line.startswith(b"data:"))
+    if not data.startswith(b"{"):
         return None
-    for line in ev.split(b"\n"):
-        if line.startswith(b"data:"):
-            with contextlib.suppress(ValueError, TypeError, AttributeError):
-                u = json.loads(line[5:].strip()).get("usage")
-                if isinstance(u, dict):
-                    return u
+    with contextlib.suppress(ValueError, TypeError, RecursionError):
+        doc = json.loads(data)
+        return doc if isinstance(doc, dict) else None
     return None

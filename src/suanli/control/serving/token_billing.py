@@ -1,7 +1,7 @@
 """Charging for tokens: a key of another org on an endpoint with a price pays the endpoint's org per 1M tokens, one
 balanced ledger transaction per usage row part (payer's account debited, owner's credited, the same exact amount),
 idempotent by row and token range, never more than the payer has (the owner's replica reports the usage), and
-counted against the key maker's monthly spend limit. Keys of the endpoint's own org pay nothing per token: their org already pays
+counted against the key maker's monthly spend limit and never past it. Keys of the endpoint's own org pay nothing per token: their org already pays
 the replicas' GPU time.
 
 Run by the serving pass's leader; rows are charged once their minute is `SETTLE_S` old (the gateways report every
@@ -18,9 +18,11 @@ from sqlalchemy.exc import OperationalError
 
 from suanli.billing.ledger import org_account, transfer
 from suanli.billing.tokens import part_charge
+from suanli.control.accounts import spend_limits
 from suanli.control.errors import PaymentRequired
 from suanli.control.money import ledger
 from suanli.db.engine import Database, DatabaseUnavailable, transient
+from suanli.db.models import Membership
 from suanli.db.serving import Endpoint, EndpointKey, EndpointUsage
 
 SETTLE_S = 60.0
@@ -84,6 +86,14 @@ def _charge_row(db: Database, eid: str, kid: str, minute: datetime, now: datetim
             # Money moves, it is never made: the payer gives at most what it has (the replica runs the seller's
             # code, which reports the usage; the gateway refuses the key once nothing is left).
             amount = min(part_charge(row.charged_tokens, total, price), max(ledger.org_balance(s, k.org_id), ZERO))
+            # Nor more than the key's maker may still spend there this month: the gateway lets a request in while
+            # any is left, and a member's key on the member's own priced endpoint would otherwise move the whole
+            # balance to the member's org past a limit of ¥1 (what is over is forgiven: the owner was its maker).
+            limit = s.scalar(select(Membership.monthly_spend_limit).where(Membership.org_id == k.org_id,
+                                                                         Membership.user_id == k.user_id))  # fmt: skip
+            if limit is not None:
+                spent = spend_limits.month_to_date(s, k.org_id, now, k.user_id).get(k.user_id, ZERO)
+                amount = min(amount, max(limit - spent, ZERO))
             if amount > 0:
                 key = f"serve:{eid}:{kid}:{minute:%Y%m%d%H%M}:{row.charged_tokens}-{total}"
                 memo = (f"{total - row.charged_tokens} tokens of endpoint {e.name} ({e.id}) at {price}/1M, "

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -26,15 +27,75 @@ _gcs_calls = ThreadPoolExecutor(max_workers=4, thread_name_prefix="suanli-ray-gc
 
 
 def connect(address: str, namespace: str, auth_token: str | None, gcs_outage_s: float) -> Any:
-    """The `ray` module, connected to the cluster at `address` as a driver (once per process)."""
+    """The `ray` module, connected to the cluster at `address` as a driver (once per process), once the cluster is
+    known to refuse drivers without its token (`require_token`)."""
     import ray
 
     with _connect_lock:
+        refused, at = _checked.get(address, ("", -1e9))
+        if refused and time.monotonic() - at < RECHECK_S:
+            raise OpenCluster(refused)
+        if refused or address not in _checked:
+            try:
+                require_token(address)
+                _checked[address] = ("", time.monotonic())
+            except OpenCluster as e:
+                _checked[address] = (str(e), time.monotonic())
+                raise
         if not ray.is_initialized():
             configure_process(auth_token, gcs_outage_s)
             ray.init(address=address, namespace=namespace, ignore_reinit_error=True, logging_level=logging.WARNING,
                      log_to_driver=False)  # fmt: skip
     return ray
+
+
+_checked: dict[str, tuple[str, float]] = {}  # address -> (why it was refused, or "": it requires a token; when)
+AUTH_CHECK_S = 60.0
+RECHECK_S = 300.0  # a refused cluster is asked again this long after (its operator may have turned tokens on)
+_PROBE = "import ray, sys; ray.init(address=sys.argv[1], logging_level=40); print('CONNECTED', flush=True)"
+
+
+class OpenCluster(RuntimeError):
+    """The Ray cluster lets in a driver that has no token: tenant work is not sent there."""
+
+
+def require_token(address: str, timeout_s: float = AUTH_CHECK_S) -> None:
+    """Refuse a cluster that lets a driver in without its token. Tenant ranks share their node's network (NCCL
+    needs it), and Ray's GCS, client server and job API there run whatever a driver sends as the Ray user, outside
+    every sandbox: on a cluster without token authentication any tenant's job could. A driver with no token and no
+    token file (a fresh HOME) tries to connect; the cluster must answer it `Unauthenticated`. One that lets it in,
+    or does not say within `timeout_s`, raises `OpenCluster` (fail closed)."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="suanli-ray-auth-") as home:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        env.update({"HOME": home, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+        proc = subprocess.Popen([sys.executable, "-c", _PROBE, address], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=home)  # fmt: skip
+        verdict = ""
+        timer = threading.Timer(timeout_s, proc.kill)
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for raw in proc.stdout:
+                line = raw.decode(errors="replace")
+                if "Unauthenticated" in line or "InvalidAuthToken" in line:
+                    verdict = "token required"
+                    break
+                if line.startswith("CONNECTED"):
+                    verdict = "open"
+                    break
+        finally:
+            timer.cancel()
+            proc.kill()
+            proc.wait()
+    if verdict != "token required":
+        why = "lets a driver in without a token" if verdict == "open" else "did not refuse a driver without a token"
+        raise OpenCluster(
+            f"the Ray cluster at {address} {why}: tenant work there could run as the Ray user outside its sandbox; "
+            "start its nodes with RAY_AUTH_MODE=token (docs/executors.md)"
+        )
 
 
 def configure_process(token: str | None, gcs_outage_s: float) -> None:

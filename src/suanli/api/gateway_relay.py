@@ -62,8 +62,22 @@ async def whole(
                     media_type=resp.content_type or "application/json")  # fmt: skip
 
 
+PARSE_BYTES = 1 << 20  # an answer parsed whole for its usage and text; a larger one is read from its tail
+TAIL_BYTES = 64 << 10
+
+
 def _usage_of(content: bytes) -> tuple[dict[str, Any] | None, int]:
-    """The answer's usage, and the most completion tokens its text can hold (`answered_tokens`)."""
+    """The answer's usage, and the most completion tokens its text can hold (`answered_tokens`). An answer larger
+    than `PARSE_BYTES` is not parsed whole (a replica's 32 MiB of `[{}, {}, …]` became 600 MiB of objects): its
+    usage is read from its last 64 KiB, where OpenAI's servers put it, and its text taken as its size."""
+    if len(content) > PARSE_BYTES:
+        tail = content[-TAIL_BYTES:]
+        at = tail.rfind(b'"usage"')
+        colon = tail.find(b":", at + 7) if at >= 0 else -1
+        with contextlib.suppress(ValueError, RecursionError):
+            u, _ = json.JSONDecoder().raw_decode(tail[colon + 1 :].decode("utf-8", "replace").lstrip())
+            return (u if isinstance(u, dict) else None) if colon >= 0 else None, len(content)
+        return None, len(content)
     with contextlib.suppress(ValueError, TypeError, AttributeError, RecursionError):
         doc = json.loads(content)
         u = doc.get("usage")

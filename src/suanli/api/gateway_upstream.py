@@ -24,6 +24,8 @@ import httptools
 IDLE_S = 4.0  # a kept connection older than this is closed, not reused (uvicorn closes idle ones after 5 s)
 IDLE_MAX = 64  # kept connections per replica
 BUFFER_BYTES = 1 << 20
+HEAD_BYTES = 64 << 10  # an answer's status line and headers: a replica runs its owner's code, and may send any
+HEAD_STEP = 16 << 10  # the head is fed to the parser this much at a time, so its size is known as it grows
 
 
 class NoAnswer(Exception):
@@ -48,6 +50,7 @@ class _Conn(asyncio.Protocol):
         self.content_type = ""
         self.keep_alive = False
         self.headed = False
+        self.head_bytes = 0
         self.complete = False
         self.error: str | None = None
         self.chunks: deque[bytes] = deque()
@@ -61,7 +64,19 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            self.parser.feed_data(data)
+            if self.headed:
+                self.parser.feed_data(data)
+            else:  # the head in steps: the parser holds a header's value whole, however long the replica makes it
+                for i in range(0, len(data), HEAD_STEP):
+                    self.parser.feed_data(data[i : i + HEAD_STEP])
+                    if self.headed or self.error is not None:
+                        if self.headed and i + HEAD_STEP < len(data):
+                            self.parser.feed_data(data[i + HEAD_STEP :])
+                        break
+                    self.head_bytes += min(HEAD_STEP, len(data) - i)
+                    if self.head_bytes > HEAD_BYTES:
+                        self._fail(f"an answer's head (status line and headers) longer than {HEAD_BYTES} bytes")
+                        break
         except httptools.HttpParserUpgrade:
             self._fail("an upgrade, not an answer")
         except httptools.HttpParserError as e:

@@ -16,6 +16,7 @@ from tests.test_hardening_serving_money import (  # noqa: F401  (platform: the f
     EP,
     SPEC,
     Replica,
+    asyncio_flush,
     balance,
     deploy_ready,
     platform,
@@ -85,3 +86,32 @@ def test_a_lying_replica_cannot_bill_a_buyer_a_million_tokens_for_a_two_characte
     charged = b0 - balance(platform, buyer.org_id)
     # "hi" is at most a few tokens (a BPE token decodes to >= 1 byte, plus an end-of-sequence token per choice)
     assert row.completion_tokens == 2 + TOKENS_PER_CHOICE, f"billed {row.completion_tokens} tokens (¥{charged})"
+
+
+def test_a_buyer_cannot_use_more_than_its_balance_before_the_charge_runs(platform: Platform) -> None:  # noqa: F811
+    """Tokens are charged a minute or two after their minute; the gateway compared the settled balance with zero,
+    so a sign-up with ¥10 of trial credit had 40 requests of ¥1.01 served before the first charge. Now what the
+    org's keys used and is not charged yet counts against what is left. Between requests here the gateway reports
+    its counts and its key cache expires, as a second and five seconds do in a server: within those, a buyer can
+    still go over by what it sends meanwhile."""
+    replica = Replica(reports(10, 1000))  # 1,010 tokens a request
+    ep = deploy_ready(platform, replica.port, {**SPEC, "price_per_1m_tokens": "1000"})  # about ¥1.01 a request
+    buyer = signup(platform.api, "freeloader@example.com")
+    b0 = balance(platform, buyer.org_id)
+    key = _key(platform, ep, buyer)
+    owner0 = balance(platform, platform.tenant.org_id)
+    served = 0
+    for _ in range(40):
+        r = platform.api.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                              json={"model": "chat", "max_tokens": 1000,
+                                    "messages": [{"role": "user", "content": "x"}]})  # fmt: skip
+        served += r.status_code == 200
+        if r.status_code != 200:
+            assert r.status_code == 402, r.text
+        asyncio_flush(platform)
+        platform.api.app.state.gateway.keys.clear()  # type: ignore[attr-defined]
+    settle(platform, ep["id"])
+    tokens = sum(u.prompt_tokens + u.completion_tokens for u in usage(platform, ep["id"]))
+    worth = Decimal(tokens) * 1000 / 1_000_000
+    paid = balance(platform, platform.tenant.org_id) - owner0
+    assert served == 10 and worth - paid < Decimal("1.02"), (served, b0, worth, paid)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from sqlalchemy import select
@@ -14,14 +14,16 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from suanli.billing.tokens import part_charge
 from suanli.control.accounts import spend_limits
 from suanli.control.errors import NotFound
 from suanli.control.money import ledger
 from suanli.control.serving import endpoints
 from suanli.control.serving.endpoints import KeyGrant
+from suanli.control.serving.token_billing import price_of
 from suanli.db.engine import Database
 from suanli.db.models import Membership, Workload
-from suanli.db.serving import Endpoint, EndpointLoad, EndpointReplica, EndpointUsage
+from suanli.db.serving import Endpoint, EndpointKey, EndpointLoad, EndpointReplica, EndpointUsage
 from suanli.serving.runtimes import runtime
 
 
@@ -59,13 +61,44 @@ def key(db: Database, secret: str, now: datetime) -> tuple[KeyGrant, Decimal]:
     zero; its tokens are charged to the maker, as their work is)."""
     with db.read() as s:
         g = endpoints.authenticate_key(s, secret)
-        left = ledger.org_balance(s, g.org_id)
+        owed, owed_by_maker = _not_charged_yet(s, g, now)
+        left = ledger.org_balance(s, g.org_id) - owed
         limit = s.scalar(select(Membership.monthly_spend_limit).where(Membership.org_id == g.org_id,
                                                                      Membership.user_id == g.user_id))  # fmt: skip
         if limit is not None:
             spent = spend_limits.month_to_date(s, g.org_id, now, g.user_id).get(g.user_id, Decimal(0))
-            left = min(left, limit - spent)
+            left = min(left, limit - spent - owed_by_maker)
         return g, left
+
+
+PENDING_S = 3600  # usage rows younger than this may still be charged: what they owe counts against what is left
+
+
+def _not_charged_yet(s: Session, g: KeyGrant, now: datetime) -> tuple[Decimal, Decimal]:
+    """What the paying org's keys (and of them, this key's maker's) used on other orgs' priced endpoints and is not
+    charged yet: tokens are charged a minute or two after their minute (`token_billing.SETTLE_S`), and a gateway
+    that looked only at the balance let a ¥10 sign-up use ¥40 of tokens before the first charge. Read by the
+    endpoints of the org's keys and the last `PENDING_S` (the usage table's (endpoint, minute) index)."""
+    keys = {k: (e, maker) for k, e, maker in s.execute(
+        select(EndpointKey.id, EndpointKey.endpoint_id, EndpointKey.user_id).where(EndpointKey.org_id == g.org_id)
+    )}  # fmt: skip
+    if not keys:
+        return Decimal(0), Decimal(0)
+    u = EndpointUsage
+    rows = s.execute(
+        select(u.key_id, Endpoint.spec, Endpoint.org_id, u.charged_tokens, u.prompt_tokens + u.completion_tokens)
+        .join(Endpoint, Endpoint.id == u.endpoint_id)
+        .where(u.endpoint_id.in_({e for e, _ in keys.values()}), u.minute >= now - timedelta(seconds=PENDING_S),
+               u.key_id.in_(list(keys)), u.charged_tokens < u.prompt_tokens + u.completion_tokens)
+    )  # fmt: skip
+    owed = by_maker = Decimal(0)
+    for key_id, spec, seller, charged, total in rows:
+        price = price_of(spec)
+        if price and seller != g.org_id:
+            amount = part_charge(charged, total, price)
+            owed += amount
+            by_maker += amount if keys[key_id][1] == g.user_id else 0
+    return owed, by_maker
 
 
 def route(db: Database, endpoint_id: str) -> Route:

@@ -25,7 +25,7 @@ from suanli.billing.money import ZERO, exact, shown
 from suanli.billing.prices import PriceBook
 from suanli.control.errors import Conflict, Invalid, NotFound, PaymentRequired
 from suanli.control.ids import new_id
-from suanli.control.money import ledger, prices, usage
+from suanli.control.money import late_ends, ledger, prices, usage
 from suanli.control.scheduling import inventory
 from suanli.db.models import Allocation, Org
 from suanli.workloads.host import cores, gib
@@ -309,16 +309,9 @@ def settle_credit(s: Session, a: Allocation, billed: int, now: datetime, report:
     over = exact(a.charged - cost_of(a.rate_per_hour, billed))
     if over <= ZERO:
         return ZERO
-    paid = a.metered_until_s
-    memo = (f"{a.workload or a.id}: ran {billed} s, {paid} s were charged before its end was known: "
-            f"{paid - billed} s given back")  # fmt: skip
-    tx = transfer(f"usage-credit:{a.id}:{billed}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
-    _, created = ledger.post(s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id)
-    if not created:  # this very correction was given back before
-        return ZERO
-    report.credited += over
-    a.charged = exact(a.charged - over)
-    return over
+    given = late_ends.give_back(s, a, billed, a.metered_until_s, over, now)
+    report.credited += given
+    return given
 
 
 def meter(

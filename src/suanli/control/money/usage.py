@@ -33,7 +33,7 @@ from suanli.billing.usage import (
     window_cost,
     windows_due,
 )
-from suanli.control.money import ledger
+from suanli.control.money import late_ends, ledger
 from suanli.control.settings import Settings
 from suanli.db.models import Allocation, Gpu, Node
 from suanli.db.telemetry import GpuSampleRow
@@ -159,16 +159,7 @@ def credit_past_end(s: Session, a: Allocation, billed: int, now: datetime) -> De
     kept = min(a.activity_permille_s, FULL * a.gpus * billed)
     over = exact(a.charged - usage_cost(rates_of(a), billed, kept))
     a.activity_permille_s, a.metered_until_s = kept, billed
-    if over <= ZERO:
-        return ZERO
-    memo = (f"{a.workload or a.id}: ran {billed} s, {paid} s were charged before its end was known: "
-            f"{paid - billed} s given back")  # fmt: skip
-    tx = transfer(f"usage-credit:{a.id}:{billed}", "refund", REVENUE, org_account(a.org_id), over, memo[:500])
-    _, created = ledger.post(s, tx, now, org_id=a.org_id, user_id=a.user_id, allocation_id=a.id)
-    if not created:  # this very correction was given back before
-        return ZERO
-    a.charged = exact(a.charged - over)
-    return over
+    return late_ends.give_back(s, a, billed, paid, over, now) if over > ZERO else ZERO
 
 
 def settle_now(s: Session, a: Allocation, now: datetime, window_s: int, policy: UsagePolicy = UsagePolicy()) -> Decimal:

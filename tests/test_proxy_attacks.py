@@ -39,6 +39,32 @@ class Proxied:
     seen: list[httpx.Request]
 
 
+def proxy_app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, user: str, tcp: httpx.AsyncClient | None) -> FastAPI:
+    """The proxy's pages, signed in as `user` to any instance, whose ports are whatever is asked for and held by its
+    sandbox; upstreams through `tcp` (None: the proxy's own client, to real sockets)."""
+
+    async def grant(self: Any, wid: str, secret: str | None, now: Any) -> proxy.Grant:
+        return proxy.Grant(user, wid, utcnow() + timedelta(hours=1))
+
+    async def upstream(self: Any, wid: str, target: str) -> proxy.Upstream:
+        port = int(target.split(":", 1)[1]) if target.startswith("port:") else None
+        return proxy.Upstream("box", port=port, sandbox_file=tmp_path / "sandbox.json")
+
+    async def port_address(self: Any, up: proxy.Upstream) -> str:
+        return "127.0.0.1"  # the sandbox holds the listener on up.port
+
+    monkeypatch.setattr(api_proxy.ProxyState, "grant", grant)
+    monkeypatch.setattr(api_proxy.ProxyState, "upstream", upstream)
+    monkeypatch.setattr(api_proxy.ProxyState, "_port_address", port_address)
+    app = FastAPI()
+    app.include_router(instances.pages)
+    state = api_proxy.ProxyState(db=None, home=tmp_path)  # type: ignore[arg-type]
+    state.tcp = tcp
+    app.state.proxy = state
+    app.state.server = SimpleNamespace(settings=SimpleNamespace(home=tmp_path))
+    return app
+
+
 @pytest.fixture
 def proxied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A factory: the proxy's pages in front of an upstream answered by `handler` (an httpx MockTransport), signed in
@@ -51,25 +77,7 @@ def proxied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
             seen.append(request)
             return handler(request)
 
-        async def grant(self: Any, wid: str, secret: str | None, now: Any) -> proxy.Grant:
-            return proxy.Grant("usr_tenant", wid, utcnow() + timedelta(hours=1))
-
-        async def upstream(self: Any, wid: str, target: str) -> proxy.Upstream:
-            port = int(target.split(":", 1)[1]) if target.startswith("port:") else None
-            return proxy.Upstream("box", port=port, sandbox_file=tmp_path / "sandbox.json")
-
-        async def port_address(self: Any, up: proxy.Upstream) -> str:
-            return "127.0.0.1"  # the sandbox holds the listener on up.port
-
-        monkeypatch.setattr(api_proxy.ProxyState, "grant", grant)
-        monkeypatch.setattr(api_proxy.ProxyState, "upstream", upstream)
-        monkeypatch.setattr(api_proxy.ProxyState, "_port_address", port_address)
-        app = FastAPI()
-        app.include_router(instances.pages)
-        state = api_proxy.ProxyState(db=None, home=tmp_path)  # type: ignore[arg-type]
-        state.tcp = httpx.AsyncClient(transport=httpx.MockTransport(record))
-        app.state.proxy = state
-        app.state.server = SimpleNamespace(settings=SimpleNamespace(home=tmp_path))
+        app = proxy_app(tmp_path, monkeypatch, "usr_tenant", httpx.AsyncClient(transport=httpx.MockTransport(record)))
         client = TestClient(app, raise_server_exceptions=False, cookies={proxy.COOKIE: "s" * 43})
         return Proxied(client, seen)
 

@@ -16,9 +16,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -30,9 +28,8 @@ from fastapi.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from suanli.api import proxy as api_proxy
-from suanli.api.routers import instances
-from suanli.control.ids import utcnow
 from suanli.control.workloads import proxy
+from tests.test_proxy_attacks import proxy_app
 
 WID = "wl_00000000000000aa"
 COOKIES = {proxy.COOKIE: "s" * 43}
@@ -79,26 +76,7 @@ class _Echo:
 
 
 def _app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tcp: httpx.AsyncClient | None = None) -> FastAPI:
-    async def grant(self: Any, wid: str, secret: str | None, now: Any) -> proxy.Grant:
-        return proxy.Grant("usr_mallory", wid, utcnow() + timedelta(hours=1))
-
-    async def upstream(self: Any, wid: str, target: str) -> proxy.Upstream:
-        port = int(target.split(":", 1)[1]) if target.startswith("port:") else None
-        return proxy.Upstream("box", port=port, sandbox_file=tmp_path / "sandbox.json")
-
-    async def port_address(self: Any, up: proxy.Upstream) -> str:
-        return "127.0.0.1"  # Mallory's sandbox holds the port: her own service
-
-    monkeypatch.setattr(api_proxy.ProxyState, "grant", grant)
-    monkeypatch.setattr(api_proxy.ProxyState, "upstream", upstream)
-    monkeypatch.setattr(api_proxy.ProxyState, "_port_address", port_address)
-    app = FastAPI()
-    app.include_router(instances.pages)
-    state = api_proxy.ProxyState(db=None, home=tmp_path)  # type: ignore[arg-type]
-    state.tcp = tcp
-    app.state.proxy = state
-    app.state.server = SimpleNamespace(settings=SimpleNamespace(home=tmp_path))
-    return app
+    return proxy_app(tmp_path, monkeypatch, "usr_mallory", tcp)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from suanli.cli.common import (
     human_duration,
 )
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, money, org_id, unit_price, when
+from suanli.cli.terminal import shown
 
 EmailOpt = Annotated[str, typer.Option("--email", help="Account email address.")]
 OrgOpt = Annotated[
@@ -66,7 +67,7 @@ def signup(
         emit_json({"server": c.server, **doc})
         return
     replaced = f" (replacing the login of {current.get('email')})" if current.get("token") else ""
-    console.print(f"signed up [bold]{out.user.email}[/] on {c.server}; balance {money(out.balance)} {out.currency}; "
+    console.print(f"signed up [bold]{shown(out.user.email)}[/] on {c.server}; balance {money(out.balance)} {out.currency}; "
                   f"logged in{replaced}")  # fmt: skip
     if out.trial_pending:
         console.print("the trial credit comes when you verify your e-mail: open the link mailed to you, or run "
@@ -86,7 +87,7 @@ def login(
     cred.save(c.server, out.token, out.user.email)
     role = " (admin)" if out.user.is_admin else ""
     replaced = f" (replacing the login of {before})" if before and before != out.user.email else ""
-    console.print(f"logged in to {c.server} as [bold]{out.user.email}[/]{role}{replaced}")
+    console.print(f"logged in to {c.server} as [bold]{shown(out.user.email)}[/]{role}{replaced}")
 
 
 def logout(server: ServerOpt = None) -> None:
@@ -117,7 +118,7 @@ def whoami(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
         emit_json({"server": c.server, **jsonable(me)})
         return
     u = me.user
-    console.print(f"[bold]{u.email}[/]{' (admin)' if u.is_admin else ''} on {c.server}")
+    console.print(f"[bold]{shown(u.email)}[/]{' (admin)' if u.is_admin else ''} on {c.server}")
     console.print(f"user {u.id}; personal organisation {u.personal_org_id}")
     if me.email_verified:
         console.print("e-mail verified")

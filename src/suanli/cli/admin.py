@@ -26,6 +26,7 @@ from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, money, when
 from suanli.cli.credit import codes_app
 from suanli.cli.hub import admin_app as hub_admin_app
+from suanli.cli.terminal import shown
 from suanli.cli.workload_views import span
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
@@ -62,7 +63,7 @@ def users(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
     for col in ("email", "id", "admin", "personal org", "created"):
         table.add_column(col)
     for u in rows:
-        table.add_row(u.email, u.id, "yes" if u.is_admin else "", u.personal_org_id, when(u.created_at))
+        table.add_row(shown(u.email), u.id, "yes" if u.is_admin else "", u.personal_org_id, when(u.created_at))
     console.print(table)
 
 
@@ -165,7 +166,7 @@ def quota_set(
         fail("give GPUS, --cpus or --memory-gib")
     with cred.api(server) as c:
         o = c.admin_set_quota(org, **limits)
-    console.print(f"{o.name}: GPU quota {_quota(o.quota_gpus)}, CPU quota {_quota(o.quota_cpus, ' cores')}, "
+    console.print(f"{shown(o.name)}: GPU quota {_quota(o.quota_gpus)}, CPU quota {_quota(o.quota_cpus, ' cores')}, "
                   f"memory quota {_quota(o.quota_memory_gib, ' GiB')}")  # fmt: skip
 
 

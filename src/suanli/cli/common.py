@@ -19,6 +19,7 @@ from rich.console import Console
 
 from suanli import catalog, topology
 from suanli.catalog import CatalogError, GPUSpec
+from suanli.cli.terminal import SafeConsole
 from suanli.perf import (
     Placement,
 )
@@ -27,9 +28,10 @@ from suanli.topology.spec import default_intra
 
 
 def _console() -> Console:
-    """Rich output on stdout; when that is not a terminal (a pipe, a file, a test), 120 columns instead of 80."""
-    out = Console()
-    return out if out.is_terminal or "COLUMNS" in os.environ else Console(width=120)
+    """Rich output on stdout; when that is not a terminal (a pipe, a file, a test), 120 columns instead of 80.
+    Control and invisible characters of what it renders are shown as escapes (`cli/terminal.py`)."""
+    out = SafeConsole()
+    return out if out.is_terminal or "COLUMNS" in os.environ else SafeConsole(width=120)
 
 
 console = _console()

@@ -14,6 +14,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, check_positive, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, money, org_id, when
+from suanli.cli.terminal import shown
 
 codes_app = typer.Typer(no_args_is_help=True, help="Top-up codes: make a batch, list batches and codes, void codes.")
 BatchArg = Annotated[str, typer.Argument(metavar="BATCH", help="Batch id (batch_…).")]
@@ -111,7 +112,7 @@ def listing(
         table.add_column(col)
     for x in detail.codes:
         at = x.redeemed_at or x.voided_at
-        table.add_row(x.id, "…" + x.hint, x.state, x.redeemed_by or "", x.redeemed_org or "", when(at) if at else "",
+        table.add_row(x.id, "…" + x.hint, x.state, shown(x.redeemed_by or ""), x.redeemed_org or "", when(at) if at else "",
                       str(x.transaction_id or ""))  # fmt: skip
     console.print(table)
 

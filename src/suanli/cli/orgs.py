@@ -14,6 +14,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, money, org_id, when
+from suanli.cli.terminal import shown
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
     from suanli.client import Client
@@ -32,7 +33,7 @@ def orgs_table(rows: Any, title: str = "organisations") -> Table:
     for o in rows:
         quotas = ("-" if q is None else f"{q}{unit}" for q, unit in ((o.quota_gpus, ""), (o.quota_cpus, " cores"),
                                                                       (o.quota_memory_gib, " GiB")))  # fmt: skip
-        table.add_row(o.id, o.name, "personal" if o.personal else "team", o.role or "-", *quotas)
+        table.add_row(o.id, shown(o.name), "personal" if o.personal else "team", o.role or "-", *quotas)
     return table
 
 
@@ -77,7 +78,7 @@ def orgs_create(
     if json_out:
         emit_json(jsonable(o))
         return
-    console.print(f"created organisation {o.name} ({o.id})")
+    console.print(f"created organisation {shown(o.name)} ({o.id})")
 
 
 @orgs_app.command("members")
@@ -93,7 +94,7 @@ def orgs_members(org: OrgArg, server: ServerOpt = None, json_out: JsonOpt = Fals
         table.add_column(col, justify="right" if col in ("spend limit / month", "this month") else "left")
     for m in rows:
         limit = "-" if m.monthly_spend_limit is None else money(m.monthly_spend_limit)
-        table.add_row(m.email, m.user_id, m.role, limit, money(m.month_to_date))
+        table.add_row(shown(m.email), m.user_id, m.role, limit, money(m.month_to_date))
     console.print(table)
 
 
@@ -116,7 +117,7 @@ def orgs_invite(
     if json_out:
         emit_json({**jsonable(inv), "code": inv.code})
         return
-    console.print(f"invited {inv.email} to {inv.org_name} as {inv.role} ({inv.id}, until {when(inv.expires_at)}); "
+    console.print(f"invited {shown(inv.email)} to {shown(inv.org_name)} as {inv.role} ({inv.id}, until {when(inv.expires_at)}); "
                   f"they accept with 'suanli orgs accept {inv.id}'")  # fmt: skip
     typer.echo(f"invitation code (where signup is invite-only: suanli signup --invite CODE): {inv.code}", err=True)
 
@@ -143,7 +144,7 @@ def orgs_invitations(
         table.add_column(col)
     for i in rows:
         limit = "-" if i.monthly_spend_limit is None else money(i.monthly_spend_limit)
-        table.add_row(i.id, i.org_name, i.email, i.role, limit, i.invited_by, when(i.expires_at))
+        table.add_row(i.id, shown(i.org_name), shown(i.email), i.role, limit, shown(i.invited_by), when(i.expires_at))
     console.print(table)
 
 
@@ -152,7 +153,7 @@ def orgs_accept(invitation: InvitationArg, server: ServerOpt = None) -> None:
     """Accept an invitation: join the organisation with its role."""
     with cred.api(server) as c:
         o = c.accept(invitation)
-    console.print(f"joined {o.name} ({o.id}) as {o.role}")
+    console.print(f"joined {shown(o.name)} ({o.id}) as {o.role}")
 
 
 @orgs_app.command("decline")
@@ -160,7 +161,7 @@ def orgs_decline(invitation: InvitationArg, server: ServerOpt = None) -> None:
     """Decline an invitation."""
     with cred.api(server) as c:
         i = c.decline(invitation)
-    console.print(f"declined the invitation to {i.org_name}")
+    console.print(f"declined the invitation to {shown(i.org_name)}")
 
 
 @orgs_app.command("cancel-invitation")
@@ -168,7 +169,7 @@ def orgs_cancel(org: OrgArg, invitation: InvitationArg, server: ServerOpt = None
     """Withdraw an invitation the organisation sent (owners and admins)."""
     with cred.api(server) as c:
         i = c.invitation_cancel(_org(c, org), invitation)
-    console.print(f"invitation {i.id} to {i.email}: {i.state}")
+    console.print(f"invitation {i.id} to {shown(i.email)}: {i.state}")
 
 
 @orgs_app.command("role")
@@ -183,7 +184,7 @@ def orgs_role(
     with cred.api(server) as c:
         oid = _org(c, org)
         m = c.member_set(oid, _user(c, oid, user, org), role=role)
-    console.print(f"{m.email} is now {m.role} of {org}")
+    console.print(f"{shown(m.email)} is now {m.role} of {org}")
 
 
 @orgs_app.command("spend-limit")
@@ -198,8 +199,8 @@ def orgs_spend_limit(
     with cred.api(server) as c:
         oid = _org(c, org)
         m = c.member_set(oid, _user(c, oid, user, org), monthly_spend_limit=limit)
-    shown = "no limit" if m.monthly_spend_limit is None else f"{money(m.monthly_spend_limit)} a month"
-    console.print(f"{m.email} in {org}: {shown} ({money(m.month_to_date)} charged this month)")
+    limit_text = "no limit" if m.monthly_spend_limit is None else f"{money(m.monthly_spend_limit)} a month"
+    console.print(f"{shown(m.email)} in {org}: {limit_text} ({money(m.month_to_date)} charged this month)")
 
 
 @orgs_app.command("remove-member")

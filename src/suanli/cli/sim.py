@@ -15,6 +15,7 @@ from rich.table import Table
 from suanli import traces
 from suanli.cli import common
 from suanli.cli.common import JsonOpt, console, fail, user_errors
+from suanli.cli.terminal import SafeConsole
 from suanli.sched import KNOBS, POLICIES, SchedulerConfig, config_name, configured
 from suanli.sim import SimConfig, SimResult, TraceJob, simulate
 from suanli.sim import report as rep
@@ -39,7 +40,7 @@ _POLICY = (
 
 
 def _err_console() -> Console:
-    return Console(stderr=True)
+    return SafeConsole(stderr=True)
 
 
 # ---- inputs --------------------------------------------------------------------------------------------------

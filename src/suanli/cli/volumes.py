@@ -16,6 +16,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, money, when
+from suanli.cli.terminal import shown
 from suanli.workloads.volumes import VolumeRuleError, format_size, parse_ref
 
 app = typer.Typer(no_args_is_help=True, help="Persistent volumes: files kept between workloads, with versions.")
@@ -104,7 +105,7 @@ def ls(
     for col in ("name", "kind", "size"):
         table.add_column(col)
     for e in entries:
-        table.add_row(e.name + ("/" if e.kind == "dir" else ""), e.kind, str(e.size) if e.kind == "file" else "")
+        table.add_row(shown(e.name + ("/" if e.kind == "dir" else "")), e.kind, str(e.size) if e.kind == "file" else "")
     console.print(table)
 
 
@@ -284,5 +285,5 @@ def diff(
         return
     for mark, paths, style in (("+", d.added, "green"), ("-", d.removed, "red"), ("~", d.changed, "yellow")):
         for p in paths:
-            console.print(f"[{style}]{mark} {p}[/{style}]")
+            console.print(f"[{style}]{mark} {shown(p)}[/{style}]")
     console.print(f"{len(d.added)} added, {len(d.removed)} removed, {len(d.changed)} changed")

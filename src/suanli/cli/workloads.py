@@ -21,6 +21,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail, user_errors
 from suanli.cli.credentials import EXIT_UNAVAILABLE, ServerOpt, jsonable, money, org_id, when
+from suanli.cli.terminal import visible
 from suanli.cli.workload_views import age, cut, elapsed, gpus_label, price, span, where, why
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs
@@ -43,6 +44,12 @@ def _write(text: str) -> None:
     """Log text exactly as written (no markup, no wrapping)."""
     sys.stdout.write(text)
     sys.stdout.flush()
+
+
+def _write_visible(text: str) -> None:
+    """Someone else's log text: a carriage return (a progress bar's redraw) as a new line, other control and
+    invisible characters as escapes (`cli/terminal.py`)."""
+    _write(visible(text.replace("\r\n", "\n").replace("\r", "\n")))
 
 
 # ---- run ------------------------------------------------------------------------------------------------------
@@ -303,21 +310,32 @@ def logs(
     ref: RefArg,
     follow: FollowOpt = False,
     rank: Annotated[int, typer.Option("--rank", min=0, help="Which node-rank's log (0: the first node).")] = 0,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write another user's log as it is, terminal escape sequences "
+            "included (your own jobs' logs always are).",
+        ),
+    ] = False,
     server: ServerOpt = None,
 ) -> None:
-    """A workload's log (node-rank 0 unless --rank); with -f, keep printing until it ends (Ctrl-C stops)."""
+    """A workload's log (node-rank 0 unless --rank); with -f, keep printing until it ends (Ctrl-C stops). Another
+    user's log has its control characters shown as escapes unless --raw: it may set your terminal's title or
+    clipboard, or print over what is shown."""
     with cred.api(server) as c:
+        write = _write if raw or c.workload(ref).user_id == c.me().user.id else _write_visible
         if follow:
             try:
                 for text in c.follow_logs(ref, rank=rank, poll_s=POLL_S):
-                    _write(text)
+                    write(text)
             except KeyboardInterrupt:
                 return
             return
         offset = 0
         while True:
             chunk = c.logs(ref, offset, rank)
-            _write(chunk.data)
+            write(chunk.data)
             if chunk.done or not chunk.data or chunk.next_offset == offset:
                 return
             offset = chunk.next_offset

@@ -59,11 +59,19 @@ def check_credentials(email: str, password: str) -> str:
 
 
 def check_email(email: str) -> str:
-    """The normalised email, or 422 naming `email`."""
+    """The normalised email, or 422 naming `email`. An address is how teammates, invitees and the operator know
+    a person, so one with control or invisible characters (`ops@example.com` + U+200B, a bidi override) or one
+    that NFKC folds into another (fullwidth `ｏｐｓ@example.com`) is refused: it would pose as someone else's."""
     email = normalise_email(email)
     domain = email.rpartition("@")[2]
     if not EMAIL.match(email) or domain.startswith(".") or domain.endswith(".") or ".." in domain:
         raise Invalid(f"email: {email!r} is not an email address")
+    bad = next((c for c in email if unicodedata.category(c) in BAD_CATEGORIES), None)
+    if bad is not None:
+        raise Invalid(f"email: must not contain control or invisible characters (U+{ord(bad):04X})")
+    folded = unicodedata.normalize("NFKC", email).lower()
+    if folded != email:
+        raise Invalid(f"email: {email!r} is another way of writing {folded!r}; use that")
     return email
 
 

@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from suanli.control.accounts import spend_limits, verification
-from suanli.control.accounts.accounts import EMAIL, Principal, normalise_email
+from suanli.control.accounts.accounts import Principal, check_email
 from suanli.control.errors import Conflict, Forbidden, Invalid, NotFound
 from suanli.control.ids import new_id, new_secret, token_hash, utcnow
 from suanli.db.access import Invitation
@@ -231,9 +231,7 @@ def invite(
         raise Invalid(f"role: one of {', '.join(ROLES)}")
     if role == "owner" and not a.can("owners"):
         raise _refuse(a, "owners")
-    email = normalise_email(email)
-    if not EMAIL.match(email):
-        raise Invalid(f"email: {email!r} is not an email address")
+    email = check_email(email)
     limit = spend_limits.check_limit(limit)
     if not a.can("owners"):
         _within_own(a, limit)

@@ -6,7 +6,7 @@ import errno
 import os
 import socket
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,7 +74,8 @@ def server(
         from suanli.cli.malloc import tune_for_streams
 
         tune_for_streams()  # volume copies stream GiBs through this process
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False)
+        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level, access_log=False,
+                    **forwarding(settings))  # fmt: skip
         return
     # Several processes: each builds its app from the resolved settings handed over in the environment. The
     # background loops run once, beside them, not once per worker: a loop needs one process, and idle copies
@@ -103,7 +104,8 @@ def server(
     # longer, and the default made the server kill and respawn its workers in a loop.
     try:
         uvicorn.run("suanli.api.app:app_from_environment", factory=True, host=settings.host, port=settings.port,
-                    workers=workers, log_level=log_level, access_log=False, timeout_worker_healthcheck=60)  # fmt: skip
+                    workers=workers, log_level=log_level, access_log=False, timeout_worker_healthcheck=60,
+                    **forwarding(settings))  # fmt: skip
     finally:
         if gateway is not None:
             gateway.stop()
@@ -163,7 +165,16 @@ def up(
     _origin_note(settings)
     _sandbox_note(settings)
     uvicorn.run(create_app(settings, database), host=settings.host, port=settings.port, log_level=log_level,
-                access_log=False)  # fmt: skip
+                access_log=False, **forwarding(settings))  # fmt: skip
+
+
+def forwarding(settings: Settings) -> dict[str, Any]:
+    """uvicorn's proxy headers: believed only from the reverse proxies the operator names (`trusted_proxies`).
+    uvicorn's own default believes 127.0.0.1, where every tenant job on this host (host network) connects from: a
+    forged X-Forwarded-For made each request a new address to the signup limit and the login throttle."""
+    if not settings.trusted_proxies.strip():
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": settings.trusted_proxies}
 
 
 def _settings(flags: dict[str, object], config: Path | None) -> Settings:

@@ -155,6 +155,15 @@ class Settings(BaseModel):
         description="the hub of public models and datasets (default: hub/ in the data directory); on a cluster, a "
         "filesystem every node mounts at the same path",
     )
+    trusted_proxies: str = Field(
+        "",
+        max_length=1000,
+        pattern=r"^[0-9A-Fa-f:.,/* ]*$",
+        description="addresses of the reverse proxies in front of this server whose X-Forwarded-For and "
+        "X-Forwarded-Proto are believed (comma-separated addresses or networks, as uvicorn's --forwarded-allow-ips); "
+        "empty: none, every limit counts the connection's own address (a tenant's job on this host reaches "
+        "127.0.0.1 and could write any X-Forwarded-For)",
+    )
     proxy_url: str | None = Field(
         None,
         description="each instance's JupyterLab and ports on an origin of its own, "

@@ -154,6 +154,10 @@ def test_jupyterlab_runs_a_kernel_through_the_proxy(world: World) -> None:
     assert _execute(b, world, world.lab_box, "2+2") == "4"
     # The kernel runs inside the sandbox: the server's data directory does not exist there.
     assert _execute(b, world, world.lab_box, f"__import__('os').path.exists({str(world.srv.home)!r})") == "False"
+    # Its channels are Unix sockets in the instance's own directory, not TCP on the host's shared 127.0.0.1, where
+    # any job on the host subscribed to its output and read every cell (a hostile review).
+    info = "(lambda i: (i['transport'], i['ip']))(__import__('ipykernel.connect').connect.get_connection_info(unpack=True))"
+    assert _execute(b, world, world.lab_box, info) == "('ipc', '/run/suanli-proxy/kernel')"
 
 
 def test_jupyterlab_starts_on_demand_in_an_instance_without_it(world: World) -> None:

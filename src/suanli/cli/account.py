@@ -67,8 +67,8 @@ def signup(
         emit_json({"server": c.server, **doc})
         return
     replaced = f" (replacing the login of {current.get('email')})" if current.get("token") else ""
-    console.print(f"signed up [bold]{shown(out.user.email)}[/] on {c.server}; balance {money(out.balance)} {out.currency}; "
-                  f"logged in{replaced}")  # fmt: skip
+    console.print(f"signed up [bold]{shown(out.user.email)}[/] on {c.server}; balance {money(out.balance)} "
+                  f"{out.currency}; logged in{replaced}")  # fmt: skip
     if out.trial_pending:
         console.print("the trial credit comes when you verify your e-mail: open the link mailed to you, or run "
                       "'suanli verify TOKEN' ('suanli verify --resend' mails a new link)")  # fmt: skip

@@ -112,8 +112,8 @@ def listing(
         table.add_column(col)
     for x in detail.codes:
         at = x.redeemed_at or x.voided_at
-        table.add_row(x.id, "…" + x.hint, x.state, shown(x.redeemed_by or ""), x.redeemed_org or "", when(at) if at else "",
-                      str(x.transaction_id or ""))  # fmt: skip
+        table.add_row(x.id, "…" + x.hint, x.state, shown(x.redeemed_by or ""), x.redeemed_org or "",
+                      when(at) if at else "", str(x.transaction_id or ""))  # fmt: skip
     console.print(table)
 
 

@@ -117,8 +117,8 @@ def orgs_invite(
     if json_out:
         emit_json({**jsonable(inv), "code": inv.code})
         return
-    console.print(f"invited {shown(inv.email)} to {shown(inv.org_name)} as {inv.role} ({inv.id}, until {when(inv.expires_at)}); "
-                  f"they accept with 'suanli orgs accept {inv.id}'")  # fmt: skip
+    console.print(f"invited {shown(inv.email)} to {shown(inv.org_name)} as {inv.role} ({inv.id}, until "
+                  f"{when(inv.expires_at)}); they accept with 'suanli orgs accept {inv.id}'")  # fmt: skip
     typer.echo(f"invitation code (where signup is invite-only: suanli signup --invite CODE): {inv.code}", err=True)
 
 

@@ -1,8 +1,8 @@
 """Charging for tokens: a key of another org on an endpoint with a price pays the endpoint's org per 1M tokens, one
 balanced ledger transaction per usage row part (payer's account debited, owner's credited, the same exact amount),
 idempotent by row and token range, never more than the payer has (the owner's replica reports the usage), and
-counted against the key maker's monthly spend limit and never past it. Keys of the endpoint's own org pay nothing per token: their org already pays
-the replicas' GPU time.
+counted against the key maker's monthly spend limit and never past it. Keys of the endpoint's own org pay nothing
+per token: their org already pays the replicas' GPU time.
 
 Run by the serving pass's leader; rows are charged once their minute is `SETTLE_S` old (the gateways report every
 second, so a minute is then complete; a later report is charged on a later pass)."""

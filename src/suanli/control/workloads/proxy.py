@@ -53,13 +53,14 @@ LOG_TAIL_BYTES = 8192
 SANDBOX_WAIT_S = 10.0  # how long a just-launched instance may take to have a sandbox to enter
 # JupyterLab on a Unix socket; its token comes from JUPYTER_TOKEN in the instance's environment (never an argv).
 # Remote access is allowed because every request arrives through the proxy with a Host header of the server's.
-# Its kernels talk over Unix sockets too (`transport=ipc`, in the sandbox's own runtime directory): over TCP on
+# Its kernels talk over Unix sockets too (`transport=ipc`, in the instance's own proxy directory): over TCP on
 # 127.0.0.1 (jupyter_client's default) any job on the host network subscribed to a kernel's output channel and
 # read every cell another tenant ran.
 JUPYTER_COMMAND = (
     'jupyter lab --allow-root --no-browser --ServerApp.sock="$SUANLI_PROXY_DIR/jupyter.sock" '
     '--ServerApp.sock_mode=0600 --ServerApp.base_url="/i/$SUANLI_WORKLOAD_ID/lab/" --ServerApp.root_dir="$PWD" '
-    "--ServerApp.allow_remote_access=True --KernelManager.transport=ipc --KernelManager.ip=\"$SUANLI_PROXY_DIR/kernel\""
+    "--ServerApp.allow_remote_access=True "
+    '--KernelManager.transport=ipc --KernelManager.ip="$SUANLI_PROXY_DIR/kernel"'
 )
 # The background job lets go of what its starter passed (the server's stderr pipe, on demand) in a step of its own
 # before it opens the log: the log is in the tenant's directory and may be a FIFO whose open blocks for good, and

@@ -46,3 +46,31 @@ def suanli(
     if code:
         assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith("error: "), p.stderr
     return p
+
+
+def logged_in(api: Any, email: str, password: str) -> Any:
+    """An SDK client of the in-process server (`api`, a TestClient), logged in as `email`."""
+    from suanli.client import Client
+    from tests.control_plane import InProcess
+
+    c = Client("http://testserver", transport=InProcess(api))
+    c.login(email, password)
+    return c
+
+
+def act_as(monkeypatch: Any, c: Any) -> None:
+    """The CLI's commands talk to the in-process server as `c` (an SDK client), errors reported as the CLI does."""
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    from suanli.cli import credentials as cred
+    from suanli.client import ApiError
+
+    @contextmanager
+    def api(server: str | None, *, auth: bool = True) -> Iterator[Any]:
+        try:
+            yield c
+        except ApiError as e:
+            cred.api_fail(e)
+
+    monkeypatch.setattr(cred, "api", api)

@@ -12,18 +12,15 @@ the database here, as an older server kept them.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.cli import credentials as cred
 from suanli.cli.main import app
-from suanli.client import ApiError, Client
-from tests.cli_helpers import RUNNER
-from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, InProcess, bearer, join, signup
+from suanli.client import Client
+from tests.cli_helpers import RUNNER, act_as, logged_in
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, bearer, join, signup
 
 API = "/api/v1"
 # ESC and the other C0 controls but \t \n, DEL, and the C1 range (U+009B is a one-character CSI on many terminals)
@@ -39,20 +36,11 @@ HOME = "\x1b[1;1f"
 
 
 def _client(api: TestClient, email: str, password: str) -> Client:
-    c = Client("http://testserver", transport=InProcess(api))
-    c.login(email, password)
-    return c
+    return logged_in(api, email, password)
 
 
 def _as(monkeypatch: pytest.MonkeyPatch, c: Client) -> None:
-    @contextmanager
-    def fake(server: str | None, *, auth: bool = True) -> Iterator[Client]:
-        try:
-            yield c
-        except ApiError as e:
-            cred.api_fail(e)
-
-    monkeypatch.setattr(cred, "api", fake)
+    act_as(monkeypatch, c)
 
 
 def run(args: list[str]) -> Any:

@@ -6,36 +6,22 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from decimal import Decimal
 
 import pytest
 from fastapi.testclient import TestClient
 
-from suanli.cli import credentials as cred
 from suanli.client import ApiError, Client
-from tests.cli_helpers import invoke
-from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, InProcess, signup
+from tests.cli_helpers import act_as, invoke, logged_in
+from tests.control_plane import ADMIN_EMAIL, ADMIN_PASSWORD, signup
 
 
 def _client(api: TestClient, email: str, password: str) -> Client:
-    c = Client("http://testserver", transport=InProcess(api))
-    c.login(email, password)
-    return c
+    return logged_in(api, email, password)
 
 
 def _as(monkeypatch: pytest.MonkeyPatch, c: Client) -> None:
-    """The CLI's commands talk to the in-process server as `c`."""
-
-    @contextmanager
-    def api(server: str | None, *, auth: bool = True) -> Iterator[Client]:
-        try:
-            yield c
-        except ApiError as e:
-            cred.api_fail(e)
-
-    monkeypatch.setattr(cred, "api", api)
+    act_as(monkeypatch, c)
 
 
 def test_the_sdk_makes_lists_voids_and_redeems(api: TestClient) -> None:

@@ -20,8 +20,8 @@ os.environ.pop("COLUMNS", None)
 
 
 ENGINE_MODULES = {
-    "ray": ("test_ray_e2e.py", "test_ray_executor.py"),
-    "slurm": ("test_slurm_e2e.py", "test_slurm_executor.py"),
+    "ray": ("test_ray_e2e.py", "test_ray_executor.py", "test_ray_open_cluster.py"),
+    "slurm": ("test_slurm_e2e.py", "test_slurm_executor.py", "test_slurm_hostile_specs.py"),
 }
 
 

@@ -86,6 +86,10 @@ class FakeServer:
             self.uploads[upload_id] = (request.url.params.get("org"), request.content)
             return httpx.Response(201, json={"id": upload_id, "org_id": "org_a", "bytes": 4096, "files": 1,
                                              "expires_at": T0})  # fmt: skip
+        if request.method == "GET" and path == "/me":  # the caller: the workloads' submitter (`logs` asks)
+            user = {"id": "usr_a", "email": "a@example.com", "is_admin": False, "personal_org_id": "org_a",
+                    "created_at": T0}  # fmt: skip
+            return httpx.Response(200, json={"user": user, "orgs": []})
         if parts[0] != "workloads":
             return httpx.Response(404, json={"detail": f"no route {path}"})
         if request.method == "POST" and len(parts) == 1:

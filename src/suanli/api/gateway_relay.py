@@ -103,7 +103,8 @@ def answered_tokens(choices: Any, delta: bool) -> int:
         parts = [c.get("text")]
         if isinstance(msg, dict):
             parts += [msg.get("content"), msg.get("reasoning_content"), msg.get("reasoning"), msg.get("refusal")]
-            for call in msg.get("tool_calls") or () if isinstance(msg.get("tool_calls"), list) else ():
+            calls = msg.get("tool_calls")
+            for call in calls if isinstance(calls, list) else ():
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict):
                     parts += [fn.get("name"), fn.get("arguments")]

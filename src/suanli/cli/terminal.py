@@ -20,7 +20,7 @@ _HIDDEN = frozenset(("Cc", "Cf", "Zl", "Zp", "Co", "Cs"))  # controls, format (b
 
 def visible(text: str, keep: str = "\n\t") -> str:
     """`text` with its control and invisible format characters (but those in `keep`) written as `\\xNN` or `\\uNNNN`."""
-    if text.isprintable() and not any(c in text for c in "\u00ad"):
+    if text.isprintable():  # none of them is printable: the common case costs one scan
         return text
     out = []
     for c in text:

@@ -38,3 +38,17 @@ def test_a_forged_forwarded_for_counts_only_behind_a_proxy_the_operator_named(tm
         assert forged == [201] * 4, forged
     else:  # the connection's address: the limit holds whatever the header says
         assert forged == [429] * 4, forged
+
+
+@pytest.mark.parametrize("bad", ["10.0.0.1; rm -rf /", "proxy.example.com", "10.0.0.1\n", "x" * 1001])
+def test_trusted_proxies_takes_addresses_and_networks_only(tmp_path: Path, bad: str) -> None:
+    from pydantic import ValidationError
+
+    from suanli.cli.server import forwarding
+    from suanli.control.settings import Settings
+
+    with pytest.raises(ValidationError, match="trusted_proxies"):
+        Settings(home=tmp_path, trusted_proxies=bad)
+    good = Settings(home=tmp_path, trusted_proxies="10.0.0.0/8, ::1")
+    assert forwarding(good) == {"proxy_headers": True, "forwarded_allow_ips": "10.0.0.0/8, ::1"}
+    assert forwarding(Settings(home=tmp_path)) == {"proxy_headers": False}

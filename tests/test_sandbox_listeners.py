@@ -8,41 +8,13 @@ gateway's connections, and the port still counted as the replica's because one l
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 from suanli.sandbox.listeners import owned_listener
-
-SERVER = r"""
-import socket, sys
-who, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)   # what vLLM's create_server_socket does
-s.bind(("127.0.0.1", port))
-s.listen(64)
-print("up", flush=True)
-while True:
-    c, _ = s.accept()
-    c.recv(4096)
-    body = who.encode()
-    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body))
-    c.close()
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(who: str, port: int) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", SERVER, who, str(port)], stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None and p.stdout.readline().strip() == "up"
-    return p
+from tests.listener_helpers import free_port, start, start_boxed, stop
 
 
 def _ask(port: int) -> str:
@@ -55,14 +27,14 @@ def _ask(port: int) -> str:
 
 
 def test_a_port_shared_with_a_process_outside_the_sandbox_is_not_owned(tmp_path: Path) -> None:
-    port = _free_port()
-    replica = _start("replica", port)  # stands for the replica's vLLM (its sandbox's only process here)
+    port = free_port()
+    bwrap, replica = start_boxed("replica", port)  # stands for the replica's vLLM (its sandbox's only process here)
     attacker = None
     try:
         box = tmp_path / "sandbox.json"
-        box.write_text(json.dumps({"init_pid": replica.pid, "bwrap_pids": [replica.pid]}))
+        box.write_text(json.dumps({"init_pid": replica, "bwrap_pids": [bwrap.pid]}))
         assert owned_listener(box, port) == "127.0.0.1"  # the replica alone: ready, rightly
-        attacker = _start("attacker", port)  # another tenant's process, same uid, joins the port
+        attacker = start("attacker", port)  # another tenant's process, same uid, joins the port
         answers = {_ask(port) for _ in range(40)}
         assert "attacker" in answers, answers  # the kernel hands it some of the gateway's connections
         # SAFE: once a listener on the port is not the sandbox's, the port is not the replica's (not ready)
@@ -71,24 +43,37 @@ def test_a_port_shared_with_a_process_outside_the_sandbox_is_not_owned(tmp_path:
             f"{sorted(answers)} on it"
         )
     finally:
-        for p in (replica, attacker):
-            if p is not None:
-                p.kill()
-                p.wait()
+        stop(bwrap, attacker)
 
 
 def test_a_port_the_sandbox_holds_twice_is_its_own(tmp_path: Path) -> None:
     """Two listeners on one port, both the sandbox's (its server and a worker it forked, as uvicorn's do): owned."""
-    port = _free_port()
-    replica = _start("replica", port)
-    worker = _start("worker", port)
+    port = free_port()
+    bwrap, replica = start_boxed("replica", port)
+    worker = start("worker", port)
     try:
         box = tmp_path / "sandbox.json"
-        box.write_text(json.dumps({"init_pid": replica.pid, "bwrap_pids": [replica.pid, worker.pid]}))
+        box.write_text(json.dumps({"init_pid": replica, "bwrap_pids": [bwrap.pid, worker.pid]}))
         assert owned_listener(box, port) == "127.0.0.1"
-        box.write_text(json.dumps({"init_pid": replica.pid, "bwrap_pids": [replica.pid]}))
+        box.write_text(json.dumps({"init_pid": replica, "bwrap_pids": [bwrap.pid]}))
         assert owned_listener(box, port) is None
     finally:
-        for p in (replica, worker):
-            p.kill()
-            p.wait()
+        stop(bwrap, worker)
+
+
+def test_a_recycled_init_pid_is_no_sandbox(tmp_path: Path) -> None:
+    """The sandbox ended and its init's pid went to another process before the server marked it stopped: that
+    process is not the sandbox's init (its parent is not the recorded bwrap), so its listener is nobody's port.
+    Found by a hostile review: the check took the pid on trust, where `sandbox.join` already refused it."""
+    gone = subprocess.Popen(["true"])
+    gone.wait(10)  # the sandbox's bwrap, exited
+    port = free_port()
+    stranger = start("stranger", port)  # now holds the pid recorded as the init
+    try:
+        box = tmp_path / "sandbox.json"
+        box.write_text(json.dumps({"init_pid": stranger.pid, "bwrap_pids": [gone.pid]}))
+        assert owned_listener(box, port) is None
+        box.write_text(json.dumps({"init_pid": stranger.pid, "bwrap_pids": [os.getpid()]}))
+        assert owned_listener(box, port) == "127.0.0.1"  # the same process, as the child of the recorded bwrap
+    finally:
+        stop(stranger)

@@ -57,7 +57,7 @@ class StandIn:
             self.entered.append(argv)
             return ["env", f"RANK_SEEN={grant.node_rank}", *argv]
 
-        return Target(enter, "host")
+        return Target(enter)
 
 
 @dataclass

@@ -30,7 +30,7 @@ class Counting:
         return {}
 
     async def target(self, grant: Grant) -> Target:
-        return Target(lambda argv: ["true"], "host")
+        return Target(lambda argv: ["true"])
 
 
 def test_idle_connections_from_one_address_do_not_lock_others_out(tmp_path: Path) -> None:

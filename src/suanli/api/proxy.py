@@ -164,6 +164,23 @@ class ProxyState:
                                          limits=httpx.Limits(max_keepalive_connections=0))  # fmt: skip
         return self.tcp, httpx.URL(scheme="http", host=addr, port=up.port, raw_path=raw_target(raw_path, query))
 
+    def recheck(self, up: proxy.Upstream) -> dict[str, Any]:
+        """Request extensions that check a port's listener again once connected, before a byte goes out: the
+        tenant's process may let go of the port between the check and the connect, and somebody else's service (a
+        restarting replica, another tenant's) take it. Then that connection is closed and the request refused."""
+        if up.socket is not None:
+            return {}
+
+        async def trace(event: str, info: dict[str, Any]) -> None:
+            if event == "connection.connect_tcp.complete":
+                try:
+                    await self._port_address(up)
+                except NotReady:
+                    await info["return_value"].aclose()
+                    raise
+
+        return {"trace": trace}
+
     async def raw_socket(self, up: proxy.Upstream) -> socket.socket:
         """A connected socket to the upstream, for a WebSocket."""
         loop = asyncio.get_running_loop()
@@ -181,6 +198,12 @@ class ProxyState:
         except (OSError, TimeoutError):
             sock.close()
             raise NotReady(f"{up.name} does not answer yet") from None
+        if up.socket is None:
+            try:  # connected to the listener checked, or to whoever took its port since (see `recheck`)
+                await self._port_address(up)
+            except NotReady:
+                sock.close()
+                raise
         return sock
 
     async def aclose(self) -> None:
@@ -213,7 +236,7 @@ async def forward_http(
     headers = upstream_headers(request.headers, up, request.client.host if request.client else "", request.url.scheme,
                                prefix, has_body)  # fmt: skip
     body: AsyncIterator[bytes] | None = request.stream() if has_body else None
-    req = client.build_request(request.method, url, headers=headers, content=body)
+    req = client.build_request(request.method, url, headers=headers, content=body, extensions=state.recheck(up))
     try:
         resp = await client.send(req, stream=True)
     except httpx.ConnectError:

@@ -42,17 +42,19 @@ def _listeners(pid: int, port: int) -> dict[int, str]:
     return found
 
 
+def _ppid(pid: int) -> int | None:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _descendants(roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            data = Path(f"/proc/{name}/stat").read_bytes()
-            ppid = int(data[data.rindex(b")") + 2 :].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (ppid := _ppid(int(name))) is not None:
+            children.setdefault(ppid, []).append(int(name))
     out, stack = set(), list(roots)
     while stack:
         pid = stack.pop()
@@ -86,14 +88,16 @@ def owned_listener(sandbox_file: Path, port: int) -> str | None:
     and the kernel hands it a share of the connections, with the prompts and whatever they carry."""
     try:
         box = json.loads(sandbox_file.read_text())
-        roots = {int(p) for p in box.get("bwrap_pids", [])} | {int(box["init_pid"])}
+        bwrap, init = {int(p) for p in box.get("bwrap_pids", [])}, int(box["init_pid"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    listeners = _listeners(int(box["init_pid"]), port)
+    if _ppid(init) not in bwrap:  # the sandbox ended: its pids may be somebody else's now (as `join` checks)
+        return None
+    listeners = _listeners(init, port)
     if not listeners:
         return None
     held: set[int] = set()
-    for pid in _descendants(roots):
+    for pid in _descendants(bwrap | {init}):
         held |= _socket_inodes(pid) & listeners.keys()
     if held != listeners.keys():
         return None

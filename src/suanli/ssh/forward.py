@@ -1,6 +1,6 @@
-"""Port forwards into an instance (`ssh -L`, `-D`): asyncssh's own TCP forwarder when the sandbox shares this
-host's loopback, else a relay process inside the sandbox's network namespace. Both count against the
-connection's limit of open forwards while open."""
+"""Port forwards into an instance (`ssh -L`, `-D`): a relay process inside the sandbox, so that the connection comes
+from the instance's uid and network namespace, never from the gateway's. It counts against the connection's limit
+of open forwards while open."""
 
 from __future__ import annotations
 
@@ -26,23 +26,8 @@ RELAY = (
 )
 
 
-class Counted:
-    """asyncssh's own TCP forwarder, counted against the connection's forward limit while open."""
-
-    def __init__(self, inner: Any, owner: Any) -> None:
-        self.inner, self.owner = inner, owner
-        owner.forwards += 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.owner.forwards -= 1
-        self.inner.connection_lost(exc)
-
-
 class Relay(asyncssh.SSHTCPSession[bytes]):
-    """A port forward into a sandbox with its own network: a relay process inside it."""
+    """One forwarded connection: a relay process inside the sandbox (`RELAY`) and the channel, bridged."""
 
     def __init__(self, owner: Any, argv: list[str]) -> None:
         self.owner, self.argv = owner, argv

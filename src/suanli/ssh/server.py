@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import asyncssh
 
-from suanli.ssh.forward import RELAY, Counted, Relay
+from suanli.ssh.forward import RELAY, Relay
 from suanli.ssh.keys import fingerprint_of
 from suanli.ssh.session import PipeBridge, PtyBridge
 
@@ -51,10 +51,9 @@ class Refused(Exception):
 @dataclass(frozen=True)
 class Target:
     """A running instance, as the gateway enters it: `enter(argv)` is the argv that runs `argv` inside its
-    sandbox (raises Refused when that is no longer possible); `network` is the sandbox's (host or none)."""
+    sandbox (raises Refused when that is no longer possible)."""
 
     enter: Callable[[list[str]], list[str]]
-    network: str = "host"
 
 
 class Access(Protocol):
@@ -255,16 +254,12 @@ class _Connection(asyncssh.SSHServer):
             target = await self.gw.access.target(self.grant)
         except Refused as e:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None
-        gone = asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "the connection was closed")
         if self.lost:  # closed while the grant was read: asyncssh would drop what we open now without closing it
-            raise gone
-        if target.network == "host":  # the sandbox shares this host's network: its loopback is ours
-            forwarder = await self.conn.forward_connection("127.0.0.1", port)
-            if self.lost:
-                forwarder.close()
-                raise gone
-            return Counted(forwarder, self)
-        try:  # its own network namespace: relay from inside it
+            raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, "the connection was closed")
+        # A relay inside the sandbox connects, whatever its network: as the instance's uid, from its own loopback.
+        # On the host network the gateway could connect itself, but as the server's uid, and a service that fences
+        # loopback callers by uid (an owner rule against the sandbox uids) would let any tenant in as the server.
+        try:
             argv = target.enter(["python3", "-c", RELAY, str(port)])
         except Refused as e:
             raise asyncssh.ChannelOpenError(asyncssh.OPEN_CONNECT_FAILED, str(e)) from None

@@ -146,7 +146,6 @@ class DbAccess(Access):
             if why is not None:
                 raise Refused(why)
             name, handle, executor_name = w.name, dict(w.handle or {}), w.executor
-            network = str((w.spec or {}).get("network") or "host")
         if executor_name in ("ray", "slurm"):
             raise Refused(f"instance {name} runs on {executor_name} nodes; the gateway enters instances on this "
                           "server's host only (run your own sshd in the instance and use `ports:`)")  # fmt: skip
@@ -163,7 +162,7 @@ class DbAccess(Access):
             except NotRunning as e:
                 raise Refused(f"instance {name}: {e}") from None
 
-        return Target(enter, network)
+        return Target(enter)
 
 
 def gateway_limits(settings: Settings) -> Limits:

@@ -36,7 +36,8 @@ from suanli.storage import volumes as volume_store
 from suanli.workloads.spec import SpecError, WorkloadSpec
 
 KEY_PREFIX = "sk-sl-"
-MAX_KEYS = 100  # live keys per endpoint
+MAX_KEYS = 100  # live keys per endpoint that its own org pays for
+MAX_KEYS_PER_BUYER = 10  # live keys per endpoint that one other org pays for
 MAX_ENDPOINTS = 20  # per org, unless the operator says otherwise (settings `endpoints_per_org`)
 EVENTS_SHOWN = 200
 
@@ -290,9 +291,12 @@ def create_key(
         payer = org_id or who.personal_org_id
         if payer != who.personal_org_id:
             memberships.require(s, who, payer, "spend")
-    live = s.scalars(select(EndpointKey.id).where(EndpointKey.endpoint_id == e.id, EndpointKey.revoked_at.is_(None)))
-    if len(live.all()) >= MAX_KEYS:
-        raise Conflict(f"endpoint: {e.name} has {MAX_KEYS} live keys; revoke some first")
+    # Counted per paying org: a buyer's keys never take the owner's room, nor another buyer's.
+    most = MAX_KEYS if payer == e.org_id else MAX_KEYS_PER_BUYER
+    live = s.scalar(select(func.count()).select_from(EndpointKey).where(
+        EndpointKey.endpoint_id == e.id, EndpointKey.org_id == payer, EndpointKey.revoked_at.is_(None)))  # fmt: skip
+    if (live or 0) >= most:
+        raise Conflict(f"endpoint: {e.name} has {most} live keys paid by this org; revoke some first")
     secret = KEY_PREFIX + secrets.token_urlsafe(32)
     row = EndpointKey(id=new_id("ek"), endpoint_id=e.id, org_id=payer, user_id=who.user_id, name=name,
                       token_hash=token_hash(secret), prefix=secret[: len(KEY_PREFIX) + 6], created_at=now)  # fmt: skip

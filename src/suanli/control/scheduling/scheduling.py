@@ -228,24 +228,22 @@ class SchedulingPass:
         return req
 
     def _by_priority(self, queue: list[Request]) -> list[Request]:
-        """A spec's `priority` orders an org's own pending work: within each org, its workloads trade places in the
-        queue (the org keeps the submit times it holds), high before normal before low, so one org's priorities
-        never move it ahead of another org's work. Work moves forward only into the place of work asking no more
-        GPUs than it does: an old gang that cannot start (a whole cluster's) is no place in the queue its org can
-        hand to small work, which would then start ahead of other orgs' earlier work."""
-        by_org: dict[str, list[Request]] = defaultdict(list)
+        """A spec's `priority` orders an org's own pending work: within each org, workloads asking the same GPUs
+        trade places in the queue (the org keeps the submit times it holds), high before normal before low, so one
+        org's priorities never move it ahead of another org's work. Places are traded only between equal asks: a
+        place is worth what its work asks. An old gang that cannot start (a whole cluster's) handed to small work
+        let that work start ahead of other orgs' earlier work; an old 1-GPU ticket, queued low and free while it
+        waits, handed to a later 64-GPU gang let that gang take the next 64 free GPUs ahead of them."""
+        by_ask: dict[tuple[str, int, int], list[Request]] = defaultdict(list)
         for r in queue:
-            by_org[r.tenant].append(r)
+            by_ask[(r.tenant, r.gpus, r.milli)].append(r)
         swap: dict[str, Request] = {}
-        for reqs in by_org.values():
+        for reqs in by_ask.values():
             if len({self._rank.get(r.id, 1) for r in reqs}) < 2:
                 continue  # one priority: nothing to reorder
-            holders = sorted(reqs, key=lambda r: (r.submit_time, r.id))
+            slots = sorted(r.submit_time for r in reqs)
             ordered = sorted(reqs, key=lambda r: (-self._rank.get(r.id, 1), r.submit_time, r.id))
-            for holder, r in zip(holders, ordered, strict=True):
-                slot = holder.submit_time
-                if slot < r.submit_time and holder.gpus > r.gpus:
-                    continue  # stays where it is
+            for slot, r in zip(slots, ordered, strict=True):
                 if r.submit_time != slot:  # the place in the queue moves; how long it has waited does not
                     swap[r.id] = replace(r, submit_time=slot, queued_since=r.waiting_since)
         return [swap.get(r.id, r) for r in queue] if swap else queue

@@ -139,42 +139,63 @@ def upload(
 ) -> Upload:  # fmt: skip
     """Unpack an upload for `org` under the bounds of one upload and what is left of the org's quota, and keep it
     staged for the submission that names it. Refusals name `field`: 422 for the archive, 409 for the quota."""
-    paying, used, n, mine = admit(db, who, org, store, field)
-    room = min(store.quota - used, store.quota - mine)
-    limits = workdirs.Limits(min(store.limits.bytes, room), store.limits.entries)
+    paying = admit(db, who, org, store, field)[0]
     upload_id = new_id("wd")
+    used, n, mine, room = _reserve(db, who, paying, store, upload_id, now, field)
     dest = workdirs.staged_dir(store.home, upload_id)
     try:
-        got = workdirs.unpack(source, dest, limits)
-    except workdirs.TooLarge as e:
-        if e.what == "bytes" and e.limit < store.limits.bytes:
-            if room < store.quota - used:
-                raise _mine_over(field, store, n, mine, f", and this unpacks to more than the {room} left") from None
-            raise _over(field, paying, store, used, f" and this unpacks to more than the {room} left") from None
-        setting = ("workdir_max_bytes, counting each file in whole 4 KiB blocks" if e.what == "bytes"
-                   else "workdir_max_files")  # fmt: skip
-        raise Invalid(f"{field}: {e} ({setting})") from None
-    except workdirs.ArchiveError as e:
-        raise Invalid(f"{field}: {e}") from None
-    except workdirs.NoSpace:
-        raise InsufficientStorage(f"{field}: the server's disk is full; try again later") from None
-    expires = now + STAGED_TTL
-    try:
+        got = workdirs.unpack(source, dest, workdirs.Limits(min(store.limits.bytes, room), store.limits.entries))
+        expires = now + STAGED_TTL
         with db.write() as s, s.begin():
-            s.get(User, who.user_id, with_for_update=True)  # uploads of one user, then of one org, one at a time
-            s.get(Org, paying.id, with_for_update=True)
-            used = usage(s, paying.id)
-            if used + got.bytes > store.quota:
-                raise _over(field, paying, store, used, f" and this unpacks to {got.bytes}")
-            n, mine = staged_by(s, who.user_id)
-            if n >= MAX_STAGED or mine + got.bytes > store.quota:
-                raise _mine_over(field, store, n, mine, f", and this unpacks to {got.bytes}")
-            s.add(Workdir(id=upload_id, org_id=paying.id, user_id=who.user_id, workload_id=None, bytes=got.bytes,
-                          files=got.files, created_at=now, expires_at=expires))  # fmt: skip
-    except BaseException:
+            row = s.get(Workdir, upload_id, with_for_update=True)
+            if row is None:  # swept meanwhile (an unpack of over an hour)
+                raise Invalid(f"{field}: the upload took too long to unpack; send it again")
+            row.bytes, row.files, row.expires_at = got.bytes, got.files, expires
+    except BaseException as e:
+        _unreserve(db, upload_id)
         workdirs.remove_tree(dest)
+        if isinstance(e, workdirs.TooLarge):
+            if e.what == "bytes" and e.limit < store.limits.bytes:
+                if room < store.quota - used:
+                    raise _mine_over(field, store, n, mine, f", and this unpacks to more than the {room} left") from None
+                raise _over(field, paying, store, used, f" and this unpacks to more than the {room} left") from None
+            setting = ("workdir_max_bytes, counting each file in whole 4 KiB blocks" if e.what == "bytes"
+                       else "workdir_max_files")  # fmt: skip
+            raise Invalid(f"{field}: {e} ({setting})") from None
+        if isinstance(e, workdirs.ArchiveError):
+            raise Invalid(f"{field}: {e}") from None
+        if isinstance(e, workdirs.NoSpace):
+            raise InsufficientStorage(f"{field}: the server's disk is full; try again later") from None
         raise
     return Upload(upload_id, paying.id, got.bytes, got.files, expires)
+
+
+def _reserve(
+    db: Database, who: Principal, paying: Org, store: Store, upload_id: str, now: datetime, field: str
+) -> tuple[int, int, int, int]:
+    """Hold the room an upload may unpack to before a byte of it is written: a staged row of that size, counted by
+    the org's and the user's quota checks at once. Checked after the bytes landed instead, N uploads sent together
+    each unpacked into the same room, N times the quota on the disk. Returns (used, staged uploads, staged bytes,
+    room) as they were before it."""
+    with db.write() as s, s.begin():
+        s.get(User, who.user_id, with_for_update=True)  # uploads of one user, then of one org, one at a time
+        s.get(Org, paying.id, with_for_update=True)
+        used = usage(s, paying.id)
+        n, mine = staged_by(s, who.user_id)
+        if used >= store.quota:
+            raise _over(field, paying, store, used, ", and none is left")
+        if n >= MAX_STAGED or mine >= store.quota:
+            raise _mine_over(field, store, n, mine, "")
+        room = min(store.quota - used, store.quota - mine)
+        s.add(Workdir(id=upload_id, org_id=paying.id, user_id=who.user_id, workload_id=None,
+                      bytes=min(store.limits.bytes, room), files=0, created_at=now,
+                      expires_at=now + STAGED_TTL))  # fmt: skip
+    return used, n, mine, room
+
+
+def _unreserve(db: Database, upload_id: str) -> None:
+    with db.write() as s, s.begin():
+        s.execute(delete(Workdir).where(Workdir.id == upload_id, Workdir.workload_id.is_(None)))
 
 
 def staged(s: Session, who: Principal, upload_id: str, now: datetime) -> Workdir:

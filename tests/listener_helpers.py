@@ -4,11 +4,13 @@ bwrap, whose child it is as a real sandbox's init is bwrap's, and plain servers 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 SERVER = r"""
 import socket, sys
@@ -43,14 +45,21 @@ def start(who: str, port: int) -> subprocess.Popen:
     return p
 
 
-def start_boxed(who: str, port: int) -> tuple[subprocess.Popen, int]:
-    """The same server as the init of a stand-in sandbox: (its bwrap, the init's pid)."""
-    argv = [sys.executable, "-c", BWRAP, sys.executable, "-c", SERVER, who, str(port)]
+def start_boxed(who: str, port: int, code: str = SERVER) -> tuple[subprocess.Popen, int]:
+    """A server (`code`, which prints "up" once it listens) as the init of a stand-in sandbox: (its bwrap, the
+    init's pid)."""
+    argv = [sys.executable, "-c", BWRAP, sys.executable, "-c", code, who, str(port)]
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, start_new_session=True)
     assert p.stdout is not None
     init = int(p.stdout.readline())
     assert p.stdout.readline().strip() == "up"
     return p, init
+
+
+def sandbox_file(path: Path, bwrap: subprocess.Popen, init: int) -> Path:
+    """The record a sandbox leaves (`rank-N.sandbox.json`), naming the stand-in's bwrap and init."""
+    path.write_text(json.dumps({"init_pid": init, "bwrap_pids": [bwrap.pid]}))
+    return path
 
 
 def stop(*procs: subprocess.Popen | None) -> None:

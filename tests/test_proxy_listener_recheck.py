@@ -34,6 +34,7 @@ class Foreign:
         self.sock.bind(("127.0.0.1", port))
         self.sock.listen(8)
         self.received = b""
+        self.accepted = 0
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
@@ -42,6 +43,7 @@ class Foreign:
                 c, _ = self.sock.accept()
             except OSError:
                 return
+            self.accepted += 1
             with c:
                 c.settimeout(2)
                 with contextlib.suppress(OSError):

@@ -90,6 +90,7 @@ def require_token(address: str, timeout_s: float = AUTH_CHECK_S) -> None:
             timer.cancel()
             proc.kill()
             proc.wait()
+            proc.stdout.close()
     if verdict != "token required":
         why = "lets a driver in without a token" if verdict == "open" else "did not refuse a driver without a token"
         raise OpenCluster(

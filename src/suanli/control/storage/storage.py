@@ -144,28 +144,30 @@ def upload(
     used, n, mine, room = _reserve(db, who, paying, store, upload_id, now, field)
     dest = workdirs.staged_dir(store.home, upload_id)
     try:
-        got = workdirs.unpack(source, dest, workdirs.Limits(min(store.limits.bytes, room), store.limits.entries))
+        try:
+            got = workdirs.unpack(source, dest, workdirs.Limits(min(store.limits.bytes, room), store.limits.entries))
+        except workdirs.TooLarge as e:
+            if e.what == "bytes" and e.limit < store.limits.bytes:
+                left = f" and this unpacks to more than the {room} left"
+                if room < store.quota - used:
+                    raise _mine_over(field, store, n, mine, "," + left) from None
+                raise _over(field, paying, store, used, left) from None
+            setting = ("workdir_max_bytes, counting each file in whole 4 KiB blocks" if e.what == "bytes"
+                       else "workdir_max_files")  # fmt: skip
+            raise Invalid(f"{field}: {e} ({setting})") from None
+        except workdirs.ArchiveError as e:
+            raise Invalid(f"{field}: {e}") from None
+        except workdirs.NoSpace:
+            raise InsufficientStorage(f"{field}: the server's disk is full; try again later") from None
         expires = now + STAGED_TTL
         with db.write() as s, s.begin():
             row = s.get(Workdir, upload_id, with_for_update=True)
             if row is None:  # swept meanwhile (an unpack of over an hour)
                 raise Invalid(f"{field}: the upload took too long to unpack; send it again")
             row.bytes, row.files, row.expires_at = got.bytes, got.files, expires
-    except BaseException as e:
+    except BaseException:
         _unreserve(db, upload_id)
         workdirs.remove_tree(dest)
-        if isinstance(e, workdirs.TooLarge):
-            if e.what == "bytes" and e.limit < store.limits.bytes:
-                if room < store.quota - used:
-                    raise _mine_over(field, store, n, mine, f", and this unpacks to more than the {room} left") from None
-                raise _over(field, paying, store, used, f" and this unpacks to more than the {room} left") from None
-            setting = ("workdir_max_bytes, counting each file in whole 4 KiB blocks" if e.what == "bytes"
-                       else "workdir_max_files")  # fmt: skip
-            raise Invalid(f"{field}: {e} ({setting})") from None
-        if isinstance(e, workdirs.ArchiveError):
-            raise Invalid(f"{field}: {e}") from None
-        if isinstance(e, workdirs.NoSpace):
-            raise InsufficientStorage(f"{field}: the server's disk is full; try again later") from None
         raise
     return Upload(upload_id, paying.id, got.bytes, got.files, expires)
 

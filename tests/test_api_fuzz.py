@@ -63,13 +63,16 @@ def _roles(api: Any) -> list[Role]:
     volume = r.json()["id"]
     batch = api.post(f"{API}/admin/topup-codes", json={"amount": "5", "count": 3}, headers=adm)
     assert batch.status_code == 201, batch.text
+    agent = api.post(f"{API}/admin/nodes/{node}/agent-tokens", json={}, headers=adm)
+    assert agent.status_code == 201, agent.text
     roles = []
     for name, headers in (("tenant", tenant.headers), ("admin", adm)):
         spare = api.post(f"{API}/tokens", json={"name": "spare", "expires_in_days": 7}, headers=headers).json()["id"]
         ids = {"org_id": team, "org": team, "user_id": colleague.user_id, "token_id": spare, "node": node,
                "cluster": "scratch", "gpu": "H20", "ref": workload, "key_id": "key_0000",
                "invitation_id": invitation.json()["id"], "code_id": code.json()["id"], "name": "no-such-entry",
-               "volume": volume, "batch_id": batch.json()["batch"]["id"], "provider": "hmac"}  # fmt: skip
+               "volume": volume, "batch_id": batch.json()["batch"]["id"], "provider": "hmac",
+               "agent_token_id": agent.json()["id"]}  # fmt: skip
         roles.append(Role(name, headers, ids))
     return roles
 

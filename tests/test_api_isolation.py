@@ -176,6 +176,7 @@ class World:
     endpoint_key: str  # a key of it
     topup_batch: str  # an operator's batch of top-up codes
     topup_code: str  # its code, unredeemed: the attacker tries it on the victim's orgs
+    agent_token: str = ""  # an operator's agent token for `node`
 
     def secrets(self) -> list[str]:
         v, c = self.victim, self.colleague
@@ -191,7 +192,7 @@ class World:
             "ref": [self.workload, "victim-box", self.endpoint, "victim-chat"],
             "key_id": [self.ssh_key, self.endpoint_key], "invitation_id": [self.team_invitation, self.invitation],
             "code_id": [self.invite_code], "volume": [self.volume], "name": ["tiny"],
-            "batch_id": [self.topup_batch], "provider": ["hmac"],
+            "batch_id": [self.topup_batch], "provider": ["hmac"], "agent_token_id": [self.agent_token],
         }  # fmt: skip
         assert name in table, f"path parameter {{{name}}}: add the victim's value for it to World.values"
         return table[name]
@@ -255,10 +256,12 @@ def world(api: Any) -> World:
     assert ek.status_code == 201, ek.text
     tc = api.post(f"{API}/admin/topup-codes", json={"amount": "5", "count": 1}, headers=adm)
     assert tc.status_code == 201, tc.text
+    agent = api.post(f"{API}/admin/nodes/{node}/agent-tokens", json={}, headers=adm)
+    assert agent.status_code == 201, agent.text
     return World(victim, colleague, team, "victim-team", token_id, allocation, attacker, attacker_team, adm,
                  node, "shared", r.json()["id"], key.json()["id"], team_invitation, invitation, code,
                  vol.json()["id"], ep.json()["id"], ek.json()["id"], tc.json()["batch"]["id"],
-                 tc.json()["codes"][0]["code"])  # fmt: skip
+                 tc.json()["codes"][0]["code"], agent.json()["id"])  # fmt: skip
 
 
 def _body(w: World, method: str, path: str, model: type | None, n: int) -> dict[str, Any] | None:

@@ -27,6 +27,7 @@ from suanli.api.gateway_asgi import PREFIX as GATEWAY_PREFIX
 from suanli.api.gateway_asgi import Gateway
 from suanli.api.routers import (
     admin,
+    agent_tokens,
     auth,
     credit,
     endpoints,
@@ -359,7 +360,7 @@ def create_app(settings: Settings, db: Database | None = None) -> FastAPI:
     routers = (auth.router, passwords.router, orgs.router, members.router, plans.router, market.router, admin.router, workloads.router,
                telemetry.router, ssh.router, instances.router, workdirs.router, hub.router, volumes.router,
                volume_files.router, endpoints.router, reports.router, credit.router,
-               serve_quotes.router)  # fmt: skip
+               serve_quotes.router, agent_tokens.router)  # fmt: skip
     for r in routers:
         app.include_router(r, prefix=API, responses=ERRORS, dependencies=[Depends(no_nul)])
     app.include_router(telemetry.metrics_router, responses=ERRORS)

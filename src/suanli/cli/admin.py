@@ -22,6 +22,7 @@ from suanli.cli import admin_users, telemetry
 from suanli.cli import credentials as cred
 from suanli.cli.admin_invites import invites_app
 from suanli.cli.admin_prices import prices_app
+from suanli.cli.agent import agent_tokens_app
 from suanli.cli.common import JsonOpt, check_choice, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable, money, when
 from suanli.cli.credit import codes_app
@@ -39,6 +40,7 @@ app.add_typer(invites_app, name="invites")
 app.add_typer(codes_app, name="codes")
 app.add_typer(hub_admin_app, name="hub")
 app.add_typer(prices_app, name="prices")
+app.add_typer(agent_tokens_app, name="agent-tokens")
 app.command("create-user")(admin_users.create_user)
 app.command("set-password")(admin_users.set_password)
 OrgArg = Annotated[str, typer.Argument(metavar="ORG", help="Organisation id or name (a personal org: the email).")]

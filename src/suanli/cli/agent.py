@@ -1,4 +1,5 @@
-"""`suanli agent`: the node agent an operator runs on each GPU server of a Ray or Slurm cluster."""
+"""`suanli agent`: the node agent an operator runs on each GPU server of a Ray or Slurm cluster, and `suanli admin
+agent-tokens`: the tokens it runs with, each posting one node's samples and opening nothing else."""
 
 from __future__ import annotations
 
@@ -8,16 +9,23 @@ import threading
 from typing import Annotated
 
 import typer
+from rich.table import Table
 
 from suanli.cli import credentials as cred
-from suanli.cli.common import console
-from suanli.cli.credentials import ServerOpt
+from suanli.cli.common import JsonOpt, console, emit_json
+from suanli.cli.credentials import ServerOpt, when
+from suanli.cli.terminal import shown
 
 
 def agent(
     node: Annotated[str, typer.Option("--node", help="This node's name in suanli (`suanli admin nodes`).")],
     token: Annotated[
-        str | None, typer.Option("--token", envvar="SUANLI_TOKEN", help="An operator's API token.")
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="SUANLI_TOKEN",
+            help="This node's agent token ('suanli admin agent-tokens create NODE'), or an operator's.",
+        ),
     ] = None,
     interval: Annotated[float, typer.Option("--interval", min=0.5, max=3600, help="Seconds between readings.")] = 5.0,
     once: Annotated[bool, typer.Option("--once", help="Read and send once, then exit.")] = False,
@@ -53,3 +61,52 @@ def _interrupt_once(signum: int, frame: object) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command("agent")(agent)
+
+
+agent_tokens_app = typer.Typer(
+    no_args_is_help=True, help="Node agents' tokens: each posts one node's GPU samples and opens nothing else."
+)
+
+
+@agent_tokens_app.command("create")
+def agent_token_create(
+    node: Annotated[str, typer.Argument(metavar="NODE", help="The node's name ('suanli admin nodes').")],
+    server: ServerOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """A token for 'suanli agent --node NODE' on that node, shown once. Put it there instead of an operator's
+    token: whoever escaped a sandbox on the node could then post its samples, nothing more."""
+    with cred.api(server) as c:
+        out = c.agent_token_create(node)
+    if json_out:
+        emit_json(out)
+        return
+    console.print(f"agent token {out['id']} for {shown(out['node'])} (shown once):\n{out['token']}")
+    console.print(f"on that node: suanli agent --node {shown(out['node'])} --token <token>")
+
+
+@agent_tokens_app.command("ls")
+def agent_token_list(server: ServerOpt = None, json_out: JsonOpt = False) -> None:
+    """Every agent token (never the token itself)."""
+    with cred.api(server) as c:
+        rows = c.agent_tokens()
+    if json_out:
+        emit_json(rows)
+        return
+    table = Table(title="agent tokens")
+    for col in ("id", "node", "starts", "created", "revoked"):
+        table.add_column(col)
+    for t in rows:
+        table.add_row(t["id"], shown(t["node"]), t["prefix"] + "…", when(t["created_at"]), when(t["revoked_at"]))
+    console.print(table)
+
+
+@agent_tokens_app.command("revoke")
+def agent_token_revoke(
+    token_id: Annotated[str, typer.Argument(metavar="ID", help="The token's id ('suanli admin agent-tokens ls').")],
+    server: ServerOpt = None,
+) -> None:
+    """Refuse the samples posted with it from now on."""
+    with cred.api(server) as c:
+        out = c.agent_token_revoke(token_id)
+    console.print(f"revoked agent token {out['id']} of {shown(out['node'])}")

@@ -32,6 +32,7 @@ class TelemetryCalls:
         def request(self, method: str, path: str, **kw: Any) -> httpx.Response: ...
         def _get(self, path: str, **params: Any) -> Any: ...
         def _post(self, path: str, body: Any = None, *, auth: bool = True) -> Any: ...
+        def call(self, method: str, path: str, body: Any = None, **kw: Any) -> Any: ...
 
     # ---- operators: the fleet now ----
     def admin_gpus(self) -> list[dict[str, Any]]:
@@ -54,10 +55,21 @@ class TelemetryCalls:
 
     # ---- node agents ----
     def post_samples(self, samples: list[Any]) -> dict[str, Any]:
-        """Store a node agent's batch of GPU samples (`GpuSample`s or dicts of their fields; operator token): how
-        many were stored, which GPUs nobody registered, and the fatal health findings they raised."""
+        """Store a node agent's batch of GPU samples (`GpuSample`s or dicts of their fields; the node's agent token,
+        or an operator's): how many were stored, which GPUs nobody registered, and the fatal health findings."""
         rows = [s if isinstance(s, dict) else {f: getattr(s, f) for f in s.__slots__} for s in samples]
         return self._post("/telemetry/samples", {"samples": rows})
+
+    def agent_token_create(self, node: str) -> dict[str, Any]:
+        """A token for `suanli agent` on `node` (its `token`, shown once): it posts that node's samples only."""
+        return self._post(f"/admin/nodes/{_seg(node)}/agent-tokens", {})
+
+    def agent_tokens(self) -> list[dict[str, Any]]:
+        """Every node agent's token (id, node, prefix, created, revoked), never the token itself."""
+        return self._get("/admin/agent-tokens")
+
+    def agent_token_revoke(self, token_id: str) -> dict[str, Any]:
+        return self.call("DELETE", f"/admin/agent-tokens/{_seg(token_id)}")
 
     # ---- series ----
     def node_metrics(

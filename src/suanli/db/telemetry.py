@@ -87,3 +87,17 @@ class InjectedFault(Base):
     xid: Mapped[int] = mapped_column(Integer, default=0)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
     cleared_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)  # repaired, or reported once
+
+
+class AgentToken(Base):
+    """A node agent's token (`sla_…`): it posts samples for its one node and opens nothing else. Only its SHA-256
+    is kept. An operator's token on every GPU node would hand the whole platform to whoever escapes a sandbox on
+    any one of them."""
+
+    __tablename__ = "agent_tokens"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    node_id: Mapped[str] = mapped_column(ForeignKey("nodes.id", ondelete="CASCADE"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), nullable=True)

@@ -12,6 +12,7 @@ from pydantic import Field
 
 from suanli.api.deps import Auth, Caller, Srv, in_thread
 from suanli.api.routers.admin import Admin
+from suanli.api.routers.agent_tokens import Reporting
 from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.errors import Invalid
@@ -79,8 +80,10 @@ class NodeEventOut(Out):
 
 @router.post("/telemetry/samples")
 @in_thread
-def ingest(body: SamplesIn, ctx: Admin) -> IngestOut:
-    """Store a node agent's batch of GPU samples (a retried batch stores nothing twice) and act on its health."""
+def ingest(body: SamplesIn, ctx: Reporting) -> IngestOut:
+    """Store a node agent's batch of GPU samples (a retried batch stores nothing twice) and act on its health. An
+    operator's token posts for any node; a node's agent token (`suanli admin agent-tokens create`) for its own."""
+    ctx.check([x.node for x in body.samples])
     srv = ctx.srv
     ahead = next((i for i, x in enumerate(body.samples) if x.t > ctx.now.timestamp() + MAX_AHEAD_S), None)
     if ahead is not None:

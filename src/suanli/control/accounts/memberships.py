@@ -66,6 +66,20 @@ def access(s: Session, who: Principal, org_id: str) -> Access:
     return Access(org, m.role if m else None, m.monthly_spend_limit if m else None, who.is_admin)
 
 
+LOST_SPEND = "its submitter may no longer spend this organisation's money (removed, or made a viewer)"
+
+
+def may_spend(s: Session, org_id: str, user_id: str) -> bool:
+    """Whether work the user submitted may still start or grow on the org's money: their role there spends, or
+    they are an operator. Asked wherever work starts or grows again on its own (a retry, a requeue after a
+    preemption, a grow), not only at submission: a member removed or made a viewer kept spending the team's
+    money through retries and grows, past any spend limit (a non-member has none)."""
+    role = s.scalar(select(Membership.role).where(Membership.org_id == org_id, Membership.user_id == user_id))
+    if role is not None and "spend" in RIGHTS.get(role, frozenset()):
+        return True
+    return bool(s.scalar(select(User.is_admin).where(User.id == user_id)))
+
+
 def _refuse(a: Access, right: str) -> Forbidden:
     return Forbidden(f"organisation {a.org.id}: a {a.role or 'non-member'} cannot {WHAT[right]}")
 

@@ -13,7 +13,7 @@ from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from suanli.billing.money import ZERO
-from suanli.control.accounts import spend_limits
+from suanli.control.accounts import memberships, spend_limits
 from suanli.control.errors import ServiceError
 from suanli.control.money import metering, prices
 from suanli.control.workloads import workloads
@@ -106,6 +106,8 @@ def place_chunk(
     refused: dict[str, tuple[str, int]] = {}
     plan_use: dict[str, int] = {}  # GPUs of each plan in use, counting this chunk's placements
     spending: dict[tuple[str, str], spend_limits.Spending | None] = {}  # members' spend limits, counting this chunk's
+    spenders: dict[tuple[str, str], bool] = {}  # whether each submitter may still spend its org's money
+    lost: list[str] = []  # work whose submitter may not: stopped, never placed
     for wid, view, placement, reason in items:
         r = rows.get(wid)
         if r is None or r.state != "pending" or r.stop_requested:
@@ -122,6 +124,11 @@ def place_chunk(
             if why is not None:
                 refused[wid] = (why, 0)
                 continue
+        if (r.org_id, r.user_id) not in spenders:
+            spenders[r.org_id, r.user_id] = memberships.may_spend(s, r.org_id, r.user_id)
+        if not spenders[r.org_id, r.user_id]:
+            lost.append(wid)
+            continue
         member = member_spending(s, spending, loads[r.org_id], r.user_id, now)
         elastic = spec.gpu_range()
         alloc, refusal = None, ""
@@ -176,6 +183,8 @@ def place_chunk(
         updates.append({"wid": wid, "why": text, "n": r.attempt + 1, "aid": alloc["id"],
                         "ex": view.nodes[first][1], "p": predicted})  # fmt: skip
         events.append({"workload_id": wid, "at": now, "state": "scheduled", "reason": text})
+    for gone in s.scalars(select(Workload).where(Workload.id.in_(lost))) if lost else ():
+        workloads.transition(s, gone, "stopped", f"not started: {memberships.LOST_SPEND}", now)
     if allocs:
         t = w.__table__.c
         s.execute(insert(Allocation.__table__), allocs)

@@ -235,6 +235,10 @@ def carry_out(
                     placing.unadmit(load, row)
                     row = None
                     raise Conflict(ceiling)
+                if grow and not memberships.may_spend(s, w.org_id, w.user_id):
+                    placing.unadmit(load, row)
+                    row = None
+                    raise Conflict(f"not grown: {memberships.LOST_SPEND}")
                 member = placing.member_spending(s, spending, load, w.user_id, now) if grow else None
                 more = row["rate_per_hour"] - old.rate_per_hour
                 over = member.admit(more, hold_minutes) if member is not None and more > 0 else None

@@ -155,6 +155,8 @@ def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = Fa
     elif w.gpu_spec is not None:
         w.spec, w.gpu_spec = w.gpu_spec, None
     w.submitted_at = now  # its owner starts it again: a new place at the back of the queue
+    if w.user_id != who.user_id and not memberships.may_spend(s, w.org_id, w.user_id):
+        w.user_id = who.user_id  # its maker left the team (or may no longer spend): whoever starts it spends
     how = " without GPUs (CPU only)" if no_gpu else ""
     requeue(s, w, f"started by {who.email}{how}", now)
     return w

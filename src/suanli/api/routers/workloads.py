@@ -338,7 +338,9 @@ class StartIn(In):
 def start(ref: str, ctx: Auth, body: StartIn = StartIn()) -> WorkloadOut:
     """Start a stopped instance again (it queues; its disk is as it was); `no_gpu`: CPU-only this time."""
     with ctx.db.write() as s, s.begin():
-        return _full(s, workloads.start(s, ctx.who, ref, ctx.now, no_gpu=body.no_gpu), ctx)
+        w = workloads.start(s, ctx.who, ref, ctx.now, no_gpu=body.no_gpu,
+                            max_queued=ctx.srv.settings.max_queued_per_org)  # fmt: skip
+        return _full(s, w, ctx)
 
 
 class ScaleIn(In):

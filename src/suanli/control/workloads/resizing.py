@@ -200,6 +200,8 @@ def carry_out(
         spec = cache.get(w.id) or WorkloadSpec.model_validate(w.spec)
         n = len(it.gpus)
         grow = n > old.gpus
+        if grow and w.stop_requested:  # ending: as `scale` refuses it, the policy grows it no more
+            continue
         if w.org_id not in loads:
             loads[w.org_id] = metering.org_load(s, w.org_id)
         load = loads[w.org_id]

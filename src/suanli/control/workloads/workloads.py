@@ -133,7 +133,9 @@ def stop_queued(s: Session, org_id: str, user_id: str, why: str, now: datetime) 
     return n
 
 
-def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = False) -> Workload:
+def start(
+    s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = False, max_queued: int = MAX_QUEUED
+) -> Workload:
     """An instance that was stopped (or preempted, or failed) queues again, with its disk as it left it.
 
     `no_gpu`: it runs as CPU-only work (1 core and 2 GiB, on demand at the CPU price) to reach its disk, as on
@@ -148,6 +150,11 @@ def start(s: Session, who: Principal, ref: str, now: datetime, no_gpu: bool = Fa
         raise Conflict(f"workload {w.id} is a job; only instances start again (submit the job anew)")
     if w.state in ACTIVE:
         return w
+    waiting = select(Workload.id).where(Workload.org_id == w.org_id, Workload.state == "pending").limit(max_queued)
+    queued = s.scalar(select(func.count()).select_from(waiting.subquery())) or 0
+    if queued >= max_queued:  # as at submission: stopping and starting again is no way past the queue's bound
+        raise Conflict(f"queue: organisation {w.org_id} has {queued} workloads waiting, the most an organisation "
+                       "may (max_queued_per_org); wait for some to start, or stop some")  # fmt: skip
     own = w.gpu_spec or w.spec
     if no_gpu:
         cpu_only = {k: v for k, v in own.items() if k not in ("resources", "billing", "max_price_per_hour")}

@@ -125,7 +125,12 @@ def test_a_new_password_ends_every_other_session_and_token(api: TestClient) -> N
     bystander = signup(api, "bystander@example.com")
     r = _change(api, who.token, "tenant-password", "new-password-1")
     assert r.status_code == 200, r.text
-    assert r.json() == {"email": "moved@example.com", "revoked_tokens": 2, "removed_ssh_keys": 0}
+    assert r.json() == {
+        "email": "moved@example.com",
+        "revoked_tokens": 2,
+        "removed_ssh_keys": 0,
+        "revoked_endpoint_keys": 0,
+    }
     assert _works(api, who.token)  # the session that changed it stays
     assert not _works(api, other_login) and not _works(api, api_token)
     assert _works(api, bystander.token)  # nobody else's
@@ -179,7 +184,12 @@ def test_the_mailed_link_sets_a_new_password_once_and_signs_out_everywhere(mail_
     with mail_api.app.state.server.db.read() as s:  # type: ignore[attr-defined]
         assert list(s.scalars(select(PasswordReset.token_hash))) == [token_hash(token)]  # its hash only
     r = mail_api.post(f"{API}/password/reset", json={"token": token, "new_password": "fresh-password-1"})
-    assert r.status_code == 200 and r.json() == {"email": who.email, "revoked_tokens": 3, "removed_ssh_keys": 0}, r.text
+    assert r.status_code == 200 and r.json() == {
+        "email": who.email,
+        "revoked_tokens": 3,
+        "removed_ssh_keys": 0,
+        "revoked_endpoint_keys": 0,
+    }, r.text
     assert not any(_works(mail_api, t) for t in (who.token, other_login, api_token))
     assert _login(mail_api, who.email, "tenant-password") == 401
     assert _login(mail_api, who.email, "fresh-password-1") == 200

@@ -26,7 +26,12 @@ def test_cli_change_forget_and_reset(db_url: str, tmp_path: Path) -> None:
         p = suanli(["passwd", "--password-stdin"], fay, url, stdin="wrong-password\nfay-password-2\n", code=2)
         assert "current_password" in p.stderr, p.stderr
         p = suanli(["passwd", "--password-stdin", "--json"], fay, url, stdin="fay-password-1\nfay-password-2\n")
-        assert json.loads(p.stdout) == {"email": "fay@example.com", "revoked_tokens": 1, "removed_ssh_keys": 0}
+        assert json.loads(p.stdout) == {
+            "email": "fay@example.com",
+            "revoked_tokens": 1,
+            "removed_ssh_keys": 0,
+            "revoked_endpoint_keys": 0,
+        }
         assert "fay@example.com" in suanli(["whoami"], fay, url).stdout  # this login stays
         assert "revoked" in suanli(["whoami"], laptop, url, code=2).stderr  # the laptop's is gone
 

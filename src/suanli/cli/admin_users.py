@@ -90,4 +90,4 @@ def set_password(email: EmailOpt, password_stdin: PasswordStdinOpt = False, db: 
             fail(f"no user has the email {address} ('suanli admin users' lists them)")
         out = password_resets.set_password(s, user_id, hashed, utcnow(), drop_ssh_keys=True)
     console.print(f"password set for [bold]{address}[/]; {out.tokens} token(s) revoked, {out.ssh_keys} SSH key(s) "
-                  "removed")  # fmt: skip
+                  f"removed, {out.endpoint_keys} endpoint key(s) revoked")  # fmt: skip

@@ -65,7 +65,8 @@ def reset_password(
         emit_json(jsonable(out))
         return
     console.print(f"password set for [bold]{out.email}[/]; {out.revoked_tokens} token(s) revoked, "
-                  f"{out.removed_ssh_keys} SSH key(s) removed; log in again with 'suanli login'")  # fmt: skip
+                  f"{out.removed_ssh_keys} SSH key(s) removed, {out.revoked_endpoint_keys} endpoint key(s) revoked; "
+                  "log in again with 'suanli login'")  # fmt: skip
 
 
 def _line() -> str:

@@ -109,6 +109,7 @@ class PasswordSet:
     email: str
     revoked_tokens: int  # the user's other tokens (logins, console sessions, API tokens) revoked
     removed_ssh_keys: int = 0  # the user's SSH keys removed (a reset removes them; a change does not)
+    revoked_endpoint_keys: int = 0  # endpoint API keys the user made, revoked (a reset; a change does not)
 
 
 @dataclass(frozen=True)

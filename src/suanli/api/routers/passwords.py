@@ -133,4 +133,5 @@ def _finish_reset(srv: Server, token: str, hashed: str) -> PasswordSetOut:
         verification.proven(s, user, now, srv.settings.trial_credit)  # the link proves the mailbox
         email = user.email
     srv.tokens.forget_all()
-    return PasswordSetOut(email=email, revoked_tokens=out.tokens, removed_ssh_keys=out.ssh_keys)
+    return PasswordSetOut(email=email, revoked_tokens=out.tokens, removed_ssh_keys=out.ssh_keys,
+                          revoked_endpoint_keys=out.endpoint_keys)  # fmt: skip

@@ -332,14 +332,35 @@ def _addressed_to(s: Session, who: Principal, invitation_id: str, now: datetime,
 
 
 def join(s: Session, user_id: str, row: Invitation, now: datetime) -> Membership:
-    """The invitee joins with the invitation's role and limit."""
+    """The invitee joins with the invitation's role and limit, as far as its inviter may still give them now: an
+    invitation made by an operator since unmade, or by a manager since demoted or limited, used to admit with the
+    rights its maker had then (an owner of a team the former operator never belonged to; no limit past the maker's
+    new one)."""
     if s.get(Membership, (row.org_id, user_id)) is not None:
         raise Conflict(f"you are a member of {row.org_id} already")
-    m = Membership(org_id=row.org_id, user_id=user_id, role=row.role, monthly_spend_limit=row.monthly_spend_limit)
+    limit = _still_given(s, row)
+    m = Membership(org_id=row.org_id, user_id=user_id, role=row.role, monthly_spend_limit=limit)
     s.add(m)
     row.state, row.decided_at = "accepted", now
     s.flush()
     return m
+
+
+def _still_given(s: Session, row: Invitation) -> Decimal | None:
+    """The spend limit the invitee joins with, if the inviter may still make this invitation (409 otherwise): a
+    manager, and for an owner's role one who makes owners, or an operator; a limited manager gives no more than
+    their own limit now."""
+    inviter = s.get(User, row.invited_by)
+    m = s.get(Membership, (row.org_id, row.invited_by))
+    if inviter is not None and inviter.is_admin:
+        return row.monthly_spend_limit
+    rights = RIGHTS.get(m.role, frozenset()) if m is not None else frozenset()
+    if "manage" not in rights or (row.role == "owner" and "owners" not in rights):
+        raise Conflict(f"invitation {row.id}: whoever made it may no longer invite as {row.role}; ask for a new one")
+    own = m.monthly_spend_limit if m is not None and "owners" not in rights else None
+    if own is not None and (row.monthly_spend_limit is None or row.monthly_spend_limit > own):
+        return own
+    return row.monthly_spend_limit
 
 
 def accept(s: Session, who: Principal, invitation_id: str, now: datetime, proof: bool = False) -> Membership:

@@ -24,6 +24,7 @@ from suanli.control.errors import Conflict, Unauthorized
 from suanli.control.ids import new_secret, token_hash
 from suanli.db.access import PasswordReset
 from suanli.db.models import ApiToken, ProxySession, SshKey, User
+from suanli.db.serving import EndpointKey
 from suanli.mail import Mail
 
 TOKEN_TTL = timedelta(hours=1)
@@ -38,10 +39,11 @@ __all__ = ["PATH", "TOKEN_TTL", "SignedOut", "check_known", "count_ask", "issue"
 
 @dataclass(frozen=True)
 class SignedOut:
-    """What a new password ended: the user's other tokens, and (on a reset) their SSH keys."""
+    """What a new password ended: the user's other tokens, and (on a reset) their SSH keys and endpoint keys."""
 
     tokens: int
     ssh_keys: int
+    endpoint_keys: int = 0
 
 
 def set_password(
@@ -50,7 +52,8 @@ def set_password(
 ) -> SignedOut:  # fmt: skip
     """Store the new hash, revoke every token of the user but `keep_token_id` (401 if that one was revoked
     meanwhile), end their instance proxy sessions, spend their reset links, and with `drop_ssh_keys` remove their
-    SSH keys. `expected_hash`: the hash the current password was checked against; 409 when another new password
+    SSH keys and revoke the endpoint keys they made (whoever had the account may have made one, paid by one of its
+    orgs, to an endpoint of their own: it kept charging after the reset). `expected_hash`: the hash the current password was checked against; 409 when another new password
     was set meanwhile (a change never undoes a reset that landed while it was hashing). The user's row is locked
     first, as `redeem` locks it: a change and a reset at once take turns rather than deadlock."""
     q = update(User).where(User.id == user_id)
@@ -69,13 +72,17 @@ def set_password(
     tokens = s.execute(revoke.values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
     s.execute(delete(ProxySession).where(ProxySession.user_id == user_id))  # JupyterLab's cookies: a shell each
     keys = s.execute(delete(SshKey).where(SshKey.user_id == user_id)).rowcount if drop_ssh_keys else 0
+    bought = 0
+    if drop_ssh_keys:
+        made = update(EndpointKey).where(EndpointKey.user_id == user_id, EndpointKey.revoked_at.is_(None))
+        bought = s.execute(made.values(revoked_at=now).execution_options(synchronize_session=False)).rowcount
     s.execute(
         update(PasswordReset)
         .where(PasswordReset.user_id == user_id, PasswordReset.used_at.is_(None))
         .values(used_at=now)
         .execution_options(synchronize_session=False)
     )
-    return SignedOut(int(tokens or 0), int(keys or 0))
+    return SignedOut(int(tokens or 0), int(keys or 0), int(bought or 0))
 
 
 def count_ask(s: Session, email: str, address: str, now: datetime) -> None:

@@ -192,7 +192,7 @@ class PasswordSetOut(Out):
     email: str
     revoked_tokens: int = Field(description="the user's other tokens (logins, console sessions, API tokens) revoked")
     removed_ssh_keys: int = Field(0, description="the user's SSH keys removed (a reset removes them; a change not)")
-    revoked_endpoint_keys: int = Field(0, description="endpoint API keys the user made, revoked (a reset; a change not)")
+    revoked_endpoint_keys: int = Field(0, description="endpoint keys the user made, revoked (a reset; a change not)")
 
 
 class PasswordResetAskOut(Out):

@@ -53,9 +53,10 @@ def set_password(
     """Store the new hash, revoke every token of the user but `keep_token_id` (401 if that one was revoked
     meanwhile), end their instance proxy sessions, spend their reset links, and with `drop_ssh_keys` remove their
     SSH keys and revoke the endpoint keys they made (whoever had the account may have made one, paid by one of its
-    orgs, to an endpoint of their own: it kept charging after the reset). `expected_hash`: the hash the current password was checked against; 409 when another new password
-    was set meanwhile (a change never undoes a reset that landed while it was hashing). The user's row is locked
-    first, as `redeem` locks it: a change and a reset at once take turns rather than deadlock."""
+    orgs, to an endpoint of their own: it kept charging after the reset). `expected_hash`: the hash the current
+    password was checked against; 409 when another new password was set meanwhile (a change never undoes a reset
+    that landed while it was hashing). The user's row is locked first, as `redeem` locks it: a change and a reset
+    at once take turns rather than deadlock."""
     q = update(User).where(User.id == user_id)
     if expected_hash is not None:
         q = q.where(User.password_hash == expected_hash)

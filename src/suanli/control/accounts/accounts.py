@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,6 +30,7 @@ from suanli.db.models import ApiToken, Membership, Org, User
 _hasher = PasswordHasher()
 EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]{1,189}\.[^@\s]{1,63}$")
 MIN_PASSWORD = 8
+MAX_LIVE_TOKENS = 200  # per user: logins and console sessions past it retire the soonest to expire
 MAX_PASSWORD = 1024
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def issue_token(
         raise Invalid("name: 1 to 128 characters")
     if expires_at is not None and expires_at <= now:
         raise Invalid("expires_in_days: the token would already be expired")
+    _make_room(s, user.id, now, expiring=expires_at is not None)
     plain = new_token()
     row = ApiToken(
         id=new_id("tok"),
@@ -167,6 +169,25 @@ def issue_token(
     s.add(row)
     s.flush()
     return row, plain
+
+
+def _make_room(s: Session, user_id: str, now: datetime, expiring: bool) -> None:
+    """At most `MAX_LIVE_TOKENS` live tokens a user: an expiring one (a login, a console session) past it retires
+    the user's tokens that expire soonest, a token that never expires is refused (409). Without a bound each
+    request for a short-lived token, which needs no password, was one more row for good. Counted without a lock:
+    logins at the same moment may each see room for one more."""
+    live = (ApiToken.user_id == user_id, ApiToken.revoked_at.is_(None),
+            or_(ApiToken.expires_at.is_(None), ApiToken.expires_at > now))  # fmt: skip
+    n = s.scalar(select(func.count()).select_from(ApiToken).where(*live)) or 0
+    if n < MAX_LIVE_TOKENS:
+        return
+    oldest = list(s.scalars(select(ApiToken.id).where(*live, ApiToken.expires_at.is_not(None))
+                            .order_by(ApiToken.expires_at, ApiToken.id).limit(n - MAX_LIVE_TOKENS + 1)))  # fmt: skip
+    if not expiring or not oldest:
+        raise Conflict(f"tokens: you have {n} live tokens, the most one user may keep; revoke some "
+                       "('suanli tokens list', 'suanli tokens revoke ID')")  # fmt: skip
+    s.execute(update(ApiToken).where(ApiToken.id.in_(oldest)).values(revoked_at=now)
+              .execution_options(synchronize_session=False))  # fmt: skip
 
 
 def outlives(expires_at: datetime | None, caller_expires_at: datetime | None) -> bool:

@@ -14,7 +14,7 @@ import fcntl
 import json
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from suanli.storage.volumes import OverSize, Paths
@@ -38,17 +38,17 @@ class Claim:
         """The tree held `used` bytes when measured (after this claim registered). Returns the room left now."""
         self.used = used
         with self._state() as st:
-            return self.size - used - self._others(st)
+            return _size(st, self.size) - used - self._others(st)
 
     def left(self) -> int:
         """The room the others leave now (before what this copy holds)."""
         with self._state() as st:
-            return max(self.size - self.used - self._others(st), 0)
+            return max(_size(st, self.size) - self.used - self._others(st), 0)
 
     def take(self, total: int, what: str = "this file would need") -> None:
         """This copy now holds `total` bytes (in whole blocks); OverSize if that is past the room the others leave."""
         with self._state() as st:
-            left = self.size - self.used - self._others(st)
+            left = _size(st, self.size) - self.used - self._others(st)
             if total > left:
                 raise OverSize(f"{what} more than the {max(left, 0)} bytes left in the volume")
             mine = st["claims"].get(self.id)
@@ -71,24 +71,47 @@ class Claim:
         return sum(c[_BYTES] for cid, c in st["claims"].items()
                    if cid != self.id and (c[_END] is None or c[_END] > self.start))  # fmt: skip
 
-    @contextlib.contextmanager
-    def _state(self) -> Iterator[dict[str, Any]]:
-        fd = os.open(self.p.root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def _state(self) -> contextlib.AbstractContextManager[dict[str, Any]]:
+        return _state(self.p)
+
+
+def resize(p: Paths, size: int, held: Callable[[], int]) -> int:
+    """Make `size` the volume's size for the copies under way and those to come (each reads it at every `take`),
+    if what the volume holds (`held()`: its tree and the uploads waiting beside it, read under the lock) and what
+    the copies under way have written fit in it; else OverSize. A shrink that measured the tree alone let an
+    upload held or still arriving land past the new size. Returns what was counted."""
+    with _state(p) as st:
+        total = held() + sum(c[_BYTES] for c in st["claims"].values() if c[_END] is None)
+        if total > size:
+            raise OverSize(f"it holds {total} bytes with the uploads under way or held in it")
+        st["size"] = size
+        return total
+
+
+def _size(st: dict[str, Any], claimed: int) -> int:
+    """The volume's size now: as a resize left it, or as the copy found it when it began."""
+    size = st.get("size")
+    return size if isinstance(size, int) else claimed
+
+
+@contextlib.contextmanager
+def _state(p: Paths) -> Iterator[dict[str, Any]]:
+    fd = os.open(p.root / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                st = json.loads((self.p.root / _STATE).read_text(encoding="ascii"))
-                if not isinstance(st, dict) or not isinstance(st.get("claims"), dict):
-                    raise ValueError
-            except (OSError, ValueError):
-                st = {"seq": 0, "claims": {}}
-            yield st
-            _forget(st)
-            tmp = self.p.root / f".{_STATE}.{os.getpid()}"
-            tmp.write_text(json.dumps(st), encoding="ascii")
-            os.replace(tmp, self.p.root / _STATE)
-        finally:
-            os.close(fd)  # (the lock goes with it)
+            st = json.loads((p.root / _STATE).read_text(encoding="ascii"))
+            if not isinstance(st, dict) or not isinstance(st.get("claims"), dict):
+                raise ValueError
+        except (OSError, ValueError):
+            st = {"seq": 0, "claims": {}}
+        yield st
+        _forget(st)
+        tmp = p.root / f".{_STATE}.{os.getpid()}"
+        tmp.write_text(json.dumps(st), encoding="ascii")
+        os.replace(tmp, p.root / _STATE)
+    finally:
+        os.close(fd)  # (the lock goes with it)
 
 
 def _forget(st: dict[str, Any]) -> None:

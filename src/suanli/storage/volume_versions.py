@@ -29,6 +29,7 @@ from suanli.storage.volumes import CHUNK, OverSize, Paths, Usage, _key, fwalk, l
 LINK = "symlink:"  # a manifest entry of a link: [LINK + target, 0]
 DIR = "dir"  # a manifest entry of a directory: [DIR, 0]
 LOCK = ".lock"  # in the blob store: snapshots hold it shared, `gc` exclusive (a blob stored before its manifest)
+SNAPSHOTS = ".snapshots.lock"  # beside the blob store: held by each snapshot of the org from its check to its count
 
 
 class VersionError(ValueError):
@@ -46,11 +47,30 @@ def blob(p: Paths, sha: str) -> Path:
     return p.blobs / sha[:2] / sha
 
 
-def snapshot(p: Paths, number: int) -> Snapshot:
+def snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
     """Record the live tree as version `number`. A mounted volume may be written meanwhile: each file is captured
-    as it was when read (consistent per file, not across files)."""
-    with _locked(p, exclusive=False):
-        return _snapshot(p, number)
+    as it was when read (consistent per file, not across files). OverSize once the version would add more than
+    `most` bytes of content (a file that landed after the room was checked); what it stored goes again."""
+    try:
+        with _locked(p, exclusive=False):
+            return _snapshot(p, number, most)
+    except OverSize:
+        gc(p)
+        raise
+
+
+@contextlib.contextmanager
+def one_at_a_time(p: Paths) -> Iterator[None]:
+    """Snapshots of one org, one after the other (every server process of the host): each checks the room its
+    org's versions have left, copies, and counts what it added, before the next checks. Checked in one transaction
+    and counted in another, snapshots sent together each saw the whole room."""
+    p.blobs.mkdir(parents=True, exist_ok=True)
+    fd = os.open(p.blobs.parent / SNAPSHOTS, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 HELD = "held.json"  # the content (sha256s) this volume's versions name: what they have paid for
@@ -73,7 +93,7 @@ def _held(p: Paths) -> set[str]:
     return held
 
 
-def _snapshot(p: Paths, number: int) -> Snapshot:
+def _snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
     old = load_state(p)
     blobs = str(p.blobs)
     held = _held(p)
@@ -103,6 +123,9 @@ def _snapshot(p: Paths, number: int) -> Snapshot:
             if sha not in held:  # this volume's versions pay for content once, whichever volume stored it first
                 held.add(sha)
                 added += st.st_size
+                if most is not None and added > most:
+                    raise OverSize(f"this version would add more than the {most} bytes its organisation's "
+                                   "versions have left")  # fmt: skip
             state[path] = [*_key(st), sha]
             entries[path] = [sha, st.st_size]
             total += st.st_size

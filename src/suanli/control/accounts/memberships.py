@@ -261,6 +261,7 @@ def invite(
         raise _refuse(a, "owners")
     s.execute(update(Invitation).where(Invitation.org_id == org_id, Invitation.email == email,
                                        Invitation.state == "pending").values(state="cancelled", decided_at=now))  # fmt: skip
+    s.get(Org, org_id, with_for_update=True)  # invitations of one org counted one at a time
     if len(s.scalars(pending.limit(MAX_PENDING)).all()) >= MAX_PENDING:
         raise Conflict(f"organisation {org_id} has {MAX_PENDING} pending invitations; cancel some first")
     code = CODE_PREFIX + new_secret()

@@ -293,6 +293,7 @@ def create_key(
             memberships.require(s, who, payer, "spend")
     # Counted per paying org: a buyer's keys never take the owner's room, nor another buyer's.
     most = MAX_KEYS if payer == e.org_id else MAX_KEYS_PER_BUYER
+    s.get(Org, payer, with_for_update=True)  # the paying org's keys counted one at a time
     live = s.scalar(select(func.count()).select_from(EndpointKey).where(
         EndpointKey.endpoint_id == e.id, EndpointKey.org_id == payer, EndpointKey.revoked_at.is_(None)))  # fmt: skip
     if (live or 0) >= most:

@@ -29,6 +29,8 @@ from suanli.control.storage import volume_billing
 from suanli.db.engine import Database
 from suanli.db.models import Org, Workload
 from suanli.db.volumes import Volume, VolumeVersion
+from suanli.storage import volume_io
+from suanli.storage import volume_room as room
 from suanli.storage import volume_versions as versions_store
 from suanli.storage import volumes as store
 from suanli.storage.s3 import S3Backend, S3Config
@@ -199,10 +201,15 @@ def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, 
         s.get(Org, v.org_id, with_for_update=True)
         _may_allocate(s, v.org_id, n, lim, v.id)
         _within_spend_limit(s, who, v.org_id, n - v.size_bytes, now)
-    used = store.measure(paths(lim, v).data)
+    p = paths(lim, v)
+    used = store.measure(p.data)
     v.used_bytes, v.files, v.measured_at = used.bytes, used.files, now
     if n < used.bytes:
         raise Conflict(f"size: {v.name} holds {used.bytes} bytes; it cannot shrink below that (remove files first)")
+    try:  # the copies under way and to come see the new size; uploads held or arriving count against a shrink
+        room.resize(p, n, lambda: store.measure(p.data).bytes + volume_io.waiting_bytes(p))
+    except store.OverSize as e:
+        raise Conflict(f"size: {v.name} cannot shrink to {n} bytes: {e}; wait for them, or remove some") from None
     if n < v.size_bytes:
         volume_billing.charge_begun(s, v, now)
     v.size_bytes = n
@@ -256,30 +263,37 @@ def snapshot(db: Database, who: Principal, ref: str, org: str | None, message: s
     copied between them, holding no lock (a snapshot that fails leaves its number unused)."""
     if len(message) > MAX_MESSAGE or "\0" in message:
         raise Invalid(f"message: at most {MAX_MESSAGE} characters, no NUL")
-    with db.write() as s, s.begin():
-        v = get(s, who, ref, org, MANAGE, lock=True)
-        _may_snapshot(s, v, lim)
-        v.last_version += 1
-        number, vid, p = v.last_version, v.id, paths(lim, v)
-    try:
-        got = versions_store.snapshot(p, number)
-    except FileNotFoundError:  # its tree went with a removal under way
-        raise NotFound(f"volume {ref} was removed meanwhile") from None
-    with db.write() as s, s.begin():
-        v2 = s.get(Volume, vid, with_for_update=True)
-        if v2 is None:  # removed while the snapshot ran: its files go with the removal, which waited for it
-            raise NotFound(f"volume {ref} was removed meanwhile")
-        row = VolumeVersion(volume_id=vid, number=number, message=message, bytes=got.bytes, files=got.files,
-                            added_bytes=got.added_bytes, created_by=who.user_id, created_at=now)  # fmt: skip
-        s.add(row)
-        v2.snapshot_bytes += got.added_bytes
+    with db.read() as s:
+        p = paths(lim, get(s, who, ref, org, MANAGE))
+    with versions_store.one_at_a_time(p):  # the org's snapshots: each counted before the next checks its room
+        with db.write() as s, s.begin():
+            v = get(s, who, ref, org, MANAGE, lock=True)
+            left = _may_snapshot(s, v, lim)
+            v.last_version += 1
+            number, vid = v.last_version, v.id
+        try:
+            got = versions_store.snapshot(p, number, most=left)
+        except FileNotFoundError:  # its tree went with a removal under way
+            raise NotFound(f"volume {ref} was removed meanwhile") from None
+        except store.OverSize as e:  # files written after the check: what the version would add is over the room
+            raise Conflict(f"version: {e} (volume_snapshot_bytes_per_org); remove files, or versions you no longer "
+                           "need, and snapshot again") from None  # fmt: skip
+        with db.write() as s, s.begin():
+            v2 = s.get(Volume, vid, with_for_update=True)
+            if v2 is None:  # removed while the snapshot ran: its files go with the removal, which waited for it
+                raise NotFound(f"volume {ref} was removed meanwhile")
+            row = VolumeVersion(volume_id=vid, number=number, message=message, bytes=got.bytes, files=got.files,
+                                added_bytes=got.added_bytes, created_by=who.user_id, created_at=now)  # fmt: skip
+            s.add(row)
+            v2.snapshot_bytes += got.added_bytes
     return row
 
 
-def _may_snapshot(s: Session, v: Volume, lim: Limits) -> None:
+def _may_snapshot(s: Session, v: Volume, lim: Limits) -> int:
     """Versions hold disk too: a snapshot is taken while the volume's org pays (balance above zero, the volume not
     read-only) and while its versions, with at most the live tree's bytes more, stay within
-    `snapshot_bytes_per_org` (the org's row locked: snapshots are counted one at a time)."""
+    `snapshot_bytes_per_org`. Returns the bytes they have left, the most this version may add (files written after
+    this check count too)."""
     from suanli.control.money import ledger
 
     if v.state == "read-only":
@@ -296,6 +310,7 @@ def _may_snapshot(s: Session, v: Volume, lim: Limits) -> None:
                        f"up to {rules.format_size(v.used_bytes)}: more than the "
                        f"{rules.format_size(lim.snapshot_bytes_per_org)} they may hold (volume_snapshot_bytes_per_org); "
                        "remove a volume whose versions you no longer need")  # fmt: skip
+    return lim.snapshot_bytes_per_org - held
 
 
 def versions(s: Session, who: Principal, ref: str, org: str | None) -> tuple[Volume, list[VolumeVersion]]:

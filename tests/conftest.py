@@ -20,8 +20,13 @@ os.environ.pop("COLUMNS", None)
 
 
 ENGINE_MODULES = {
-    "ray": ("test_ray_e2e.py", "test_ray_executor.py", "test_ray_open_cluster.py"),
-    "slurm": ("test_slurm_e2e.py", "test_slurm_executor.py", "test_slurm_hostile_specs.py"),
+    "ray": ("test_ray_e2e.py", "test_ray_executor.py", "test_ray_open_cluster.py", "test_ray_rank_isolation.py"),
+    "slurm": (
+        "test_slurm_e2e.py",
+        "test_slurm_executor.py",
+        "test_slurm_hostile_specs.py",
+        "test_slurm_rank_isolation.py",
+    ),
 }
 
 

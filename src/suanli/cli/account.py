@@ -147,7 +147,7 @@ def verify(
         if json_out:
             emit_json({"sent_to": sent_to})
             return
-        console.print(f"a new verification link is on its way to [bold]{sent_to}[/]")
+        console.print(f"a new verification link is on its way to [bold]{shown(sent_to)}[/]")
         return
     assert token is not None
     if "token=" in token:  # the whole link pasted
@@ -157,8 +157,8 @@ def verify(
     if json_out:
         emit_json(jsonable(out))
         return
-    console.print(f"verified [bold]{out.email}[/]; trial credit {money(out.credited)} {out.currency}; balance "
-                  f"{money(out.balance)} {out.currency}")  # fmt: skip
+    console.print(f"verified [bold]{shown(out.email)}[/]; trial credit {money(out.credited)} {shown(out.currency)}; "
+                  f"balance {money(out.balance)} {shown(out.currency)}")  # fmt: skip
 
 
 # ---- money --------------------------------------------------------------------------------------------------

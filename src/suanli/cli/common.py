@@ -19,7 +19,7 @@ from rich.console import Console
 
 from suanli import catalog, topology
 from suanli.catalog import CatalogError, GPUSpec
-from suanli.cli.terminal import SafeConsole
+from suanli.cli.terminal import SafeConsole, visible
 from suanli.perf import (
     Placement,
 )
@@ -71,9 +71,15 @@ FabricOpt = Annotated[str | None, typer.Option("--fabric", help=_FABRIC, rich_he
 
 
 # ---- errors and output ----------------------------------------------------------------------------------
+def one_line(message: object) -> str:
+    """A message as one line fit for a terminal: whitespace folded, control and invisible characters escaped (a
+    server's words reach it here, and an escape sequence in them would act on the terminal)."""
+    return visible(" ".join(str(message).split()), keep="")
+
+
 def fail(message: str) -> NoReturn:
     """Report bad input as one line on stderr and exit with code 2."""
-    typer.echo(f"error: {' '.join(str(message).split())}", err=True)
+    typer.echo(f"error: {one_line(message)}", err=True)
     raise typer.Exit(EXIT_BAD_INPUT)
 
 

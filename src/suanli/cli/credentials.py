@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from decimal import Decimal, InvalidOperation
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 
-from suanli.cli.common import EXIT_BAD_INPUT, fail
+from suanli.cli.common import EXIT_BAD_INPUT, fail, one_line
 
 if TYPE_CHECKING:  # the client (httpx) is imported when a command runs, not on every `suanli` start
     from suanli.client import ApiError, Client
@@ -63,25 +64,42 @@ def path() -> Path:
 def load_all() -> dict[str, dict[str, str]]:
     p = path()
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError) as e:
+    except OSError as e:
         fail(f"cannot read saved credentials {p}: {e}; delete the file and log in again")
+    with os.fdopen(fd, encoding="utf-8") as f:
+        _private(p, os.fstat(f.fileno()), "file")
+        try:
+            doc = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            fail(f"cannot read saved credentials {p}: {e}; delete the file and log in again")
     return doc if isinstance(doc, dict) else {}
 
 
+def _private(p: Path, st: os.stat_result, what: str) -> None:
+    """Refuse a credentials file or directory that is not the caller's or that others may write (as ssh refuses a
+    loose ~/.ssh): whoever can write there can swap in their own token, or plant a link the tokens are written
+    through."""
+    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+        fail(f"{p}: this {what} holds your tokens, but another user may write it (owner uid {st.st_uid}, mode "
+             f"{oct(st.st_mode & 0o777)}); make it yours and not writable by others (chmod go-w), or set {HOME_ENV}")  # fmt: skip
+
+
 def _write(doc: dict[str, dict[str, str]]) -> None:
-    """Replace the file atomically; it is created 0600 and never readable by others, even for a moment."""
+    """Replace the file atomically; it is created 0600 (under a new name no one else can have planted) and never
+    readable by others, even for a moment."""
     p = path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _private(p.parent, os.stat(p.parent), "directory")
+    fd, name = tempfile.mkstemp(dir=p.parent, prefix=f".{FILE}.", suffix=".tmp")
+    tmp = Path(name)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
             json.dump(doc, f, indent=2, sort_keys=True)
             f.write("\n")
-        os.chmod(tmp, 0o600)
         os.replace(tmp, p)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -122,7 +140,7 @@ def resolve(server: str | None) -> str:
 # ---- errors ---------------------------------------------------------------------------------------------------
 def api_fail(e: ApiError) -> NoReturn:
     """One line on stderr; exit 1 when the server is unreachable or broken, 2 when it refused the request."""
-    typer.echo(f"error: {' '.join(e.message.split())}", err=True)
+    typer.echo(f"error: {one_line(e.message)}", err=True)
     raise typer.Exit(EXIT_UNAVAILABLE if e.status == 0 or e.status >= 500 else EXIT_BAD_INPUT)
 
 

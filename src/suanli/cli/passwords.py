@@ -14,6 +14,7 @@ import typer
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
 from suanli.cli.credentials import ServerOpt, jsonable
+from suanli.cli.terminal import shown
 
 StdinOpt = Annotated[
     bool,
@@ -32,7 +33,7 @@ def passwd(password_stdin: StdinOpt = False, server: ServerOpt = None, json_out:
     if json_out:
         emit_json(jsonable(out))
         return
-    console.print(f"password changed for [bold]{out.email}[/]; {out.revoked_tokens} other token(s) revoked")
+    console.print(f"password changed for [bold]{shown(out.email)}[/]; {out.revoked_tokens} other token(s) revoked")
 
 
 def forgot_password(
@@ -43,7 +44,7 @@ def forgot_password(
     it. The answer is the same whether or not an account has the address."""
     with cred.api(server, auth=False) as c:
         detail = c.forgot_password(email)
-    console.print(detail)
+    console.print(shown(detail))
 
 
 def reset_password(
@@ -64,7 +65,7 @@ def reset_password(
     if json_out:
         emit_json(jsonable(out))
         return
-    console.print(f"password set for [bold]{out.email}[/]; {out.revoked_tokens} token(s) revoked, "
+    console.print(f"password set for [bold]{shown(out.email)}[/]; {out.revoked_tokens} token(s) revoked, "
                   f"{out.removed_ssh_keys} SSH key(s) removed, {out.revoked_endpoint_keys} endpoint key(s) revoked; "
                   "log in again with 'suanli login'")  # fmt: skip
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +17,7 @@ from rich.table import Table
 from suanli.cli import credentials as cred
 from suanli.cli.common import JsonOpt, console, emit_json, fail
 from suanli.cli.credentials import PasswordStdinOpt, ServerOpt, jsonable, when
+from suanli.cli.terminal import shown, visible
 
 keys_app = typer.Typer(
     no_args_is_help=True,
@@ -23,6 +25,8 @@ keys_app = typer.Typer(
     "revoke).",
 )
 KNOWN_HOSTS = "ssh_known_hosts"
+HOST_KEY = re.compile(r"(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+                      r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]{16,16384}={0,3}")  # fmt: skip
 
 
 @keys_app.command("add")
@@ -50,7 +54,7 @@ def keys_add(
     if json_out:
         emit_json(jsonable(k))
         return
-    console.print(f"added {k.id} ({k.name}): {k.fingerprint}")
+    console.print(f"added {shown(k.id)} ({shown(k.name)}): {shown(k.fingerprint)}")
 
 
 @keys_app.command("ls")
@@ -77,7 +81,7 @@ def keys_rm(
     """Remove a key: new logins with it are refused (open sessions stay)."""
     with cred.api(server) as c:
         k = c.ssh_key_remove(key)
-    console.print(f"removed {k.id} ({k.name})")
+    console.print(f"removed {shown(k.id)} ({shown(k.name)})")
 
 
 def ssh_argv(
@@ -87,6 +91,8 @@ def ssh_argv(
     host key the server reported pinned in a known_hosts file of our own (so nothing is trusted blindly)."""
     host = urlsplit(url).hostname or "127.0.0.1"
     argv = ["ssh", "-p", str(port)]
+    if host_key and not HOST_KEY.fullmatch(host_key):  # a newline would pin keys for other hosts in our file
+        fail("the server reported an SSH host key that is not one key ('TYPE BASE64'); not trusting it")
     if host_key:
         entry = f"[{host}]:{port} {host_key}\n"
         lines = known_hosts.read_text().splitlines(keepends=True) if known_hosts.exists() else []
@@ -133,9 +139,11 @@ def ssh(
 
 def _open(link_url: str, print_only: bool, what: str) -> None:
     if print_only:
-        typer.echo(link_url)
+        typer.echo(visible(link_url, keep=""))
         return
-    console.print(f"{what}: [bold]{link_url}[/bold]\n(the link works once, within a minute; it signs this browser in)")
+    console.print(
+        f"{what}: [bold]{shown(link_url)}[/bold]\n(the link works once, within a minute; it signs this browser in)"
+    )
     import webbrowser
 
     with contextlib.suppress(Exception):

@@ -19,7 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from suanli.cli import credentials as cred
-from suanli.cli.common import JsonOpt, console, emit_json, fail, user_errors
+from suanli.cli.common import JsonOpt, console, emit_json, fail, one_line, user_errors
 from suanli.cli.credentials import EXIT_UNAVAILABLE, ServerOpt, jsonable, money, org_id, when
 from suanli.cli.terminal import visible
 from suanli.cli.workload_views import age, cut, elapsed, gpus_label, price, span, where, why
@@ -195,7 +195,7 @@ def end(w: Workload) -> None:
         console.print(f"{w.id} {w.state} {took}, {cost}", highlight=False)
         return
     code = f" (exit code {w.exit_code})" if w.exit_code is not None else ""
-    typer.echo(f"error: {w.id} {w.state}{code} {took}: {' '.join(w.reason.split())}; {cost}", err=True)
+    typer.echo(f"error: {w.id} {w.state}{code} {took}: {one_line(w.reason)}; {cost}", err=True)
     raise typer.Exit(EXIT_UNAVAILABLE)
 
 

@@ -22,6 +22,7 @@ from datetime import datetime
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
@@ -86,9 +87,14 @@ class ApiError(Exception):
 
 
 def normalise_server(url: str | None) -> str:
-    """`host:port` or a full URL, without a trailing slash; None: SUANLI_SERVER, else the local default."""
+    """`host:port` or a full URL, without a trailing slash and without a user name or password (they would be
+    printed in every error message and saved beside the token); None: SUANLI_SERVER, else the local default."""
     url = (url or os.environ.get(SERVER_ENV) or DEFAULT_SERVER).strip().rstrip("/")
-    return url if "://" in url else f"http://{url}"
+    url = url if "://" in url else f"http://{url}"
+    parts = urlsplit(url)
+    if parts.username is not None or parts.password is not None:  # it would be printed in every error, and saved
+        url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    return url
 
 
 # ---- the client --------------------------------------------------------------------------------------------------
@@ -196,7 +202,7 @@ class Client(
         r = self.request(method, path, json=body, params=params, auth=auth, headers=headers)
         try:
             return r.json()
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # (nested past Python's recursion limit: no answer of ours)
             raise ApiError(0, f"{self.server}{r.url.path} did not answer with JSON; is it a suanli server?") from e
 
     def _get(self, path: str, **params: Any) -> Any:
@@ -392,7 +398,7 @@ def _error(r: httpx.Response) -> ApiError:
     """The server's one-line `detail`, or the status line when the body is not ours (a proxy's error page)."""
     try:
         doc = r.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if isinstance(doc, dict) and "detail" in doc:
         detail = doc["detail"]

@@ -343,13 +343,29 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+def _amount(value: Any) -> Decimal:
+    """An exact amount as the server sends it; one that is no number, or has more than 40 digits or an exponent
+    past 40 either way, is refused: a hostile server's `1E+999999999` made `suanli balance` format a billion
+    digits."""
+    from suanli.client.client import ApiError
+
+    text = str(value)
+    try:
+        d = Decimal(text) if len(text) <= 100 else None
+    except ArithmeticError:
+        d = None
+    if d is None or not d.is_finite() or len(d.as_tuple().digits) > 40 or abs(d.adjusted()) > 40:
+        raise ApiError(0, f"the server sent an amount that is not one: {text[:40]!r}")
+    return d
+
+
 def _convert(tp: Any, value: Any) -> Any:
     if value is None:
         return None
     tp = _unwrap_optional(tp)
     origin = get_origin(tp)
     if tp is Decimal:
-        return Decimal(str(value))
+        return _amount(value)
     if tp is datetime:
         return datetime.fromisoformat(value)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):

@@ -23,6 +23,11 @@ if TYPE_CHECKING:
 
 CHUNK = 1 << 20  # a read or write of one chunk
 PART = ".suanli-part"  # a download under way, beside its destination: resumed from its size
+# An upload's answer comes once the server has the whole body and has committed it (hashed, moved into the tree),
+# which may take minutes for a large one: the wait for it is bounded, but long. Downloads wait between reads as long as
+# the client's own timeout says (the server sends as it reads). No call waits for good: a stalled server held
+# `suanli volumes cp` for ever.
+UPLOAD_TIMEOUT_S = {"connect": 30.0, "read": 600.0, "write": 300.0, "pool": 30.0}
 Progress = Callable[[int], None]  # called with each number of bytes moved
 
 
@@ -125,7 +130,8 @@ class VolumeCopyCalls:
         headers.update(more or {})
         if content is not None:
             headers["Content-Type"] = "application/octet-stream"
-        r = self._http.request(method, f"{API}{path}", params=params, content=content, headers=headers, timeout=None)
+        r = self._http.request(method, f"{API}{path}", params=params, content=content, headers=headers,
+                               timeout=_upload_timeout())  # fmt: skip
         if r.is_error:
             raise _error(r)
         return r
@@ -241,7 +247,7 @@ class VolumeCopyCalls:
         if info["kind"] == "dir":
             dest.mkdir(parents=True, exist_ok=True)
             with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/tree", params=_q(org, path=path),
-                                   headers={"Authorization": f"Bearer {self.token}"}, timeout=None) as r:  # fmt: skip
+                                   headers={"Authorization": f"Bearer {self.token}"}) as r:  # fmt: skip
                 if r.is_error:
                     from suanli.client.client import _error
 
@@ -260,7 +266,7 @@ class VolumeCopyCalls:
         from concurrent.futures import ThreadPoolExecutor
 
         part = dest.with_name(dest.name + PART)
-        have = part.stat().st_size if part.exists() else 0
+        have = _part_size(part)
         if have > info["size"]:
             part.unlink()
             have = 0
@@ -268,7 +274,7 @@ class VolumeCopyCalls:
             theirs = pool.submit(self.volume_stat, ref, path, org, True)  # the server hashes while it sends
             h = hashlib.sha256()
             if have:
-                with open(part, "rb") as f:
+                with os.fdopen(_open_part(part, os.O_RDONLY), "rb") as f:
                     while chunk := f.read(CHUNK):
                         h.update(chunk)
                 if progress is not None:
@@ -277,7 +283,7 @@ class VolumeCopyCalls:
             if have:
                 headers["Range"] = f"bytes={have}-"
             if have < info["size"] or not have:  # all of it here already (a range from the end is 416): hash only
-                h = self._fetch(ref, path, org, headers, part, h, progress)
+                h = self._fetch(ref, path, org, headers, part, h, progress, info["size"], have)
             want = theirs.result()["sha256"]
         got = h.hexdigest()
         if got != want:
@@ -289,22 +295,31 @@ class VolumeCopyCalls:
         return Copied(path, info["size"], 1, got, have)
 
     def _fetch(self, ref: str, path: str, org: str | None, headers: dict[str, str], part: Path, h: Any,
-               progress: Progress | None) -> Any:  # fmt: skip
+               progress: Progress | None, size: int, have: int) -> Any:  # fmt: skip
         """GET the file (from the range in `headers`) onto `part`, hashing it with `h`; the hash of the whole file
-        (a new one where the server sent all of it rather than the range)."""
+        (a new one where the server sent all of it rather than the range). No more bytes than the `size` the server
+        announced are written: an endless answer would fill the disk."""
+        from suanli.client import ApiError
+
         with self._http.stream("GET", f"/api/v1/volumes/{_seg(ref)}/files", params=_q(org, path=path),
-                               headers=headers, timeout=None) as r:  # fmt: skip
+                               headers=headers) as r:  # fmt: skip
             if r.is_error:
                 from suanli.client.client import _error
 
                 r.read()
                 raise _error(r)
-            if r.status_code != 206:
+            ranged = r.status_code == 206
+            if not ranged:
                 h = hashlib.sha256()
+            most = size - have if ranged else size
             hashing = _Hasher(h)  # beside the writes: hashlib lets go of the GIL
+            flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if ranged else os.O_TRUNC)
             try:
-                with open(part, "ab" if r.status_code == 206 else "wb") as out:
+                with os.fdopen(_open_part(part, flags), "wb") as out:
                     for chunk in r.iter_raw():  # as read: re-chunking would copy
+                        most -= len(chunk)
+                        if most < 0:
+                            raise ApiError(0, f"{path}: the server sent more than the {size} bytes it announced")
                         out.write(chunk)
                         hashing.add(chunk)
                         if progress is not None:
@@ -312,6 +327,43 @@ class VolumeCopyCalls:
             finally:
                 hashing.close()
         return h
+
+
+def _upload_timeout() -> Any:
+    import httpx
+
+    return httpx.Timeout(**UPLOAD_TIMEOUT_S)
+
+
+def _part_size(part: Path) -> int:
+    """The bytes a download under way has: 0 if none. Only a regular file of our own with one name counts; anything
+    else there (a link another local user planted beside the destination, to have the download written through it
+    into a file of the caller's) stops the copy."""
+    try:
+        st = os.lstat(part)
+    except FileNotFoundError:
+        return 0
+    _check_part(part, st)
+    return st.st_size
+
+
+def _open_part(part: Path, flags: int) -> int:
+    fd = os.open(part, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        _check_part(part, os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _check_part(part: Path, st: os.stat_result) -> None:
+    import stat as stat_mod
+
+    from suanli.client import ApiError
+
+    if not stat_mod.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid != os.geteuid():
+        raise ApiError(0, f"{part}: not a download of ours (a link, or not a file of yours); remove it and copy again")
 
 
 def _write_entry(tree: TreeWriter, tar: tarfile.TarFile, m: tarfile.TarInfo) -> int:

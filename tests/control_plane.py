@@ -172,3 +172,15 @@ def poll(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
         if time.monotonic() > deadline:
             raise AssertionError(f"not {what} after {timeout:g} s")
         time.sleep(0.3)
+
+
+def team_with_member(api: Any) -> tuple[dict[str, str], Tenant, Tenant, str]:
+    """An 8-GPU cluster and a team funded with 1000: (the operator's headers, its owner, a member, the team's id)."""
+    operator = bearer(admin_token(api))
+    assert api.post("/api/v1/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
+    owner, alice = signup(api, "owner@example.com"), signup(api, "alice@example.com")
+    org = api.post("/api/v1/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
+    join(api, owner, org, alice, "member")
+    r = api.post(f"/api/v1/admin/orgs/{org}/transactions", json={"amount": "1000", "key": "seed"}, headers=operator)
+    assert r.status_code == 201, r.text
+    return operator, owner, alice, org

@@ -30,20 +30,9 @@ from suanli.control.workloads import proxy
 from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.access import Invitation
 from suanli.db.models import ApiToken, ProxySession, Workload
-from tests.control_plane import Tenant, admin_token, bearer, join, signup
+from tests.control_plane import Tenant, admin_token, bearer, join, signup, team_with_member
 
 API = "/api/v1"
-
-
-def _team(api: TestClient) -> tuple[dict[str, str], Tenant, Tenant, str]:
-    operator = bearer(admin_token(api))
-    assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
-    owner, alice = signup(api, "owner@example.com"), signup(api, "alice@example.com")
-    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
-    join(api, owner, org, alice, "member")
-    r = api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "1000", "key": "seed"}, headers=operator)
-    assert r.status_code == 201, r.text
-    return operator, owner, alice, org
 
 
 def _db(api: TestClient) -> Any:
@@ -57,7 +46,7 @@ def _token_id(api: TestClient, t: Tenant) -> str:
 
 # ---- workloads ------------------------------------------------------------------------------------------------------
 def test_a_removed_member_loses_describe_logs_stop_start_scale_of_their_own_work(api: TestClient) -> None:
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     spec = {"name": "box", "kind": "instance", "command": "x", "resources": {"gpus": 0}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": org}, headers=alice.headers)
     assert r.status_code == 201, r.text
@@ -76,7 +65,7 @@ def test_a_removed_member_loses_describe_logs_stop_start_scale_of_their_own_work
 
 def test_a_member_with_a_zero_limit_is_refused_at_placement_of_a_retry(api: TestClient) -> None:
     """The control for the failing removal probe: a member who stays, capped at 0, is not placed again."""
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     t0 = utcnow().replace(microsecond=0) + timedelta(seconds=5)
     spec = {"name": "long", "command": "train", "duration": 3600, "resources": {"gpu": "H20", "gpus": 1},
             "retry": {"on": ["preemption"], "limit": 5}}  # fmt: skip
@@ -99,7 +88,7 @@ def test_a_member_with_a_zero_limit_is_refused_at_placement_of_a_retry(api: Test
 
 # ---- invitations ----------------------------------------------------------------------------------------------------
 def test_invitations_die_with_their_makers_right(api: TestClient) -> None:
-    _, owner, _, org = _team(api)
+    _, owner, _, org = team_with_member(api)
     adm, adm2 = signup(api, "adm@example.com"), signup(api, "adm2@example.com")
     join(api, owner, org, adm, "admin")
     join(api, owner, org, adm2, "admin")
@@ -120,7 +109,7 @@ def test_invitations_die_with_their_makers_right(api: TestClient) -> None:
 
 
 def test_an_invitation_is_good_once_for_its_own_address(api: TestClient) -> None:
-    _, owner, _, org = _team(api)
+    _, owner, _, org = team_with_member(api)
     bob, mallory = signup(api, "bob@example.com"), signup(api, "mallory@example.com")
     inv = api.post(f"{API}/orgs/{org}/invitations", json={"email": bob.email, "role": "member"},
                    headers=owner.headers).json()  # fmt: skip
@@ -184,7 +173,7 @@ def _instance(api: TestClient, who: Tenant, org: str) -> str:
 
 @pytest.mark.parametrize("how", ["removed", "viewer", "token-revoked", "password-changed"])
 def test_a_proxy_session_ends_when_its_grant_does(api: TestClient, how: str, tmp_path: Path) -> None:
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     wid = _instance(api, alice, org)
     secret = _session_row(api, alice, wid)
     with _db(api).read() as s:
@@ -231,7 +220,7 @@ SPEC = {"name": "chat", "kind": "service", "model": "tiny", "replicas": 0, "reso
 
 @pytest.mark.parametrize("how", ["removed", "viewer"])
 def test_endpoint_keys_of_a_removed_or_demoted_member_stop_working(api: TestClient, how: str) -> None:
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     _hub_model(api)
     ep = api.post(f"{API}/endpoints", json={"spec": SPEC, "org": org}, headers=owner.headers).json()["id"]
     seller = signup(api, "seller@example.com")
@@ -260,7 +249,7 @@ def test_endpoint_keys_of_a_removed_or_demoted_member_stop_working(api: TestClie
 
 def test_an_unmade_operators_endpoint_key_paid_by_a_foreign_org_stops(api: TestClient) -> None:
     """An operator may make a buyer key that any org pays; unmade, it no longer opens the endpoint."""
-    operator, _, _, org = _team(api)
+    operator, _, _, org = team_with_member(api)
     _hub_model(api)
     seller = signup(api, "seller@example.com")
     api.post(f"{API}/admin/orgs/{seller.org_id}/transactions", json={"amount": "100", "key": "s2"}, headers=operator)
@@ -287,7 +276,7 @@ def test_open_ssh_connections_are_closed_when_the_grant_ends(api: TestClient, ho
     from suanli.ssh.server import Grant, Refused
     from tests.test_ssh_keys import _ed25519_text
 
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     wid = _instance(api, alice, org)
     text = _ed25519_text(7)
     k = api.post(f"{API}/keys", json={"public_key": text, "password": "tenant-password"}, headers=alice.headers)
@@ -318,7 +307,7 @@ def test_a_pending_invitation_does_not_outgrow_its_makers_lowered_spend_limit(ap
     """An admin may give nobody more than their own spend limit (`_within_own`). An unlimited admin invites a
     second account of theirs with no limit; the owner then caps the admin at 5. The invitation is not cancelled or
     capped then; the second account joins with the admin's limit as it is when it accepts."""
-    _, owner, _, org = _team(api)
+    _, owner, _, org = team_with_member(api)
     adm = signup(api, "adm@example.com")
     join(api, owner, org, adm, "admin")
     sock = signup(api, "sock@example.com")
@@ -337,7 +326,7 @@ def test_a_pending_invitation_does_not_outgrow_its_makers_lowered_spend_limit(ap
 def test_an_unmade_operators_invitation_no_longer_admits_an_owner(api: TestClient) -> None:
     """An operator may invite anyone into any org, as owner. Unmade (`PATCH /admin/users`), a user keeps no
     operator power: an owner invitation they sent into a team they are not a member of no longer admits."""
-    operator, _owner, _, org = _team(api)
+    operator, _owner, _, org = team_with_member(api)
     rogue = signup(api, "rogue@example.com")
     r = api.patch(f"{API}/admin/users/{rogue.user_id}", json={"admin": True}, headers=operator)
     assert r.status_code == 200, r.text

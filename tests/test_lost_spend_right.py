@@ -16,20 +16,9 @@ from suanli.control.scheduling.placing import preempt
 from suanli.control.scheduling.scheduling import SchedulingPass
 from suanli.control.workloads.supervisor import Supervisor
 from suanli.db.models import Workload
-from tests.control_plane import Tenant, admin_token, bearer, join, signup
+from tests.control_plane import Tenant, team_with_member
 
 API = "/api/v1"
-
-
-def _team(api: TestClient) -> tuple[dict[str, str], Tenant, Tenant, str]:
-    operator = bearer(admin_token(api))
-    assert api.post(f"{API}/admin/clusters", json={"preset": "1x8:H20"}, headers=operator).status_code == 201
-    owner, alice = signup(api, "owner@example.com"), signup(api, "alice@example.com")
-    org = api.post(f"{API}/orgs", json={"name": "lab"}, headers=owner.headers).json()["id"]
-    join(api, owner, org, alice, "member")
-    r = api.post(f"{API}/admin/orgs/{org}/transactions", json={"amount": "1000", "key": "seed"}, headers=operator)
-    assert r.status_code == 201, r.text
-    return operator, owner, alice, org
 
 
 def _running_retrying_job(api: TestClient, who: Tenant, org: str, t0: datetime) -> str:
@@ -62,7 +51,7 @@ def _preempt_and_reschedule(api: TestClient, wid: str, t0: datetime) -> Workload
 
 @pytest.mark.parametrize("how", ["removed", "viewer"])
 def test_retried_work_of_a_member_who_lost_spend_is_not_placed_again_on_the_org(api: TestClient, how: str) -> None:
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     t0 = utcnow().replace(microsecond=0) + timedelta(seconds=5)
     wid = _running_retrying_job(api, alice, org, t0)
     if how == "removed":
@@ -76,7 +65,7 @@ def test_retried_work_of_a_member_who_lost_spend_is_not_placed_again_on_the_org(
 
 
 def test_retried_work_of_a_member_who_stays_is_placed_again(api: TestClient) -> None:
-    _, _, alice, org = _team(api)
+    _, _, alice, org = team_with_member(api)
     t0 = utcnow().replace(microsecond=0) + timedelta(seconds=5)
     w = _preempt_and_reschedule(api, _running_retrying_job(api, alice, org, t0), t0)
     assert w.state == "scheduled" and w.attempt == 2, (w.state, w.reason)
@@ -84,7 +73,7 @@ def test_retried_work_of_a_member_who_stays_is_placed_again(api: TestClient) -> 
 
 def test_a_member_over_a_lowered_limit_removed_escapes_the_limit_on_retry(api: TestClient) -> None:
     """Capped at 0 this month, then removed: her retried work is not placed with no cap at all."""
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     t0 = utcnow().replace(microsecond=0) + timedelta(seconds=5)
     wid = _running_retrying_job(api, alice, org, t0)
     r = api.patch(f"{API}/orgs/{org}/members/{alice.user_id}", json={"monthly_spend_limit": "0"},
@@ -98,7 +87,7 @@ def test_a_member_over_a_lowered_limit_removed_escapes_the_limit_on_retry(api: T
 def test_running_elastic_work_of_a_removed_member_is_not_grown_on_the_team(api: TestClient) -> None:
     """The elastic policy grows running work into GPUs that become idle; a removed member's is not grown (what runs
     goes on, as when a member is removed, at the size it had)."""
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     db = api.app.state.server.db  # type: ignore[attr-defined]
     sup = Supervisor(api.app.state.server.settings.home, grace_s=1.0)  # type: ignore[attr-defined]
     sched = SchedulingPass()
@@ -131,7 +120,7 @@ def test_running_elastic_work_of_a_removed_member_is_not_grown_on_the_team(api: 
 
 def test_an_owner_who_starts_a_removed_members_instance_spends_for_it(api: TestClient) -> None:
     """The instance of a member who left is the starter's to pay for once an owner starts it again."""
-    _, owner, alice, org = _team(api)
+    _, owner, alice, org = team_with_member(api)
     spec = {"name": "box", "kind": "instance", "resources": {"gpu": "H20", "gpus": 1}}
     r = api.post(f"{API}/workloads", json={"spec": spec, "org": org}, headers=alice.headers)
     assert r.status_code == 201, r.text

@@ -25,36 +25,16 @@ from fastapi.testclient import TestClient
 
 from suanli.ssh.hostkey import ensure_host_key
 from suanli.ssh.keys import fingerprint_of
-from suanli.ssh.server import Gateway, Grant, Limits, Target, listen
+from suanli.ssh.server import Gateway, Limits, listen
 from tests.control_plane import signup
 from tests.listener_helpers import free_port, sandbox_file, start_boxed, stop
 from tests.test_proxy_listener_recheck import Foreign
-from tests.test_ssh_forward_uid import SANDBOX_UID
+from tests.test_ssh_forward_uid import HostNetBox as Box
 
 API = "/api/v1"
 
 
 # ---- the SSH gateway -----------------------------------------------------------------------------------------------
-@dataclass
-class Box:
-    fingerprint: str
-
-    async def authorize(self, username: str, fingerprint: str, public_key: str) -> Grant | None:
-        if fingerprint != self.fingerprint or username != "box":
-            return None
-        return Grant("usr_1", "me@example.com", f"wl_{username}", username, 0, fingerprint)
-
-    async def target(self, grant: Grant) -> Target:
-        def enter(argv: list[str]) -> list[str]:
-            run_as = ["setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups"]
-            return [*run_as, "env", "PATH=/usr/bin:/bin", *argv]  # the instance's own python3
-
-        return Target(enter)
-
-    async def revoked(self, grants: list[Grant]) -> dict[Grant, str]:
-        return {}
-
-
 @dataclass
 class Gw:
     port: int

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
-import json
 import os
 import signal
 import sys
+
+from suanli.sandbox.record import running
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -48,27 +49,13 @@ def _environ(pid: int) -> dict[str, str]:
     return env
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[1] != "--":
         return _fail("usage: python -m suanli.sandbox.join SANDBOX_FILE -- COMMAND...")
-    try:
-        with open(argv[0], encoding="utf-8") as f:
-            box = json.load(f)
-        init = int(box["init_pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    found = running(argv[0])  # the init must still be bwrap's child: a recycled pid is somebody else's namespaces
+    if found is None:
         return _fail("the sandbox is not running")
-    # The init must still be bwrap's child: a recycled pid would be somebody else's namespaces.
-    if _ppid(init) not in {int(p) for p in box.get("bwrap_pids", [])}:
-        return _fail("the sandbox is not running")
+    box, init, _ = found
     # The job's environment: the init's is bwrap's, which bwrap hands to the job unchanged.
     children = _children(init)
     env = _environ(children[0]) if children else {}

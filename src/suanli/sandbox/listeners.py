@@ -9,9 +9,10 @@ processes (descendants of its bwrap).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
+
+from suanli.sandbox.record import ppid, running
 
 LISTEN = "0A"
 LOOPBACK_OR_ANY = {
@@ -42,19 +43,11 @@ def _listeners(pid: int, port: int) -> dict[int, str]:
     return found
 
 
-def _ppid(pid: int) -> int | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _descendants(roots: set[int]) -> set[int]:
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
-        if name.isdigit() and (ppid := _ppid(int(name))) is not None:
-            children.setdefault(ppid, []).append(int(name))
+        if name.isdigit() and (parent := ppid(int(name))) is not None:
+            children.setdefault(parent, []).append(int(name))
     out, stack = set(), list(roots)
     while stack:
         pid = stack.pop()
@@ -86,13 +79,10 @@ def owned_listener(sandbox_file: Path, port: int) -> str | None:
     socket listening on it (on loopback or any address); None when nobody of that sandbox does, or when somebody
     else listens there too: with SO_REUSEPORT (vLLM sets it) another process of the same uid may bind the same port,
     and the kernel hands it a share of the connections, with the prompts and whatever they carry."""
-    try:
-        box = json.loads(sandbox_file.read_text())
-        bwrap, init = {int(p) for p in box.get("bwrap_pids", [])}, int(box["init_pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    found = running(sandbox_file)  # None once the sandbox ended: its pids may be somebody else's now
+    if found is None:
         return None
-    if _ppid(init) not in bwrap:  # the sandbox ended: its pids may be somebody else's now (as `join` checks)
-        return None
+    _, init, bwrap = found
     listeners = _listeners(init, port)
     if not listeners:
         return None

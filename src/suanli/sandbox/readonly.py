@@ -9,19 +9,12 @@ a mount's read-only flag when a file is opened for writing, and on some writes (
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-
-def _ppid(pid: int) -> int | None:
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-        return int(data[data.rindex(b")") + 2 :].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+from suanli.sandbox.record import running
 
 
 def remount_read_only(sandbox_file: Path, dest: str) -> bool:
@@ -30,13 +23,10 @@ def remount_read_only(sandbox_file: Path, dest: str) -> bool:
     nsenter = shutil.which("nsenter")
     if os.geteuid() != 0 or nsenter is None:
         return False
-    try:
-        box = json.loads(sandbox_file.read_text(encoding="utf-8"))
-        init = int(box["init_pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    found = running(sandbox_file)  # None for a recycled pid too: somebody else's namespace
+    if found is None:
         return False
-    if _ppid(init) not in {int(p) for p in box.get("bwrap_pids", [])}:  # a recycled pid: somebody else's namespace
-        return False
+    init = found[1]
     argv = [nsenter, f"--target={init}", "--mount", "--", "mount", "-o", "remount,bind,ro", dest]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10, check=False)

@@ -126,11 +126,17 @@ def admit(
         paying = paying_org(s, who, org)
         used = usage(s, paying.id)
         n, mine = staged_by(s, who.user_id)
+    _room(field, paying, store, used, n, mine)
+    return paying, used, n, mine
+
+
+def _room(field: str, paying: Org, store: Store, used: int, n: int, mine: int) -> int:
+    """What the org's quota and the user's staged uploads leave; 409 when nothing is left."""
     if used >= store.quota:
         raise _over(field, paying, store, used, ", and none is left")
     if n >= MAX_STAGED or mine >= store.quota:
         raise _mine_over(field, store, n, mine, "")
-    return paying, used, n, mine
+    return min(store.quota - used, store.quota - mine)
 
 
 def upload(
@@ -184,11 +190,7 @@ def _reserve(
         s.get(Org, paying.id, with_for_update=True)
         used = usage(s, paying.id)
         n, mine = staged_by(s, who.user_id)
-        if used >= store.quota:
-            raise _over(field, paying, store, used, ", and none is left")
-        if n >= MAX_STAGED or mine >= store.quota:
-            raise _mine_over(field, store, n, mine, "")
-        room = min(store.quota - used, store.quota - mine)
+        room = _room(field, paying, store, used, n, mine)
         s.add(Workdir(id=upload_id, org_id=paying.id, user_id=who.user_id, workload_id=None,
                       bytes=min(store.limits.bytes, room), files=0, created_at=now,
                       expires_at=now + STAGED_TTL))  # fmt: skip

@@ -14,6 +14,7 @@ import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,15 @@ class Foreign:
     def __init__(self, port: int) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
+        deadline = time.monotonic() + 10
+        while True:  # the killed holder's socket closes as its process exits, a moment after the kill
+            try:
+                self.sock.bind(("127.0.0.1", port))
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         self.sock.listen(8)
         self.received = b""
         self.accepted = 0

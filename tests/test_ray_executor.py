@@ -321,6 +321,12 @@ def test_a_node_dying_mid_run_loses_the_attempt(ex: Any, ray_cluster: RayCluster
         assert leftovers(ex, handle) == []
     finally:
         ray_cluster.restart_node("node-2")
+        import ray
+
+        # This process's driver comes out of the node's death refused by the GCS (InvalidAuthToken from its error
+        # listener thread, and on the next placement group), which a plain driver does not: not understood yet
+        # (docs/executors.md, Tested). A driver of its own for what follows; `ex` connects again.
+        ray.shutdown()
     nodes = {n.name: n for n in ex.nodes()}
     assert nodes["node-2"].alive and nodes["node-2"].host != old_id  # same name, new id: the dead one is gone
 

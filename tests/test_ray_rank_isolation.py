@@ -56,11 +56,14 @@ def _port(argv: list[str], flag: str) -> int:
 def ray_scene(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A victim's sandboxed rank on node-1 and an attacker's on node-2 (same host: the other node's files are the
     host's too), the attacker probing the token, Ray's session and object store, and Ray's HTTP agents."""
+    import ray
+
     from suanli.executors.ray_executor import RayExecutor
     from tests.test_ray_executor import make_launch as ray_launch
     from tests.test_ray_executor import ranks_on
     from tests.test_ray_executor import wait_done as ray_wait
 
+    ray.shutdown()  # a driver of its own: earlier modules' node kills and restarts leave this process's one unusable
     node_root = ray_cluster.temp_dir / "nodes"
     ex = RayExecutor(ray_cluster.address, node_root=str(node_root), ready_timeout_s=60)
     ip = ray_cluster.address.rsplit(":", 1)[0]

@@ -131,6 +131,51 @@ def test_an_upload_under_way_lands_within_its_volume_after_a_shrink(
     )
 
 
+def test_a_file_growing_while_it_is_snapshotted_is_taken_as_it_was(
+    vapi: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job appending to a file of a mounted volume while a snapshot copies it: the copy takes the file as its
+    size was read (found by a later review: the rest was copied too, 6 MiB of blobs counted as 10 bytes)."""
+    from suanli.storage import volume_versions as vv
+
+    t = signup(vapi, "grow@example.com")
+    org = _volume(vapi, t, "g", "8Mi")["org_id"]
+    r = vapi.put(f"{API}/volumes/g/files", params={"path": "log"}, content=b"0123456789", headers=t.headers)
+    assert r.status_code == 200, r.text
+    real = vv._store
+
+    def appended_first(p: Any, name: str, dfd: int, most: int) -> Any:
+        with open(os.open(name, os.O_WRONLY | os.O_APPEND, dir_fd=dfd), "ab") as f:
+            f.write(os.urandom(6 * MiB))
+        return real(p, name, dfd, most)
+
+    monkeypatch.setattr(vv, "_store", appended_first)
+    r = vapi.post(f"{API}/volumes/g/versions", json={"message": "v1"}, headers=t.headers)
+    assert r.status_code == 201 and r.json()["added_bytes"] == 10, r.text
+    assert _blobs(vapi, org) == 10
+
+
+def test_a_shrink_that_fails_leaves_the_room_its_copies_see(vapi: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size copies read (`room.json`) is written after the resize's other writes: one that failed left it at
+    the new size while the database kept the old one (found by a later review)."""
+    import json
+
+    from suanli.control.storage import volume_billing
+
+    t = signup(vapi, "shrink@example.com")
+    _volume(vapi, t, "s", "8Mi")
+
+    def boom(*a: Any, **kw: Any) -> None:
+        raise RuntimeError("the ledger is down")
+
+    monkeypatch.setattr(volume_billing, "charge_begun", boom)
+    with contextlib.suppress(RuntimeError):
+        vapi.patch(f"{API}/volumes/s", json={"size": "1Mi"}, headers=t.headers)
+    assert vapi.get(f"{API}/volumes/s", headers=t.headers).json()["size_bytes"] == 8 * MiB
+    room = next(vapi.app.state.server.settings.volumes_root.rglob("room.json"), None)  # type: ignore[attr-defined]
+    assert room is None or json.loads(room.read_text()).get("size") in (None, 8 * MiB)
+
+
 def test_a_snapshot_counts_what_lands_in_the_tree_after_its_check(
     vapi: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -219,6 +219,22 @@ def test_credentials_are_not_saved_in_a_directory_others_may_write(
     assert refused or not mode & 0o022, f"tokens saved in a directory others may write (mode {oct(mode)})"
 
 
+def test_credentials_are_saved_in_the_callers_own_group_writable_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A umask of 002 (Debian's default for users) makes the data directory group-writable: the caller's own is
+    made not writable by others and used, not refused (a later review found logins refused there)."""
+    from suanli.cli import credentials as cred
+
+    home = tmp_path / "home"
+    home.mkdir()
+    os.chmod(home, 0o775)
+    monkeypatch.setenv("SUANLI_HOME", str(home))
+    cred.save("https://gpu.example", TOKEN, "me@example.com")
+    assert stat.S_IMODE(home.stat().st_mode) == 0o755
+    assert cred.load_all()["https://gpu.example"]["token"] == TOKEN
+
+
 # ---- volumes cp (single file over HTTP) -----------------------------------------------------------------------
 def _volume_routes(size: int, body: bytes, sha: str) -> dict[tuple[str, str], Handler]:
     def stat_(h: BaseHTTPRequestHandler) -> None:

@@ -83,8 +83,8 @@ def test_a_volume_removed_during_its_snapshot_leaves_nothing_on_disk(api: TestCl
     api.put(f"{API}/volumes/data/files", params={"path": "f"}, content=os.urandom(6 * MiB), headers=t.headers)
     real_store, out = vv._store, {}
 
-    def store_then_remove(p: Any, name: str, dfd: int) -> Any:
-        got = real_store(p, name, dfd)  # the file is in the blob store; now its owner removes the volume
+    def store_then_remove(p: Any, name: str, dfd: int, most: int) -> Any:
+        got = real_store(p, name, dfd, most)  # the file is in the blob store; now its owner removes the volume
         out["th"] = threading.Thread(target=lambda: out.setdefault("rm", api.delete(f"{API}/volumes/data",
                                                                                    headers=t.headers)))  # fmt: skip
         out["th"].start()

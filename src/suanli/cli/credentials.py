@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -70,7 +71,7 @@ def load_all() -> dict[str, dict[str, str]]:
     except OSError as e:
         fail(f"cannot read saved credentials {p}: {e}; delete the file and log in again")
     with os.fdopen(fd, encoding="utf-8") as f:
-        _private(p, os.fstat(f.fileno()), "file")
+        _private(p, os.fstat(f.fileno()), "file", f.fileno())
         try:
             doc = json.loads(f.read())
         except (OSError, ValueError) as e:
@@ -78,13 +79,20 @@ def load_all() -> dict[str, dict[str, str]]:
     return doc if isinstance(doc, dict) else {}
 
 
-def _private(p: Path, st: os.stat_result, what: str) -> None:
-    """Refuse a credentials file or directory that is not the caller's or that others may write (as ssh refuses a
-    loose ~/.ssh): whoever can write there can swap in their own token, or plant a link the tokens are written
-    through."""
-    if st.st_uid not in (os.geteuid(), 0) or st.st_mode & 0o022:
+def _private(p: Path, st: os.stat_result, what: str, fd: int | None = None) -> None:
+    """A credentials file or directory no other user may write (whoever can write there can swap in their own token,
+    or plant a link the tokens are written through): one of the caller's loses its group and other write bits (a
+    umask of 002, Debian's default for users, makes directories group-writable); another user's is refused, as
+    ssh refuses a loose ~/.ssh."""
+    if st.st_uid not in (os.geteuid(), 0) or (st.st_mode & 0o022 and st.st_uid != os.geteuid()):
         fail(f"{p}: this {what} holds your tokens, but another user may write it (owner uid {st.st_uid}, mode "
              f"{oct(st.st_mode & 0o777)}); make it yours and not writable by others (chmod go-w), or set {HOME_ENV}")  # fmt: skip
+    if st.st_mode & 0o022:
+        mode = stat.S_IMODE(st.st_mode) & ~0o022
+        if fd is not None:
+            os.fchmod(fd, mode)
+        else:
+            os.chmod(p, mode)
 
 
 def _write(doc: dict[str, dict[str, str]]) -> None:

@@ -118,17 +118,23 @@ def _snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
                 continue
             cached = old.get(path)
             sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
+            size = st.st_size
             if sha is None or not os.path.exists(f"{blobs}/{sha[:2]}/{sha}"):  # (a str: pathlib costs more here)
-                sha, _ = _store(p, name, dfd)
+                if most is not None and sha not in held and added + size > most:
+                    raise OverSize(f"this version would add more than the {most} bytes its organisation's "
+                                   "versions have left")  # fmt: skip
+                # At most the size read above: a file a job keeps appending to is taken as it was then, and what
+                # the version adds is counted by what was copied (else it held more than its count and its cap).
+                sha, _, size = _store(p, name, dfd, size)
             if sha not in held:  # this volume's versions pay for content once, whichever volume stored it first
                 held.add(sha)
-                added += st.st_size
+                added += size
                 if most is not None and added > most:
                     raise OverSize(f"this version would add more than the {most} bytes its organisation's "
                                    "versions have left")  # fmt: skip
             state[path] = [*_key(st), sha]
-            entries[path] = [sha, st.st_size]
-            total += st.st_size
+            entries[path] = [sha, size]
+            total += size
             files += 1
     dest = p.version(number)
     tmp = p.versions / f".{number}.tmp"
@@ -143,12 +149,13 @@ def _snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
     return Snapshot(total, files, added)
 
 
-def _store(p: Paths, name: str, dfd: int) -> tuple[str, int]:
-    """Copy a file into the blob store while hashing it; (sha256, bytes new to the store)."""
+def _store(p: Paths, name: str, dfd: int, most: int) -> tuple[str, int, int]:
+    """Copy at most `most` bytes of a file into the blob store while hashing them; (sha256, bytes new to the
+    store, bytes copied)."""
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
     h = hashlib.sha256()
     with os.fdopen(fd, "rb") as src, tempfile.NamedTemporaryFile(dir=p.blobs, prefix=".in-", delete=False) as out:
-        while chunk := src.read(CHUNK):
+        while (left := most - out.tell()) > 0 and (chunk := src.read(min(CHUNK, left))):
             h.update(chunk)
             out.write(chunk)
         size = out.tell()
@@ -156,11 +163,11 @@ def _store(p: Paths, name: str, dfd: int) -> tuple[str, int]:
     target = blob(p, sha)
     if target.exists():
         os.unlink(out.name)
-        return sha, 0
+        return sha, 0, size
     target.parent.mkdir(exist_ok=True)
     os.chmod(out.name, 0o444)
     os.replace(out.name, target)
-    return sha, size
+    return sha, size, size
 
 
 def manifest(p: Paths, number: int) -> dict[str, tuple[str, int]]:

@@ -206,15 +206,16 @@ def resize(s: Session, who: Principal, ref: str, org: str | None, size: object, 
     v.used_bytes, v.files, v.measured_at = used.bytes, used.files, now
     if n < used.bytes:
         raise Conflict(f"size: {v.name} holds {used.bytes} bytes; it cannot shrink below that (remove files first)")
-    try:  # the copies under way and to come see the new size; uploads held or arriving count against a shrink
-        room.resize(p, n, lambda: store.measure(p.data).bytes + volume_io.waiting_bytes(p))
-    except store.OverSize as e:
-        raise Conflict(f"size: {v.name} cannot shrink to {n} bytes: {e}; wait for them, or remove some") from None
     if n < v.size_bytes:
         volume_billing.charge_begun(s, v, now)
     v.size_bytes = n
     if v.state == "full":
         v.state = "ready"
+    s.flush()  # the row's writes done: what can still fail here is the size check below, or the commit
+    try:  # the copies under way and to come see the new size; uploads held or arriving count against a shrink
+        room.resize(p, n, lambda: store.measure(p.data).bytes + volume_io.waiting_bytes(p))
+    except store.OverSize as e:
+        raise Conflict(f"size: {v.name} cannot shrink to {n} bytes: {e}; wait for them, or remove some") from None
     return v
 
 

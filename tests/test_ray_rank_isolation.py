@@ -5,8 +5,8 @@ nothing of Ray, and Ray's agents refuse it without the token."""
 from __future__ import annotations
 
 import json
-import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -83,7 +83,7 @@ def ray_scene(ray_cluster: RayCluster, tmp_path_factory: pytest.TempPathFactory)
     }  # fmt: skip
     paths = [str(ray_cluster.token_file), str(ray_cluster.temp_dir), str(ray_cluster.temp_dir / "node-2"),
              str(ray_cluster.temp_dir / "node-1"), str(node_root), "/tmp/ray", str(victim.workdir),
-             os.path.expanduser("~/.ray/auth_token"), "/root/.ray"]  # fmt: skip
+             str(Path.home() / ".ray" / "auth_token"), str(Path.home() / ".ray")]  # fmt: skip
     adir = tmp_path_factory.mktemp("rattacker")
     attacker = ray_launch(adir, "/usr/bin/python3 -I probe.py", ranks_on(ray_cluster, ("node-2", (1,))),
                           env={"PROBE_PATHS": json.dumps(paths), "PROBE_URLS": json.dumps(urls)},

@@ -17,7 +17,7 @@ from suanli.api.schemas import In, Out
 from suanli.api.strict_json import StrictJSONRoute
 from suanli.control.errors import Invalid
 from suanli.control.scheduling import inventory
-from suanli.control.telemetry import health, observe, telemetry
+from suanli.control.telemetry import agent_tokens, health, observe, telemetry
 from suanli.control.workloads import workloads
 from suanli.telemetry import exposition
 from suanli.telemetry.samples import GpuSample
@@ -83,7 +83,7 @@ class NodeEventOut(Out):
 def ingest(body: SamplesIn, ctx: Reporting) -> IngestOut:
     """Store a node agent's batch of GPU samples (a retried batch stores nothing twice) and act on its health. An
     operator's token posts for any node; a node's agent token (`suanli admin agent-tokens create`) for its own."""
-    ctx.check([x.node for x in body.samples])
+    agent_tokens.check_nodes(ctx.node, [x.node for x in body.samples])
     srv = ctx.srv
     ahead = next((i for i, x in enumerate(body.samples) if x.t > ctx.now.timestamp() + MAX_AHEAD_S), None)
     if ahead is not None:

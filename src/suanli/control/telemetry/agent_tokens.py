@@ -12,10 +12,10 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from suanli.control.errors import Conflict, NotFound, Unauthorized
+from suanli.control.errors import Conflict, Forbidden, NotFound, Unauthorized
 from suanli.control.ids import new_id, token_hash
 from suanli.db.models import Node
 from suanli.db.telemetry import AgentToken
@@ -33,8 +33,19 @@ class Shown:
     revoked_at: datetime | None
 
 
+MAX_LEN = 128
+
+
 def is_agent_token(token: str) -> bool:
     return token.startswith(PREFIX)
+
+
+def check_nodes(node: str | None, nodes: list[str]) -> None:
+    """Refuse a batch naming another node than the agent token's (`node`; None: an operator's, any node), naming
+    the first such sample."""
+    bad = next((i for i, n in enumerate(nodes) if n != node), None) if node is not None else None
+    if bad is not None:
+        raise Forbidden(f"samples.{bad}.node: this agent token posts for {node} only")
 
 
 def create(s: Session, node: str, now: datetime) -> tuple[Shown, str]:
@@ -42,8 +53,9 @@ def create(s: Session, node: str, now: datetime) -> tuple[Shown, str]:
     row = s.scalar(select(Node).where(Node.name == node))
     if row is None:
         raise NotFound(f"node {node} not found")
-    live = s.scalars(select(AgentToken.id).where(AgentToken.node_id == row.id, AgentToken.revoked_at.is_(None)))
-    if len(live.all()) >= MAX_LIVE:
+    live = s.scalar(select(func.count()).select_from(AgentToken)
+                    .where(AgentToken.node_id == row.id, AgentToken.revoked_at.is_(None)))  # fmt: skip
+    if (live or 0) >= MAX_LIVE:
         raise Conflict(f"node: {node} has {MAX_LIVE} live agent tokens; revoke one first")
     plain = PREFIX + secrets.token_urlsafe(32)
     tok = AgentToken(id=new_id("at"), node_id=row.id, token_hash=token_hash(plain), prefix=plain[: len(PREFIX) + 6],
@@ -70,6 +82,8 @@ def revoke(s: Session, token_id: str, now: datetime) -> Shown:
 
 def node_of(s: Session, token: str) -> str:
     """The node a live agent token posts for; Unauthorized for any other token."""
+    if len(token) > MAX_LEN:
+        raise Unauthorized("invalid, revoked or unknown agent token")
     name = s.scalar(select(Node.name).join(AgentToken, AgentToken.node_id == Node.id)
                     .where(AgentToken.token_hash == token_hash(token), AgentToken.revoked_at.is_(None)))  # fmt: skip
     if name is None:

@@ -130,3 +130,28 @@ def test_the_agent_loop_runs_on_an_agent_token_over_http(tmp_path: Path) -> None
         assert (loop.sent, loop.failures) == (16, 0)
         gpus = [g for g in http.get(f"{API}/admin/gpus", headers=adm).json() if g["node"] == node]
         assert len(gpus) == 8 and all(g["util"] is not None for g in gpus)
+
+
+def test_hostile_values_on_the_agent_token_routes_get_4xx_never_5xx(fleet: Any) -> None:
+    """A ¥10 sign-up and malformed values: every answer a 4xx, nothing made, nothing revoked."""
+    api, adm, (node, _) = fleet
+    made = api.post(f"{API}/admin/nodes/{node}/agent-tokens", json={}, headers=adm).json()
+    tenant = signup(api, "cheap@example.com")
+    assert api.delete(f"{API}/admin/agent-tokens/{made['id']}", headers=tenant.headers).status_code == 403
+    for path in (f"{API}/admin/nodes/{'n' * 300}/agent-tokens", f"{API}/admin/nodes/%00/agent-tokens",
+                 f"{API}/admin/nodes/..%2F..%2Fx/agent-tokens", f"{API}/admin/nodes/{node}%0A/agent-tokens"):  # fmt: skip
+        r = api.post(path, json={}, headers=adm)
+        assert 400 <= r.status_code < 500, (path, r.status_code, r.text)
+    extra = api.post(f"{API}/admin/nodes/{node}/agent-tokens", json={"node": "other"}, headers=adm)
+    assert extra.status_code == 201 and extra.json()["node"] == node  # the path names the node; a body says nothing
+    assert api.delete(f"{API}/admin/agent-tokens/{extra.json()['id']}", headers=adm).status_code == 200
+    for bad in ("at_0000000000000000", "x" * 1000, "%00"):
+        r = api.delete(f"{API}/admin/agent-tokens/{bad}", headers=adm)
+        assert 400 <= r.status_code < 500, (bad, r.status_code)
+    for token in ("sla_", "sla_" + "x" * 10_000, "sla_" + made["token"][4:] + "x"):
+        r = api.post(f"{API}/telemetry/samples", json={"samples": []}, headers=bearer(token))
+        assert r.status_code == 401, (token[:20], r.status_code)
+    listed = api.get(f"{API}/admin/agent-tokens", headers=adm).json()
+    assert [t["id"] for t in listed if t["revoked_at"] is None] == [made["id"]]
+    r = api.post(f"{API}/telemetry/samples", json={"samples": []}, headers=bearer(made["token"]))
+    assert r.status_code == 200, r.text  # the token still works

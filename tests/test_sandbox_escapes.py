@@ -222,14 +222,19 @@ def test_env_values_never_show_in_a_host_process_argv(api: Api) -> None:
     assert api.until(job, lambda w: w["state"] in TERMINAL)["state"] == "succeeded"  # and the job did get it
 
 
-def test_network_none_has_loopback_only(srv: LiveServer, api: Api) -> None:
+def test_network_none_and_private_do_not_reach_the_servers_loopback(srv: LiveServer, api: Api) -> None:
     port = srv.url.rsplit(":", 1)[1]
     probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\""
     host = api.submit({"name": "net-host", "command": probe, "resources": {"gpus": 0}})
     none = api.submit({"name": "net-none", "command": probe, "resources": {"gpus": 0}, "network": "none"})
+    private = api.submit({"name": "net-private", "command": probe, "resources": {"gpus": 0}, "network": "private"})
     assert api.until(host, lambda w: w["state"] in TERMINAL)["state"] == "succeeded"
-    w = api.until(none, lambda w: w["state"] in TERMINAL)
-    assert w["state"] == "failed" and "ConnectionRefusedError" in api.logs(none)
+    for job in (none, private):
+        w = api.until(job, lambda w: w["state"] in TERMINAL)
+        assert w["state"] == "failed" and "ConnectionRefusedError" in api.logs(job), api.logs(job)
+    r = api.http.post("/api/v1/workloads", json={"spec": {"name": "wide", "command": "true", "network": "private",
+                      "resources": {"gpus": 0}, "ports": [8000]}}, headers=api.tenant.headers)  # fmt: skip
+    assert r.status_code == 422 and "ports" in r.text
 
 
 def test_an_unpublished_image_is_refused_naming_the_field(api: Api) -> None:

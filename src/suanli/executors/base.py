@@ -62,7 +62,7 @@ class SandboxRequest:
     gpus_asked: int = 0
     share_cpu_milli: int = 0
     share_memory_mib: int = 0
-    network: str = "host"  # host | none
+    network: str = "host"  # host | private | none
     environment: str | None = None
     mounts: tuple[tuple[str, str, bool], ...] = ()
     uid: int | None = None

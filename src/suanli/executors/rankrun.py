@@ -196,8 +196,9 @@ def _env_script(env: dict[str, str]) -> str:
 
 
 def _sandboxed_pids(info: dict[str, object]) -> set[int]:
-    """bwrap's own processes (the outer one and the sandbox's init): signals go past them to the job."""
-    return {int(p) for p in info.get("bwrap_pids", [])}  # type: ignore[union-attr]
+    """bwrap's own processes (the outer one and the sandbox's init) and pasta's: signals go past them to the job."""
+    helpers = [info["pasta_pid"]] if info.get("pasta_pid") else []  # network: private's way out
+    return {int(p) for p in [*info.get("bwrap_pids", []), *helpers]}  # type: ignore[union-attr,misc]
 
 
 def _spawn(command: str, env: dict[str, str], sandbox: dict | None) -> tuple[int, dict]:
@@ -235,16 +236,21 @@ def _spawn(command: str, env: dict[str, str], sandbox: dict | None) -> tuple[int
     os.write(env_fd, _env_script(env).encode())
     os.lseek(env_fd, 0, os.SEEK_SET)
     user_fds = _user_files(sandbox, uid, gid)
-    argv = [*_stage_binds(sandbox["bwrap"]), *_user_args(user_fds), "--perms", "0400", "--file", str(env_fd), ENV_FILE, "--info-fd", str(w), "--",
+    # network: private: the job waits on `block` until pasta has connected its namespace (`suanli.sandbox.netns`)
+    block = os.pipe() if sandbox.get("network") == "private" else None
+    held = ["--block-fd", str(block[0])] if block else []
+    argv = [*_stage_binds(sandbox["bwrap"]), *_user_args(user_fds), "--perms", "0400", "--file", str(env_fd), ENV_FILE, "--info-fd", str(w), *held, "--",
             "/bin/sh", "-c", f'. {ENV_FILE} && exec /bin/sh -c "$0"', command]  # fmt: skip
     clean = {k: env[k] for k in (*SANDBOX_BASE_ENV, "PATH") if k in env}
+    fds = (w, env_fd, *user_fds.values(), *(block[:1] if block else ()))
     try:
-        fds = (w, env_fd, *user_fds.values())
         proc = subprocess.Popen(argv, env=clean, process_group=0, pass_fds=fds, preexec_fn=in_child)
     except subprocess.SubprocessError as e:  # `in_child` failed (joining the cgroup, the uid): as the caller expects
+        if block:
+            os.close(block[1])
         raise OSError(f"the sandbox's setup failed: {e}") from e
     finally:
-        for fd in (w, env_fd, *user_fds.values()):
+        for fd in fds:
             os.close(fd)
     info: dict = {"bwrap_pids": [proc.pid]}
     data = b""
@@ -270,8 +276,12 @@ def _spawn(command: str, env: dict[str, str], sandbox: dict | None) -> tuple[int
         info["bwrap_pids"].append(child)
         info["init_pid"] = child
     except (ValueError, KeyError, TypeError):
-        pass
+        child = 0
     proc.returncode = 0  # reaped by `_reap` below, not by Popen
+    if block:
+        from suanli.sandbox import netns
+
+        info["pasta_pid"] = netns.connect_held(child, proc.pid, block[1], uid, gid, STAGE, lambda: limits.join(cg))
     return proc.pid, info
 
 
@@ -314,6 +324,7 @@ def supervise(config: dict) -> int:
     except (OSError, ValueError) as e:  # `_spawn` turns a failure in the child before exec into an OSError; text no
         # argv takes (a NUL, a lone surrogate) is a ValueError: the job cannot start, which is its own failure
         _say(f"cannot start the job: {e}")
+        kill_family(os.getpid(), signal.SIGKILL)  # whatever the start left (a helper such as pasta)
         if cg:
             from suanli.sandbox import limits
 

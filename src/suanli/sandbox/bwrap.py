@@ -2,7 +2,7 @@
 
 bubblewrap (`bwrap`, the tool Flatpak builds on) gives the rank new user, mount, PID, IPC and UTS namespaces, a
 root filesystem of read-only host system directories plus what the rank may write (its workdir at /workspace, a
-private /tmp and /dev/shm, the spec's mounts), only the GPU device nodes it was given, and optionally no network.
+private /tmp and /dev/shm, the spec's mounts), only the GPU device nodes it was given, and the host's network, a private one or none.
 Nothing else of the host is mounted: the server's data directory, other workloads' files and logs do not exist
 inside. Capabilities are dropped and `no_new_privs` is set by bwrap itself, so nothing inside regains root.
 
@@ -52,7 +52,7 @@ class SandboxSpec:
     hostname: str = "suanli"
     gpus: tuple[int, ...] = ()
     dev_root: str = "/dev"
-    network: str = "host"  # host | none
+    network: str = "host"  # host | private (own namespace, pasta for the way out) | none (loopback only)
     environment: str | None = None  # a published prefix (venv, conda), bound read-only at its own path
     rootfs: str | None = None  # a published root filesystem (a directory, or a mounted OCI image): `/`, read-only
     mounts: tuple[Mount, ...] = ()
@@ -142,7 +142,7 @@ def bwrap_args(spec: SandboxSpec, bwrap: str | None = None) -> list[str]:
     # --disable-userns: no nested user namespace, the kernel surface most container escapes went through.
     argv += ["--unshare-user", "--disable-userns", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
              "--unshare-cgroup-try"]  # fmt: skip
-    if spec.network == "none":
+    if spec.network in ("none", "private"):  # private: the supervisor connects it (`suanli.sandbox.netns`)
         argv.append("--unshare-net")
     argv += ["--die-with-parent", "--new-session", "--hostname", spec.hostname]
     argv += _rootfs_args(spec.rootfs) if spec.rootfs else _system_args()

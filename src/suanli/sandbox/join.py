@@ -76,7 +76,7 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         return _fail(f"cannot join the sandbox: {e}")
     try:
-        _enter(init, box.get("network") == "none")
+        _enter(init, box.get("network", "host") != "host")
     except OSError as e:
         return _fail(f"cannot enter the sandbox: {e}")
     return _run(argv[2:], env)

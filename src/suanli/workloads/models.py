@@ -120,12 +120,32 @@ class WorkloadSpec(BaseModel):
     max_price_per_hour: Decimal | None = Field(None, gt=0, le=10**9, decimal_places=8)
     retry: Retry = Field(default_factory=Retry)
     model: ModelSpec | None = None
-    network: Literal["host", "none"] = "host"  # none: the sandbox has loopback only
+    # host: the node's network (NCCL over nodes needs it); private: a namespace of its own with a way out (pasta);
+    # none: loopback only. private and none run on one node.
+    network: Literal["host", "private", "none"] = "host"
     image: str | None = None  # a named environment the operator published (`suanli environments`)
     jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy
     ports: tuple[StrictInt, ...] = ()  # loopback ports served through the proxy at /i/<id>/port/<N>/
     models: tuple[str, ...] = ()  # hub models bound read-only into the sandbox (`suanli hub models`)
     datasets: tuple[str, ...] = ()  # hub datasets, likewise (`suanli hub datasets`)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_node_network(cls, data: object) -> object:
+        """A private network or none is one node's: ranks on two nodes could never meet. GPU work says so in its
+        spec (`resources.nodes: 1`), so the scheduler places it on one node and `describe` shows it."""
+        if not isinstance(data, dict) or data.get("network") not in ("private", "none"):
+            return data
+        res = data.get("resources", {})
+        if not isinstance(res, dict):
+            return data  # refused as it is, by its own field
+        nodes = res.get("nodes")
+        if type(nodes) is int and nodes > 1:
+            raise FieldError("network", f"{data['network']} runs on one node (got resources.nodes: {nodes}); work "
+                             "over several nodes needs network: host")  # fmt: skip
+        if nodes is None and res.get("gpus", 1) != 0:
+            return {**data, "resources": {**res, "nodes": 1}}
+        return data
 
     @field_validator("models", "datasets", mode="before")
     @classmethod
@@ -271,8 +291,9 @@ class WorkloadSpec(BaseModel):
             raise FieldError("command", "is required for a job (kind: job)")
         if self.jupyter and self.kind != "instance":
             raise FieldError("jupyter", "is for instances (kind: instance); a job's ports go in `ports`")
-        if self.ports and self.network == "none":
-            raise FieldError("ports", "need the host network: a sandbox with network: none cannot be reached")
+        if self.ports and self.network != "host":
+            raise FieldError("ports", f"need the host network: a sandbox with network: {self.network} cannot be "
+                             "reached")  # fmt: skip
         if self.billing == "usage" and (self.resources.slice is not None or self.gpu_count() == 0):
             what = (
                 "a GPU slice has no activity reading of its own" if self.resources.slice else "CPU-only work has none"

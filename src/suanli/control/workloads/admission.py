@@ -94,6 +94,16 @@ def candidates(
                           f"most {max(carried.values())} of its {least} GPUs ({spec.resources.cpus or 0:g} cores and "
                           f"{mem} MiB for {want}), even when idle")  # fmt: skip
         models = [m for m in models if carried[m] >= least]
+    nodes = spec.resources.nodes
+    if nodes:  # a share per node larger than any node would wait forever
+        share, most = -(-want // nodes), max(fleet[m].per_node for m in models)
+        if share > most:
+            if nodes == 1 and spec.network != "host":
+                raise Invalid(f"network: {spec.network} runs on one node, and {want} GPUs never fit in one node here (at "
+                              f"most {most} of {' or '.join(models)}); ask for fewer GPUs or network: host")  # fmt: skip
+            raise Invalid(f"resources.nodes: {share} GPUs on each node never fit here (at most {most} of "
+                          f"{' or '.join(models)} in a node); ask for more nodes or fewer GPUs")  # fmt: skip
+        models = [m for m in models if fleet[m].per_node >= share]
     topology = spec.resources.topology
     if topology in ("nvlink", "leaf"):
         per = {m: fleet[m].per_nvlink if topology == "nvlink" else fleet[m].per_leaf for m in models}

@@ -203,3 +203,28 @@ def test_slurm_plain_scancel_leaves_no_tenant_process(slurm_session: SlurmCluste
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert left == [], f"still alive after Slurm cancelled the job ({st})"
+
+
+@pytest.mark.slurm
+def test_slurm_rank_with_a_private_network_reaches_no_host_loopback(
+    slurm_session: SlurmCluster, tmp_path: Path
+) -> None:
+    """`network: private` on a Slurm node: the same supervisor starts pasta there. slurmctld listens on the host's
+    127.0.0.1 (SlurmctldPort): the rank cannot connect to it, while its own loopback works."""
+    import re
+
+    port = int(re.search(r"^SlurmctldPort=(\d+)", slurm_session.conf.read_text(), re.M).group(1))  # type: ignore[union-attr]
+    probe = ("import socket\n"
+             f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3); print('slurmctld: reached')\n"
+             "except OSError as e:\n    print('slurmctld:', type(e).__name__)\n"
+             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+             "socket.create_connection(s.getsockname(), timeout=3); print('own loopback: ok')\n")  # fmt: skip
+    ex = SlurmExecutor(str(slurm_session.conf))
+    launch = make_launch(tmp_path, "/usr/bin/python3 -I probe.py", (rank("node1", 0),),
+                         sandbox=SandboxRequest(uid=UID, gid=UID, network="private"))  # fmt: skip
+    (launch.workdir / "probe.py").write_text(probe)
+    handle = ex.launch(launch, time.time())
+    st = wait_done(ex, handle, timeout=120)
+    out = logs(handle)
+    assert st.exit_code == 0, out
+    assert "slurmctld: ConnectionRefusedError" in out and "own loopback: ok" in out, out

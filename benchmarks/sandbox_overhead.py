@@ -2,7 +2,8 @@
 
     python benchmarks/sandbox_overhead.py [--runs 20] [--work-runs 5]
 
-- launch: from `LocalExecutor.launch` to the first line of the job's output in its log (goal: <= 50 ms added);
+- launch: from `LocalExecutor.launch` to the first line of the job's output in its log (goal: <= 50 ms added),
+  plain, sandboxed on the host network, and sandboxed with `network: private` (pasta set up before the job runs);
 - cpu: a CPU-bound loop of the system Python (the same interpreter both ways), timed inside the job (goal: <= 2%);
 - io: writing and fsyncing 256 MiB to the workdir, then reading it back, timed inside the job (goal: <= 2%).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -32,20 +34,20 @@ IO = (
 )
 
 
-def _launch(base: Path, n: int, command: str, sandboxed: bool) -> Launch:
+def _launch(base: Path, n: int, command: str, sandboxed: bool, network: str = "host") -> Launch:
     work, logs = base / f"w{n}", base / f"l{n}"
     work.mkdir()
     logs.mkdir()
     uid = 0x10000777 if os.geteuid() == 0 else None
-    sandbox = SandboxRequest(cpu_milli=0, memory_mib=0, uid=uid, gid=uid) if sandboxed else None
+    sandbox = SandboxRequest(cpu_milli=0, memory_mib=0, uid=uid, gid=uid, network=network) if sandboxed else None
     return Launch(workload_id=f"wl-bench-{n}", attempt=1, command=command, workdir=work, env={},
                   ranks=(NodeRank("local", 0, ()),), log_dir=logs, sandbox=sandbox)  # fmt: skip
 
 
-def _run(base: Path, n: int, command: str, sandboxed: bool) -> tuple[float, str]:
+def _run(base: Path, n: int, command: str, sandboxed: bool, network: str = "host") -> tuple[float, str]:
     """(seconds from launch to the first output line, the whole output)."""
     ex = LocalExecutor()
-    launch = _launch(base, n, command, sandboxed)
+    launch = _launch(base, n, command, sandboxed, network)
     log = launch.log_dir / "rank-0.log"
     t0 = time.perf_counter()
     handle = ex.launch(launch, time.time())
@@ -74,11 +76,15 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="suanli-sbx-bench-"))
     n = 0
     launch: dict[bool, list[float]] = {True: [], False: []}
+    private: list[float] = []
     work: dict[tuple[str, bool], list[float]] = {}
     for i in range(args.runs):  # interleaved, so drift of the machine hits both alike
         for sandboxed in (i % 2 == 0, i % 2 == 1):
             n += 1
             launch[sandboxed].append(_run(base, n, "echo first", sandboxed)[0])
+        if shutil.which("pasta"):
+            n += 1
+            private.append(_run(base, n, "echo first", True, "private")[0])
     for name, cmd in (("cpu", CPU), ("io", IO)):
         for i in range(args.work_runs):
             for sandboxed in (i % 2 == 0, i % 2 == 1):
@@ -90,6 +96,10 @@ def main() -> None:
     for label, q in (("launch to first line, median", 0.5), ("launch to first line, p90", 0.9)):
         a, b = _p(launch[False], q) * 1000, _p(launch[True], q) * 1000
         print(f"{label:<34} {a:>8.1f}ms {b:>8.1f}ms {b - a:>7.1f}ms {b / a:>6.3f}x")
+    for label, q in (("  network: private, median", 0.5), ("  network: private, p90", 0.9)):
+        if private:  # against the sandbox on the host network: what pasta adds
+            a, b = _p(launch[True], q) * 1000, _p(private, q) * 1000
+            print(f"{label:<34} {a:>8.1f}ms {b:>8.1f}ms {b - a:>7.1f}ms {b / a:>6.3f}x  (vs sandboxed, host network)")
     for name, label in (("cpu", "CPU-bound loop, median"), ("io", "256 MiB write+fsync+read, median")):
         a, b = statistics.median(work[(name, False)]), statistics.median(work[(name, True)])
         print(f"{label:<34} {a:>9.3f}s {b:>9.3f}s {b - a:>8.3f}s {b / a:>6.3f}x")

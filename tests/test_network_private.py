@@ -321,3 +321,101 @@ def test_pasta_dies_with_a_supervisor_killed_by_sigkill(tmp_path: Path) -> None:
         for pid in (int(box["init_pid"]), outer, pasta):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---- network: auto, the operator's default for single-node work ------------------------------------------------------
+def test_a_spec_that_names_no_network_is_auto_and_keeps_its_ports_and_nodes() -> None:
+    spec = parse_spec({"name": "a", "command": "true", "ports": [8000], "resources": {"gpus": 16, "nodes": 2}})
+    assert spec.network == "auto" and spec.ports == (8000,) and spec.resources.nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("network", "nodes", "ports", "default", "expected"),
+    [
+        ("auto", 1, (), "private", "private"),
+        ("auto", 0, (), "private", "private"),  # CPU-only work: one node
+        ("auto", 2, (), "private", "host"),  # ranks on two nodes meet over the hosts' network
+        ("auto", 1, (8000,), "private", "host"),  # the proxy reaches ports on the host network
+        ("auto", 1, (), "host", "host"),
+        ("host", 1, (), "private", "host"),  # what a spec names, it gets
+        ("private", 1, (), "host", "private"),
+        ("none", 1, (), "private", "none"),
+    ],
+)
+def test_auto_is_the_operators_default_where_the_work_can_have_it(
+    network: str, nodes: int, ports: tuple[int, ...], default: str, expected: str
+) -> None:
+    from suanli.control.workloads.sandboxes import resolve_network
+
+    assert resolve_network(network, nodes, ports, default) == expected
+
+
+@needs_pasta
+def test_a_server_whose_default_is_private_gives_it_to_work_that_names_no_network(tmp_path: Path) -> None:
+    from tests.control_plane import live_server
+    from tests.test_workloads_e2e import FAST, TERMINAL, Api
+
+    home = tmp_path / "home"
+    with live_server(
+        home, f"sqlite+pysqlite:///{tmp_path / 'suanli.db'}", env={**FAST, "SUANLI_NETWORK": "private"}
+    ) as srv:
+        api = Api(srv)
+        api.setup()
+        port = srv.url.rsplit(":", 1)[1]
+        probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\""
+        unnamed = api.submit({"name": "net-auto", "command": probe, "resources": {"gpus": 0}})
+        host = api.submit({"name": "net-host", "command": probe, "resources": {"gpus": 0}, "network": "host"})
+        w = api.until(unnamed, lambda w: w["state"] in TERMINAL)
+        assert w["state"] == "failed" and "ConnectionRefusedError" in api.logs(unnamed), api.logs(unnamed)
+        assert w["spec"]["network"] == "auto"
+        assert api.until(host, lambda w: w["state"] in TERMINAL)["state"] == "succeeded", api.logs(host)
+
+
+@needs_pasta
+def test_the_server_says_at_start_what_auto_means_and_warns_when_pasta_is_missing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from suanli.control.workloads.sandboxes import SandboxPolicy
+
+    assert "network" not in SandboxPolicy().startup_note()
+    assert "gets its own (network: private)" in SandboxPolicy(network="private").startup_note()
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "pasta" else "/usr/bin/" + name)
+    assert "WARNING: network: private is the default, but pasta is not installed" in (
+        SandboxPolicy(network="private").startup_note()
+    )
+
+
+@needs_pasta
+def test_torch_rendezvouses_inside_a_private_network_and_its_store_is_on_no_host_port(tmp_path: Path) -> None:
+    """What private is for: three ranks meet through torch.distributed (a TCPStore on MASTER_ADDR:MASTER_PORT, gloo
+    over loopback) inside the job's own namespace, and while they do, the host sees no listener on that port."""
+    pytest.importorskip("torch")
+    from tests.control_plane import live_server
+    from tests.test_workloads_api import archive
+    from tests.test_workloads_e2e import FAST, TERMINAL, TRAIN, Api
+
+    train = "import os, socket, time\n" + TRAIN.replace(
+        "dist.destroy_process_group()",
+        "open(f'port-{rank}', 'w').write(os.environ['MASTER_PORT'])\ntime.sleep(3)\ndist.destroy_process_group()",
+    )
+    home = tmp_path / "home"
+    with live_server(home, f"sqlite+pysqlite:///{tmp_path / 'suanli.db'}", env=FAST) as srv:
+        api = Api(srv)
+        api.setup()
+        command = ("python3 -m torch.distributed.run --nnodes $SUANLI_NODES --node-rank $NODE_RANK "
+                   "--nproc-per-node 3 --master-addr $MASTER_ADDR --master-port $MASTER_PORT train.py")  # fmt: skip
+        wid = api.submit({"name": "ddp", "command": command, "network": "private", "env": {"GLOO_SOCKET_IFNAME": "lo"},
+                          "resources": {"gpus": 0}}, workdir_archive=archive({"train.py": train}))  # fmt: skip
+        marker, deadline = srv.home / "workloads" / wid / "workdir" / "port-0", time.monotonic() + 120
+        while not marker.exists():
+            assert time.monotonic() < deadline and api.get(wid)["state"] not in TERMINAL, api.logs(wid)
+            time.sleep(0.1)
+        port = int(marker.read_text())
+        host_ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            for line in Path(table).read_text().splitlines()[1:]:
+                host_ports.add(int(line.split()[1].rsplit(":", 1)[1], 16))
+        assert port not in host_ports  # torch's store listens in the job's namespace only
+        done = api.until(wid, lambda w: w["state"] in TERMINAL, timeout=120)
+        assert done["state"] == "succeeded", api.logs(wid)
+        assert (srv.home / "workloads" / wid / "workdir" / "result.txt").read_text() == "3 6"

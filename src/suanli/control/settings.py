@@ -144,6 +144,11 @@ class Settings(BaseModel):
     sandbox: Literal["on", "off"] = Field(
         "on", description="off: the operator's own work runs unsandboxed (tenant work is always sandboxed)"
     )
+    network: Literal["host", "private"] = Field(
+        "host",
+        description="what a spec that names no network gets when it runs on one node without ports: host (the "
+        "node's network), or private (its own namespace, outbound only; needs pasta, Debian's passt, on every node)",
+    )
     environments: dict[str, str] = Field(
         default_factory=dict, description="named environments tenants may use as `image:` (NAME: directory)"
     )

@@ -121,8 +121,9 @@ class WorkloadSpec(BaseModel):
     retry: Retry = Field(default_factory=Retry)
     model: ModelSpec | None = None
     # host: the node's network (NCCL over nodes needs it); private: a namespace of its own with a way out (pasta);
-    # none: loopback only. private and none run on one node.
-    network: Literal["host", "private", "none"] = "host"
+    # none: loopback only (private and none run on one node); auto: the operator's default (`network` setting) for
+    # work placed on one node without ports, host otherwise.
+    network: Literal["auto", "host", "private", "none"] = "auto"
     image: str | None = None  # a named environment the operator published (`suanli environments`)
     jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy
     ports: tuple[StrictInt, ...] = ()  # loopback ports served through the proxy at /i/<id>/port/<N>/
@@ -291,7 +292,7 @@ class WorkloadSpec(BaseModel):
             raise FieldError("command", "is required for a job (kind: job)")
         if self.jupyter and self.kind != "instance":
             raise FieldError("jupyter", "is for instances (kind: instance); a job's ports go in `ports`")
-        if self.ports and self.network != "host":
+        if self.ports and self.network in ("private", "none"):
             raise FieldError("ports", f"need the host network: a sandbox with network: {self.network} cannot be "
                              "reached")  # fmt: skip
         if self.billing == "usage" and (self.resources.slice is not None or self.gpu_count() == 0):

@@ -22,7 +22,7 @@ from suanli.control.accounts import sandbox_uids
 from suanli.control.scheduling.clock import seconds
 from suanli.control.storage import hub, volumes
 from suanli.control.workloads import proxy
-from suanli.control.workloads.sandboxes import SandboxPolicy, gpu_share_limits
+from suanli.control.workloads.sandboxes import SandboxPolicy, gpu_share_limits, resolve_network
 from suanli.db.models import Allocation, Node, Plan, User, Workload, WorkloadEvent
 from suanli.db.volumes import Volume
 from suanli.executors import Executor, Launch, NodeRank
@@ -137,12 +137,17 @@ class Launches:
             user = s.get(User, w.user_id)
             admin = bool(user is not None and user.is_admin)
             sandbox = self.sandboxes.request(spec, sandbox_uids.of(s, w.org_id), admin)
+            if sandbox is not None:
+                net = resolve_network(spec.network, len(placement), spec.ports, self.sandboxes.network)
+                sandbox = replace(sandbox, network=net)
             if sandbox is not None and placement:
                 sizes = s.execute(select(Node.cpu_count, Node.memory_mib, Node.gpu_count)
                                   .where(Node.name.in_(list(placement)))).all()  # fmt: skip
                 sandbox = gpu_share_limits(sandbox, [(int(c), int(m), int(g)) for c, m, g in sizes])
             if sandbox is not None and spec.volumes:
                 sandbox = replace(sandbox, mounts=(*sandbox.mounts, *self._volume_mounts(s, w, spec)))
+        if sandbox is not None and sandbox.network in ("private", "none"):
+            master = "127.0.0.1"  # one node's ranks share one namespace; the node's address may not be in it
         command = spec.command or "exec sleep infinity"
         extra_env = {"SUANLI_WORKLOAD_NAME": w.name, "SUANLI_KIND": spec.kind}
         if w.restart_reason:  # resize, preemption, failure or node-failure: the ranks may resume from a checkpoint

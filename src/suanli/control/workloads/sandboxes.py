@@ -37,6 +37,7 @@ class SandboxPolicy:
     gpu_dev_root: str = "/dev"
     cgroup_parent: str | None = None
     hub_dir: Path | None = None  # None: hub/ in the data directory
+    network: str = "host"  # what `network: auto` gets on one node without ports (`resolve_network`)
 
     def sandboxed(self, is_admin: bool) -> bool:
         return not (is_admin and self.mode == "off")
@@ -99,16 +100,33 @@ class SandboxPolicy:
             return ("WARNING: bubblewrap is not installed (apt install bubblewrap): tenant workloads cannot run on "
                     "this host" + ("; the operator's own run unsandboxed (sandbox: off)" if self.mode == "off" else ""))  # fmt: skip
         if self.mode == "off":
-            return "sandbox: off — the operator's own workloads run unsandboxed, as the server's user; tenants' are sandboxed"
-        return "every workload runs in a bubblewrap sandbox"
+            note = "sandbox: off — the operator's own workloads run unsandboxed, as the server's user; tenants' are sandboxed"
+        else:
+            note = "every workload runs in a bubblewrap sandbox"
+        if self.network == "private":
+            from suanli.sandbox.netns import pasta_path
+
+            if pasta_path() is None:
+                return note + ("\nWARNING: network: private is the default, but pasta is not installed (apt install "
+                               "passt): single-node work that names no network cannot start on this host")  # fmt: skip
+            return note + "; single-node work that names no network gets its own (network: private)"
+        return note
 
 
 def sandbox_policy(settings: Settings) -> SandboxPolicy:
     return SandboxPolicy(
         mode=settings.sandbox, environments=dict(settings.environments),
         default_environment=settings.default_environment, gpu_dev_root=settings.gpu_dev_root,
-        cgroup_parent=settings.cgroup_parent, hub_dir=settings.hub_dir,
+        cgroup_parent=settings.cgroup_parent, hub_dir=settings.hub_dir, network=settings.network,
     )  # fmt: skip
+
+
+def resolve_network(network: str, nodes: int, ports: tuple[int, ...], default: str) -> str:
+    """The network a rank's sandbox gets: what the spec names, or for `auto` the operator's default where the work
+    can have it (placed on at most one node, no `ports:` for the proxy to reach), else the host's."""
+    if network != "auto":
+        return network
+    return default if nodes <= 1 and not ports else "host"
 
 
 def gpu_share_limits(req: SandboxRequest, nodes: list[tuple[int, int, int]]) -> SandboxRequest:

@@ -121,3 +121,32 @@ def test_ray_agents_refuse_a_rank_without_the_token(ray_scene: dict[str, Any]) -
     print(json.dumps(http)[:1500])
     assert any(r["status"] in (401, 403) for r in http.values()), http  # the agents were reached at all
     assert all(r["status"] in (-1, 401, 403) for r in http.values()), http
+
+
+@pytest.mark.ray
+def test_ray_rank_with_a_private_network_reaches_no_host_loopback(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """`network: private` on a Ray node: the same supervisor starts pasta there. The head's dashboard listens on
+    the host's 127.0.0.1: the rank cannot connect to it, while its own loopback works."""
+    import ray
+
+    from suanli.executors.ray_executor import RayExecutor
+    from tests.test_ray_executor import make_launch as ray_launch
+    from tests.test_ray_executor import ranks_on
+    from tests.test_ray_executor import wait_done as ray_wait
+
+    ray.shutdown()
+    port = _port(ray_cluster.node("head").argv, "dashboard-port")
+    probe = ("import socket\n"
+             f"try:\n    socket.create_connection(('127.0.0.1', {port}), timeout=3); print('dashboard: reached')\n"
+             "except OSError as e:\n    print('dashboard:', type(e).__name__)\n"
+             "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
+             "socket.create_connection(s.getsockname(), timeout=3); print('own loopback: ok')\n")  # fmt: skip
+    ex = RayExecutor(ray_cluster.address, node_root=str(ray_cluster.temp_dir / "nodes"), ready_timeout_s=60)
+    launch = ray_launch(tmp_path, "/usr/bin/python3 -I probe.py", ranks_on(ray_cluster, ("node-2", (1,))),
+                        sandbox=SandboxRequest(uid=UID, gid=UID, network="private"))  # fmt: skip
+    (launch.workdir / "probe.py").write_text(probe)
+    handle = ex.launch(launch, time.time())
+    st = ray_wait(ex, handle, timeout=120)
+    text = ex.log_path(handle, 0).read_text()
+    assert st.exit_code == 0, (st, text)
+    assert "dashboard: ConnectionRefusedError" in text and "own loopback: ok" in text, text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -56,7 +57,7 @@ def test_private_work_runs_on_one_node_and_says_so_in_its_spec() -> None:
     [
         ({"network": "private", "resources": {"gpus": 16, "nodes": 2}}, "network", "one node"),
         ({"network": "none", "resources": {"gpus": {"min": 2, "max": 8}, "nodes": 2}}, "network", "one node"),
-        ({"network": "private", "ports": [8000]}, "ports", "host network"),
+        ({"network": "none", "ports": [8000]}, "ports", "cannot be reached"),
         ({"network": "bridge"}, "network", "private"),
     ],
 )
@@ -263,6 +264,9 @@ def test_private_work_larger_than_a_node_is_refused_at_submission_not_queued_for
                                                                                            "nodes": 1}}},
                  headers=p.tenant.headers)  # fmt: skip
     assert r.status_code == 422 and r.json()["detail"].startswith("resources.nodes: 16 GPUs on each node"), r.text
+    auto = {"name": "auto", "command": "x", "resources": {"gpu": "H20", "gpus": 16, "nodes": 1}}  # auto forces nothing
+    r = api.post("/api/v1/workloads", json={"spec": auto}, headers=p.tenant.headers)
+    assert r.status_code == 422 and r.json()["detail"].startswith("resources.nodes: 16 GPUs on each node"), r.text
     fits = p.submit({**big, "resources": {"gpu": "H20", "gpus": 8}})
     assert fits["spec"]["resources"]["nodes"] == 1 and fits["spec"]["network"] == "private"
 
@@ -419,3 +423,78 @@ def test_torch_rendezvouses_inside_a_private_network_and_its_store_is_on_no_host
         done = api.until(wid, lambda w: w["state"] in TERMINAL, timeout=120)
         assert done["state"] == "succeeded", api.logs(wid)
         assert (srv.home / "workloads" / wid / "workdir" / "result.txt").read_text() == "3 6"
+
+
+# ---- ports: the proxy reaches a private namespace --------------------------------------------------------------------
+@needs_pasta
+def test_the_proxy_reaches_a_port_served_inside_a_private_network(tmp_path: Path) -> None:
+    """An instance with `network: private` and `ports:` serves on its own loopback: no host port listens, and the
+    server's proxy still reaches it (a socket made in the sandbox's namespace), for its owner only."""
+    import httpx
+
+    from tests.control_plane import admin_token, bearer, free_port, live_server, signup
+    from tests.test_proxy_e2e import World, _browser, _submit, _wait_running
+    from tests.test_workloads_e2e import FAST
+
+    port = free_port()
+    with live_server(tmp_path / "home", f"sqlite+pysqlite:///{tmp_path / 'suanli.db'}", env=FAST) as srv:
+        http = httpx.Client(base_url=srv.url, timeout=30)
+        adm = bearer(admin_token(http))
+        assert http.post("/api/v1/admin/clusters", json={"local": True, "name": "this-host"}, headers=adm).status_code == 201  # fmt: skip
+        tenant = signup(http, "tenant@example.com")
+        http.post(f"/api/v1/admin/orgs/{tenant.org_id}/transactions", json={"kind": "topup", "amount": "100"},
+                  headers=adm).raise_for_status()  # fmt: skip
+        ws_port = free_port()
+        echo = ("import asyncio\nfrom websockets.asyncio.server import serve\n"
+                "async def echo(ws):\n    async for m in ws:\n        await ws.send('private ' + m)\n"
+                "async def main():\n    async with serve(echo, '127.0.0.1', PORT):\n        await asyncio.Future()\n"
+                "asyncio.run(main())\n").replace("PORT", str(ws_port))  # fmt: skip
+        serve = (f"echo served-privately > hello.txt; printf %s {shlex.quote(echo)} > echo.py; python3 echo.py & "
+                 f"exec python3 -m http.server {port} --bind 127.0.0.1")  # fmt: skip
+        wid = _submit(http, tenant, {"name": "private-box", "kind": "instance", "command": serve, "network": "private",
+                                     "ports": [port, ws_port], "resources": {"gpus": 0}})  # fmt: skip
+        _wait_running(http, tenant, wid)
+        try:
+            world = World(srv, http, tenant, tenant, adm, wid, wid, wid, port)
+            b = _browser(world, tenant, wid, port)
+            deadline = time.monotonic() + 30
+            while (r := b.get(f"/i/{wid}/port/{port}/hello.txt")).status_code == 503:
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.3)
+            assert (r.status_code, r.text) == (200, "served-privately\n")
+            host_ports = {int(line.split()[1].rsplit(":", 1)[1], 16) for t in ("/proc/net/tcp", "/proc/net/tcp6")
+                          for line in Path(t).read_text().splitlines()[1:]}  # fmt: skip
+            assert port not in host_ports and ws_port not in host_ports  # served in its own namespace, not the host's
+            from websockets.sync.client import connect
+
+            cookie = "; ".join(f"{k}={v}" for k, v in b.cookies.items())
+            url = srv.url.replace("http://", "ws://") + f"/i/{wid}/port/{ws_port}/"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with connect(url, additional_headers={"Cookie": cookie}, open_timeout=10) as ws:
+                        ws.send("hello")
+                        assert ws.recv(timeout=10) == "private hello"
+                    break
+                except Exception:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
+        finally:
+            http.post(f"/api/v1/workloads/{wid}/stop", headers=tenant.headers)
+
+
+def test_no_thread_to_enter_a_namespace_is_a_refusal_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The proxy answers 503 for what `NoWayIn` says; a RuntimeError (no thread to be had) would be a 500."""
+    import threading
+
+    from suanli.sandbox import ns_socket
+
+    monkeypatch.setattr(ns_socket, "running", lambda f: ({"network": "private"}, os.getpid(), {os.getppid()}))
+
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    with pytest.raises(ns_socket.NoWayIn):
+        ns_socket.socket_in("record.json", socket.AF_INET)

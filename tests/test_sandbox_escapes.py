@@ -232,7 +232,7 @@ def test_network_none_and_private_do_not_reach_the_servers_loopback(srv: LiveSer
     for job in (none, private):
         w = api.until(job, lambda w: w["state"] in TERMINAL)
         assert w["state"] == "failed" and "ConnectionRefusedError" in api.logs(job), api.logs(job)
-    r = api.http.post("/api/v1/workloads", json={"spec": {"name": "wide", "command": "true", "network": "private",
+    r = api.http.post("/api/v1/workloads", json={"spec": {"name": "wide", "command": "true", "network": "none",
                       "resources": {"gpus": 0}, "ports": [8000]}}, headers=api.tenant.headers)  # fmt: skip
     assert r.status_code == 422 and "ports" in r.text
 

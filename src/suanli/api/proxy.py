@@ -31,12 +31,14 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
+from suanli.api import proxy_netns
 from suanli.api.proxy_headers import BadGateway, cross_site, downstream_headers, raw_target, upstream_headers
 from suanli.control.errors import Forbidden, ServiceError
 from suanli.control.ids import utcnow
 from suanli.control.workloads import proxy
 from suanli.db.engine import Database
 from suanli.sandbox.listeners import host_listener, owned_listener
+from suanli.sandbox.ns_socket import own_network
 
 log = logging.getLogger("suanli.proxy")
 GRANT_TTL_S = 10.0  # a session, its membership and the workload's place are re-read this often
@@ -73,6 +75,7 @@ class ProxyState:
     sockets: dict[str, _Socket] = field(default_factory=dict)
     open_ws: dict[str, int] = field(default_factory=dict)  # user -> WebSockets open now
     tcp: httpx.AsyncClient | None = None
+    netns: dict[str, httpx.AsyncClient] = field(default_factory=dict)  # sandbox record -> client into its network
 
     # ---- who and where ----------------------------------------------------------------------------------------
     async def grant(self, workload_id: str, secret: str | None, now: datetime) -> proxy.Grant:
@@ -156,6 +159,10 @@ class ProxyState:
                 scheme="http", host="jupyter", raw_path=raw_target(raw_path, query)
             )
         addr = await self._port_address(up)
+        if up.sandbox_file is not None and await run_in_threadpool(own_network, up.sandbox_file):
+            return self._netns_client(up.sandbox_file), httpx.URL(
+                scheme="http", host=addr, port=up.port, raw_path=raw_target(raw_path, query)
+            )
         if self.tcp is None:
             # No keep-alive: a pooled connection would outlive the check that its listener is this workload's
             # (a tenant closes the listener, keeps the accepted connection, and the next owner of the port's
@@ -163,6 +170,18 @@ class ProxyState:
             self.tcp = httpx.AsyncClient(timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
                                          limits=httpx.Limits(max_keepalive_connections=0))  # fmt: skip
         return self.tcp, httpx.URL(scheme="http", host=addr, port=up.port, raw_path=raw_target(raw_path, query))
+
+    def _netns_client(self, sandbox_file: Path) -> httpx.AsyncClient:
+        """The client whose connections are made in a `network: private` sandbox's namespace (`api.proxy_netns`)."""
+        key = str(sandbox_file)
+        if key not in self.netns:
+            if len(self.netns) > 1000:  # records of ended attempts: their clients hold no connection (no keep-alive)
+                old = list(self.netns.values())
+                self.netns.clear()
+                asyncio.get_running_loop().create_task(proxy_netns.close_all(old))
+            timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+            self.netns[key] = proxy_netns.client_into(sandbox_file, timeout)
+        return self.netns[key]
 
     def recheck(self, up: proxy.Upstream) -> dict[str, Any]:
         """Request extensions that check a port's listener again once connected, before a byte goes out: the
@@ -190,6 +209,12 @@ class ProxyState:
             target: Any = f"/proc/self/fd/{fd}"
         else:
             addr = await self._port_address(up)
+            if up.sandbox_file is not None and await run_in_threadpool(own_network, up.sandbox_file):
+                try:  # a `network: private` sandbox: the socket is made in its namespace
+                    sock = await proxy_netns.connect(up.sandbox_file, addr, up.port or 0, CONNECT_TIMEOUT_S)
+                except (OSError, TimeoutError):
+                    raise NotReady(f"{up.name} does not answer yet") from None
+                return await self._rechecked(up, sock)
             sock = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_STREAM)
             target = (addr, up.port)
         sock.setblocking(False)
@@ -198,12 +223,14 @@ class ProxyState:
         except (OSError, TimeoutError):
             sock.close()
             raise NotReady(f"{up.name} does not answer yet") from None
-        if up.socket is None:
-            try:  # connected to the listener checked, or to whoever took its port since (see `recheck`)
-                await self._port_address(up)
-            except NotReady:
-                sock.close()
-                raise
+        return await self._rechecked(up, sock) if up.socket is None else sock
+
+    async def _rechecked(self, up: proxy.Upstream, sock: socket.socket) -> socket.socket:
+        try:  # connected to the listener checked, or to whoever took its port since (see `recheck`)
+            await self._port_address(up)
+        except NotReady:
+            sock.close()
+            raise
         return sock
 
     async def aclose(self) -> None:
@@ -212,6 +239,9 @@ class ProxyState:
         self.sockets.clear()
         if self.tcp is not None:
             await self.tcp.aclose()
+        for client in self.netns.values():
+            await client.aclose()
+        self.netns.clear()
 
 
 async def _close_later(sock: _Socket, delay: float = 30.0) -> None:

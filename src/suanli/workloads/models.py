@@ -292,9 +292,8 @@ class WorkloadSpec(BaseModel):
             raise FieldError("command", "is required for a job (kind: job)")
         if self.jupyter and self.kind != "instance":
             raise FieldError("jupyter", "is for instances (kind: instance); a job's ports go in `ports`")
-        if self.ports and self.network in ("private", "none"):
-            raise FieldError("ports", f"need the host network: a sandbox with network: {self.network} cannot be "
-                             "reached")  # fmt: skip
+        if self.ports and self.network == "none":
+            raise FieldError("ports", "need a network: a sandbox with network: none cannot be reached")
         if self.billing == "usage" and (self.resources.slice is not None or self.gpu_count() == 0):
             what = (
                 "a GPU slice has no activity reading of its own" if self.resources.slice else "CPU-only work has none"

@@ -98,7 +98,7 @@ def candidates(
     if nodes:  # a share per node larger than any node would wait forever
         share, most = -(-want // nodes), max(fleet[m].per_node for m in models)
         if share > most:
-            if nodes == 1 and spec.network != "host":
+            if nodes == 1 and spec.network in ("private", "none"):
                 raise Invalid(f"network: {spec.network} runs on one node, and {want} GPUs never fit in one node here (at "
                               f"most {most} of {' or '.join(models)}); ask for fewer GPUs or network: host")  # fmt: skip
             raise Invalid(f"resources.nodes: {share} GPUs on each node never fit here (at most {most} of "

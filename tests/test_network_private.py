@@ -339,7 +339,7 @@ def test_a_spec_that_names_no_network_is_auto_and_keeps_its_ports_and_nodes() ->
         ("auto", 1, (), "private", "private"),
         ("auto", 0, (), "private", "private"),  # CPU-only work: one node
         ("auto", 2, (), "private", "host"),  # ranks on two nodes meet over the hosts' network
-        ("auto", 1, (8000,), "private", "host"),  # the proxy reaches ports on the host network
+        ("auto", 1, (8000,), "private", "host"),  # ports the proxy could not reach in a namespace (not root, remote)
         ("auto", 1, (), "host", "host"),
         ("host", 1, (), "private", "host"),  # what a spec names, it gets
         ("private", 1, (), "host", "private"),
@@ -352,6 +352,9 @@ def test_auto_is_the_operators_default_where_the_work_can_have_it(
     from suanli.control.workloads.sandboxes import resolve_network
 
     assert resolve_network(network, nodes, ports, default) == expected
+    # where the proxy can enter the namespace (a root server's local executor), ports no longer need the host's
+    reachable = "private" if (network, nodes, default) == ("auto", 1, "private") else expected
+    assert resolve_network(network, nodes, ports, default, ports_reachable=True) == reachable
 
 
 @needs_pasta
@@ -368,10 +371,14 @@ def test_a_server_whose_default_is_private_gives_it_to_work_that_names_no_networ
         port = srv.url.rsplit(":", 1)[1]
         probe = f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3)\""
         unnamed = api.submit({"name": "net-auto", "command": probe, "resources": {"gpus": 0}})
+        ported = api.submit({"name": "net-ports", "command": probe, "resources": {"gpus": 0}, "ports": [8123]})
         host = api.submit({"name": "net-host", "command": probe, "resources": {"gpus": 0}, "network": "host"})
-        w = api.until(unnamed, lambda w: w["state"] in TERMINAL)
-        assert w["state"] == "failed" and "ConnectionRefusedError" in api.logs(unnamed), api.logs(unnamed)
-        assert w["spec"]["network"] == "auto"
+        for job in (unnamed, ported):  # ports too, where the proxy can enter a namespace (root)
+            w = api.until(job, lambda w: w["state"] in TERMINAL)
+            wants = "failed" if os.geteuid() == 0 or job == unnamed else "succeeded"
+            assert w["state"] == wants, api.logs(job)
+            assert wants == "succeeded" or "ConnectionRefusedError" in api.logs(job), api.logs(job)
+            assert w["spec"]["network"] == "auto"
         assert api.until(host, lambda w: w["state"] in TERMINAL)["state"] == "succeeded", api.logs(host)
 
 

@@ -73,6 +73,7 @@ def test_replica_spec_is_an_ordinary_workload() -> None:
     assert w.kind == "job" and w.name == "chat-r3" and w.ports == (20001,) and w.models == ("tiny-gpt",)
     assert w.resources.topology == "nvlink" and w.gpu_count() == 4  # a TP-4 replica inside one NVLink domain
     assert "failure" in w.retry.on and w.retry.limit > 0
+    assert w.network == "host"  # the serving gateway reaches it by port on the host, whatever `network: auto` gives
 
 
 def test_vllm_command_line() -> None:

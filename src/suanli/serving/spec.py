@@ -198,6 +198,7 @@ def replica_spec(spec: EndpointSpec, index: int, command: str, port: int, env: d
         "resources": res,
         "billing": spec.billing,
         "ports": [port],
+        "network": "host",  # the serving gateway reaches replicas on the host network
         "retry": {"on": ["node-failure", "failure", "preemption"], "limit": 3},
     }
     vm = volume_model(spec.model)

@@ -138,7 +138,8 @@ class Launches:
             admin = bool(user is not None and user.is_admin)
             sandbox = self.sandboxes.request(spec, sandbox_uids.of(s, w.org_id), admin)
             if sandbox is not None:
-                net = resolve_network(spec.network, len(placement), spec.ports, self.sandboxes.network)
+                reachable = w.executor == "local" and os.geteuid() == 0  # the proxy enters a namespace (root only)
+                net = resolve_network(spec.network, len(placement), spec.ports, self.sandboxes.network, reachable)
                 sandbox = replace(sandbox, network=net)
             if sandbox is not None and placement:
                 sizes = s.execute(select(Node.cpu_count, Node.memory_mib, Node.gpu_count)

@@ -121,12 +121,15 @@ def sandbox_policy(settings: Settings) -> SandboxPolicy:
     )  # fmt: skip
 
 
-def resolve_network(network: str, nodes: int, ports: tuple[int, ...], default: str) -> str:
+def resolve_network(
+    network: str, nodes: int, ports: tuple[int, ...], default: str, ports_reachable: bool = False
+) -> str:
     """The network a rank's sandbox gets: what the spec names, or for `auto` the operator's default where the work
-    can have it (placed on at most one node, no `ports:` for the proxy to reach), else the host's."""
+    can have it (placed on at most one node; its `ports:`, if any, reachable by the proxy in a namespace of its
+    own: a root server's local executor), else the host's."""
     if network != "auto":
         return network
-    return default if nodes <= 1 and not ports else "host"
+    return default if nodes <= 1 and (not ports or ports_reachable) else "host"
 
 
 def gpu_share_limits(req: SandboxRequest, nodes: list[tuple[int, int, int]]) -> SandboxRequest:

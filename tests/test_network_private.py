@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,8 +104,15 @@ def test_bwrap_gives_a_private_sandbox_a_namespace_of_its_own() -> None:
 def host_listener() -> Iterator[tuple[int, list[str]]]:
     """A TCP listener on the host's 127.0.0.1 (another tenant's rendezvous, a host service): its port, and who
     connected."""
+    srv, seen = _listen("127.0.0.1", lambda conn, addr: addr[0])
+    yield srv.getsockname()[1], seen
+    srv.close()
+
+
+def _listen(address: str, answer: Callable[[socket.socket, tuple], str]) -> tuple[socket.socket, list[str]]:
+    """A listener on `address` accepting in a thread; `answer` talks to each connection and says what to record."""
     srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
+    srv.bind((address, 0))
     srv.listen()
     seen: list[str] = []
 
@@ -113,12 +120,11 @@ def host_listener() -> Iterator[tuple[int, list[str]]]:
         with contextlib.suppress(OSError):
             while True:
                 conn, addr = srv.accept()
-                seen.append(addr[0])
+                seen.append(answer(conn, addr))
                 conn.close()
 
     threading.Thread(target=serve, daemon=True).start()
-    yield srv.getsockname()[1], seen
-    srv.close()
+    return srv, seen
 
 
 @pytest.fixture
@@ -128,24 +134,19 @@ def outside() -> Iterator[tuple[int, list[str]]]:
     if os.geteuid() != 0:
         pytest.skip("adding an address to lo needs root")
     subprocess.run(["ip", "addr", "add", f"{OUTSIDE}/32", "dev", "lo"], check=True, capture_output=True)
-    srv = socket.socket()
+
+    def welcome(conn: socket.socket, _: tuple) -> str:
+        said = conn.recv(64).decode()
+        conn.sendall(b"welcome")
+        return said
+
+    srv = None
     try:
-        srv.bind((OUTSIDE, 0))
-        srv.listen()
-        seen: list[str] = []
-
-        def serve() -> None:
-            with contextlib.suppress(OSError):
-                while True:
-                    conn, _ = srv.accept()
-                    seen.append(conn.recv(64).decode())
-                    conn.sendall(b"welcome")
-                    conn.close()
-
-        threading.Thread(target=serve, daemon=True).start()
+        srv, seen = _listen(OUTSIDE, welcome)
         yield srv.getsockname()[1], seen
     finally:
-        srv.close()
+        if srv is not None:
+            srv.close()
         subprocess.run(["ip", "addr", "del", f"{OUTSIDE}/32", "dev", "lo"], capture_output=True)
 
 

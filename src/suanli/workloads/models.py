@@ -121,8 +121,8 @@ class WorkloadSpec(BaseModel):
     retry: Retry = Field(default_factory=Retry)
     model: ModelSpec | None = None
     # host: the node's network (NCCL over nodes needs it); private: a namespace of its own with a way out (pasta);
-    # none: loopback only (private and none run on one node); auto: the operator's default (`network` setting) for
-    # work placed on one node without ports, host otherwise.
+    # none: loopback only (private and none run on one node); auto: the operator's default (`network` setting)
+    # where the work can have it (`control.workloads.sandboxes.resolve_network`), host otherwise.
     network: Literal["auto", "host", "private", "none"] = "auto"
     image: str | None = None  # a named environment the operator published (`suanli environments`)
     jupyter: StrictBool = False  # an instance starts JupyterLab, reached through the server's proxy

@@ -381,3 +381,27 @@ def test_a_password_reset_revokes_the_endpoint_keys_the_account_made(api: TestCl
     assert api.get(f"{API}/me", headers=victim.headers).status_code == 401  # the thief's tokens are dead
     with db.read() as s, pytest.raises(Unauthorized):
         endpoints.authenticate_key(s, secret)
+
+
+def test_a_proxy_session_reaches_no_port_once_its_workload_runs_off_this_host(api: TestClient, tmp_path: Path) -> None:
+    """A ticket is refused for work on Ray or Slurm nodes; a session opened while the work ran here must not carry
+    over to an attempt placed there: its sandbox record names pids of another host, which the listener check would
+    read as this host's."""
+    from sqlalchemy import update
+
+    from suanli.control.errors import Conflict
+
+    _, _, alice, org = team_with_member(api)
+    spec = {"name": "ported", "kind": "instance", "command": "x", "resources": {"gpus": 0}, "ports": [8080]}
+    r = api.post(f"{API}/workloads", json={"spec": spec, "org": org}, headers=alice.headers)
+    assert r.status_code == 201, r.text
+    wid = r.json()["id"]
+    handle = {"ranks": [{"node_rank": 0, "sandbox_file": str(tmp_path / "rank-0.sandbox.json")}]}
+    with _db(api).write() as s, s.begin():
+        s.execute(update(Workload).where(Workload.id == wid).values(state="running", executor="local", handle=handle))
+    with _db(api).read() as s:
+        assert proxy.upstream(s, tmp_path, wid, "port:8080").port == 8080
+    with _db(api).write() as s, s.begin():
+        s.execute(update(Workload).where(Workload.id == wid).values(executor="ray"))
+    with _db(api).read() as s, pytest.raises(Conflict, match="runs on ray nodes"):
+        proxy.upstream(s, tmp_path, wid, "port:8080")

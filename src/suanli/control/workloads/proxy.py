@@ -234,6 +234,8 @@ def upstream(s: Session, home: Path, workload_id: str, target: str) -> Upstream:
         raise NotFound("this instance no longer exists")
     if w.state != "running" or not w.handle:
         raise Conflict(f"{w.name} is {w.state}")
+    if w.executor != "local":  # an attempt placed there since a session was opened here
+        raise Conflict(f"{w.name} runs on {w.executor} nodes; the proxy reaches workloads on this server's host")
     if target == "lab":
         try:
             token = (workdirs.log_dir(home, w.id, w.attempt) / TOKEN_FILE).read_text().strip()

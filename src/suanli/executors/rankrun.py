@@ -33,7 +33,6 @@ import time
 from suanli.executors.proctree import family, family_top_down, kill_family, write_atomic
 
 TICK_S = 0.1
-_PR_SET_CHILD_SUBREAPER = 36
 
 
 def _say(msg: str) -> None:
@@ -59,12 +58,10 @@ def _set_limits() -> None:
 def _become_subreaper() -> None:
     if not sys.platform.startswith("linux"):
         return
-    try:
-        import ctypes
+    from suanli.sandbox.syscalls import PR_SET_CHILD_SUBREAPER, call
 
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    with contextlib.suppress(OSError, AttributeError):
+        call("prctl", PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _reap(child: int) -> int | None:
@@ -109,17 +106,6 @@ ENV_FILE = "/run/suanli-env"
 
 PRIVATE_BINDS = ("--bind", "--ro-bind")  # the workdir, environments, mounts: the -try forms are system paths
 STAGE = "/run/suanli-binds"
-_MS_BIND, _MS_REC, _MS_PRIVATE = 4096, 16384, 1 << 18
-_CLONE_NEWNS = 0x00020000
-
-
-def _libc(name: str, *args: object) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
 def _stage_binds(argv: list[str]) -> list[str]:
@@ -129,10 +115,12 @@ def _stage_binds(argv: list[str]) -> list[str]:
     on the host; the mounts go when the supervisor and its job are gone."""
     if os.geteuid() != 0 or not any(op in PRIVATE_BINDS for op in argv):
         return argv
+    from suanli.sandbox.syscalls import CLONE_NEWNS, MS_BIND, MS_PRIVATE, MS_REC, call
+
     os.makedirs(STAGE, mode=0o755, exist_ok=True)
-    _libc("unshare", _CLONE_NEWNS)
-    _libc("mount", None, b"/", None, _MS_REC | _MS_PRIVATE, None)
-    _libc("mount", b"tmpfs", STAGE.encode(), b"tmpfs", 0, b"mode=0755,size=64k")
+    call("unshare", CLONE_NEWNS)
+    call("mount", None, b"/", None, MS_REC | MS_PRIVATE, None)
+    call("mount", b"tmpfs", STAGE.encode(), b"tmpfs", 0, b"mode=0755,size=64k")
     out = list(argv)
     for i, op in enumerate(argv[:-2]):
         if op in PRIVATE_BINDS and not argv[i + 1].startswith(STAGE):
@@ -142,7 +130,7 @@ def _stage_binds(argv: list[str]) -> list[str]:
                 os.mkdir(staged)
             else:
                 open(staged, "w").close()
-            _libc("mount", src.encode(), staged.encode(), None, _MS_BIND | _MS_REC, None)
+            call("mount", src.encode(), staged.encode(), None, MS_BIND | MS_REC, None)
             out[i + 1] = staged
     return out
 

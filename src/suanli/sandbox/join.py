@@ -12,20 +12,26 @@ Standard library only.
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import os
 import signal
 import sys
 
 from suanli.sandbox.record import running
+from suanli.sandbox.syscalls import (
+    CLONE_NEWCGROUP,
+    CLONE_NEWIPC,
+    CLONE_NEWNET,
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    CLONE_NEWUSER,
+    CLONE_NEWUTS,
+    NS_GET_USERNS,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+)
+from suanli.sandbox.syscalls import call as _libc_call
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
-CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-CLONE_NEWCGROUP = 0x02000000
-NS_GET_USERNS = 0xB701  # _IO(0xb7, 0x1): the user namespace that owns a namespace
-PR_SET_NO_NEW_PRIVS = 38
-PR_SET_PDEATHSIG = 1
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 KEEP_FROM_CALLER = ("TERM", "LANG", "LC_ALL", "COLORTERM", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY")
 
@@ -80,15 +86,6 @@ def main(argv: list[str]) -> int:
     except OSError as e:
         return _fail(f"cannot enter the sandbox: {e}")
     return _run(argv[2:], env)
-
-
-def _libc_call(name: str, *args: int) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    rc = getattr(libc, name)(*args)
-    if rc < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
-    return rc
 
 
 def _enter(init: int, net: bool) -> None:

@@ -25,7 +25,6 @@ Standard library only: the rank supervisor imports it once per start.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import shutil
@@ -34,10 +33,8 @@ import subprocess
 import time
 from collections.abc import Callable
 
-NS_GET_USERNS = 0xB701
-_MS_BIND = 4096
-_MNT_DETACH = 2
-_PR_SET_PDEATHSIG = 1
+from suanli.sandbox.syscalls import MNT_DETACH, MS_BIND, NS_GET_USERNS, PR_SET_PDEATHSIG, call
+
 SETUP_TIMEOUT_S = 20.0
 PASTA_ARGS = ("--config-net", "-t", "none", "-u", "none", "-T", "none", "-U", "none", "--no-map-gw", "--quiet")
 TUN_HINT = "the sandbox's uid must be able to open /dev/net/tun: mode 0666, as Debian's udev makes it"
@@ -46,13 +43,6 @@ NO_PASTA = "network: private needs pasta on this node (Debian's passt package); 
 
 def pasta_path() -> str | None:
     return shutil.which("pasta")
-
-
-def _libc(name: str, *args: object) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if getattr(libc, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{name}: {os.strerror(err)}")
 
 
 def _owner_path(child: int, stage: str, fds: list[int]) -> str:
@@ -65,7 +55,7 @@ def _owner_path(child: int, stage: str, fds: list[int]) -> str:
         return f"/proc/{os.getpid()}/fd/{owner}"
     path = os.path.join(stage, f"userns-{child}")
     open(path, "w").close()
-    _libc("mount", f"/proc/self/fd/{owner}".encode(), path.encode(), None, _MS_BIND, None)
+    call("mount", f"/proc/self/fd/{owner}".encode(), path.encode(), None, MS_BIND, None)
     return path
 
 
@@ -96,7 +86,7 @@ def _prepare(uid: int | None, gid: int | None, join_cgroup: object) -> Callable[
             os.setgid(gid)
         if uid is not None:
             os.setuid(uid)
-        _libc("prctl", _PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        call("prctl", PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
 
     return prepare
 
@@ -156,7 +146,7 @@ def attach(child: int, uid: int | None, gid: int | None, stage: str, join_cgroup
                 proc.wait(5)
         if mounted:
             with contextlib.suppress(OSError):
-                _libc("umount2", mounted.encode(), _MNT_DETACH)
+                call("umount2", mounted.encode(), MNT_DETACH)
             for path in (mounted, os.path.join(stage, f"pasta-{child}.log")):
                 with contextlib.suppress(OSError):
                     os.unlink(path)

@@ -7,7 +7,6 @@ server thread ever stays in a tenant's namespace. Joining needs CAP_SYS_ADMIN ov
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import socket
@@ -15,8 +14,7 @@ import threading
 from pathlib import Path
 
 from suanli.sandbox.record import running
-
-CLONE_NEWNET = 0x40000000
+from suanli.sandbox.syscalls import CLONE_NEWNET, call
 
 
 class NoWayIn(OSError):
@@ -59,10 +57,10 @@ def socket_in(sandbox_file: Path | str, family: int) -> socket.socket:
         made: dict[str, object] = {}
 
         def make() -> None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.setns(fd, CLONE_NEWNET) != 0:
-                err = ctypes.get_errno()
-                made["error"] = NoWayIn(err, f"cannot enter the sandbox's network: {os.strerror(err)}")
+            try:
+                call("setns", fd, CLONE_NEWNET)
+            except OSError as e:
+                made["error"] = NoWayIn(e.errno, f"cannot enter the sandbox's network: {e.strerror}")
                 return
             try:
                 made["socket"] = socket.socket(family, socket.SOCK_STREAM)

@@ -120,18 +120,15 @@ def _snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
             sha = str(cached[4]) if cached is not None and tuple(cached[:4]) == _key(st) else None
             size = st.st_size
             if sha is None or not os.path.exists(f"{blobs}/{sha[:2]}/{sha}"):  # (a str: pathlib costs more here)
-                if most is not None and sha not in held and added + size > most:
-                    raise OverSize(f"this version would add more than the {most} bytes its organisation's "
-                                   "versions have left")  # fmt: skip
+                if sha not in held:  # before copying: a file past the room left is refused without being read
+                    _within(added + size, most)
                 # At most the size read above: a file a job keeps appending to is taken as it was then, and what
                 # the version adds is counted by what was copied (else it held more than its count and its cap).
                 sha, _, size = _store(p, name, dfd, size)
             if sha not in held:  # this volume's versions pay for content once, whichever volume stored it first
                 held.add(sha)
                 added += size
-                if most is not None and added > most:
-                    raise OverSize(f"this version would add more than the {most} bytes its organisation's "
-                                   "versions have left")  # fmt: skip
+                _within(added, most)
             state[path] = [*_key(st), sha]
             entries[path] = [sha, size]
             total += size
@@ -147,6 +144,11 @@ def _snapshot(p: Paths, number: int, most: int | None = None) -> Snapshot:
     (p.root / f".{HELD}.tmp").write_text(json.dumps(sorted(held)), encoding="ascii")
     os.replace(p.root / f".{HELD}.tmp", p.root / HELD)
     return Snapshot(total, files, added)
+
+
+def _within(added: int, most: int | None) -> None:
+    if most is not None and added > most:
+        raise OverSize(f"this version would add more than the {most} bytes its organisation's versions have left")
 
 
 def _store(p: Paths, name: str, dfd: int, most: int) -> tuple[str, int, int]:

@@ -473,6 +473,21 @@ def test_the_proxy_reaches_a_port_served_inside_a_private_network(tmp_path: Path
             host_ports = {int(line.split()[1].rsplit(":", 1)[1], 16) for t in ("/proc/net/tcp", "/proc/net/tcp6")
                           for line in Path(t).read_text().splitlines()[1:]}  # fmt: skip
             assert port not in host_ports and ws_port not in host_ports  # served in its own namespace, not the host's
+            # A ¥10 sign-up of another org: no link into it, nothing without a session, nothing on its own session.
+            mallory = signup(http, "mallory@example.com")
+            assert http.post(f"/api/v1/workloads/{wid}/proxy", json={"port": port},
+                             headers=mallory.headers).status_code == 404  # fmt: skip
+            anon = httpx.Client(base_url=srv.url, timeout=30)
+            assert anon.get(f"/i/{wid}/port/{port}/hello.txt").status_code == 403
+            assert anon.get(f"/i/{wid}/port/{port + 1 if port < 65535 else 1024}/").status_code == 403  # unlisted
+            theirs = _submit(http, mallory, {"name": "m-box", "kind": "instance", "resources": {"gpus": 0},
+                                             "network": "private", "ports": [port]})  # fmt: skip
+            _wait_running(http, mallory, theirs)
+            mine = _browser(
+                World(srv, http, mallory, mallory, adm, theirs, theirs, theirs, port), mallory, theirs, port
+            )
+            assert mine.get(f"/i/{wid}/port/{port}/hello.txt").status_code == 403  # her session, the tenant's path
+            http.post(f"/api/v1/workloads/{theirs}/stop", headers=mallory.headers)
             from websockets.sync.client import connect
 
             cookie = "; ".join(f"{k}={v}" for k, v in b.cookies.items())
@@ -506,3 +521,32 @@ def test_no_thread_to_enter_a_namespace_is_a_refusal_not_a_crash(monkeypatch: py
     monkeypatch.setattr(threading.Thread, "start", no_thread)
     with pytest.raises(ns_socket.NoWayIn):
         ns_socket.socket_in("record.json", socket.AF_INET)
+
+
+# ---- hostile values --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "value", [None, 1, True, "PRIVATE", "private\x00", ["private"], {"private": 1}, "auto " * 2000, "host;none"]
+)
+def test_a_malformed_network_from_a_fresh_sign_up_is_a_422_naming_the_field(api: Any, value: object) -> None:
+    """A ¥10 sign-up (no top-up) sends junk in `network`: a 422 naming the field, nothing queued, never a 500."""
+    from tests.control_plane import signup
+
+    cheap = signup(api, "cheap@example.com")
+    spec = {"name": "junk", "command": "true", "resources": {"gpus": 0}, "network": value}
+    r = api.post("/api/v1/workloads", json={"spec": spec}, headers=cheap.headers)
+    detail = r.json()["detail"]  # NUL is refused at the edge for every field: "(at network)"
+    assert r.status_code == 422 and (detail.startswith("network: ") or "(at network)" in detail), r.text
+    assert api.get("/api/v1/workloads", headers=cheap.headers).json() == []
+
+
+@pytest.mark.parametrize("value", ["none", "auto", "bridge", "PRIVATE", ""])
+def test_the_operators_network_setting_takes_host_or_private_only(value: str) -> None:
+    from suanli.control.errors import Invalid
+    from suanli.control.settings import load
+
+    if value == "":  # unset: the default
+        assert load(environ={"SUANLI_NETWORK": value}).network == "host"
+        return
+    with pytest.raises(Invalid, match="network"):
+        load(environ={"SUANLI_NETWORK": value})
+    assert load(environ={"SUANLI_NETWORK": "private"}).network == "private"
